@@ -1,0 +1,262 @@
+"""Decoding and validating ingest payloads (wire format v1).
+
+A batch is one JSON object::
+
+    {"source": "node-0",                 # who sent it (agent, SDK process, simulator)
+     "batch_id": "node-0:1700000000:42", # optional; a retried batch with the same id is stored once
+     "frames":   [{"ts": 1700000000.0,
+                   "metrics": ["gpu_utilization_percent", "gpu_temp_celsius"],
+                   "entities": [{"node": "node-0", "gpu": "0", "job": "llm"}],
+                   "values": [[97.0, 61.0]]}],          # values[entity][metric]; null = missing
+     "events":   [{"ts": ..., "kind": "xid", "labels": {"node": "node-0", "gpu": "3"},
+                   "data": {"code": 79}}],
+     "training": [{"ts": ..., "job": "llm", "rank": 0, "step": 120,
+                   "metrics": {"loss": 2.31, "step_seconds": 1.21},
+                   "labels": {"node": "node-0", "gpu": "0"}}]}
+
+Every rejection raises :class:`PayloadError` naming the offending field by its path
+(``frames[2].values[0][5]``), so a sender can tell exactly what was wrong.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from gpuscope.model import Batch, Event, Frame, Labels, TrainingRecord
+
+NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,127}$")
+LABEL_KEY_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Bounds on one batch; anything larger is refused with a message naming the limit."""
+
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_frames: int = 100_000
+    max_entities_per_frame: int = 100_000
+    max_metrics_per_frame: int = 1_024
+    max_events: int = 100_000
+    max_training: int = 100_000
+    max_labels: int = 32
+    max_label_value_len: int = 256
+    max_data_bytes: int = 16_384
+    max_source_len: int = 128
+
+
+DEFAULT_LIMITS = Limits()
+
+
+class PayloadError(ValueError):
+    """A payload was refused; ``field`` is the path of what was wrong."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+def decode_json(body: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
+    if len(body) > limits.max_body_bytes:
+        raise PayloadError("body", f"{len(body)} bytes is over the limit of {limits.max_body_bytes}")
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise PayloadError("body", f"not valid JSON ({exc})") from None
+
+
+def _finite(value: Any, field: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise PayloadError(field, f"must be a number, got {type(value).__name__}")
+    f = float(value)
+    if not math.isfinite(f):
+        raise PayloadError(field, "must be finite")
+    return f
+
+
+def _timestamp(value: Any, field: str) -> float:
+    ts = _finite(value, field)
+    if ts < 0:
+        raise PayloadError(field, "must not be negative (seconds since the epoch)")
+    return ts
+
+
+def _str(value: Any, field: str, max_len: int) -> str:
+    if not isinstance(value, str):
+        raise PayloadError(field, f"must be a string, got {type(value).__name__}")
+    if not value or len(value) > max_len:
+        raise PayloadError(field, f"must be 1 to {max_len} characters")
+    return value
+
+
+def _name(value: Any, field: str) -> str:
+    name = _str(value, field, 128)
+    if not NAME_RE.match(name):
+        raise PayloadError(field, f"{name!r} is not a valid name (letters, digits, underscores)")
+    return name
+
+
+def _list(value: Any, field: str, max_len: int) -> list[Any]:
+    if not isinstance(value, list):
+        raise PayloadError(field, f"must be a list, got {type(value).__name__}")
+    if len(value) > max_len:
+        raise PayloadError(field, f"{len(value)} items is over the limit of {max_len}")
+    return value
+
+
+def parse_labels(value: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Labels:
+    if not isinstance(value, dict):
+        raise PayloadError(field, f"must be an object of string labels, got {type(value).__name__}")
+    if len(value) > limits.max_labels:
+        raise PayloadError(field, f"{len(value)} labels is over the limit of {limits.max_labels}")
+    out: Labels = {}
+    for k, v in value.items():
+        if not LABEL_KEY_RE.match(k):
+            raise PayloadError(f"{field}.{k}", "is not a valid label name")
+        if isinstance(v, bool) or not isinstance(v, str | int):
+            raise PayloadError(f"{field}.{k}", f"label values are strings, got {type(v).__name__}")
+        s = str(v)
+        if len(s) > limits.max_label_value_len:
+            raise PayloadError(f"{field}.{k}", f"longer than {limits.max_label_value_len} characters")
+        out[k] = s
+    return out
+
+
+def _values(value: Any, field: str, rows: int, cols: int) -> np.ndarray[Any, np.dtype[np.float64]]:
+    raw = _list(value, field, rows)
+    if len(raw) != rows:
+        raise PayloadError(field, f"has {len(raw)} rows for {rows} entities")
+    try:
+        arr = np.asarray(raw)
+    except ValueError:
+        arr = np.asarray(raw, dtype=object)  # ragged: found and named below
+    if arr.dtype.kind in "iuf" and arr.shape == (rows, cols):
+        out = arr.astype(np.float64, copy=False)
+        if not np.isfinite(out).all():
+            raise PayloadError(field, "values must be finite numbers or null")
+        return out
+    out = np.full((rows, cols), np.nan)
+    for i, row in enumerate(raw):
+        row = _list(row, f"{field}[{i}]", cols)
+        if len(row) != cols:
+            raise PayloadError(f"{field}[{i}]", f"has {len(row)} values for {cols} metrics")
+        for j, v in enumerate(row):
+            if v is not None:
+                out[i, j] = _finite(v, f"{field}[{i}][{j}]")
+    return out
+
+
+def parse_frame(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Frame:
+    if not isinstance(obj, dict):
+        raise PayloadError(field, "must be an object")
+    metrics = [_name(m, f"{field}.metrics[{j}]")
+               for j, m in enumerate(_list(obj.get("metrics"), f"{field}.metrics", limits.max_metrics_per_frame))]
+    if len(set(metrics)) != len(metrics):
+        raise PayloadError(f"{field}.metrics", "names a metric twice")
+    raw_entities = _list(obj.get("entities"), f"{field}.entities", limits.max_entities_per_frame)
+    entities = [parse_labels(e, f"{field}.entities[{i}]", limits) for i, e in enumerate(raw_entities)]
+    values = _values(obj.get("values"), f"{field}.values", len(entities), len(metrics))
+    return Frame(ts=_timestamp(obj.get("ts"), f"{field}.ts"), metrics=metrics, entities=entities, values=values)
+
+
+def parse_event(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Event:
+    if not isinstance(obj, dict):
+        raise PayloadError(field, "must be an object")
+    data = obj.get("data", {})
+    if not isinstance(data, dict):
+        raise PayloadError(f"{field}.data", "must be an object")
+    if len(orjson.dumps(data)) > limits.max_data_bytes:
+        raise PayloadError(f"{field}.data", f"is over the limit of {limits.max_data_bytes} bytes")
+    return Event(
+        ts=_timestamp(obj.get("ts"), f"{field}.ts"),
+        kind=_name(obj.get("kind"), f"{field}.kind"),
+        labels=parse_labels(obj.get("labels", {}), f"{field}.labels", limits),
+        data=data,
+    )
+
+
+def parse_training(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> TrainingRecord:
+    if not isinstance(obj, dict):
+        raise PayloadError(field, "must be an object")
+    rank, step = obj.get("rank"), obj.get("step")
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
+        raise PayloadError(f"{field}.rank", "must be a non-negative integer")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise PayloadError(f"{field}.step", "must be a non-negative integer")
+    raw_metrics = obj.get("metrics", {})
+    if not isinstance(raw_metrics, dict) or len(raw_metrics) > limits.max_metrics_per_frame:
+        raise PayloadError(f"{field}.metrics", "must be an object of at most "
+                           f"{limits.max_metrics_per_frame} numbers")
+    metrics: dict[str, float] = {}
+    for k, v in raw_metrics.items():
+        name = _name(k, f"{field}.metrics.{k}")
+        if v is None:
+            metrics[name] = math.nan
+        elif isinstance(v, bool) or not isinstance(v, int | float):
+            raise PayloadError(f"{field}.metrics.{k}", f"must be a number or null, got {type(v).__name__}")
+        else:
+            metrics[name] = float(v)  # NaN/Inf loss is a signal (loss_nan), kept as sent
+    return TrainingRecord(
+        ts=_timestamp(obj.get("ts"), f"{field}.ts"),
+        job=_str(obj.get("job"), f"{field}.job", limits.max_label_value_len),
+        rank=rank,
+        step=step,
+        metrics=metrics,
+        labels=parse_labels(obj.get("labels", {}), f"{field}.labels", limits),
+    )
+
+
+def parse_batch(obj: Any, limits: Limits = DEFAULT_LIMITS) -> Batch:
+    """Validate a decoded JSON batch; raise :class:`PayloadError` naming the first bad field."""
+    if not isinstance(obj, dict):
+        raise PayloadError("body", "must be a JSON object")
+    unknown = set(obj) - {"source", "batch_id", "frames", "events", "training"}
+    if unknown:
+        raise PayloadError(sorted(unknown)[0], "is not a field of a batch")
+    batch_id = obj.get("batch_id")
+    if batch_id is not None:
+        batch_id = _str(batch_id, "batch_id", 128)
+    return Batch(
+        source=_str(obj.get("source"), "source", limits.max_source_len),
+        batch_id=batch_id,
+        frames=[parse_frame(f, f"frames[{i}]", limits)
+                for i, f in enumerate(_list(obj.get("frames", []), "frames", limits.max_frames))],
+        events=[parse_event(e, f"events[{i}]", limits)
+                for i, e in enumerate(_list(obj.get("events", []), "events", limits.max_events))],
+        training=[parse_training(t, f"training[{i}]", limits)
+                  for i, t in enumerate(_list(obj.get("training", []), "training", limits.max_training))],
+    )
+
+
+def batch_to_json(batch: Batch) -> dict[str, Any]:
+    """The wire form of a batch (inverse of :func:`parse_batch`); NaN values become null."""
+    out: dict[str, Any] = {"source": batch.source}
+    if batch.batch_id is not None:
+        out["batch_id"] = batch.batch_id
+    if batch.frames:
+        out["frames"] = [
+            {"ts": f.ts, "metrics": f.metrics, "entities": f.entities,
+             "values": np.where(np.isnan(f.values), None, f.values).tolist()
+             if np.isnan(f.values).any() else f.values.tolist()}
+            for f in batch.frames
+        ]
+    if batch.events:
+        out["events"] = [{"ts": e.ts, "kind": e.kind, "labels": e.labels, "data": e.data} for e in batch.events]
+    if batch.training:
+        out["training"] = [
+            {"ts": t.ts, "job": t.job, "rank": t.rank, "step": t.step,
+             "metrics": {k: (None if math.isnan(v) else v) for k, v in t.metrics.items()},
+             "labels": t.labels}
+            for t in batch.training
+        ]
+    return out
+
+
+def encode_batch(batch: Batch) -> bytes:
+    return orjson.dumps(batch_to_json(batch))

@@ -1,0 +1,144 @@
+"""The records that flow between stages: telemetry frames, events, training records, findings, alerts.
+
+Every stage speaks these types, so a collector, the simulator, the HTTP ingest path and the
+detectors stay independent of each other (the seams of DESIGN §1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+Labels = dict[str, str]
+FloatArray = npt.NDArray[np.float64]
+
+#: Label keys that say *who uses* an entity rather than *which* entity it is. They are stored per
+#: row, not as part of the entity's identity, so a GPU keeps one series while jobs come and go.
+ATTRIBUTION_LABELS: frozenset[str] = frozenset({"job", "pod", "container", "namespace"})
+
+
+def entity_key(labels: Labels) -> tuple[tuple[str, str], ...]:
+    """A hashable identity for a label set (attribution labels excluded)."""
+    return tuple(sorted((k, v) for k, v in labels.items() if k not in ATTRIBUTION_LABELS))
+
+
+@dataclass(slots=True)
+class Frame:
+    """Columnar telemetry: one timestamp, many entities, many metrics.
+
+    GPU telemetry is sampled together, so a node's tick is one frame: ``values[i, j]`` is metric
+    ``metrics[j]`` of entity ``entities[i]``; NaN means "not reported".
+    """
+
+    ts: float
+    metrics: list[str]
+    entities: list[Labels]
+    values: FloatArray
+
+    @property
+    def sample_count(self) -> int:
+        return int(np.count_nonzero(~np.isnan(self.values)))
+
+    def column(self, metric: str) -> FloatArray | None:
+        """The values of one metric across the frame's entities, or None when absent."""
+        try:
+            j = self.metrics.index(metric)
+        except ValueError:
+            return None
+        return self.values[:, j]
+
+
+@dataclass(slots=True)
+class Event:
+    """A typed, timestamped fact (XID, checkpoint completed, job started, heartbeat, ...)."""
+
+    ts: float
+    kind: str
+    labels: Labels
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TrainingRecord:
+    """What one rank of a training job reports for one step."""
+
+    ts: float
+    job: str
+    rank: int
+    step: int
+    metrics: dict[str, float]
+    labels: Labels = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Batch:
+    """What one sender (an agent, an SDK process, the simulator) delivers in one request."""
+
+    source: str
+    frames: list[Frame] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    training: list[TrainingRecord] = field(default_factory=list)
+    batch_id: str | None = None
+
+    @property
+    def sample_count(self) -> int:
+        return sum(f.sample_count for f in self.frames)
+
+
+@dataclass(slots=True)
+class Finding:
+    """A detector's statement that a rule's condition holds for an entity at evaluation time."""
+
+    rule: str
+    entity: Labels
+    summary: str
+    value: float | None = None
+    affected_gpus: int = 1
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return (self.rule, tuple(sorted(self.entity.items())))
+
+
+@dataclass(slots=True)
+class Alert:
+    """One alert per rule and entity while its condition holds; resolved when it clears."""
+
+    id: str
+    rule: str
+    severity: str
+    owner: str
+    entity: Labels
+    started_at: float
+    summary: str
+    cost_per_hour: float
+    resolved_at: float | None = None
+    last_seen: float = 0.0
+    incident: str | None = None
+    value: float | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def firing(self) -> bool:
+        return self.resolved_at is None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "rule": self.rule,
+            "severity": self.severity,
+            "owner": self.owner,
+            "entity": dict(self.entity),
+            "started_at": self.started_at,
+            "resolved_at": self.resolved_at,
+            "last_seen": self.last_seen,
+            "summary": self.summary,
+            "cost_per_hour": self.cost_per_hour,
+            "incident": self.incident,
+            "value": self.value,
+            "details": self.details,
+        }

@@ -1,0 +1,72 @@
+"""The store seam: an append/query pair (DESIGN §1). DuckDB is the embedded default.
+
+Everything above the store (hub API, dashboard, reports, detector warm-up) uses only this
+interface, so a remote TSDB backend can stand in without changing them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from gpuscope.model import Alert, Batch, Event, Labels, TrainingRecord
+
+
+@dataclass(slots=True)
+class AppendResult:
+    """What an append stored, and what it refused (counted, never silent)."""
+
+    samples: int = 0
+    events: int = 0
+    training: int = 0
+    refused_entities: int = 0  # label sets refused by the cardinality limit
+    refused_samples: int = 0
+    duplicate: bool = False  # a batch_id seen before: stored once, acknowledged again
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class SeriesPoint:
+    ts: float
+    value: float
+
+
+class Store(Protocol):
+    def append(self, batch: Batch) -> AppendResult:
+        """Store a batch durably; when it returns, a crash cannot lose the batch."""
+        ...
+
+    def series(self, metric: str, labels: Labels, start: float, end: float,
+               points: int = 300) -> list[SeriesPoint]:
+        """One series (entity chosen by ``labels``) over a range, downsampled to at most ``points``
+        buckets (mean per bucket), read from raw data or rollups depending on the range."""
+        ...
+
+    def snapshot(self, metrics: list[str] | None = None,
+                 max_age: float | None = None) -> list[dict[str, Any]]:
+        """Latest value of each metric for every entity: ``[{"labels": {...}, "ts": t,
+        "values": {metric: v}}]``."""
+        ...
+
+    def aggregate(self, metric: str, by: str, start: float, end: float) -> list[dict[str, Any]]:
+        """Mean, min, max and count of a metric over a range grouped by a label (``node``,
+        ``job``, ...): ``[{"group": "node-0", "mean": .., "min": .., "max": .., "count": n}]``."""
+        ...
+
+    def events(self, start: float, end: float, kind: str | None = None,
+               labels: Labels | None = None, limit: int = 1000) -> list[Event]: ...
+
+    def training(self, job: str, start: float, end: float, rank: int | None = None,
+                 limit: int = 100_000) -> list[TrainingRecord]: ...
+
+    def save_alert(self, alert: Alert) -> None:
+        """Insert or update an alert (keyed by its id)."""
+        ...
+
+    def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]: ...
+
+    def stats(self) -> dict[str, Any]:
+        """Row counts, file size, refusals: for health and benchmarks."""
+        ...
+
+    def close(self) -> None: ...
