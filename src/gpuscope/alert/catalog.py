@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuscope.signals import APP_XIDS
+
 
 @dataclass(frozen=True, slots=True)
 class RuleSpec:
@@ -68,3 +70,37 @@ RULES: dict[str, RuleSpec] = _rules(
 def spec(rule: str) -> RuleSpec:
     """The catalog entry of a rule; unknown names are a programming error."""
     return RULES[rule]
+
+
+#: The rule each injected fault kind must raise (DESIGN §4). ``xid`` depends on the code.
+FAULT_RULES: dict[str, str] = {
+    "ecc_dbe": "gpu_ecc_uncorrectable", "ecc_sbe_storm": "gpu_ecc_correctable_rising",
+    "gpu_lost": "gpu_lost", "thermal_throttle": "gpu_thermal_throttle",
+    "power_throttle": "gpu_power_throttle", "gpu_slow": "gpu_underperforming",
+    "nvlink_errors": "nvlink_errors", "pcie_replay": "pcie_replay_rising",
+    "network_degraded": "network_degraded", "node_down": "node_unreachable",
+    "idle_allocation": "gpu_idle_allocated", "training_hang": "training_stalled",
+    "job_crash": "job_failed", "rank_dropout": "rank_lost", "straggler": "training_straggler",
+    "step_time_regression": "step_time_regression", "loss_nan": "loss_nan", "loss_spike": "loss_spike",
+    "loss_divergence": "loss_divergence", "loss_plateau": "loss_plateau",
+    "grad_explosion": "grad_norm_explosion", "gradient_skew": "gradient_skew",
+    "checkpoint_failure": "checkpoint_failed", "checkpoint_corrupt": "checkpoint_corrupt",
+    "checkpoint_stop": "checkpoint_overdue", "memory_fragmentation": "memory_fragmentation",
+    "latency_spike": "inference_latency_regression", "ttft_regression": "inference_ttft_regression",
+    "error_burst": "inference_error_rate", "queue_buildup": "inference_queue_buildup",
+    "kv_cache_pressure": "kv_cache_pressure", "prediction_drift": "prediction_drift",
+    "confidence_shift": "confidence_shift", "input_drift": "input_drift",
+    "business_drop": "business_metric_drop", "bad_version": "version_regression",
+}
+FAULT_KINDS: frozenset[str] = frozenset({"xid", *FAULT_RULES})
+
+#: Hard faults: the time-to-detect budget (p50 <= 5 s, p95 <= 15 s) applies to these.
+HARD_FAULTS: frozenset[str] = frozenset({"xid", "ecc_dbe", "gpu_lost", "node_down", "rank_dropout"})
+
+
+def rule_for_fault(kind: str, params: dict[str, object] | None = None) -> str:
+    """The rule a fault must raise; an ``xid`` maps by its code (default 79, fatal)."""
+    if kind == "xid":
+        code = (params or {}).get("code", 79)
+        return "gpu_xid_app" if isinstance(code, int) and code in APP_XIDS else "gpu_xid_fatal"
+    return FAULT_RULES[kind]

@@ -7,7 +7,8 @@ A batch is one JSON object::
      "frames":   [{"ts": 1700000000.0,
                    "metrics": ["gpu_utilization_percent", "gpu_temp_celsius"],
                    "entities": [{"node": "node-0", "gpu": "0", "job": "llm"}],
-                   "values": [[97.0, 61.0]]}],          # values[entity][metric]; null = missing
+                   "values": [[97.0, 61.0]]}],          # values[entity][metric]; null = missing,
+                                                       # true/false read as 1/0 (flags)
      "events":   [{"ts": ..., "kind": "xid", "labels": {"node": "node-0", "gpu": "3"},
                    "data": {"code": 79}}],
      "training": [{"ts": ..., "job": "llm", "rank": 0, "step": 120,

@@ -65,6 +65,14 @@ class Store(Protocol):
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]: ...
 
+    def rollup(self, now: float) -> None:
+        """Bring the 1-minute and 1-hour rollups up to ``now`` (idempotent)."""
+        ...
+
+    def compact(self, now: float) -> None:
+        """Apply retention: drop raw rows (and old rollups) past their keep time."""
+        ...
+
     def stats(self) -> dict[str, Any]:
         """Row counts, file size, refusals: for health and benchmarks."""
         ...

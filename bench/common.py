@@ -1,0 +1,154 @@
+"""Shared pieces of the benchmarks: realistic GPU telemetry, servers on loopback, result tables."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = ROOT.parent / "shared" / "data"
+console = Console(stderr=True)
+
+#: 30 GPU metrics an agent reports every second, with (level, noise, resolution) of real H100s.
+TELEMETRY: dict[str, tuple[float, float, float]] = {
+    "gpu_utilization_percent": (92, 8, 1), "gpu_sm_active_ratio": (0.62, 0.08, 0.001),
+    "gpu_sm_occupancy_ratio": (0.35, 0.05, 0.001), "gpu_tensor_active_ratio": (0.41, 0.07, 0.001),
+    "gpu_dram_active_ratio": (0.33, 0.05, 0.001), "gpu_memory_utilization_percent": (38, 6, 1),
+    "gpu_memory_used_bytes": (71e9, 0, 2**20), "gpu_memory_free_bytes": (9e9, 0, 2**20),
+    "gpu_memory_total_bytes": (80e9, 0, 2**20), "gpu_temp_celsius": (67, 2, 1),
+    "gpu_memory_temp_celsius": (72, 2, 1), "gpu_power_watts": (610, 45, 0.001),
+    "gpu_power_limit_watts": (700, 0, 1), "gpu_sm_clock_mhz": (1980, 0, 15),
+    "gpu_memory_clock_mhz": (2619, 0, 1), "gpu_clock_event_reasons": (0, 0, 1),
+    "gpu_throttle_sw_power": (0, 0, 1), "gpu_throttle_hw_slowdown": (0, 0, 1),
+    "gpu_throttle_sw_thermal": (0, 0, 1), "gpu_throttle_hw_thermal": (0, 0, 1),
+    "gpu_ecc_sbe_volatile_total": (0, 0, 1), "gpu_ecc_dbe_volatile_total": (0, 0, 1),
+    "gpu_remapped_rows_correctable": (0, 0, 1), "gpu_remapped_rows_uncorrectable": (0, 0, 1),
+    "gpu_pcie_tx_bytes_per_second": (3.1e9, 4e8, 1024), "gpu_pcie_rx_bytes_per_second": (2.9e9, 4e8, 1024),
+    "gpu_pcie_replay_total": (0, 0, 1), "gpu_nvlink_tx_bytes_per_second": (1.4e11, 2e10, 1024),
+    "gpu_nvlink_rx_bytes_per_second": (1.4e11, 2e10, 1024), "gpu_energy_joules_total": (0, 0, 1),
+}
+
+
+@dataclass
+class Fleet:
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def entities(self) -> list[dict[str, str]]:
+        return [{"node": f"node-{n}", "gpu": str(g), "job": f"job-{n // 16}"}
+                for n in range(self.nodes) for g in range(self.gpus_per_node)]
+
+
+def telemetry_ticks(fleet: Fleet, ticks: int, seed: int = 1, t0: float | None = None) -> Iterator[
+        tuple[float, list[str], np.ndarray]]:
+    """Per tick: timestamp, metric names, values[entity, metric] with realistic noise and resolution."""
+    rng = np.random.default_rng(seed)
+    names = list(TELEMETRY)
+    level = np.array([TELEMETRY[m][0] for m in names])
+    noise = np.array([TELEMETRY[m][1] for m in names])
+    step = np.array([TELEMETRY[m][2] for m in names])
+    n = fleet.nodes * fleet.gpus_per_node
+    energy = names.index("gpu_energy_joules_total")
+    power = names.index("gpu_power_watts")
+    base = level + rng.normal(0, 1, (n, len(names))) * noise * 0.5  # per-GPU offsets
+    state = base.copy()
+    start = time.time() - ticks if t0 is None else t0
+    for k in range(ticks):
+        state = 0.8 * state + 0.2 * (base + rng.normal(0, 1, state.shape) * noise)
+        values = np.round(state / step) * step
+        values[:, energy] = 0 if k == 0 else values[:, energy]
+        state[:, energy] += state[:, power]
+        values[:, energy] = np.round(state[:, energy])
+        yield start + k, names, np.clip(values, 0, None)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(url, timeout=1).status_code < 500:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{url} did not answer within {timeout} s")
+
+
+def victoria_metrics_binary() -> str | None:
+    """The Debian package's binary; installed on demand when running as root, else None."""
+    found = shutil.which("victoria-metrics")
+    if found:
+        return found
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "install", "-y", "-qq", "victoria-metrics"], capture_output=True, check=False)
+    return shutil.which("victoria-metrics")
+
+
+@contextmanager
+def victoria_metrics() -> Iterator[tuple[str, Path] | None]:
+    """A VictoriaMetrics single node on a loopback port with a temporary data dir, or None."""
+    binary = victoria_metrics_binary()
+    if binary is None:
+        console.print("[yellow]victoria-metrics not installed: anchor skipped[/yellow]")
+        yield None
+        return
+    data = Path(tempfile.mkdtemp(prefix="bench-vm-"))
+    port = free_port()
+    proc = subprocess.Popen([binary, f"-storageDataPath={data}", f"-httpListenAddr=127.0.0.1:{port}",
+                             "-retentionPeriod=100y", "-search.disableCache"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health")
+        yield f"http://127.0.0.1:{port}", data
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@contextmanager
+def gpuscope_hub(db: Path, extra: list[str] | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real hub process (``gpuscope hub``) on a loopback port."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "gpuscope.cli", "hub", "--listen", f"127.0.0.1:{port}",
+                             "--db", str(db), *(extra or [])], stdout=subprocess.DEVNULL)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/api/v1/health")
+        yield f"http://127.0.0.1:{port}", proc
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
+    table = Table(title=title)
+    for c in columns:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*r)
+    Console().print(table)

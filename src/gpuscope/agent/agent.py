@@ -1,0 +1,302 @@
+"""The per-node agent: every interval, one round from every collector, sent as one batch.
+
+Rounds are aligned to multiples of the interval on the agent's clock (so samples of all nodes
+line up and timestamps compress well) and never drift: a late round does not push the next
+one back, and rounds that could not run at all are counted as ``rounds_missed``. A simulated
+node is simply another :class:`~gpuscope.collect.base.Collector`, so the demo feeds simulated
+data through this same agent, sender and spool.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import httpx
+import numpy as np
+
+from gpuscope import __version__
+from gpuscope.agent.sender import Backoff, Sender
+from gpuscope.agent.spool import Spool
+from gpuscope.collect.base import Collector, CollectorError, CollectorSet
+from gpuscope.counters import Counters
+from gpuscope.ingest.payload import encode_batch
+from gpuscope.model import Batch, Event, Labels
+
+log = logging.getLogger("gpuscope.agent")
+
+#: Counters that :meth:`Agent.stats` always reports, zero or not.
+STAT_KEYS = (
+    "rounds",
+    "rounds_missed",
+    "samples_collected",
+    "samples_sent",
+    "batches_sent",
+    "batches_spooled",
+    "batches_replayed",
+    "batches_refused",
+    "spool_dropped_batches",
+    "spool_dropped_bytes",
+    "send_failures",
+    "collector_errors",
+)
+
+#: Standard label keys in the order a person reads them (DESIGN §2).
+LABEL_ORDER = ("cluster", "node", "gpu", "uuid", "job", "rank", "service", "model", "version")
+
+
+def default_node_name() -> str:
+    """The host's short name, which is what operators call a node."""
+    return socket.gethostname().split(".")[0] or "localhost"
+
+
+def default_spool_dir(node: str) -> Path:
+    """``$XDG_STATE_HOME/gpuscope/spool/<node>`` (``~/.local/state`` when unset)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "gpuscope" / "spool" / node
+
+
+class Agent:
+    """Collects from ``collectors`` every ``interval`` seconds and delivers batches to the hub."""
+
+    def __init__(
+        self,
+        hub_url: str,
+        node: str,
+        collectors: Sequence[Collector],
+        interval: float = 1.0,
+        token: str | None = None,
+        spool_dir: str | os.PathLike[str] | None = None,
+        transport: httpx.BaseTransport | None = None,
+        clock: Callable[[], float] = time.time,
+        *,
+        sleep: Callable[[float], None] | None = None,
+        spool_max_bytes: int = 256 * 1024 * 1024,
+        send_timeout: float = 5.0,
+        backoff: Backoff | None = None,
+        counters: Counters | None = None,
+        fsync: bool = True,
+    ) -> None:
+        if not (interval > 0 and math.isfinite(interval)):
+            raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        if not node:
+            raise ValueError("node name must not be empty")
+        self.node = node
+        self.interval = interval
+        self.clock = clock
+        self._sleep = sleep
+        self.counters = counters if counters is not None else Counters()
+        self.collectors = CollectorSet(collectors, self.counters)
+        self.spool = Spool(
+            spool_dir if spool_dir is not None else default_spool_dir(node),
+            max_bytes=spool_max_bytes,
+            counters=self.counters,
+            fsync=fsync,
+        )
+        try:
+            self.sender = Sender(
+                hub_url,
+                spool=self.spool,
+                token=token,
+                transport=transport,
+                timeout=send_timeout,
+                counters=self.counters,
+                clock=clock,
+                backoff=backoff,
+            )
+        except Exception:
+            self.spool.close()
+            raise
+        # a fresh id per start: sequence numbers restart at 0, ids stay unique for the hub's dedup
+        self.boot_id = f"{int(clock()):x}{secrets.token_hex(3)}"
+        self._seq = 0
+        self._closed = False
+        self._logged_round_errors: set[type[BaseException]] = set()
+        self._pending_events = [
+            Event(
+                ts=clock(),
+                kind="agent_started",
+                labels={"node": node},
+                data={
+                    "version": __version__,
+                    "collectors": self.collectors.names,
+                    "interval": interval,
+                    "boot_id": self.boot_id,
+                },
+            )
+        ]
+
+    def run_once(self, now: float | None = None) -> Batch:
+        """One round from every collector, as one batch (not sent)."""
+        ts = self.clock() if now is None else now
+        got = self.collectors.collect(ts)
+        events, self._pending_events = self._pending_events + got.events, []
+        batch = Batch(
+            source=self.node,
+            frames=got.frames,
+            events=events,
+            training=got.training,
+            batch_id=f"{self.node}:{self.boot_id}:{self._seq}",
+        )
+        self._seq += 1
+        self.counters.inc("rounds")
+        self.counters.inc("samples_collected", batch.sample_count)
+        return batch
+
+    def step(self, now: float | None = None, deadline: float | None = None) -> Batch:
+        """Collect one round and deliver it (or spool it); spooled batches drain until ``deadline``."""
+        batch = self.run_once(now)
+        try:
+            body = encode_batch(batch)
+        except TypeError as exc:  # a collector put something JSON cannot hold in event data
+            self.counters.inc("batches_unencodable")
+            log.error("batch %s cannot be encoded (%s); dropped", batch.batch_id, exc)
+            return batch
+        self.sender.submit(body, batch.sample_count, deadline=deadline)
+        return batch
+
+    def run(self, stop: threading.Event) -> None:
+        """Run rounds at multiples of the interval until ``stop`` is set."""
+        tick = self._next_tick(self.clock())
+        while not stop.is_set():
+            now = self.clock()
+            if tick - now > self.interval:  # the clock stepped back: realign rather than stall
+                self.counters.inc("clock_jumps")
+                tick = self._next_tick(now)
+            if now < tick:
+                self._wait(stop, tick - now)
+                continue
+            late = math.floor((now - tick) / self.interval)
+            if late > 0:
+                self.counters.inc("rounds_missed", late)
+                tick += late * self.interval
+            try:
+                self.step(now=tick, deadline=tick + 0.8 * self.interval)
+            except Exception as exc:  # a bug in one round must not end monitoring of the node
+                self.counters.inc("round_errors")
+                if type(exc) not in self._logged_round_errors:
+                    self._logged_round_errors.add(type(exc))
+                    log.exception("round at %.3f failed; the agent goes on (counted as round_errors)", tick)
+            tick += self.interval
+
+    def stats(self) -> dict[str, int]:
+        """Counters (see ``STAT_KEYS``, plus per-kind details) and the spool's backlog."""
+        out = dict.fromkeys(STAT_KEYS, 0)
+        out.update(self.counters.snapshot())
+        out["spool_pending_batches"] = len(self.spool)
+        out["spool_pending_bytes"] = self.spool.pending_bytes
+        out["spool_disk_bytes"] = self.spool.disk_bytes
+        out["hub_ok"] = int(self.sender.hub_ok)
+        return out
+
+    def close(self) -> None:
+        """Close collectors, the HTTP client and the spool (what is spooled stays for next start)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.collectors.close()
+        self.sender.close()
+        self.spool.close()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _next_tick(self, now: float) -> float:
+        return (math.floor(now / self.interval) + 1) * self.interval
+
+    def _wait(self, stop: threading.Event, seconds: float) -> None:
+        if self._sleep is not None:
+            self._sleep(seconds)
+        else:
+            stop.wait(seconds)
+
+
+def run_until_signalled(agent: Agent) -> dict[str, int]:
+    """Run an agent in this (main) thread until SIGINT or SIGTERM; close it; return its stats."""
+    stop = threading.Event()
+
+    def _stop(signum: int, frame: FrameType | None) -> None:
+        log.info("signal %d: stopping the agent", signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        agent.run(stop)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        agent.close()
+    return agent.stats()
+
+
+def render_labels(labels: Labels) -> str:
+    """``node=node-0,gpu=3``: standard keys first in their usual order, then the rest sorted."""
+    keys = [k for k in LABEL_ORDER if k in labels] + sorted(k for k in labels if k not in LABEL_ORDER)
+    return ",".join(f"{k}={labels[k]}" for k in keys)
+
+
+def collect_once_json(
+    collectors: Sequence[Collector],
+    *,
+    rate_window: float = 0.5,
+    clock: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """One round from every collector as JSON a person can read (``gpuscope agent --once --json``).
+
+    Rates need two readings, so a priming round runs ``rate_window`` seconds before the reported
+    one (0 skips it; rates are then absent). Events of both rounds are included.
+    """
+    counters = Counters()
+    cs = CollectorSet(collectors, counters)
+    events: list[Event] = []
+    errors: list[CollectorError] = []
+    if rate_window > 0:
+        first = cs.collect(clock())
+        events.extend(first.events)
+        errors.extend(first.errors)
+        sleep(rate_window)
+    ts = clock()
+    got = cs.collect(ts)
+    events.extend(got.events)
+    errors.extend(got.errors)
+    entities: dict[str, dict[str, float]] = {}
+    for frame in got.frames:
+        for i, labels in enumerate(frame.entities):
+            row = entities.setdefault(render_labels(labels), {})
+            for j, metric in enumerate(frame.metrics):
+                value = float(frame.values[i, j])
+                if not np.isnan(value):
+                    row[metric] = value
+    return {
+        "ts": ts,
+        "sources": cs.names,
+        "samples": got.sample_count,
+        "entities": entities,
+        "events": [{"ts": e.ts, "kind": e.kind, "labels": e.labels, "data": e.data} for e in events],
+        "training": [
+            {
+                "ts": t.ts,
+                "job": t.job,
+                "rank": t.rank,
+                "step": t.step,
+                "metrics": {k: (None if math.isnan(v) else v) for k, v in t.metrics.items()},
+                "labels": t.labels,
+            }
+            for t in got.training
+        ],
+        "errors": [{"collector": e.collector, "kind": e.kind, "message": e.message} for e in errors],
+    }

@@ -1,0 +1,148 @@
+"""``gpuscope agent``: its arguments and what runs them (wired into ``gpuscope.cli``).
+
+Which collectors run: the registered defaults (the host collector), plus any whose option is
+given (``--dcgm-url`` switches on the collector that declares ``enabled_by = ("dcgm_url",)``), or
+exactly those named with ``--collector``. An option that no installed collector handles is an
+error rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Any
+
+import orjson
+
+from gpuscope.agent.agent import Agent, collect_once_json, default_node_name, run_until_signalled
+from gpuscope.agent.spool import SpoolError
+from gpuscope.collect.base import COLLECTORS, CollectorContext, build_collectors, enabled_collectors
+
+log = logging.getLogger("gpuscope.agent")
+
+#: command-line flag -> collector option it sets
+SOURCE_FLAGS = {"--dcgm-url": "dcgm_url", "--scrape": "scrape_urls"}
+
+
+def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--hub", default=None, help="hub base URL, e.g. http://hub:7470 (not needed with --once)"
+    )
+    parser.add_argument("--node", default=None, help="this node's name (default: the short host name)")
+    parser.add_argument("--interval", type=float, default=1.0, help="seconds between rounds (default 1)")
+    parser.add_argument("--token", default=None, help="bearer token for the hub (default: $GPUSCOPE_TOKEN)")
+    parser.add_argument(
+        "--spool-dir", default=None, help="where batches wait while the hub is away (default: ~/.local/state)"
+    )
+    parser.add_argument("--spool-max-mb", type=float, default=256.0, help="spool bound in MiB (default 256)")
+    parser.add_argument(
+        "--collector",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help="run exactly these collectors (repeatable; default: host plus those switched on by options)",
+    )
+    parser.add_argument("--dcgm-url", default=None, help="an existing dcgm-exporter /metrics URL")
+    parser.add_argument(
+        "--scrape", action="append", default=None, metavar="URL", help="a vLLM/Triton/TGI/SGLang /metrics URL"
+    )
+    parser.add_argument("--proc-root", default="/proc", help="read procfs from this root (default /proc)")
+    parser.add_argument("--sys-root", default="/sys", help="read sysfs from this root (default /sys)")
+    parser.add_argument("--once", action="store_true", help="one round from every source, printed; no hub")
+    parser.add_argument("--json", action="store_true", help="with --once: print JSON")
+    parser.add_argument(
+        "--rate-window",
+        type=float,
+        default=0.5,
+        help="with --once: seconds between the two readings rates need",
+    )
+
+
+def context_from_args(args: argparse.Namespace) -> CollectorContext:
+    options: dict[str, Any] = {}
+    if args.dcgm_url:
+        options["dcgm_url"] = args.dcgm_url
+    if args.scrape:
+        options["scrape_urls"] = list(args.scrape)
+    return CollectorContext(
+        node=args.node or default_node_name(),
+        proc_root=args.proc_root,
+        sys_root=args.sys_root,
+        options=options,
+    )
+
+
+def collector_names(args: argparse.Namespace, ctx: CollectorContext) -> list[str]:
+    """The collectors to run; raises ValueError when an option has no collector to take it."""
+    names = list(dict.fromkeys(args.collector)) if args.collector else enabled_collectors(ctx)
+    for flag, option in SOURCE_FLAGS.items():
+        if ctx.options.get(option) and not any(
+            option in COLLECTORS[n].enabled_by for n in names if n in COLLECTORS
+        ):
+            takers = sorted(n for n, cls in COLLECTORS.items() if option in cls.enabled_by)
+            hint = f"add --collector {takers[0]}" if takers else "no installed collector reads it"
+            raise ValueError(f"{flag} is given but no chosen collector uses it ({hint})")
+    return names
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    """Run ``gpuscope agent`` from parsed arguments; the exit status (2: bad arguments or setup)."""
+    try:
+        if not (args.interval > 0):
+            raise ValueError(f"--interval must be positive, got {args.interval}")
+        ctx = context_from_args(args)
+        collectors = build_collectors(collector_names(args, ctx), ctx)
+    except ValueError as exc:
+        print(f"gpuscope agent: {exc}", file=sys.stderr)
+        return 2
+    if args.once:
+        try:
+            result = collect_once_json(collectors, rate_window=max(0.0, args.rate_window))
+        finally:
+            for c in collectors:
+                c.close()
+        print(render_once(result, as_json=args.json))
+        return 0
+    if not args.hub:
+        print("gpuscope agent: --hub URL is required (or --once to print one round)", file=sys.stderr)
+        for c in collectors:
+            c.close()
+        return 2
+    try:
+        agent = Agent(
+            args.hub,
+            ctx.node,
+            collectors,
+            interval=args.interval,
+            token=args.token or os.environ.get("GPUSCOPE_TOKEN") or None,
+            spool_dir=args.spool_dir,
+            spool_max_bytes=int(args.spool_max_mb * 1024 * 1024),
+        )
+    except (ValueError, SpoolError) as exc:
+        for c in collectors:
+            c.close()
+        print(f"gpuscope agent: {exc}", file=sys.stderr)
+        return 2
+    print(
+        f"gpuscope agent: node {ctx.node}, collectors {', '.join(agent.collectors.names)}, "
+        f"every {args.interval:g} s to {args.hub} (spool {agent.spool.dir})",
+        file=sys.stderr,
+    )
+    stats = run_until_signalled(agent)
+    log.info("agent stopped: %s", stats)
+    return 0
+
+
+def render_once(result: dict[str, Any], *, as_json: bool) -> str:
+    """JSON for machines, or one line per entity for a person."""
+    if as_json:
+        return orjson.dumps(result, option=orjson.OPT_INDENT_2).decode()
+    lines = [f"sources: {', '.join(result['sources'])}; {result['samples']} samples"]
+    for entity, values in result["entities"].items():
+        lines.append(entity)
+        lines.extend(f"  {metric} = {value:g}" for metric, value in values.items())
+    lines.extend(f"event {e['kind']} {e['labels']} {e['data']}" for e in result["events"])
+    lines.extend(f"error {e['collector']}: {e['kind']}: {e['message']}" for e in result["errors"])
+    return "\n".join(lines)

@@ -1,0 +1,211 @@
+"""Delivering encoded batches to the hub, in order, through the spool when the hub is away.
+
+A 2xx answer means the hub stored the batch durably. A connection error, a 5xx, 408 or 429
+means "later": the batch goes to the spool and the sender backs off (exponential, jittered,
+capped; ``Retry-After`` honoured). Any other status is a permanent refusal: retrying would
+never succeed, so the batch is counted as ``batches_refused``, the hub's message is logged once,
+and delivery moves on. While the spool holds anything, new batches queue behind it so the hub
+receives batches in the order they were collected.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+import httpx
+import orjson
+
+from gpuscope import __version__
+from gpuscope.agent.spool import Spool
+from gpuscope.counters import Counters
+
+log = logging.getLogger("gpuscope.agent.sender")
+
+INGEST_PATH = "/api/v1/ingest"
+#: spool records carry the batch's sample count ahead of the body, for ``samples_sent``
+_ENVELOPE = struct.Struct("<I")
+_MAX_LOGGED_REFUSALS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Retry delays: ``initial * factor**n`` capped at ``cap``, reduced by up to ``jitter`` at random
+    so agents that lost the hub together do not come back in lockstep."""
+
+    initial: float = 0.5
+    factor: float = 2.0
+    cap: float = 10.0
+    jitter: float = 0.5
+    max_retry_after: float = 300.0
+
+    def delay(self, failures: int, rng: random.Random) -> float:
+        base = min(self.cap, self.initial * self.factor ** max(0, failures - 1))
+        return base * (1.0 - self.jitter * rng.random())
+
+
+class Outcome(Enum):
+    DELIVERED = "delivered"
+    RETRY = "retry"
+    REFUSED = "refused"
+
+
+class Sender:
+    """Posts batches to ``<hub>/api/v1/ingest``; spools and retries what cannot be delivered now.
+
+    Counters: ``batches_sent``, ``samples_sent``, ``batches_spooled``, ``batches_replayed``,
+    ``batches_refused``, ``send_failures`` (attempts that will be retried).
+    """
+
+    def __init__(
+        self,
+        hub_url: str,
+        *,
+        spool: Spool,
+        token: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+        timeout: float = 10.0,
+        counters: Counters | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        backoff: Backoff | None = None,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not hub_url.startswith(("http://", "https://")):
+            raise ValueError(f"hub URL must start with http:// or https://, got {hub_url!r}")
+        self.url = hub_url.rstrip("/") + INGEST_PATH
+        self.spool = spool
+        self.counters = counters if counters is not None else Counters()
+        self.clock = clock
+        self.backoff = backoff if backoff is not None else Backoff()
+        self.rng = rng if rng is not None else random.Random()
+        headers = {"Content-Type": "application/json", "User-Agent": f"gpuscope-agent/{__version__}"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._client = httpx.Client(headers=headers, timeout=timeout, transport=transport)
+        self._failures = 0  # consecutive failed attempts
+        self._next_attempt = float("-inf")
+        self._logged_refusals: set[tuple[int, str]] = set()
+
+    @property
+    def backlog(self) -> int:
+        """Batches waiting in the spool."""
+        return len(self.spool)
+
+    @property
+    def hub_ok(self) -> bool:
+        """False from a failed attempt until the next successful one."""
+        return self._failures == 0
+
+    def submit(self, body: bytes, samples: int = 0, *, deadline: float | None = None) -> None:
+        """Deliver one encoded batch, or queue it behind earlier ones; then drain the spool."""
+        if not len(self.spool) and self.clock() >= self._next_attempt:
+            outcome = self._post(body)
+            if outcome is Outcome.DELIVERED:
+                self._delivered(samples)
+            if outcome is not Outcome.RETRY:
+                return
+        if self.spool.append(_ENVELOPE.pack(min(samples, 0xFFFFFFFF)) + body):
+            self.counters.inc("batches_spooled")
+        self.flush(deadline)
+
+    def flush(self, deadline: float | None = None) -> int:
+        """Deliver spooled batches in order until the spool is empty, the hub fails again, or the
+        ``deadline`` (on the sender's clock) passes. Returns how many were delivered."""
+        delivered = 0
+        while len(self.spool) and self.clock() >= self._next_attempt:
+            if deadline is not None and self.clock() >= deadline:
+                break
+            record = self.spool.peek()
+            if record is None:
+                break
+            if len(record) < _ENVELOPE.size:
+                self.counters.inc("spool_corrupt_records")
+                self.spool.ack()
+                continue
+            (samples,) = _ENVELOPE.unpack_from(record)
+            outcome = self._post(record[_ENVELOPE.size :])
+            if outcome is Outcome.RETRY:
+                break
+            self.spool.ack()
+            if outcome is Outcome.DELIVERED:
+                self.counters.inc("batches_replayed")
+                self._delivered(samples)
+                delivered += 1
+        return delivered
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _delivered(self, samples: int) -> None:
+        self.counters.inc("batches_sent")
+        self.counters.inc("samples_sent", samples)
+
+    def _post(self, body: bytes) -> Outcome:
+        try:
+            resp = self._client.post(self.url, content=body)
+        except httpx.RequestError as exc:
+            self._failed(f"{type(exc).__name__}: {exc}", None)
+            return Outcome.RETRY
+        status = resp.status_code
+        if 200 <= status < 300:
+            if self._failures:
+                log.info("hub %s reachable again; %d batches waiting in the spool", self.url, len(self.spool))
+            self._failures, self._next_attempt = 0, float("-inf")
+            return Outcome.DELIVERED
+        if status in (408, 429) or status >= 500:
+            self._failed(f"HTTP {status}: {_hub_message(resp)}", _retry_after(resp))
+            return Outcome.RETRY
+        self.counters.inc("batches_refused")
+        self.counters.inc(f"batches_refused.{status}")
+        message = _hub_message(resp)
+        key = (status, message)
+        if key not in self._logged_refusals and len(self._logged_refusals) < _MAX_LOGGED_REFUSALS:
+            self._logged_refusals.add(key)
+            log.error(
+                "hub refused a batch, HTTP %d: %s (not retried; counted as batches_refused)", status, message
+            )
+        return Outcome.REFUSED
+
+    def _failed(self, why: str, retry_after: float | None) -> None:
+        self.counters.inc("send_failures")
+        self._failures += 1
+        delay = self.backoff.delay(self._failures, self.rng)
+        if retry_after is not None:
+            delay = max(delay, min(retry_after, self.backoff.max_retry_after))
+        self._next_attempt = self.clock() + delay
+        if self._failures == 1:
+            log.warning("cannot deliver to %s (%s); spooling and retrying with backoff", self.url, why)
+        else:
+            log.debug(
+                "delivery attempt %d to %s failed (%s); next in %.1fs", self._failures, self.url, why, delay
+            )
+
+
+def _hub_message(resp: httpx.Response) -> str:
+    """The hub's ``{"error": ..., "field": ...}`` as one line, or the start of the body."""
+    try:
+        obj = orjson.loads(resp.content)
+    except orjson.JSONDecodeError:
+        obj = None
+    if isinstance(obj, dict) and "error" in obj:
+        field = obj.get("field")
+        return f"{field}: {obj['error']}" if field else str(obj["error"])
+    text = resp.text.strip().replace("\n", " ")
+    return text[:300] or resp.reason_phrase
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    """``Retry-After`` in seconds; the HTTP-date form is rare from an ingest API and ignored."""
+    raw = resp.headers.get("retry-after")
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return value if value >= 0 else None

@@ -1,0 +1,128 @@
+"""From findings to alerts: one alert per (rule, entity) while its finding persists.
+
+Detectors restate every condition that holds at each evaluation; this layer turns a finding that
+appears into a fired alert and one that has been absent for ``resolve_after`` seconds into a
+resolved one (a short absence is treated as the same alert, so a condition at its threshold does
+not flap). A later re-occurrence is a new alert. Severity and owner come from the catalog; the
+cost of delay is ``affected_gpus x price_per_gpu_hour x work_at_risk``. It knows nothing of where
+findings came from.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from gpuscope.alert.catalog import RULES
+from gpuscope.alert.incidents import Incident, IncidentTracker
+from gpuscope.model import Alert, Finding
+
+ChangeKind = Literal["fired", "resolved"]
+FindingKey = tuple[str, tuple[tuple[str, str], ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class AlertChange:
+    kind: ChangeKind
+    alert: Alert
+
+
+def _check(finding: Finding) -> None:
+    """Refuse a malformed finding, naming the rule and what is wrong: it is a detector's bug."""
+    if finding.rule not in RULES:
+        raise ValueError(f"finding rule {finding.rule!r} is not in the alert catalog")
+    bad = [k for k, v in finding.entity.items() if not isinstance(k, str) or not isinstance(v, str)]
+    if bad or not finding.entity:
+        raise ValueError(
+            f"finding {finding.rule}: entity must be a non-empty dict of strings, got {finding.entity!r}"
+        )
+    if (
+        isinstance(finding.affected_gpus, bool)
+        or not isinstance(finding.affected_gpus, int)
+        or finding.affected_gpus < 0
+    ):
+        raise ValueError(
+            f"finding {finding.rule}: affected_gpus must be a non-negative integer, "
+            f"got {finding.affected_gpus!r}"
+        )
+
+
+class AlertEngine:
+    """Alert state: what fires, what resolved, and the incidents they form."""
+
+    def __init__(
+        self, price_per_gpu_hour: float = 2.5, resolve_after: float = 5.0, incident_window: float = 600.0
+    ) -> None:
+        if not math.isfinite(price_per_gpu_hour) or price_per_gpu_hour < 0:
+            raise ValueError(f"price_per_gpu_hour must be a non-negative number, got {price_per_gpu_hour!r}")
+        if not math.isfinite(resolve_after) or resolve_after < 0:
+            raise ValueError(f"resolve_after must be a non-negative number of seconds, got {resolve_after!r}")
+        self.price_per_gpu_hour = price_per_gpu_hour
+        self.resolve_after = resolve_after
+        self._alerts: list[Alert] = []
+        self._active: dict[FindingKey, Alert] = {}
+        self._incidents = IncidentTracker(incident_window)
+
+    def update(self, now: float, findings: list[Finding]) -> list[AlertChange]:
+        """Apply the findings of the evaluation at ``now``; returns what fired and what resolved."""
+        if not math.isfinite(now):
+            raise ValueError(f"evaluation time must be finite, got {now!r}")
+        changes: list[AlertChange] = []
+        current: set[FindingKey] = set()
+        for finding in findings:
+            _check(finding)
+            key = finding.key
+            current.add(key)
+            alert = self._active.get(key)
+            if alert is None:
+                alert = self._fire(now, finding)
+                self._active[key] = alert
+                changes.append(AlertChange("fired", alert))
+            else:
+                self._refresh(alert, now, finding)
+        for key, alert in list(self._active.items()):
+            if key not in current and now - alert.last_seen >= self.resolve_after:
+                alert.resolved_at = now
+                del self._active[key]
+                changes.append(AlertChange("resolved", alert))
+        return changes
+
+    def _fire(self, now: float, finding: Finding) -> Alert:
+        spec = RULES[finding.rule]
+        alert = Alert(
+            id=f"al-{len(self._alerts) + 1}",
+            rule=finding.rule,
+            severity=spec.tier,
+            owner=spec.owner,
+            entity=dict(finding.entity),
+            started_at=now,
+            summary=finding.summary,
+            cost_per_hour=self.cost_per_hour(finding),
+            last_seen=now,
+        )
+        self._refresh(alert, now, finding)
+        self._alerts.append(alert)
+        self._incidents.add(alert)
+        return alert
+
+    def _refresh(self, alert: Alert, now: float, finding: Finding) -> None:
+        alert.last_seen = now
+        alert.summary = finding.summary
+        alert.value = finding.value if finding.value is not None and math.isfinite(finding.value) else None
+        alert.details = dict(finding.details)
+        alert.cost_per_hour = self.cost_per_hour(finding)
+
+    def cost_per_hour(self, finding: Finding) -> float:
+        """What an hour of delay costs: the GPUs affected, at their price, times the share at risk."""
+        return finding.affected_gpus * self.price_per_gpu_hour * RULES[finding.rule].work_at_risk
+
+    def all(self) -> list[Alert]:
+        """Every alert raised so far, firing or resolved, in the order they fired."""
+        return list(self._alerts)
+
+    def firing(self) -> list[Alert]:
+        return list(self._active.values())
+
+    def incidents(self) -> list[Incident]:
+        return self._incidents.incidents()

@@ -1,0 +1,175 @@
+"""Grouping alerts into incidents through the entity graph and time, root cause first.
+
+One fault raises alerts on several layers (a lost GPU, the rank that ran on it, the job that
+stalled). Alerts are linked when they share a node, a GPU, a job or a service: a rank alert names
+its job, node and GPU; a job alert may list the nodes it runs on in ``details["links"]`` (a list of
+label sets). An alert joins every incident it links to that started at most ``window`` seconds
+before it (several such incidents merge into the oldest). The root cause is the alert on the lowest
+layer (GPU < node < rank < job < service), earliest first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuscope.model import Alert, Labels
+
+LAYERS = ("gpu", "node", "rank", "job", "service", "other")
+
+
+def layer(entity: Labels) -> int:
+    """Position of an entity in the graph, lowest (the hardware) first."""
+    if "service" in entity:
+        return 4
+    if "rank" in entity:
+        return 2
+    if "job" in entity:
+        return 3
+    if "gpu" in entity:
+        return 0
+    if "node" in entity:
+        return 1
+    return 5
+
+
+def link_keys(entity: Labels, links: Any = None) -> set[str]:
+    """The graph vertices an alert touches: its own labels and those of its declared links."""
+    label_sets: list[Labels] = [entity]
+    if isinstance(links, list):
+        label_sets.extend(x for x in links if isinstance(x, dict))
+    keys: set[str] = set()
+    for labels in label_sets:
+        node = labels.get("node")
+        if node:
+            keys.add(f"node:{node}")
+            gpu = labels.get("gpu")
+            if gpu:
+                keys.add(f"gpu:{node}/{gpu}")
+        for kind in ("job", "service"):
+            value = labels.get(kind)
+            if value:
+                keys.add(f"{kind}:{value}")
+    return keys
+
+
+def describe(entity: Labels) -> str:
+    """A short human name for an entity: ``node-1 GPU 3``, ``job llm rank 5``."""
+    if "service" in entity:
+        return f"service {entity['service']}"
+    if "rank" in entity:
+        return f"job {entity.get('job', '?')} rank {entity['rank']}"
+    if "job" in entity:
+        return f"job {entity['job']}"
+    if "gpu" in entity:
+        return f"{entity.get('node', '?')} GPU {entity['gpu']}"
+    if "node" in entity:
+        return f"node {entity['node']}"
+    return ", ".join(f"{k}={v}" for k, v in sorted(entity.items())) or "cluster"
+
+
+def _number(alert_id: str) -> int:
+    tail = alert_id.rpartition("-")[2]
+    return int(tail) if tail.isdecimal() else 0
+
+
+@dataclass(slots=True)
+class Incident:
+    id: str
+    root: str  # id of the root-cause alert
+    members: list[str]  # alert ids, in the order they joined
+    started_at: float
+    resolved_at: float | None
+    title: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "root": self.root,
+            "members": list(self.members),
+            "started_at": self.started_at,
+            "resolved_at": self.resolved_at,
+            "title": self.title,
+        }
+
+
+@dataclass(slots=True)
+class _Group:
+    id: str
+    seq: int
+    members: list[Alert] = field(default_factory=list)
+    keys: set[str] = field(default_factory=set)
+
+    @property
+    def started_at(self) -> float:
+        return min(a.started_at for a in self.members)
+
+    def root(self) -> Alert:
+        return min(self.members, key=lambda a: (layer(a.entity), a.started_at, _number(a.id)))
+
+    def snapshot(self) -> Incident:
+        root = self.root()
+        title = f"{root.rule} on {describe(root.entity)}"
+        if len(self.members) > 1:
+            title += f" (+{len(self.members) - 1} related)"
+        firing = any(a.resolved_at is None for a in self.members)
+        resolved = None if firing else max(a.resolved_at or 0.0 for a in self.members)
+        return Incident(self.id, root.id, [a.id for a in self.members], self.started_at, resolved, title)
+
+
+class IncidentTracker:
+    """Assigns each fired alert to an incident (setting ``Alert.incident``)."""
+
+    def __init__(self, window: float = 600.0) -> None:
+        if window < 0:
+            raise ValueError(f"incident window must not be negative, got {window}")
+        self.window = window
+        self._groups: dict[str, _Group] = {}
+        self._by_key: dict[str, set[str]] = {}
+        self._seq = 0
+
+    def add(self, alert: Alert) -> str:
+        """File a newly fired alert; returns its incident id."""
+        keys = link_keys(alert.entity, alert.details.get("links"))
+        joined: set[str] = set()
+        for key in keys:
+            ids = self._by_key.get(key)
+            if not ids:
+                continue
+            for gid in list(ids):
+                if alert.started_at - self._groups[gid].started_at <= self.window:
+                    joined.add(gid)
+                else:
+                    ids.discard(gid)  # too old to take new members through this vertex
+        if joined:
+            group = min((self._groups[g] for g in joined), key=lambda g: g.seq)
+            for gid in joined - {group.id}:
+                self._merge(group, self._groups.pop(gid))
+        else:
+            self._seq += 1
+            group = self._groups[f"inc-{self._seq}"] = _Group(f"inc-{self._seq}", self._seq)
+        group.members.append(alert)
+        self._index(group, keys)
+        alert.incident = group.id
+        return group.id
+
+    def _merge(self, into: _Group, other: _Group) -> None:
+        for alert in other.members:
+            alert.incident = into.id
+        into.members.extend(other.members)
+        for key in other.keys:
+            self._by_key[key].discard(other.id)
+        self._index(into, other.keys)
+
+    def _index(self, group: _Group, keys: set[str]) -> None:
+        group.keys |= keys
+        for key in keys:
+            self._by_key.setdefault(key, set()).add(group.id)
+
+    def incidents(self) -> list[Incident]:
+        """Every incident, oldest first, as of now."""
+        return [g.snapshot() for g in sorted(self._groups.values(), key=lambda g: g.seq)]
+
+    def get(self, incident_id: str) -> Incident | None:
+        group = self._groups.get(incident_id)
+        return None if group is None else group.snapshot()

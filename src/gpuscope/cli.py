@@ -1,0 +1,138 @@
+"""The command line of DESIGN §5: ``demo``, ``hub``, ``agent``, ``sim-eval``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import orjson
+from rich.console import Console
+
+from gpuscope import __version__
+from gpuscope.config import DEFAULT_PORT, ConfigError, load_config, parse_listen
+
+err = Console(stderr=True)
+
+
+def _cmd_hub(args: argparse.Namespace) -> int:
+    from gpuscope.hub import Hub
+    from gpuscope.ingest.payload import Limits
+    from gpuscope.store.duckdb_store import DuckDBStore
+    from gpuscope.web.server import HubServer
+
+    cfg = load_config(args.config)
+    if args.listen:
+        cfg.host, cfg.port = parse_listen(args.listen)
+    if args.db:
+        cfg.storage_path = args.db
+    store = DuckDBStore(cfg.storage_path, max_entities=cfg.max_entities, max_metrics=cfg.max_metrics,
+                        raw_retention_s=cfg.raw_retention_s)
+    hub = Hub(store, price_per_gpu_hour=cfg.price_per_gpu_hour)
+    try:
+        server = HubServer(hub, cfg.host, cfg.port, tokens=cfg.tokens,
+                           limits=Limits(max_body_bytes=cfg.max_body_bytes))
+    except (ValueError, OSError) as exc:
+        store.close()
+        err.print(f"[red]gpuscope hub: {exc}[/red]")
+        return 2
+    err.print(f"gpuscope hub {__version__} listening on {server.url} (store: {cfg.storage_path}, "
+              f"write auth: {'token' if cfg.tokens else 'none, loopback only'})")
+    server.run()
+    return 0
+
+
+def _cmd_agent(args: argparse.Namespace) -> int:
+    from gpuscope.agent.cli import run_agent
+
+    return run_agent(args)
+
+
+def _cmd_sim_eval(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from gpuscope.sim.scenario import ScenarioError, load_scenario
+    from gpuscope.simeval.report import evaluate
+    from gpuscope.simeval.runner import alerts_json, run_scenario
+    from gpuscope.simeval.render import print_report
+
+    try:
+        scenario = load_scenario(args.scenario)
+    except ScenarioError as exc:
+        err.print(f"[red]{exc}[/red]")
+        return 2
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                  TimeRemainingColumn(), console=err, transient=True) as progress:
+        task = progress.add_task(f"simulating {scenario.name}", total=scenario.duration)
+        result = run_scenario(scenario, progress=lambda t, total: progress.update(task, completed=t))
+    err.print(f"{scenario.name}: {scenario.duration:.0f} simulated s in {result.wall_seconds:.1f} s "
+              f"({result.speedup:.0f}x real time), {len(result.alerts)} alerts")
+    output = alerts_json(result)
+    if args.report:
+        report = evaluate(scenario, result.alerts)
+        print_report(report, err)
+        output["report"] = report.to_dict()
+    if args.json or not args.report:
+        sys.stdout.write(orjson.dumps(output, option=orjson.OPT_INDENT_2).decode() + "\n")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from gpuscope.demo import run_demo
+
+    return run_demo(scenario_path=args.scenario, duration=args.duration, port=args.port,
+                    config_path=args.config)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuscope", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log more to stderr")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="hub + agents over a simulated cluster with injected faults")
+    demo.add_argument("--duration", type=float, default=None, help="stop after S seconds (default: scenario)")
+    demo.add_argument("--scenario", type=Path, default=None, help="scenario YAML (default: built-in demo)")
+    demo.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"hub port (default {DEFAULT_PORT})")
+    demo.add_argument("--config", default=None, help="config YAML (or GPUSCOPE_CONFIG)")
+    demo.set_defaults(func=_cmd_demo)
+
+    hub = sub.add_parser("hub", help="run a hub: ingest, store, detect, alert, query API")
+    hub.add_argument("--listen", default=None, help=f"HOST:PORT (default 127.0.0.1:{DEFAULT_PORT})")
+    hub.add_argument("--config", default=None, help="config YAML (or GPUSCOPE_CONFIG)")
+    hub.add_argument("--db", default=None, help="DuckDB store file (default from config: gpuscope.duckdb)")
+    hub.set_defaults(func=_cmd_hub)
+
+    agent = sub.add_parser("agent", help="run a node agent that collects and sends to a hub")
+    from gpuscope.agent.cli import add_agent_arguments
+
+    add_agent_arguments(agent)
+    agent.set_defaults(func=_cmd_agent)
+
+    sim = sub.add_parser("sim-eval", help="run a scenario in virtual time and print its alerts")
+    sim.add_argument("scenario", help="scenario YAML (DESIGN §4)")
+    sim.add_argument("--json", action="store_true", help="print the alerts JSON of DESIGN §5 on stdout")
+    sim.add_argument("--report", action="store_true", help="score detections against the scenario's faults")
+    sim.set_defaults(func=_cmd_sim_eval)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns everything else
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        err.print(f"[red]config: {exc}[/red]")
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

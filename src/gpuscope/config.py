@@ -1,0 +1,106 @@
+"""The one YAML file a user configures (``--config FILE`` or ``GPUSCOPE_CONFIG``; DESIGN §5).
+
+Only the keys this version understands are read; an unknown top-level key or a value of the wrong
+type is refused with a message naming it, so a typo never silently falls back to a default.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7470
+
+KNOWN_KEYS = {"listen", "storage", "state", "auth", "pricing", "limits", "receivers", "routes", "retention"}
+
+
+class ConfigError(ValueError):
+    """The configuration file is unusable; the message names the key."""
+
+
+@dataclass(slots=True)
+class HubConfig:
+    host: str = DEFAULT_HOST
+    port: int = DEFAULT_PORT
+    storage_backend: str = "duckdb"
+    storage_path: str = "gpuscope.duckdb"
+    tokens: list[str] = field(default_factory=list)
+    price_per_gpu_hour: float = 2.5
+    max_body_bytes: int = 64 * 1024 * 1024
+    max_entities: int = 100_000
+    max_metrics: int = 512
+    raw_retention_s: float = 7 * 86400
+    raw: dict[str, Any] = field(default_factory=dict)
+
+
+def parse_listen(value: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) into its parts."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"listen: {value!r} is not HOST:PORT")
+    return (host.strip("[]") or DEFAULT_HOST), int(port)
+
+
+def _section(raw: dict[str, Any], key: str) -> dict[str, Any]:
+    value = raw.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: must be a mapping")
+    return value
+
+
+def _number(section: dict[str, Any], key: str, where: str, default: float) -> float:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ConfigError(f"{where}.{key}: must be a non-negative number")
+    return float(value)
+
+
+def load_config(path: str | os.PathLike[str] | None = None) -> HubConfig:
+    """Read the config file named, or ``$GPUSCOPE_CONFIG``, or return the defaults."""
+    path = path or os.environ.get("GPUSCOPE_CONFIG")
+    cfg = HubConfig()
+    env_token = os.environ.get("GPUSCOPE_TOKEN")
+    if env_token:
+        cfg.tokens.append(env_token)
+    if not path:
+        return cfg
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: must be a mapping of sections")
+    unknown = set(raw) - KNOWN_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(KNOWN_KEYS))})")
+    cfg.raw = raw
+    if "listen" in raw:
+        cfg.host, cfg.port = parse_listen(str(raw["listen"]))
+    storage = _section(raw, "storage")
+    cfg.storage_backend = str(storage.get("backend", "duckdb"))
+    if cfg.storage_backend != "duckdb":
+        raise ConfigError(f"storage.backend: {cfg.storage_backend!r} is not available in this version (duckdb)")
+    cfg.storage_path = str(storage.get("path", cfg.storage_path))
+    auth = _section(raw, "auth")
+    tokens = auth.get("tokens", [])
+    if not isinstance(tokens, list) or not all(isinstance(t, str) and len(t) >= 16 for t in tokens):
+        raise ConfigError("auth.tokens: must be a list of strings of at least 16 characters")
+    cfg.tokens.extend(tokens)
+    pricing = _section(raw, "pricing")
+    cfg.price_per_gpu_hour = _number(pricing, "price_per_gpu_hour", "pricing", cfg.price_per_gpu_hour)
+    limits = _section(raw, "limits")
+    cfg.max_body_bytes = int(_number(limits, "max_body_bytes", "limits", cfg.max_body_bytes))
+    cfg.max_entities = int(_number(limits, "max_entities", "limits", cfg.max_entities))
+    cfg.max_metrics = int(_number(limits, "max_metrics", "limits", cfg.max_metrics))
+    retention = _section(raw, "retention")
+    cfg.raw_retention_s = _number(retention, "raw_seconds", "retention", cfg.raw_retention_s)
+    return cfg

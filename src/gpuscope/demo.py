@@ -1,0 +1,188 @@
+"""``gpuscope demo``: a real hub and one real agent per simulated node, speaking HTTP on loopback.
+
+The simulator plays the cluster in real time; each node's telemetry goes through a real
+:class:`~gpuscope.agent.agent.Agent` (collector → batch → send, spooling if the hub is away) and
+the training processes' records go through the same HTTP ingest an SDK uses. The terminal shows
+the fleet, the jobs and the alerts as the hub raises them.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from gpuscope.agent.agent import Agent
+from gpuscope.alert.engine import AlertChange
+from gpuscope.collect.simulated import SimulatedNode
+from gpuscope.config import load_config
+from gpuscope.hub import Hub
+from gpuscope.ingest.payload import encode_batch
+from gpuscope.sim.cluster import Simulator
+from gpuscope.sim.scenario import Scenario, ScenarioError, builtin_scenario, load_scenario
+from gpuscope.simeval.render import print_report
+from gpuscope.simeval.report import evaluate
+from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.web.server import HubServer
+
+SEVERITY_STYLE = {"P1": "bold red", "P2": "yellow", "P3": "cyan"}
+
+
+def _util_cell(util: float | None, alive: bool) -> Text:
+    if not alive:
+        return Text(" ✕ ", style="bold white on red")
+    if util is None:
+        return Text(" · ", style="dim")
+    style = "green" if util >= 60 else "yellow" if util >= 15 else "dim"
+    return Text(f"{util:3.0f}", style=style)
+
+
+class DemoView:
+    """Renders the hub's state, read over its HTTP API as any client would."""
+
+    def __init__(self, client: httpx.Client, scenario: Scenario, url: str) -> None:
+        self.client = client
+        self.scenario = scenario
+        self.url = url
+
+    def render(self, t: float, injected: list[str]) -> Group:
+        snapshot = self.client.get("/api/v1/snapshot", params={
+            "metrics": "gpu_utilization_percent,gpu_temp_celsius,gpu_power_watts,node_cpu_percent"}).json()
+        alerts = self.client.get("/api/v1/alerts", params={"state": "firing"}).json()["alerts"]
+        gpus: dict[str, dict[str, dict[str, Any]]] = {}
+        now = time.time()
+        for row in snapshot["entities"]:
+            labels = row["labels"]
+            if "gpu" in labels:
+                fresh = now - row["ts"] < 5 * self.scenario.interval
+                gpus.setdefault(labels["node"], {})[labels["gpu"]] = {**row["values"], "fresh": fresh}
+        fleet = Table(title="fleet: GPU utilization %", expand=False)
+        fleet.add_column("node")
+        for g in range(self.scenario.cluster.gpus_per_node):
+            fleet.add_column(f"gpu{g}", justify="right")
+        fleet.add_column("max temp", justify="right")
+        for n in range(self.scenario.cluster.nodes):
+            node = f"node-{n}"
+            row_gpus = gpus.get(node, {})
+            cells = [_util_cell(row_gpus.get(str(g), {}).get("gpu_utilization_percent"),
+                                row_gpus.get(str(g), {}).get("fresh", False))
+                     for g in range(self.scenario.cluster.gpus_per_node)]
+            temps = [v.get("gpu_temp_celsius") for v in row_gpus.values() if v.get("fresh")]
+            max_temp = max((x for x in temps if x is not None), default=None)
+            fleet.add_row(node, *cells, "-" if max_temp is None else f"{max_temp:.0f}°C")
+        table = Table(title=f"firing alerts ({len(alerts)})", expand=True)
+        for col in ("sev", "rule", "entity", "for", "$/h", "summary"):
+            table.add_column(col, overflow="fold")
+        for a in sorted(alerts, key=lambda a: (a["severity"], a["started_at"]))[:12]:
+            entity = " ".join(f"{k}={v}" for k, v in a["entity"].items())
+            table.add_row(Text(a["severity"], style=SEVERITY_STYLE.get(a["severity"], "")), a["rule"], entity,
+                          f"{now - a['started_at']:.0f}s", f"{a['cost_per_hour']:.0f}", a["summary"])
+        header = Text.assemble(
+            ("gpuscope demo  ", "bold"), (f"hub {self.url}  ", "cyan"),
+            f"t={t:.0f}s / {self.scenario.duration:.0f}s  faults injected: {', '.join(injected) or 'none yet'}")
+        return Group(Panel(header), fleet, table)
+
+
+def run_demo(*, scenario_path: Path | None = None, duration: float | None = None, port: int = 7470,
+             config_path: str | None = None) -> int:
+    console = Console()
+    cfg = load_config(config_path)
+    try:
+        scenario = load_scenario(scenario_path or builtin_scenario("demo"))
+    except ScenarioError as exc:
+        console.print(f"[red]{exc}[/red]")
+        return 2
+    end = min(duration, scenario.duration) if duration is not None else scenario.duration
+    workdir = Path(tempfile.mkdtemp(prefix="gpuscope-demo-"))
+    store = DuckDBStore(str(workdir / "demo.duckdb"))
+    hub = Hub(store, price_per_gpu_hour=scenario.cluster.price_per_gpu_hour)
+
+    def on_change(change: AlertChange) -> None:
+        a = change.alert
+        style = SEVERITY_STYLE.get(a.severity, "")
+        verb = "FIRING  " if change.kind == "fired" else "resolved"
+        console.log(Text.assemble((f"{verb} {a.severity} {a.rule} ", style),
+                                  " ".join(f"{k}={v}" for k, v in a.entity.items()), f"  {a.summary}"))
+
+    hub.add_listener(on_change)
+    try:
+        server = HubServer(hub, "127.0.0.1", port, tokens=cfg.tokens)
+    except OSError:
+        server = HubServer(hub, "127.0.0.1", 0, tokens=cfg.tokens)  # the usual port is taken
+    server.start()
+    console.print(f"[bold]gpuscope demo[/bold]: hub API at {server.url} (health: {server.url}/api/v1/health), "
+                  f"store {workdir / 'demo.duckdb'}; scenario {scenario.name}, {end:.0f} s, "
+                  f"{len(scenario.faults)} faults")
+    t0 = time.time()
+    token = cfg.tokens[0] if cfg.tokens else None
+    nodes = {f"node-{n}": SimulatedNode(f"node-{n}") for n in range(scenario.cluster.nodes)}
+    agents = {name: Agent(server.url, name, [collector], interval=scenario.interval, token=token,
+                          spool_dir=workdir / "spool" / name) for name, collector in nodes.items()}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    sdk = httpx.Client(base_url=server.url, headers=headers, timeout=10)
+    reader = httpx.Client(base_url=server.url, timeout=10)
+    view = DemoView(reader, scenario, server.url)
+    injected: list[str] = []
+    interactive = console.is_terminal
+    try:
+        with Live(console=console, refresh_per_second=2, auto_refresh=False) if interactive else _NoLive() as live:
+            for tick in Simulator(scenario, t0=t0).ticks():
+                if tick.t > end:
+                    break
+                delay = t0 + tick.t - time.time()
+                if delay > 0:
+                    time.sleep(delay)
+                for fault in scenario.faults:
+                    if fault.at <= tick.t < fault.at + scenario.interval:
+                        injected.append(f"{fault.kind}@{fault.at:.0f}s")
+                        console.log(f"[magenta]injecting {fault.kind}[/magenta] on {fault.target}")
+                for name, agent in agents.items():
+                    batch = tick.node_batches.get(name)
+                    if batch is not None:  # a node that is down sends nothing
+                        nodes[name].feed(batch)
+                        agent.step()
+                for batch in tick.sdk_batches:
+                    sdk.post("/api/v1/ingest", content=encode_batch(batch),
+                             headers={"Content-Type": "application/json"})
+                if interactive and int(tick.t) % 2 == 0:
+                    live.update(view.render(tick.t, injected), refresh=True)
+    except KeyboardInterrupt:
+        console.print("interrupted")
+    finally:
+        for agent in agents.values():
+            agent.close()
+        sdk.close()
+        reader.close()
+        time.sleep(1.5)  # one more evaluation for the last data
+        server.stop()
+    shifted = [a for a in hub.alerts.all()]
+    for a in shifted:
+        a.started_at -= t0
+        if a.resolved_at is not None:
+            a.resolved_at -= t0
+    played = scenario.model_copy(duration=end) if hasattr(scenario, "model_copy") else scenario
+    report = evaluate(played, shifted)
+    print_report(report, console)
+    console.print(f"data kept in {workdir}")
+    return 0
+
+
+class _NoLive:
+    """Stands in for rich.live.Live when stdout is not a terminal (CI, pipes): alerts still print."""
+
+    def __enter__(self) -> _NoLive:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def update(self, *args: object, **kwargs: object) -> None:
+        return None

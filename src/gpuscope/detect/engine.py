@@ -1,0 +1,127 @@
+"""The streaming detection engine: feeds every batch to every detector, collects their findings.
+
+Detectors are found in the registry of :mod:`gpuscope.detect.base`; every module of this package
+is imported once so that a new detector module registers itself without being listed anywhere.
+One failing detector must not blind the others, so a hook that raises is logged and counted and
+the rest carry on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import math
+import pkgutil
+
+import gpuscope.detect as detect_package
+from gpuscope.counters import Counters
+from gpuscope.detect import frames
+from gpuscope.detect.base import DETECTORS, Detector
+from gpuscope.model import Batch, Finding
+
+log = logging.getLogger(__name__)
+
+_loaded = False
+_LOGGED_FAILURES = 5
+
+
+def load_detectors() -> dict[str, type[Detector]]:
+    """Import every module of :mod:`gpuscope.detect` so its detectors register; return the registry."""
+    global _loaded
+    if not _loaded:
+        for module in pkgutil.iter_modules(detect_package.__path__):
+            importlib.import_module(f"{detect_package.__name__}.{module.name}")
+        _loaded = True
+    return DETECTORS
+
+
+def _overrides(detector: Detector, hook: str) -> bool:
+    return getattr(type(detector), hook) is not getattr(Detector, hook)
+
+
+class DetectionEngine:
+    """Dispatches frames, events and training records to detectors and gathers their findings."""
+
+    def __init__(self, detectors: list[Detector] | None = None, counters: Counters | None = None) -> None:
+        if detectors is None:
+            registry = load_detectors()
+            detectors = [registry[name]() for name in sorted(registry)]
+        self.detectors = detectors
+        self.counters = counters or Counters()
+        self._on_frame = [d for d in detectors if _overrides(d, "on_frame")]
+        self._on_event = [d for d in detectors if _overrides(d, "on_event")]
+        self._on_training = [d for d in detectors if _overrides(d, "on_training")]
+
+    def observe(self, batch: Batch) -> None:
+        """Let every detector see one batch; cheap enough for the ingest hot path."""
+        for frame in batch.frames:
+            if not math.isfinite(frame.ts) or frame.values.shape != (len(frame.entities), len(frame.metrics)):
+                self.counters.inc("detect_frames_refused")
+                shape = (len(frame.entities), len(frame.metrics))
+                log.warning(
+                    "frame from %s refused: ts %r, values of shape %s for %s entities x metrics",
+                    batch.source,
+                    frame.ts,
+                    frame.values.shape,
+                    shape,
+                )
+                continue
+            unplaced = frames.index(frame).unplaced_gpu_rows
+            if unplaced:
+                self.counters.inc("detect_gpu_rows_without_node", unplaced)
+            for detector in self._on_frame:
+                try:
+                    detector.on_frame(frame)
+                except Exception:
+                    self._failed(detector, "on_frame")
+        for event in batch.events:
+            if not math.isfinite(event.ts):
+                self.counters.inc("detect_events_refused")
+                continue
+            for detector in self._on_event:
+                try:
+                    detector.on_event(event)
+                except Exception:
+                    self._failed(detector, "on_event")
+        for record in batch.training:
+            if not math.isfinite(record.ts):
+                self.counters.inc("detect_training_refused")
+                continue
+            for detector in self._on_training:
+                try:
+                    detector.on_training(record)
+                except Exception:
+                    self._failed(detector, "on_training")
+
+    def evaluate(self, now: float) -> list[Finding]:
+        """Every finding that holds at ``now`` (the hub's clock: wall time live, simulated in sim-eval)."""
+        if not math.isfinite(now):
+            raise ValueError(f"evaluation time must be a finite number of seconds, got {now!r}")
+        findings: list[Finding] = []
+        for detector in self.detectors:
+            try:
+                findings.extend(detector.evaluate(now))
+            except Exception:
+                self._failed(detector, "evaluate")
+        return findings
+
+    def _failed(self, detector: Detector, hook: str) -> None:
+        counter = f"detect_errors_{type(detector).__name__}_{hook}"
+        self.counters.inc(counter)
+        if self.counters.get(counter) <= _LOGGED_FAILURES:  # a broken hook fails on every batch
+            log.exception(
+                "detector %s failed in %s (logged %d times at most, all counted)",
+                type(detector).__name__,
+                hook,
+                _LOGGED_FAILURES,
+            )
+
+    def stats(self) -> dict[str, int]:
+        """The engine's counters plus each detector's (what was malformed, withheld or cleared)."""
+        out = self.counters.snapshot()
+        for detector in self.detectors:
+            counters = getattr(detector, "counters", None)
+            if isinstance(counters, Counters):
+                for name, value in counters.snapshot().items():
+                    out[name] = out.get(name, 0) + value
+        return out

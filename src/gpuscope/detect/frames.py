@@ -1,0 +1,116 @@
+"""A per-frame index shared by every detector: which rows are GPUs, their keys, their jobs.
+
+The engine hands the same frame to each detector in turn; building the index once and reusing
+it (a one-entry identity cache) keeps the per-frame cost flat as detectors are added.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from gpuscope.model import FloatArray, Frame
+
+GpuKey = tuple[str, str]
+BoolArray = npt.NDArray[np.bool_]
+
+
+@dataclass(slots=True)
+class FrameView:
+    """Row roles of one frame. A GPU row names ``node`` and ``gpu``; a node row names only ``node``.
+
+    Service rows (which also carry ``node``) are neither: a service's own SDK may report them.
+    """
+
+    frame: Frame
+    gpu_rows: list[int]
+    gpu_keys: list[GpuKey]
+    gpu_jobs: list[str | None]
+    node_rows: dict[str, int]
+    nodes: list[str]  # distinct nodes of the GPU and node rows: what the node's agent reports
+    unplaced_gpu_rows: int
+    _columns: dict[str, int] = field(default_factory=dict)
+    _gpu_index: slice | npt.NDArray[np.intp] = field(default_factory=lambda: slice(0, 0))
+    _gpu_alive: BoolArray | None = None
+
+    def column(self, metric: str) -> FloatArray | None:
+        """One metric over every row of the frame, or None when the frame lacks it."""
+        j = self._columns.get(metric)
+        return None if j is None else self.frame.values[:, j]
+
+    def gpu_column(self, metric: str) -> FloatArray | None:
+        """One metric over the GPU rows only (aligned with :attr:`gpu_keys`)."""
+        j = self._columns.get(metric)
+        return None if j is None else self.frame.values[self._gpu_index, j]
+
+    def gpu_alive(self) -> BoolArray:
+        """Per GPU row: did it report any value at all? An all-NaN row is a GPU that did not answer."""
+        alive = self._gpu_alive
+        if alive is None:
+            rows = self.frame.values[self._gpu_index]
+            alive = np.zeros(len(rows), bool)
+            if rows.shape[1]:
+                np.logical_not(np.isnan(rows).all(axis=1), out=alive)
+            self._gpu_alive = alive
+        return alive
+
+
+def _build(frame: Frame) -> FrameView:
+    gpu_rows: list[int] = []
+    gpu_keys: list[GpuKey] = []
+    gpu_jobs: list[str | None] = []
+    node_rows: dict[str, int] = {}
+    nodes: dict[str, None] = {}
+    unplaced = 0
+    for i, labels in enumerate(frame.entities):
+        node = labels.get("node")
+        gpu = labels.get("gpu")
+        if node is None:
+            unplaced += gpu is not None
+            continue
+        if gpu is not None:
+            gpu_rows.append(i)
+            gpu_keys.append((node, gpu))
+            gpu_jobs.append(labels.get("job"))
+            nodes[node] = None
+        elif "service" not in labels:
+            node_rows[node] = i
+            nodes[node] = None
+    view = FrameView(
+        frame,
+        gpu_rows,
+        gpu_keys,
+        gpu_jobs,
+        node_rows,
+        list(nodes),
+        unplaced,
+        {m: j for j, m in enumerate(frame.metrics)},
+    )
+    n = len(gpu_rows)
+    contiguous = n > 0 and gpu_rows[-1] - gpu_rows[0] == n - 1
+    view._gpu_index = slice(gpu_rows[0], gpu_rows[0] + n) if contiguous else np.asarray(gpu_rows, np.intp)
+    return view
+
+
+_last: tuple[Frame, FrameView] | None = None
+
+
+def index(frame: Frame) -> FrameView:
+    """Build the index of ``frame`` afresh and make it the one :func:`view` returns for it.
+
+    The engine calls this once per dispatched frame, so a frame object reused with new values
+    (as a benchmark may do) is never served a stale index."""
+    global _last
+    built = _build(frame)
+    _last = (frame, built)
+    return built
+
+
+def view(frame: Frame) -> FrameView:
+    """The index of ``frame``: the cached one while the same frame is passed around, else built."""
+    cached = _last
+    if cached is not None and cached[0] is frame:
+        return cached[1]
+    return index(frame)

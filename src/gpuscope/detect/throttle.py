@@ -1,0 +1,178 @@
+"""Thermal slowdown: ``gpu_thermal_throttle``.
+
+A GPU is a thermal problem when, under load, its clocks are held down by temperature for at least
+``fire_fraction`` of the last ``window`` seconds (sustained or recurring), or when it runs far
+hotter than the GPUs next to it doing the same work (same node, same job). A blip of a second or
+two is a small share of the window and is ignored. Once firing, the alert holds until the share
+falls below ``clear_fraction``, so a recurring slowdown does not flap.
+
+Only GPUs with a recent thermal sample keep state, so a healthy fleet costs a few vector
+operations per frame.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from gpuscope.counters import Counters
+from gpuscope.detect.base import Detector, register
+from gpuscope.detect.baseline import FlagWindow, finite_or_none
+from gpuscope.detect.frames import BoolArray, FrameView, GpuKey, view
+from gpuscope.model import Finding, FloatArray, Frame
+
+RULE = "gpu_thermal_throttle"
+#: NVML clock event reasons: software (0x20) and hardware (0x40) thermal slowdown.
+THERMAL_REASONS = 0x20 | 0x40
+_FLAGS = ("gpu_throttle_sw_thermal", "gpu_throttle_hw_thermal")
+
+
+@dataclass(slots=True)
+class _Gpu:
+    window: FlagWindow
+    firing: bool = False
+    cause: str = ""
+    temp: float = math.nan
+    peer_temp: float = math.nan
+
+
+@register
+class ThermalThrottleDetector(Detector):
+    rules = (RULE,)
+
+    def __init__(
+        self,
+        window: float = 60.0,
+        fire_fraction: float = 0.5,
+        clear_fraction: float = 0.25,
+        load_percent: float = 10.0,
+        peer_delta: float = 15.0,
+        min_peers: int = 3,
+    ) -> None:
+        self.window = window
+        self.fire_fraction = fire_fraction
+        self.clear_fraction = clear_fraction
+        self.load_percent = load_percent
+        self.peer_delta = peer_delta
+        self.min_peers = min_peers
+        self.counters = Counters()
+        self._gpus: dict[GpuKey, _Gpu] = {}
+        self._node_ts: dict[str, float] = {}
+
+    def on_frame(self, frame: Frame) -> None:
+        v = view(frame)
+        ts = frame.ts
+        steps = {node: ts - self._node_ts.get(node, math.nan) for node in v.nodes}
+        for node in v.nodes:
+            self._node_ts[node] = ts
+        if not v.gpu_keys:
+            return
+        temp = v.gpu_column("gpu_temp_celsius")
+        loaded = self._loaded(v)
+        flags = self._flags(v) & loaded
+        hot, peer = self._hot(v, temp, loaded)
+        cond = flags | hot
+        if not self._gpus and not cond.any():
+            return
+        gpus = self._gpus
+        for i in range(len(v.gpu_keys)):
+            key = v.gpu_keys[i]
+            state = gpus.get(key)
+            on = bool(cond[i])
+            if state is None:
+                if not on:
+                    continue
+                state = gpus[key] = _Gpu(FlagWindow(self.window, max_step=5.0))
+            step = steps.get(key[0], math.nan)
+            state.window.push(ts, on, step if math.isfinite(step) else None)
+            if on:
+                state.cause = "throttle_flags" if flags[i] else "hot_vs_peers"
+                state.temp = math.nan if temp is None else float(temp[i])
+                state.peer_temp = float(peer[i])
+
+    def _loaded(self, v: FrameView) -> BoolArray:
+        util = v.gpu_column("gpu_utilization_percent")
+        if util is None:
+            return np.ones(len(v.gpu_keys), bool)
+        return ~(util < self.load_percent)  # an unreported utilisation does not excuse a throttle
+
+    @staticmethod
+    def _flags(v: FrameView) -> BoolArray:
+        out = np.zeros(len(v.gpu_keys), bool)
+        for metric in _FLAGS:
+            column = v.gpu_column(metric)
+            if column is not None:
+                out |= column > 0.5
+        reasons = v.gpu_column("gpu_clock_event_reasons")
+        if reasons is not None:
+            known = np.isfinite(reasons)
+            bits = np.where(known, reasons, 0.0).astype(np.int64)
+            out |= known & ((bits & THERMAL_REASONS) != 0)
+        return out
+
+    def _hot(self, v: FrameView, temp: FloatArray | None, loaded: BoolArray) -> tuple[BoolArray, FloatArray]:
+        """GPUs at least ``peer_delta`` above the median of their peers (same node and job, loaded)."""
+        n = len(v.gpu_keys)
+        hot = np.zeros(n, bool)
+        peer = np.full(n, math.nan)
+        if temp is None:
+            return hot, peer
+        usable = loaded & np.isfinite(temp)
+        candidates = temp[usable]
+        if len(candidates) <= self.min_peers or candidates.max() - candidates.min() < self.peer_delta:
+            return hot, peer
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i in np.flatnonzero(usable).tolist():
+            job = v.gpu_jobs[i]
+            if job is not None:
+                groups.setdefault((v.gpu_keys[i][0], job), []).append(i)
+        for rows in groups.values():
+            if len(rows) <= self.min_peers:
+                continue
+            temps = temp[rows]
+            for k, i in enumerate(rows):
+                others = np.delete(temps, k)
+                median = float(np.median(others))
+                peer[i] = median
+                hot[i] = temps[k] >= median + self.peer_delta
+        return hot, peer
+
+    def evaluate(self, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        for key, state in list(self._gpus.items()):
+            window = state.window
+            if window.last is None or now - window.last > self.window:
+                del self._gpus[key]  # no reports for a whole window: nothing left to judge
+                continue
+            share = window.fraction()
+            state.firing = share >= (self.clear_fraction if state.firing else self.fire_fraction)
+            if state.firing:
+                out.append(self._finding(key, state, share))
+            elif not window.any_flag():
+                del self._gpus[key]
+        return out
+
+    def _finding(self, key: GpuKey, state: _Gpu, share: float) -> Finding:
+        node, gpu = key
+        temp = f"{state.temp:.0f} °C" if math.isfinite(state.temp) else "temperature unknown"
+        if state.cause == "hot_vs_peers":
+            above = state.temp - state.peer_temp
+            why = f"runs at {temp}, {above:.0f} °C above its peers ({state.peer_temp:.0f} °C)"
+        else:
+            why = f"clocks held down by temperature ({temp})"
+        summary = f"{node} GPU {gpu} {why} for {share:.0%} of the last {self.window:.0f} s under load"
+        return Finding(
+            RULE,
+            {"node": node, "gpu": gpu},
+            summary,
+            value=share,
+            details={
+                "throttled_share": share,
+                "window_seconds": self.window,
+                "cause": state.cause,
+                "temp_celsius": finite_or_none(state.temp),
+                "peer_temp_celsius": finite_or_none(state.peer_temp),
+            },
+        )

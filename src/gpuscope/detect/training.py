@@ -1,0 +1,376 @@
+"""Training liveness: ``training_stalled`` (steps stopped) and ``rank_lost`` (a rank's heartbeat stopped).
+
+A job is stalled when its step counter has not advanced for ``max(2.5 x median step interval, 8 s)``
+while it runs. Quiet on purpose: before the first step (initialisation), after the job ended or
+failed, and during a checkpoint (steps pause while it is written; then up to 3 x the longest
+checkpoint seen, 300 s before any has completed). The finding says whether the job's GPUs are busy
+(utilisation of frames labelled with the job) and which rank stopped heartbeating first.
+
+A rank is lost when its heartbeats stop for ``max(4 x its period, 4 s)`` while its job runs. When
+every rank of a job goes quiet at once, the job most likely ended and its end event is on the way,
+so neither its ranks nor the job are judged for ``whole_job_grace`` more seconds.
+
+Silence is measured on the hub's clock and excused while the hub hears nothing at all
+(:class:`~gpuscope.detect.liveness.Liveness`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuscope.counters import Counters
+from gpuscope.detect.base import Detector, register
+from gpuscope.detect.baseline import RollingMedian, finite_or_none
+from gpuscope.detect.frames import GpuKey, view
+from gpuscope.detect.jobs import Job, JobTracker, parse_rank
+from gpuscope.detect.liveness import Liveness, Overdue
+from gpuscope.model import Event, Finding, Frame, TrainingRecord
+
+log = logging.getLogger(__name__)
+
+STALLED, RANK_LOST = "training_stalled", "rank_lost"
+RankKey = tuple[str, int]
+_CHECKPOINT = frozenset({"checkpoint_started", "checkpoint_completed", "checkpoint_failed"})
+_BUSY_PERCENT = 50.0
+
+
+@dataclass(slots=True)
+class _Run:
+    """Progress of one training job."""
+
+    step: int = -1  # highest completed step; -1 before the first
+    step_ts: float = -math.inf  # the job's own time of that step
+    intervals: RollingMedian = field(default_factory=lambda: RollingMedian(31))
+    step_seconds: RollingMedian = field(default_factory=lambda: RollingMedian(31))
+    fresh: bool = False  # progress seen since the last evaluation
+    progress_at: float = -math.inf  # hub time progress was last seen
+    checkpoint: dict[int, float] = field(default_factory=dict)  # rank -> start of its open checkpoint
+    checkpointed: bool = False  # a checkpoint ran since the last step: the next interval is not a step
+    longest_checkpoint: float = 0.0
+    util: dict[GpuKey, tuple[float, float]] = field(default_factory=dict)  # GPU -> (ts, utilisation)
+    ranks: dict[int, int] = field(default_factory=dict)  # rank -> last step its heartbeat reported
+
+
+@register
+class TrainingLivenessDetector(Detector):
+    rules = (STALLED, RANK_LOST)
+
+    def __init__(
+        self,
+        stall_factor: float = 2.5,
+        stall_floor: float = 8.0,
+        warmup_intervals: int = 3,
+        checkpoint_factor: float = 3.0,
+        checkpoint_floor: float = 120.0,
+        checkpoint_default: float = 300.0,
+        rank_factor: float = 4.0,
+        rank_floor: float = 4.0,
+        whole_job_grace: float = 15.0,
+    ) -> None:
+        self.stall_factor = stall_factor
+        self.stall_floor = stall_floor
+        self.warmup_intervals = warmup_intervals
+        self.checkpoint_factor = checkpoint_factor
+        self.checkpoint_floor = checkpoint_floor
+        self.checkpoint_default = checkpoint_default
+        self.whole_job_grace = whole_job_grace
+        self.counters = Counters()
+        self._jobs = JobTracker(self.counters)
+        self._runs: dict[str, _Run] = {}
+        self._fresh: list[_Run] = []
+        self._ranks: Liveness[RankKey] = Liveness(factor=rank_factor, floor=rank_floor, default_interval=1.0)
+        self._suppressed = 0
+
+    # -- input -----------------------------------------------------------------------------------
+
+    def on_event(self, event: Event) -> None:
+        self._ranks.traffic()
+        kind = event.kind
+        if kind == "heartbeat":
+            self._heartbeat(event)
+        elif kind in _CHECKPOINT:
+            self._checkpoint(event)
+        else:
+            job = self._jobs.on_event(event)
+            if job is not None:
+                self._lifecycle(job)
+
+    def _lifecycle(self, job: Job) -> None:
+        old = self._runs.pop(job.name, None)
+        if old is not None:
+            for rank in old.ranks:
+                self._ranks.forget((job.name, rank))
+        if job.running and job.kind == "training":
+            self._runs[job.name] = _Run()
+
+    def _run(self, name: str, ts: float) -> tuple[Job, _Run] | None:
+        job = self._jobs.for_traffic(name, ts)
+        if job is None:
+            return None
+        run = self._runs.get(name)
+        if run is None:
+            run = self._runs[name] = _Run()
+        return job, run
+
+    def _rank_of(self, event: Event) -> tuple[Job, _Run, int] | None:
+        name, rank = event.labels.get("job"), parse_rank(event.labels.get("rank"))
+        if not name or rank is None:
+            self.counters.inc(f"{event.kind}_events_malformed")
+            log.warning(
+                "%s event at %s needs labels job and rank (a non-negative integer): %s",
+                event.kind,
+                event.ts,
+                event.labels,
+            )
+            return None
+        found = self._run(name, event.ts)
+        return None if found is None else (*found, rank)
+
+    def _heartbeat(self, event: Event) -> None:
+        found = self._rank_of(event)
+        if found is None:
+            return
+        job, run, rank = found
+        job.place(rank, event.labels)
+        step = event.data.get("step")
+        run.ranks[rank] = (
+            step if isinstance(step, int) and not isinstance(step, bool) else run.ranks.get(rank, -1)
+        )
+        self._ranks.beat((job.name, rank), event.ts)
+
+    def _checkpoint(self, event: Event) -> None:
+        name = event.labels.get("job")
+        if not name:
+            self.counters.inc(f"{event.kind}_events_malformed")
+            log.warning("%s event at %s lacks label job: %s", event.kind, event.ts, event.labels)
+            return
+        found = self._run(name, event.ts)
+        if found is None:
+            return
+        _, run = found
+        rank = parse_rank(event.labels.get("rank"))
+        rank = -1 if rank is None else rank  # a job-level checkpoint event stands for all ranks
+        if event.kind == "checkpoint_started":
+            run.checkpoint.setdefault(rank, event.ts)
+            return
+        started = run.checkpoint.pop(rank, None)
+        seconds = event.data.get("seconds")
+        if not (
+            isinstance(seconds, int | float) and not isinstance(seconds, bool) and math.isfinite(seconds)
+        ):
+            seconds = None if started is None else event.ts - started
+        if seconds is not None and event.kind == "checkpoint_completed":
+            run.longest_checkpoint = max(run.longest_checkpoint, float(seconds))
+        if not run.checkpoint:  # the pause is over: measure the next silence from here
+            run.checkpointed = True
+            self._progress(run)
+
+    def _progress(self, run: _Run) -> None:
+        if not run.fresh:
+            run.fresh = True
+            self._fresh.append(run)
+
+    def on_training(self, record: TrainingRecord) -> None:
+        self._ranks.traffic()
+        found = self._run(record.job, record.ts)
+        if found is None:
+            return
+        job, run = found
+        job.place(record.rank, record.labels)
+        run.step_seconds.push(record.metrics.get("step_seconds", math.nan))
+        if record.step > run.step:
+            if run.step >= 0 and not run.checkpointed and record.ts > run.step_ts:
+                run.intervals.push((record.ts - run.step_ts) / (record.step - run.step))
+            run.step, run.step_ts = record.step, record.ts
+            run.checkpointed = False
+            run.checkpoint.clear()  # steps advance: whatever checkpoint was open is over
+            self._progress(run)
+        elif record.step < run.step - 1 and record.ts > run.step_ts:
+            self.counters.inc("training_step_rollbacks")  # restarted from a checkpoint
+            run.step, run.step_ts = record.step, record.ts
+            self._progress(run)
+
+    def on_frame(self, frame: Frame) -> None:
+        self._ranks.traffic()
+        if not self._runs:
+            return
+        v = view(frame)
+        util = v.gpu_column("gpu_utilization_percent")
+        if util is None:
+            return
+        runs = self._runs
+        for i, job in enumerate(v.gpu_jobs):
+            if job is not None:
+                run = runs.get(job)
+                if run is not None:
+                    run.util[v.gpu_keys[i]] = (frame.ts, float(util[i]))
+
+    # -- verdicts --------------------------------------------------------------------------------
+
+    def evaluate(self, now: float) -> list[Finding]:
+        overdue = self._ranks.overdue(now)
+        for run in self._fresh:
+            run.progress_at = now
+            run.fresh = False
+        self._fresh.clear()
+        out = self._stalled(now)
+        out.extend(self._lost(overdue))
+        if self._ranks.suppressed > self._suppressed:
+            self.counters.inc("rank_verdicts_withheld_hub_gap", self._ranks.suppressed - self._suppressed)
+            self._suppressed = self._ranks.suppressed
+        return out
+
+    def stall_threshold(self, run: _Run) -> tuple[float, float]:
+        """(seconds without a step that make a stall, the baseline step time behind it)."""
+        if len(run.intervals) >= self.warmup_intervals:
+            base = run.intervals.median()
+        else:  # warming up: trust the slowest step so far more than a median of two
+            base = max(
+                (x for x in (run.intervals.max(), run.step_seconds.median()) if math.isfinite(x)), default=0.0
+            )
+        threshold = max(self.stall_factor * base, self.stall_floor)
+        if run.checkpoint:
+            longest = run.longest_checkpoint
+            allowance = (
+                max(self.checkpoint_factor * longest, self.checkpoint_floor)
+                if longest > 0
+                else self.checkpoint_default
+            )
+            threshold = max(threshold, allowance)
+        return threshold, base
+
+    def _stalled(self, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        for name, run in self._runs.items():
+            job = self._jobs.jobs.get(name)
+            if job is None or not job.running or run.step < 0:
+                continue
+            silence = now - max(run.progress_at, self._ranks.gap_end)
+            threshold, base = self.stall_threshold(run)
+            if silence < threshold:
+                continue
+            if self._ranks.in_gap:
+                self.counters.inc("stall_verdicts_withheld_hub_gap")
+                continue
+            if self._ending(name, run, now):
+                continue
+            out.append(self._stall_finding(job, run, silence, threshold, base, now))
+        return out
+
+    def _ending(self, name: str, run: _Run, now: float) -> bool:
+        """Has every rank just gone quiet together? Then the job is most likely ending, not stalled."""
+        if not run.ranks:
+            return False  # no heartbeats to judge by
+        last = -math.inf
+        for rank in run.ranks:
+            key = (name, rank)
+            heard, threshold = self._ranks.heard_at(key), self._ranks.threshold(key)
+            if heard is None or threshold is None or now - heard < threshold:
+                return False  # someone is still alive: a real stall
+            last = max(last, heard + threshold)
+        return now - last < self.whole_job_grace
+
+    def _stall_finding(
+        self, job: Job, run: _Run, silence: float, threshold: float, base: float, now: float
+    ) -> Finding:
+        util = self._job_utilisation(run)
+        first = self._first_silent(job, run)
+        if util is None:
+            busy_text, busy = "GPU utilisation unknown", None
+        elif util >= _BUSY_PERCENT:
+            busy_text, busy = f"its GPUs are busy ({util:.0f}% utilisation) but not progressing", True
+        else:
+            busy_text, busy = f"its GPUs are idle ({util:.0f}% utilisation)", False
+        summary = (
+            f"Training job {job.name} has not advanced past step {run.step} for {silence:.0f} s "
+            f"(baseline step {base:.1f} s); {busy_text}"
+        )
+        if run.checkpoint:
+            summary += f"; a checkpoint has been open for {now - run.progress_at:.0f} s"
+        if first is not None:
+            where = f"{first['node']} GPU {first['gpu']}"
+            summary += f"; rank {first['rank']} on {where} stopped heartbeating first"
+        return Finding(
+            STALLED,
+            {"job": job.name},
+            summary,
+            value=silence,
+            affected_gpus=job.world_size,
+            details={
+                "step": run.step,
+                "seconds_since_step": silence,
+                "threshold_seconds": threshold,
+                "baseline_step_seconds": base,
+                "in_checkpoint": bool(run.checkpoint),
+                "gpu_utilization_percent": util,
+                "busy": busy,
+                "first_silent_rank": first,
+                "links": [{"node": node} for node in job.nodes()],
+            },
+        )
+
+    @staticmethod
+    def _job_utilisation(run: _Run) -> float | None:
+        if not run.util:
+            return None
+        newest = max(ts for ts, _ in run.util.values())
+        recent = [u for ts, u in run.util.values() if ts >= newest - 5.0 and math.isfinite(u)]
+        return finite_or_none(sum(recent) / len(recent)) if recent else None
+
+    def _first_silent(self, job: Job, run: _Run) -> dict[str, Any] | None:
+        """The rank whose heartbeat stopped earliest, if any stopped while others went on."""
+        heard = [
+            (at, rank) for rank in run.ranks if (at := self._ranks.heard_at((job.name, rank))) is not None
+        ]
+        if len(heard) < 2:
+            return None
+        newest = max(at for at, _ in heard)
+        at, rank = min(heard)
+        if newest - at < 2.0:
+            return None
+        node, gpu = job.placement.get(rank, ("?", "?"))
+        return {"rank": rank, "node": node, "gpu": gpu, "silent_since": at}
+
+    def _lost(self, overdue: list[Overdue[RankKey]]) -> list[Finding]:
+        by_job: dict[str, list[Overdue[RankKey]]] = {}
+        for late in overdue:
+            by_job.setdefault(late.key[0], []).append(late)
+        out: list[Finding] = []
+        for name, lates in by_job.items():
+            job = self._jobs.jobs.get(name)
+            run = self._runs.get(name)
+            if job is None or run is None or not job.running:
+                for late in lates:
+                    self._ranks.forget(late.key)
+                continue
+            overrun = max(late.silence - late.threshold for late in lates)
+            if len(lates) >= len(run.ranks) and overrun < self.whole_job_grace:
+                continue  # the whole job went quiet together: give its end event time to arrive
+            out.extend(self._lost_finding(job, run, late) for late in lates)
+        return out
+
+    @staticmethod
+    def _lost_finding(job: Job, run: _Run, late: Overdue[RankKey]) -> Finding:
+        rank = late.key[1]
+        entity = {"job": job.name, "rank": str(rank)}
+        where = ""
+        if rank in job.placement:
+            entity["node"], entity["gpu"] = job.placement[rank]
+            where = f" on {entity['node']} GPU {entity['gpu']}"
+        step = run.ranks.get(rank, -1)
+        at_step = f" at step {step}" if step >= 0 else ""
+        return Finding(
+            RANK_LOST,
+            entity,
+            f"Rank {rank} of job {job.name}{where} stopped heartbeating{at_step} {late.silence:.0f} s ago",
+            value=late.silence,
+            details={
+                "silence_seconds": late.silence,
+                "threshold_seconds": late.threshold,
+                "last_step": step,
+                "last_heartbeat_ts": finite_or_none(late.last_ts),
+            },
+        )

@@ -1,0 +1,1 @@
+"""Virtual-time evaluation of the hub against simulated scenarios (`gpuscope sim-eval`)."""

@@ -1,0 +1,107 @@
+"""Running a hub: the HTTP server plus the evaluation loop that drives detection on the clock."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+
+import uvicorn
+
+from gpuscope.hub import Hub
+from gpuscope.ingest.payload import Limits
+from gpuscope.web.api import HubApi
+
+log = logging.getLogger("gpuscope.hub")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class Evaluator(threading.Thread):
+    """Evaluates detectors every ``interval`` seconds and maintains store rollups each minute."""
+
+    def __init__(self, hub: Hub, interval: float = 1.0, clock: Callable[[], float] = time.time) -> None:
+        super().__init__(name="gpuscope-evaluator", daemon=True)
+        self.hub = hub
+        self.interval = interval
+        self.clock = clock
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        last_maintenance = 0.0
+        while not self.stop_event.wait(self.interval - (self.clock() % self.interval)):
+            now = self.clock()
+            try:
+                self.hub.evaluate(now)
+                if now - last_maintenance >= 60:
+                    last_maintenance = now
+                    self.hub.maintain(now)
+            except Exception:  # the loop must outlive any one bad evaluation
+                self.hub.counters.inc("evaluator_errors")
+                log.exception("evaluation failed")
+
+    def stop(self) -> None:
+        self.stop_event.set()
+
+
+class HubServer:
+    """A hub listening on HOST:PORT, in the current thread (:meth:`run`) or a background one."""
+
+    def __init__(self, hub: Hub, host: str, port: int, *, tokens: list[str] | None = None,
+                 limits: Limits | None = None, evaluate_interval: float = 1.0) -> None:
+        if not is_loopback(host) and not tokens:
+            raise ValueError(f"refusing to listen on {host} without an auth token: set auth.tokens in the "
+                             "config or GPUSCOPE_TOKEN, or listen on 127.0.0.1")
+        self.hub = hub
+        self.api = HubApi(hub, tokens=tokens, limits=limits)
+        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.host, self.port = host, self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(
+            self.api.app, log_level="warning", access_log=False, timeout_keep_alive=30))
+        self.evaluator = Evaluator(hub, evaluate_interval)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    def run(self) -> None:
+        """Serve until interrupted (SIGINT/SIGTERM), then flush the store."""
+        self.evaluator.start()
+        try:
+            self.server.run(sockets=[self.sock])
+        finally:
+            self.evaluator.stop()
+            self.hub.store.close()
+
+    def start(self) -> None:
+        """Serve from a background thread; returns once the server accepts connections."""
+        self.evaluator.start()
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                        name="gpuscope-http", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self.server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise RuntimeError("the hub's HTTP server did not start")
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.evaluator.stop()
+        self.server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.hub.store.close()

@@ -1,0 +1,86 @@
+"""``gpuscope agent`` arguments: --once output, collector choice, clear refusals."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from pathlib import Path
+from typing import ClassVar
+
+import orjson
+import pytest
+
+from gpuscope.agent.cli import add_agent_arguments, collector_names, context_from_args, run_agent
+from gpuscope.collect.base import COLLECTORS, Collected, Collector, register_collector
+
+PROC = str(Path(__file__).parents[1] / "collect" / "fixtures" / "proc")
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    add_agent_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+@pytest.fixture
+def dcgm_registered() -> Iterator[None]:
+    class Dcgm(Collector):
+        name: ClassVar[str] = "dcgm_test"
+        enabled_by: ClassVar[tuple[str, ...]] = ("dcgm_url",)
+
+        def collect(self, now: float) -> Collected:
+            return Collected()
+
+    saved = dict(COLLECTORS)
+    register_collector(Dcgm)
+    yield
+    COLLECTORS.clear()
+    COLLECTORS.update(saved)
+
+
+def test_once_json_prints_one_round_from_a_fixture_root(capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        run_agent(parse("--once", "--json", "--node", "n9", "--proc-root", PROC, "--rate-window", "0")) == 0
+    )
+    out = orjson.loads(capsys.readouterr().out)
+    assert out["sources"] == ["host"]
+    assert out["entities"]["node=n9"]["node_tcp_out_segs_total"] == 594855
+    assert out["errors"] == []
+
+
+def test_once_text_is_for_people(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run_agent(parse("--once", "--node", "n9", "--proc-root", PROC, "--rate-window", "0")) == 0
+    out = capsys.readouterr().out
+    assert "node=n9" in out and "  node_load1 = 0.05" in out
+
+
+def test_default_collectors_and_options_that_switch_one_on(dcgm_registered: None) -> None:
+    args = parse("--node", "n1")
+    assert collector_names(args, context_from_args(args)) == ["host"]
+    args = parse("--node", "n1", "--dcgm-url", "http://127.0.0.1:9400/metrics")
+    ctx = context_from_args(args)
+    assert ctx.options == {"dcgm_url": "http://127.0.0.1:9400/metrics"}
+    assert collector_names(args, ctx) == ["dcgm_test", "host"]
+    args = parse("--collector", "host", "--dcgm-url", "http://x/metrics")
+    with pytest.raises(ValueError, match="--dcgm-url is given but no chosen collector uses it"):
+        collector_names(args, context_from_args(args))
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (
+            ["--scrape", "http://127.0.0.1:8000/metrics", "--once"],
+            "--scrape is given but no chosen collector",
+        ),
+        (["--collector", "nvml9", "--once"], "unknown collector 'nvml9'"),
+        (["--node", "n1"], "--hub URL is required"),
+        (["--hub", "hub:7470"], "hub URL must start with http://"),
+        (["--hub", "http://h", "--interval", "0"], "--interval must be positive"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_clear_message(
+    argv: list[str], message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_agent(parse(*argv, "--spool-dir", str(tmp_path))) == 2
+    assert message in capsys.readouterr().err

@@ -1,0 +1,91 @@
+"""gpu_thermal_throttle: sustained or recurring slowdown under load, or far hotter than peers."""
+
+from __future__ import annotations
+
+from detect.rig import Driver, FakeCluster
+
+from gpuscope.detect.throttle import ThermalThrottleDetector
+
+HOT = ("node-0", "6")
+THROTTLED = {"gpu_throttle_hw_thermal": 1.0, "gpu_temp_celsius": 91.0, "gpu_sm_clock_mhz": 1200.0}
+
+
+def busy_cluster() -> FakeCluster:
+    cluster = FakeCluster(nodes=1, gpus=8)
+    cluster.allocate("llm", [(g, "node-0", str(g)) for g in range(8)])
+    return cluster
+
+
+def test_sustained_throttle_fires_after_half_the_window_and_clears() -> None:
+    cluster = busy_cluster()
+    driver = Driver([ThermalThrottleDetector()])
+    driver.run(0, 100, cluster.batches)
+    cluster.overrides[HOT] = THROTTLED
+    driver.run(100, 200, cluster.batches)
+    alert = driver.only("gpu_thermal_throttle")
+    assert alert.entity == {"node": "node-0", "gpu": "6"} and alert.severity == "P2"
+    assert 129 <= alert.started_at <= 131
+    assert "clocks held down by temperature (91 °C)" in alert.summary
+    assert alert.cost_per_hour == 2.5 * 0.3
+    del cluster.overrides[HOT]
+    driver.run(200, 300, cluster.batches)
+    assert alert.resolved_at is not None and 230 <= alert.resolved_at <= 250
+
+
+def test_recurring_throttle_via_clock_event_reasons_fires() -> None:
+    cluster = busy_cluster()
+    driver = Driver([ThermalThrottleDetector()])
+
+    def ticks(t: float) -> list:
+        if t >= 20 and int(t) % 10 < 6:  # 6 s on, 4 s off
+            cluster.overrides[HOT] = {"gpu_clock_event_reasons": float(0x40 | 0x4)}
+        else:
+            cluster.overrides.pop(HOT, None)
+        return cluster.batches(t)
+
+    driver.run(0, 120, ticks)
+    alert = driver.only("gpu_thermal_throttle")
+    assert 50 <= alert.started_at <= 80 and alert.firing  # recurring: no flapping while it recurs
+
+
+def test_blips_and_idle_throttle_raise_nothing() -> None:
+    cluster = busy_cluster()
+    cluster.overrides[("node-0", "0")] = {**THROTTLED, "gpu_utilization_percent": 0.0}  # idle GPU: harmless
+    driver = Driver([ThermalThrottleDetector()])
+
+    def ticks(t: float) -> list:
+        if int(t) % 30 in (0, 1):  # a 2 s blip every 30 s
+            cluster.overrides[HOT] = THROTTLED
+        else:
+            cluster.overrides.pop(HOT, None)
+        return cluster.batches(t)
+
+    driver.run(0, 400, ticks)
+    assert not driver.alerts.all()
+
+
+def test_far_hotter_than_peers_of_the_same_job_fires_but_different_jobs_may_differ() -> None:
+    cluster = FakeCluster(nodes=1, gpus=8)
+    cluster.allocate("train", [(g, "node-0", str(g)) for g in range(6)])
+    cluster.allocate("serve", [(0, "node-0", "6"), (1, "node-0", "7")])
+    for gpu in ("6", "7"):  # a lighter workload runs 25 °C cooler: not a fault
+        cluster.overrides[("node-0", gpu)] = {"gpu_temp_celsius": 41.0, "gpu_utilization_percent": 30.0}
+    driver = Driver([ThermalThrottleDetector()])
+    driver.run(0, 100, cluster.batches)
+    assert not driver.alerts.all()
+    cluster.overrides[("node-0", "2")] = {"gpu_temp_celsius": 88.0}  # 22 °C above its peers, no flags
+    driver.run(100, 200, cluster.batches)
+    alert = driver.only("gpu_thermal_throttle")
+    assert alert.entity == {"node": "node-0", "gpu": "2"} and alert.details["cause"] == "hot_vs_peers"
+    assert "above its peers" in alert.summary and 129 <= alert.started_at <= 131
+
+
+def test_missing_temperature_and_flags_are_ignored() -> None:
+    cluster = busy_cluster()
+    nan = float("nan")
+    cluster.overrides[HOT] = {"gpu_temp_celsius": nan, "gpu_throttle_hw_thermal": nan,
+                              "gpu_clock_event_reasons": nan, "gpu_utilization_percent": nan}
+    cluster.blank.add(("node-0", "1"))
+    driver = Driver([ThermalThrottleDetector()])
+    driver.run(0, 100, cluster.batches)
+    assert not driver.alerts.all()
