@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -15,9 +16,12 @@ from support import HubProcess, Process, free_port, wait_until
 pytestmark = pytest.mark.integration
 
 
-def _node_series(url: str, node: str, metric: str = "node_memory_total_bytes") -> list[float]:
-    r = httpx.get(f"{url}/api/v1/series", params={"metric": metric, "node": node, "start": 0,
-                                                   "end": 4e9, "points": 10_000}, timeout=10)
+def _node_series(url: str, node: str, metric: str = "node_memory_total_bytes",
+                 start: float | None = None, end: float | None = None) -> list[float]:
+    """Timestamps of one node's series (buckets far finer than the sampling interval)."""
+    now = time.time()
+    r = httpx.get(f"{url}/api/v1/series", params={"metric": metric, "node": node, "start": start or now - 900,
+                                                   "end": end or now + 60, "points": 10_000}, timeout=10)
     r.raise_for_status()
     return [p[0] for p in r.json()["points"]]
 
@@ -78,16 +82,18 @@ def test_sigkill_loses_nothing_acknowledged(tmp_path: Path, hub_factory: type[Hu
     acked: list[int] = []
     stop = threading.Event()
 
+    base = time.time() - 300  # inside raw retention, which the hub applies from its first minute
+
     def sender() -> None:
         with httpx.Client(base_url=hub.url, timeout=5) as client:
             for k in range(100_000):
                 if stop.is_set():
                     return
                 body = {"source": "probe", "batch_id": f"probe-{k}",
-                        "frames": [{"ts": 1000.0 + k, "metrics": ["probe_value"],
+                        "frames": [{"ts": base + k * 0.01, "metrics": ["probe_value"],
                                     "entities": [{"node": "p", "gpu": str(g)} for g in range(8)],
                                     "values": [[float(k)]] * 8}],
-                        "events": [{"ts": 1000.0 + k, "kind": "probe", "labels": {"node": "p"},
+                        "events": [{"ts": base + k * 0.01, "kind": "probe", "labels": {"node": "p"},
                                     "data": {"k": k}}]}
                 try:
                     r = client.post("/api/v1/ingest", content=orjson.dumps(body),
@@ -105,10 +111,10 @@ def test_sigkill_loses_nothing_acknowledged(tmp_path: Path, hub_factory: type[Hu
     thread.join(timeout=10)
     hub = hub_factory(port, db)
     hub.wait_ready()
-    events = httpx.get(f"{hub.url}/api/v1/events", params={"kind": "probe", "start": 0, "end": 4e9,
+    events = httpx.get(f"{hub.url}/api/v1/events", params={"kind": "probe", "start": base - 1, "end": base + 1000,
                                                            "limit": 100_000}, timeout=30).json()["events"]
     stored = {e["data"]["k"] for e in events}
     missing = set(acked) - stored
     assert not missing, f"{len(missing)} acknowledged batches lost, e.g. {sorted(missing)[:5]}"
-    values = _node_series(hub.url, "p", "probe_value")
+    values = _node_series(hub.url, "p", "probe_value", start=base - 0.005, end=base + max(acked) * 0.01 + 0.005)
     assert len(values) >= len(acked)

@@ -74,6 +74,11 @@ class Hub:
         with self._detect_lock:
             return [incident.to_dict() for incident in self.alerts.incidents()]
 
+    def detection_stats(self) -> dict[str, int]:
+        """What the detectors refused or withheld (bad input, verdicts held back during hub gaps)."""
+        with self._detect_lock:
+            return self.detection.stats()
+
     def firing(self) -> list[Alert]:
         with self._detect_lock:
             return list(self.alerts.firing())

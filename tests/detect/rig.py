@@ -43,8 +43,12 @@ GPU_BASE: dict[str, float] = {
     "gpu_remapped_rows_uncorrectable": 0.0,
     "gpu_remapped_rows_failure": 0.0,
 }
-IDLE = {"gpu_utilization_percent": 0.0, "gpu_sm_active_ratio": 0.0, "gpu_temp_celsius": 34.0,
-        "gpu_power_watts": 70.0}
+IDLE = {
+    "gpu_utilization_percent": 0.0,
+    "gpu_sm_active_ratio": 0.0,
+    "gpu_temp_celsius": 34.0,
+    "gpu_power_watts": 70.0,
+}
 NODE_BASE: dict[str, float] = {"node_cpu_percent": 35.0, "node_load1": 12.0, "node_memory_used_bytes": 2e11}
 
 
@@ -173,10 +177,14 @@ class FakeJob:
         if self.checkpoint is not None:
             c_start, c_len = self.checkpoint
             if t - dt < c_start <= t:
-                events += [Event(c_start, "checkpoint_started", self._labels(*p), {"step": self.step}) for p in alive]
+                events += [
+                    Event(c_start, "checkpoint_started", self._labels(*p), {"step": self.step}) for p in alive
+                ]
             if c_start + c_len <= t:
                 done = {"step": self.step, "bytes": 1e9, "seconds": c_len}
-                events += [Event(c_start + c_len, "checkpoint_completed", self._labels(*p), done) for p in alive]
+                events += [
+                    Event(c_start + c_len, "checkpoint_completed", self._labels(*p), done) for p in alive
+                ]
                 self.checkpoint = None
                 self.next_step_at = max(self.next_step_at, c_start + c_len + self.step_time)
         can_step = not self.hung and not self.dead and self.checkpoint is None
@@ -184,8 +192,11 @@ class FakeJob:
             self.step += 1
             for rank, node, gpu in alive:
                 metrics = {"loss": 2.0, "step_seconds": self.step_time, "tokens_per_second": 1e5}
-                records.append(TrainingRecord(self.next_step_at, self.name, rank, self.step, metrics,
-                                              {"node": node, "gpu": gpu}))
+                records.append(
+                    TrainingRecord(
+                        self.next_step_at, self.name, rank, self.step, metrics, {"node": node, "gpu": gpu}
+                    )
+                )
             self.next_step_at += self.step_time
         events += [Event(t, "heartbeat", self._labels(*p), {"step": self.step}) for p in alive]
         return Batch(source=f"sdk:{self.name}", events=events, training=records)
@@ -207,8 +218,9 @@ class Driver:
         self.changes.extend((t, c) for c in changes)
         return changes
 
-    def run(self, start: float, stop: float, make: Callable[[float], Iterable[Batch | None]],
-            step: float = 1.0) -> None:
+    def run(
+        self, start: float, stop: float, make: Callable[[float], Iterable[Batch | None]], step: float = 1.0
+    ) -> None:
         """Tick from ``start`` to ``stop`` (exclusive) every ``step`` seconds."""
         t = start
         while t < stop - 1e-9:

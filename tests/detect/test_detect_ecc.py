@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from detect.rig import Driver, FakeCluster
-
 from gpuscope.detect.ecc import EccDetector
 
 GPU = ("node-0", "3")

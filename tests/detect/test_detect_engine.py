@@ -5,8 +5,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-from detect.rig import Driver, FakeCluster, FakeJob
 
+from detect.rig import Driver, FakeCluster, FakeJob
 from gpuscope.alert.catalog import RULES
 from gpuscope.detect.base import Detector
 from gpuscope.detect.engine import DetectionEngine, load_detectors
@@ -43,22 +43,42 @@ class Broken(Detector):
 
 def test_every_registered_detector_is_loaded_and_names_catalog_rules() -> None:
     registry = load_detectors()
-    assert {"XidDetector", "EccDetector", "GpuLostDetector", "NodeUnreachableDetector",
-            "ThermalThrottleDetector", "TrainingLivenessDetector"} <= set(registry)
+    assert {
+        "XidDetector",
+        "EccDetector",
+        "GpuLostDetector",
+        "NodeUnreachableDetector",
+        "ThermalThrottleDetector",
+        "TrainingLivenessDetector",
+    } <= set(registry)
     engine = DetectionEngine()
     assert len(engine.detectors) == len(registry)
     rules = {rule for d in engine.detectors for rule in d.rules}
     assert rules <= set(RULES)
-    assert {"gpu_xid_fatal", "gpu_xid_app", "gpu_ecc_uncorrectable", "gpu_lost", "node_unreachable",
-            "gpu_thermal_throttle", "training_stalled", "rank_lost"} <= rules
+    assert {
+        "gpu_xid_fatal",
+        "gpu_xid_app",
+        "gpu_ecc_uncorrectable",
+        "gpu_lost",
+        "node_unreachable",
+        "gpu_thermal_throttle",
+        "training_stalled",
+        "rank_lost",
+    } <= rules
 
 
 def test_dispatch_order_and_a_failing_detector_does_not_blind_the_others() -> None:
     recorder = Recorder()
     engine = DetectionEngine([Broken(), recorder])
     frame = Frame(1.0, ["gpu_temp_celsius"], [{"node": "n", "gpu": "0"}], np.array([[50.0]]))
-    engine.observe(Batch("n", frames=[frame], events=[Event(1.0, "xid", {}, {})],
-                         training=[TrainingRecord(1.0, "j", 0, 7, {})]))
+    engine.observe(
+        Batch(
+            "n",
+            frames=[frame],
+            events=[Event(1.0, "xid", {}, {})],
+            training=[TrainingRecord(1.0, "j", 0, 7, {})],
+        )
+    )
     findings = engine.evaluate(2.0)
     assert recorder.seen == ["frame@1.0", "xid", "step7"]
     assert [f.summary for f in findings] == ["seen 3"]
@@ -72,8 +92,14 @@ def test_broken_frames_and_timestamps_are_refused_and_counted() -> None:
     bad_shape = Frame(1.0, ["a", "b"], [{"node": "n", "gpu": "0"}], np.zeros((1, 3)))
     bad_ts = Frame(math.nan, ["a"], [{"node": "n"}], np.zeros((1, 1)))
     unplaced = Frame(1.0, ["a"], [{"gpu": "0"}], np.zeros((1, 1)))
-    engine.observe(Batch("x", frames=[bad_shape, bad_ts, unplaced],
-                         events=[Event(math.inf, "xid", {})], training=[TrainingRecord(math.nan, "j", 0, 1, {})]))
+    engine.observe(
+        Batch(
+            "x",
+            frames=[bad_shape, bad_ts, unplaced],
+            events=[Event(math.inf, "xid", {})],
+            training=[TrainingRecord(math.nan, "j", 0, 1, {})],
+        )
+    )
     stats = engine.stats()
     assert stats["detect_frames_refused"] == 2 and stats["detect_events_refused"] == 1
     assert stats["detect_training_refused"] == 1 and stats["detect_gpu_rows_without_node"] == 1
@@ -87,8 +113,12 @@ def test_broken_frames_and_timestamps_are_refused_and_counted() -> None:
 
 
 def test_frame_view_roles() -> None:
-    entities = [{"node": "a", "gpu": "1", "job": "j"}, {"node": "a"},
-                {"service": "s", "node": "a", "model": "m", "version": "v"}, {"node": "b", "gpu": "0"}]
+    entities = [
+        {"node": "a", "gpu": "1", "job": "j"},
+        {"node": "a"},
+        {"service": "s", "node": "a", "model": "m", "version": "v"},
+        {"node": "b", "gpu": "0"},
+    ]
     values = np.array([[1.0, np.nan], [2.0, 3.0], [4.0, 5.0], [np.nan, np.nan]])
     v = view(Frame(5.0, ["x", "y"], entities, values))
     assert v.gpu_keys == [("a", "1"), ("b", "0")] and v.gpu_jobs == ["j", None]
@@ -112,14 +142,20 @@ def test_nan_and_missing_values_everywhere_never_crash_any_detector() -> None:
                 cluster.overrides[("node-0", str(g))] = dict.fromkeys(cluster.metrics, nan)
             cluster.blank.add(("node-1", "0"))
         batches: list[Batch | None] = [*cluster.batches(t), job.batch(t)]
-        odd = Batch("odd", frames=[Frame(t, [], [], np.zeros((0, 0))),
-                                   Frame(t, ["gpu_temp_celsius"], [{"node": "node-1", "gpu": "9"}],
-                                         np.array([[nan]]))],
-                    events=[Event(t, "xid", {"node": "node-1", "gpu": "1"}, {"code": None}),
-                            Event(t, "ecc_dbe", {"node": "node-1", "gpu": "1"}, {"count": "x"}),
-                            Event(t, "heartbeat", {"job": "llm", "rank": "zero"}),
-                            Event(t, "checkpoint_completed", {"job": "llm", "rank": "1"}, {"seconds": nan})],
-                    training=[TrainingRecord(t, "llm", 0, job.step, {"loss": nan, "step_seconds": math.inf})])
+        odd = Batch(
+            "odd",
+            frames=[
+                Frame(t, [], [], np.zeros((0, 0))),
+                Frame(t, ["gpu_temp_celsius"], [{"node": "node-1", "gpu": "9"}], np.array([[nan]])),
+            ],
+            events=[
+                Event(t, "xid", {"node": "node-1", "gpu": "1"}, {"code": None}),
+                Event(t, "ecc_dbe", {"node": "node-1", "gpu": "1"}, {"count": "x"}),
+                Event(t, "heartbeat", {"job": "llm", "rank": "zero"}),
+                Event(t, "checkpoint_completed", {"job": "llm", "rank": "1"}, {"seconds": nan}),
+            ],
+            training=[TrainingRecord(t, "llm", 0, job.step, {"loss": nan, "step_seconds": math.inf})],
+        )
         return [*batches, odd if t >= 20 else None]
 
     driver.run(0, 60, ticks)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from detect.rig import Driver, FakeCluster
-
 from gpuscope.detect.presence import GpuLostDetector, NodeUnreachableDetector
 
 
@@ -90,8 +89,9 @@ def test_node_that_reported_once_or_never_is_not_judged_and_slow_nodes_get_their
     cluster = FakeCluster(nodes=3, gpus=1)
     driver = presence()
     driver.tick(0, cluster.batches(0))
-    driver.run(1, 60, lambda t: [cluster.batch(t, "node-0")] + ([cluster.batch(t, "node-2")]
-                                                                 if t % 10 == 0 else []))
+    driver.run(
+        1, 60, lambda t: [cluster.batch(t, "node-0")] + ([cluster.batch(t, "node-2")] if t % 10 == 0 else [])
+    )
     assert not driver.alerts.all()  # node-1 reported once; node-2 reports every 10 s
     driver.run(60, 120, lambda t: [cluster.batch(t, "node-0")])
     alert = driver.only("node_unreachable")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from detect.rig import Driver, FakeCluster
-
 from gpuscope.detect.throttle import ThermalThrottleDetector
+from gpuscope.model import Batch
 
 HOT = ("node-0", "6")
 THROTTLED = {"gpu_throttle_hw_thermal": 1.0, "gpu_temp_celsius": 91.0, "gpu_sm_clock_mhz": 1200.0}
@@ -36,7 +36,7 @@ def test_recurring_throttle_via_clock_event_reasons_fires() -> None:
     cluster = busy_cluster()
     driver = Driver([ThermalThrottleDetector()])
 
-    def ticks(t: float) -> list:
+    def ticks(t: float) -> list[Batch]:
         if t >= 20 and int(t) % 10 < 6:  # 6 s on, 4 s off
             cluster.overrides[HOT] = {"gpu_clock_event_reasons": float(0x40 | 0x4)}
         else:
@@ -53,7 +53,7 @@ def test_blips_and_idle_throttle_raise_nothing() -> None:
     cluster.overrides[("node-0", "0")] = {**THROTTLED, "gpu_utilization_percent": 0.0}  # idle GPU: harmless
     driver = Driver([ThermalThrottleDetector()])
 
-    def ticks(t: float) -> list:
+    def ticks(t: float) -> list[Batch]:
         if int(t) % 30 in (0, 1):  # a 2 s blip every 30 s
             cluster.overrides[HOT] = THROTTLED
         else:
@@ -83,8 +83,12 @@ def test_far_hotter_than_peers_of_the_same_job_fires_but_different_jobs_may_diff
 def test_missing_temperature_and_flags_are_ignored() -> None:
     cluster = busy_cluster()
     nan = float("nan")
-    cluster.overrides[HOT] = {"gpu_temp_celsius": nan, "gpu_throttle_hw_thermal": nan,
-                              "gpu_clock_event_reasons": nan, "gpu_utilization_percent": nan}
+    cluster.overrides[HOT] = {
+        "gpu_temp_celsius": nan,
+        "gpu_throttle_hw_thermal": nan,
+        "gpu_clock_event_reasons": nan,
+        "gpu_utilization_percent": nan,
+    }
     cluster.blank.add(("node-0", "1"))
     driver = Driver([ThermalThrottleDetector()])
     driver.run(0, 100, cluster.batches)

@@ -5,9 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from detect.rig import Driver, FakeCluster, FakeJob
-
 from gpuscope.detect.training import TrainingLivenessDetector
-from gpuscope.model import Batch
+from gpuscope.model import Batch, Event
 
 
 def setup(nodes: int = 2, gpus: int = 4, **job_kw: object) -> tuple[FakeCluster, FakeJob, Driver]:
@@ -84,6 +83,12 @@ def test_dead_rank_is_lost_fast_and_named_first_in_the_stall() -> None:
     stalled = driver.only("training_stalled")
     assert stalled.details["first_silent_rank"]["rank"] == 6
     assert "rank 6 on node-1 GPU 2 stopped heartbeating first" in stalled.summary
+    assert stalled.details["links"] == [{"node": "node-1", "gpu": "2"}]
+    job.dead.clear()  # restarted in place: heartbeats and steps come back
+    job.next_step_at = 91.0
+    driver.run(90, 100, both(cluster, job))
+    assert lost.resolved_at is not None and 90 <= lost.resolved_at <= 96
+    assert stalled.resolved_at is not None and 91 <= stalled.resolved_at <= 97
 
 
 def test_rank_on_an_unreachable_node_is_still_lost() -> None:
@@ -122,6 +127,24 @@ def test_whole_job_silence_without_an_end_event_is_eventually_lost() -> None:
     assert sorted(a.started_at for a in driver.alerts_of("rank_lost")) == [48, 48]  # 4 s + 15 s grace
 
 
+def test_a_job_silent_for_the_abandon_time_is_presumed_gone() -> None:
+    cluster = FakeCluster(nodes=1, gpus=2)
+    job = FakeJob.on(cluster.names, 2)
+    driver = Driver([TrainingLivenessDetector(abandon_after=120.0)])
+    driver.run(0, 30, both(cluster, job))
+    job.dead = {0, 1}  # killed without any end event
+    driver.run(30, 200, both(cluster, job))
+    assert {a.rule for a in driver.alerts.all()} == {"rank_lost", "training_stalled"}
+    assert all(a.resolved_at is not None and 149 <= a.resolved_at <= 156 for a in driver.alerts.all())
+    assert driver.detection.stats()["jobs_presumed_gone"] == 1
+    job.dead.clear()  # it was only cut off: it speaks again and is tracked again
+    job.next_step_at = 201.0
+    driver.run(200, 260, both(cluster, job))
+    job.hung = True
+    driver.run(260, 280, both(cluster, job))
+    assert driver.alerts_of("training_stalled")[-1].started_at >= 260
+
+
 def test_late_traffic_after_the_end_does_not_resurrect_the_job() -> None:
     cluster, job, driver = setup(nodes=1, gpus=2)
     driver.run(0, 30, both(cluster, job))
@@ -154,13 +177,20 @@ def test_job_known_only_from_its_traffic_is_tracked() -> None:
 
 
 def test_malformed_training_events_are_counted() -> None:
-    from gpuscope.model import Event
-
     _, _, driver = setup()
-    bad = Batch("sdk", events=[Event(1.0, "heartbeat", {"job": "x", "rank": "-1"}),
-                              Event(1.0, "checkpoint_started", {"rank": "0"}),
-                              Event(1.0, "job_started", {"job": "y"}, {"placement": [[0, "n"], ["a", "n", "0"]],
-                                                                       "world_size": "two"})])
+    bad = Batch(
+        "sdk",
+        events=[
+            Event(1.0, "heartbeat", {"job": "x", "rank": "-1"}),
+            Event(1.0, "checkpoint_started", {"rank": "0"}),
+            Event(
+                1.0,
+                "job_started",
+                {"job": "y"},
+                {"placement": [[0, "n"], ["a", "n", "0"]], "world_size": "two"},
+            ),
+        ],
+    )
     driver.tick(1.0, [bad])
     stats = driver.detection.stats()
     assert stats["heartbeat_events_malformed"] == 1 and stats["checkpoint_started_events_malformed"] == 1

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from detect.rig import Driver, FakeCluster
-
 from gpuscope.detect.presence import GpuLostDetector
 from gpuscope.detect.xid import XidDetector, parse_code
 from gpuscope.model import Event
@@ -19,8 +18,12 @@ def test_fatal_xid_fires_at_once_and_clears_when_the_gpu_returns_after_a_reset()
     driver.run(31, 100, cluster.batches)
 
     xid = driver.only("gpu_xid_fatal")
-    assert (xid.started_at, xid.entity, xid.severity, xid.owner) == (30, {"node": "node-1", "gpu": "2"}, "P1",
-                                                                      "platform")
+    assert (xid.started_at, xid.entity, xid.severity, xid.owner) == (
+        30,
+        {"node": "node-1", "gpu": "2"},
+        "P1",
+        "platform",
+    )
     assert "XID 79" in xid.summary and "fallen off the bus" in xid.summary
     assert xid.value == 79 and xid.firing
     assert driver.only("gpu_lost").started_at <= 33  # the same fault seen as a missing GPU
@@ -72,5 +75,12 @@ def test_xid_without_gpu_labels_is_counted_not_raised() -> None:
 
 def test_parse_code() -> None:
     assert [parse_code(x) for x in (79, "48", 13.0, " 31 ", True, None, 1.5, "x")] == [
-        79, 48, 13, 31, None, None, None, None,
+        79,
+        48,
+        13,
+        31,
+        None,
+        None,
+        None,
+        None,
     ]

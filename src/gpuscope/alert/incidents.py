@@ -4,8 +4,10 @@ One fault raises alerts on several layers (a lost GPU, the rank that ran on it, 
 stalled). Alerts are linked when they share a node, a GPU, a job or a service: a rank alert names
 its job, node and GPU; a job alert may list the nodes it runs on in ``details["links"]`` (a list of
 label sets). An alert joins every incident it links to that started at most ``window`` seconds
-before it (several such incidents merge into the oldest). The root cause is the alert on the lowest
-layer (GPU < node < rank < job < service), earliest first.
+before it (several such incidents merge into the oldest), unless that incident had already ended
+(every member resolved) more than ``reopen_within`` seconds earlier: a new fault in the same place
+after the last one was fixed is a new incident. The root cause is the alert on the lowest layer
+(GPU < node < rank < job < service), earliest first.
 """
 
 from __future__ import annotations
@@ -104,6 +106,10 @@ class _Group:
     def started_at(self) -> float:
         return min(a.started_at for a in self.members)
 
+    def ended_before(self, ts: float) -> bool:
+        """Were all members resolved, the last one before ``ts``?"""
+        return all(a.resolved_at is not None and a.resolved_at < ts for a in self.members)
+
     def root(self) -> Alert:
         return min(self.members, key=lambda a: (layer(a.entity), a.started_at, _number(a.id)))
 
@@ -120,10 +126,13 @@ class _Group:
 class IncidentTracker:
     """Assigns each fired alert to an incident (setting ``Alert.incident``)."""
 
-    def __init__(self, window: float = 600.0) -> None:
-        if window < 0:
-            raise ValueError(f"incident window must not be negative, got {window}")
+    def __init__(self, window: float = 600.0, reopen_within: float = 120.0) -> None:
+        if window < 0 or reopen_within < 0:
+            raise ValueError(
+                f"incident window and reopen time must not be negative, got {window}, {reopen_within}"
+            )
         self.window = window
+        self.reopen_within = reopen_within
         self._groups: dict[str, _Group] = {}
         self._by_key: dict[str, set[str]] = {}
         self._seq = 0
@@ -137,10 +146,11 @@ class IncidentTracker:
             if not ids:
                 continue
             for gid in list(ids):
-                if alert.started_at - self._groups[gid].started_at <= self.window:
-                    joined.add(gid)
-                else:
+                group = self._groups[gid]
+                if alert.started_at - group.started_at > self.window:
                     ids.discard(gid)  # too old to take new members through this vertex
+                elif not group.ended_before(alert.started_at - self.reopen_within):
+                    joined.add(gid)
         if joined:
             group = min((self._groups[g] for g in joined), key=lambda g: g.seq)
             for gid in joined - {group.id}:

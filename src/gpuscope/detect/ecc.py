@@ -10,7 +10,6 @@ count is a reset, which ends the hold.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,9 +17,8 @@ import numpy as np
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.frames import BoolArray, GpuKey, view
+from gpuscope.detect.refusals import refuse
 from gpuscope.model import Event, Finding, FloatArray, Frame
-
-log = logging.getLogger(__name__)
 
 RULE = "gpu_ecc_uncorrectable"
 VOLATILE = "gpu_ecc_dbe_volatile_total"
@@ -58,14 +56,24 @@ class EccDetector(Detector):
             return
         node, gpu = event.labels.get("node"), event.labels.get("gpu")
         if node is None or gpu is None:
-            self.counters.inc("ecc_events_without_gpu")
-            log.warning("ecc_dbe event at %s lacks labels node and gpu: %s", event.ts, event.labels)
+            refuse(
+                self.counters,
+                "ecc_events_without_gpu",
+                "ecc_dbe event at %s lacks labels node and gpu: %s",
+                event.ts,
+                event.labels,
+            )
             return
         count = event.data.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int | float):
-            self.counters.inc("ecc_events_bad_count")
-            log.warning(
-                "ecc_dbe event at %s on %s/%s: data.count %r is not a number", event.ts, node, gpu, count
+            refuse(
+                self.counters,
+                "ecc_events_bad_count",
+                "ecc_dbe event at %s on %s/%s: data.count %r is not a number (counted as one error)",
+                event.ts,
+                node,
+                gpu,
+                count,
             )
             count = 1
         state = self._state((node, gpu))

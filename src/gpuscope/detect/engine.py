@@ -17,6 +17,7 @@ import gpuscope.detect as detect_package
 from gpuscope.counters import Counters
 from gpuscope.detect import frames
 from gpuscope.detect.base import DETECTORS, Detector
+from gpuscope.detect.refusals import refuse
 from gpuscope.model import Batch, Finding
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,10 @@ class DetectionEngine:
         """Let every detector see one batch; cheap enough for the ingest hot path."""
         for frame in batch.frames:
             if not math.isfinite(frame.ts) or frame.values.shape != (len(frame.entities), len(frame.metrics)):
-                self.counters.inc("detect_frames_refused")
                 shape = (len(frame.entities), len(frame.metrics))
-                log.warning(
+                refuse(
+                    self.counters,
+                    "detect_frames_refused",
                     "frame from %s refused: ts %r, values of shape %s for %s entities x metrics",
                     batch.source,
                     frame.ts,

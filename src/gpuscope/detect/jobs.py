@@ -7,14 +7,12 @@ implicitly from its first training record or heartbeat when the hub started mid-
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.counters import Counters
+from gpuscope.detect.refusals import refuse
 from gpuscope.model import Event, Labels
-
-log = logging.getLogger(__name__)
 
 RUNNING, ENDED, FAILED = "running", "ended", "failed"
 LIFECYCLE_EVENTS = frozenset({"job_started", "job_ended", "job_failed"})
@@ -30,6 +28,7 @@ class Job:
     declared_world_size: int = 0
     placement: dict[int, tuple[str, str]] = field(default_factory=dict)  # rank -> (node, gpu)
     reason: str | None = None
+    presumed: bool = False  # ended because it went silent, not because anyone said so
 
     @property
     def running(self) -> bool:
@@ -93,6 +92,14 @@ class JobTracker:
         self._trim()
         return job
 
+    def close(self, name: str, ts: float, reason: str) -> Job | None:
+        """End a job no event ended (it vanished); returns it, or None when unknown."""
+        job = self.jobs.get(name)
+        if job is not None and job.running:
+            job.state, job.ended_at, job.reason, job.presumed = ENDED, ts, reason, True
+            self._trim()
+        return job
+
     def _start(self, name: str, event: Event) -> Job:
         data = event.data
         job = Job(name, str(data.get("kind", "training")), started_at=event.ts)
@@ -121,10 +128,11 @@ class JobTracker:
         """The running training job that a record or heartbeat belongs to, created if unknown.
 
         Traffic for a job that ended is late (processes shutting down): it is counted, not obeyed,
-        so it cannot resurrect the job; only a new ``job_started`` does.
+        so it cannot resurrect the job; only a new ``job_started`` does. A job only presumed gone
+        (it had fallen silent) that speaks again was alive after all, and is tracked anew.
         """
         job = self.jobs.get(name)
-        if job is None:
+        if job is None or job.presumed:
             job = self.jobs[name] = Job(name, "training", started_at=ts)
             return job
         if not job.running:
@@ -133,8 +141,7 @@ class JobTracker:
         return job
 
     def _bad(self, event: Event, what: str) -> None:
-        self._counters.inc("bad_job_events")
-        log.warning("%s event at %s: %s", event.kind, event.ts, what)
+        refuse(self._counters, "bad_job_events", "%s event at %s: %s", event.kind, event.ts, what)
 
     def _trim(self) -> None:
         ended = [name for name, job in self.jobs.items() if not job.running]

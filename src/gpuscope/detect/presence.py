@@ -10,7 +10,6 @@ silence of ``max(4 x period, 4 s)`` on the hub's clock, with hub-wide pauses exc
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 
@@ -19,9 +18,8 @@ from gpuscope.detect.base import Detector, register
 from gpuscope.detect.baseline import IntervalEstimator, finite_or_none
 from gpuscope.detect.frames import GpuKey, view
 from gpuscope.detect.liveness import Liveness
+from gpuscope.detect.refusals import refuse
 from gpuscope.model import Event, Finding, Frame
-
-log = logging.getLogger(__name__)
 
 GPU_LOST, NODE_UNREACHABLE = "gpu_lost", "node_unreachable"
 
@@ -49,8 +47,13 @@ class GpuLostDetector(Detector):
             return
         node, gpu = event.labels.get("node"), event.labels.get("gpu")
         if node is None or gpu is None:
-            self.counters.inc("gpu_lost_events_without_gpu")
-            log.warning("gpu_lost event at %s lacks labels node and gpu: %s", event.ts, event.labels)
+            refuse(
+                self.counters,
+                "gpu_lost_events_without_gpu",
+                "gpu_lost event at %s lacks labels node and gpu: %s",
+                event.ts,
+                event.labels,
+            )
             return
         reason = event.data.get("reason")
         self._events[(node, gpu)] = (event.ts, reason if isinstance(reason, str) and reason else "lost")

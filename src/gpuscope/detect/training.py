@@ -8,7 +8,8 @@ checkpoint seen, 300 s before any has completed). The finding says whether the j
 
 A rank is lost when its heartbeats stop for ``max(4 x its period, 4 s)`` while its job runs. When
 every rank of a job goes quiet at once, the job most likely ended and its end event is on the way,
-so neither its ranks nor the job are judged for ``whole_job_grace`` more seconds.
+so neither its ranks nor the job are judged for ``whole_job_grace`` more seconds; a job silent for
+``abandon_after`` seconds with no end event is presumed gone and forgotten.
 
 Silence is measured on the hub's clock and excused while the hub hears nothing at all
 (:class:`~gpuscope.detect.liveness.Liveness`).
@@ -16,20 +17,19 @@ Silence is measured on the hub's clock and excused while the hub hears nothing a
 
 from __future__ import annotations
 
-import logging
 import math
 from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
-from gpuscope.detect.baseline import RollingMedian, finite_or_none
+from gpuscope.detect.baseline import finite_or_none
 from gpuscope.detect.frames import GpuKey, view
 from gpuscope.detect.jobs import Job, JobTracker, parse_rank
 from gpuscope.detect.liveness import Liveness, Overdue
+from gpuscope.detect.progress import ROLLED_BACK, Progress
+from gpuscope.detect.refusals import refuse
 from gpuscope.model import Event, Finding, Frame, TrainingRecord
-
-log = logging.getLogger(__name__)
 
 STALLED, RANK_LOST = "training_stalled", "rank_lost"
 RankKey = tuple[str, int]
@@ -39,17 +39,11 @@ _BUSY_PERCENT = 50.0
 
 @dataclass(slots=True)
 class _Run:
-    """Progress of one training job."""
+    """What this detector tracks of one running training job."""
 
-    step: int = -1  # highest completed step; -1 before the first
-    step_ts: float = -math.inf  # the job's own time of that step
-    intervals: RollingMedian = field(default_factory=lambda: RollingMedian(31))
-    step_seconds: RollingMedian = field(default_factory=lambda: RollingMedian(31))
+    progress: Progress = field(default_factory=Progress)
     fresh: bool = False  # progress seen since the last evaluation
     progress_at: float = -math.inf  # hub time progress was last seen
-    checkpoint: dict[int, float] = field(default_factory=dict)  # rank -> start of its open checkpoint
-    checkpointed: bool = False  # a checkpoint ran since the last step: the next interval is not a step
-    longest_checkpoint: float = 0.0
     util: dict[GpuKey, tuple[float, float]] = field(default_factory=dict)  # GPU -> (ts, utilisation)
     ranks: dict[int, int] = field(default_factory=dict)  # rank -> last step its heartbeat reported
 
@@ -69,6 +63,7 @@ class TrainingLivenessDetector(Detector):
         rank_factor: float = 4.0,
         rank_floor: float = 4.0,
         whole_job_grace: float = 15.0,
+        abandon_after: float = 3600.0,
     ) -> None:
         self.stall_factor = stall_factor
         self.stall_floor = stall_floor
@@ -77,6 +72,7 @@ class TrainingLivenessDetector(Detector):
         self.checkpoint_floor = checkpoint_floor
         self.checkpoint_default = checkpoint_default
         self.whole_job_grace = whole_job_grace
+        self.abandon_after = abandon_after
         self.counters = Counters()
         self._jobs = JobTracker(self.counters)
         self._runs: dict[str, _Run] = {}
@@ -118,8 +114,9 @@ class TrainingLivenessDetector(Detector):
     def _rank_of(self, event: Event) -> tuple[Job, _Run, int] | None:
         name, rank = event.labels.get("job"), parse_rank(event.labels.get("rank"))
         if not name or rank is None:
-            self.counters.inc(f"{event.kind}_events_malformed")
-            log.warning(
+            refuse(
+                self.counters,
+                f"{event.kind}_events_malformed",
                 "%s event at %s needs labels job and rank (a non-negative integer): %s",
                 event.kind,
                 event.ts,
@@ -144,8 +141,14 @@ class TrainingLivenessDetector(Detector):
     def _checkpoint(self, event: Event) -> None:
         name = event.labels.get("job")
         if not name:
-            self.counters.inc(f"{event.kind}_events_malformed")
-            log.warning("%s event at %s lacks label job: %s", event.kind, event.ts, event.labels)
+            refuse(
+                self.counters,
+                f"{event.kind}_events_malformed",
+                "%s event at %s lacks label job: %s",
+                event.kind,
+                event.ts,
+                event.labels,
+            )
             return
         found = self._run(name, event.ts)
         if found is None:
@@ -154,19 +157,11 @@ class TrainingLivenessDetector(Detector):
         rank = parse_rank(event.labels.get("rank"))
         rank = -1 if rank is None else rank  # a job-level checkpoint event stands for all ranks
         if event.kind == "checkpoint_started":
-            run.checkpoint.setdefault(rank, event.ts)
-            return
-        started = run.checkpoint.pop(rank, None)
-        seconds = event.data.get("seconds")
-        if not (
-            isinstance(seconds, int | float) and not isinstance(seconds, bool) and math.isfinite(seconds)
+            run.progress.checkpoint_started(rank, event.ts, event.data.get("step"))
+        elif run.progress.checkpoint_ended(
+            rank, event.ts, event.data.get("seconds"), event.kind == "checkpoint_completed"
         ):
-            seconds = None if started is None else event.ts - started
-        if seconds is not None and event.kind == "checkpoint_completed":
-            run.longest_checkpoint = max(run.longest_checkpoint, float(seconds))
-        if not run.checkpoint:  # the pause is over: measure the next silence from here
-            run.checkpointed = True
-            self._progress(run)
+            self._progress(run)  # the pause is over: measure the next silence from here
 
     def _progress(self, run: _Run) -> None:
         if not run.fresh:
@@ -180,17 +175,10 @@ class TrainingLivenessDetector(Detector):
             return
         job, run = found
         job.place(record.rank, record.labels)
-        run.step_seconds.push(record.metrics.get("step_seconds", math.nan))
-        if record.step > run.step:
-            if run.step >= 0 and not run.checkpointed and record.ts > run.step_ts:
-                run.intervals.push((record.ts - run.step_ts) / (record.step - run.step))
-            run.step, run.step_ts = record.step, record.ts
-            run.checkpointed = False
-            run.checkpoint.clear()  # steps advance: whatever checkpoint was open is over
-            self._progress(run)
-        elif record.step < run.step - 1 and record.ts > run.step_ts:
-            self.counters.inc("training_step_rollbacks")  # restarted from a checkpoint
-            run.step, run.step_ts = record.step, record.ts
+        change = run.progress.record(record)
+        if change is not None:
+            if change == ROLLED_BACK:
+                self.counters.inc("training_step_rollbacks")
             self._progress(run)
 
     def on_frame(self, frame: Frame) -> None:
@@ -217,23 +205,18 @@ class TrainingLivenessDetector(Detector):
             run.fresh = False
         self._fresh.clear()
         out = self._stalled(now)
-        out.extend(self._lost(overdue))
+        out.extend(self._lost(overdue, now))
         if self._ranks.suppressed > self._suppressed:
             self.counters.inc("rank_verdicts_withheld_hub_gap", self._ranks.suppressed - self._suppressed)
             self._suppressed = self._ranks.suppressed
         return out
 
-    def stall_threshold(self, run: _Run) -> tuple[float, float]:
+    def stall_threshold(self, progress: Progress) -> tuple[float, float]:
         """(seconds without a step that make a stall, the baseline step time behind it)."""
-        if len(run.intervals) >= self.warmup_intervals:
-            base = run.intervals.median()
-        else:  # warming up: trust the slowest step so far more than a median of two
-            base = max(
-                (x for x in (run.intervals.max(), run.step_seconds.median()) if math.isfinite(x)), default=0.0
-            )
+        base = progress.baseline(self.warmup_intervals)
         threshold = max(self.stall_factor * base, self.stall_floor)
-        if run.checkpoint:
-            longest = run.longest_checkpoint
+        if progress.in_checkpoint:
+            longest = progress.longest_checkpoint
             allowance = (
                 max(self.checkpoint_factor * longest, self.checkpoint_floor)
                 if longest > 0
@@ -246,10 +229,10 @@ class TrainingLivenessDetector(Detector):
         out: list[Finding] = []
         for name, run in self._runs.items():
             job = self._jobs.jobs.get(name)
-            if job is None or not job.running or run.step < 0:
+            if job is None or not job.running or not run.progress.started:
                 continue
             silence = now - max(run.progress_at, self._ranks.gap_end)
-            threshold, base = self.stall_threshold(run)
+            threshold, base = self.stall_threshold(run.progress)
             if silence < threshold:
                 continue
             if self._ranks.in_gap:
@@ -285,10 +268,10 @@ class TrainingLivenessDetector(Detector):
         else:
             busy_text, busy = f"its GPUs are idle ({util:.0f}% utilisation)", False
         summary = (
-            f"Training job {job.name} has not advanced past step {run.step} for {silence:.0f} s "
+            f"Training job {job.name} has not advanced past step {run.progress.step} for {silence:.0f} s "
             f"(baseline step {base:.1f} s); {busy_text}"
         )
-        if run.checkpoint:
+        if run.progress.in_checkpoint:
             summary += f"; a checkpoint has been open for {now - run.progress_at:.0f} s"
         if first is not None:
             where = f"{first['node']} GPU {first['gpu']}"
@@ -300,17 +283,25 @@ class TrainingLivenessDetector(Detector):
             value=silence,
             affected_gpus=job.world_size,
             details={
-                "step": run.step,
+                "step": run.progress.step,
                 "seconds_since_step": silence,
                 "threshold_seconds": threshold,
                 "baseline_step_seconds": base,
-                "in_checkpoint": bool(run.checkpoint),
+                "in_checkpoint": run.progress.in_checkpoint,
                 "gpu_utilization_percent": util,
                 "busy": busy,
                 "first_silent_rank": first,
-                "links": [{"node": node} for node in job.nodes()],
+                "links": self._links(job, first),
             },
         )
+
+    @staticmethod
+    def _links(job: Job, first: dict[str, Any] | None) -> list[dict[str, str]]:
+        """Where the stall points in the entity graph (for incident grouping): the GPU of the rank
+        that went silent first when there is one, else every node the job runs on."""
+        if first is not None and first["node"] != "?":
+            return [{"node": first["node"], "gpu": first["gpu"]}]
+        return [{"node": node} for node in job.nodes()]
 
     @staticmethod
     def _job_utilisation(run: _Run) -> float | None:
@@ -334,7 +325,7 @@ class TrainingLivenessDetector(Detector):
         node, gpu = job.placement.get(rank, ("?", "?"))
         return {"rank": rank, "node": node, "gpu": gpu, "silent_since": at}
 
-    def _lost(self, overdue: list[Overdue[RankKey]]) -> list[Finding]:
+    def _lost(self, overdue: list[Overdue[RankKey]], now: float) -> list[Finding]:
         by_job: dict[str, list[Overdue[RankKey]]] = {}
         for late in overdue:
             by_job.setdefault(late.key[0], []).append(late)
@@ -346,11 +337,22 @@ class TrainingLivenessDetector(Detector):
                 for late in lates:
                     self._ranks.forget(late.key)
                 continue
-            overrun = max(late.silence - late.threshold for late in lates)
-            if len(lates) >= len(run.ranks) and overrun < self.whole_job_grace:
-                continue  # the whole job went quiet together: give its end event time to arrive
+            if len(lates) >= len(run.ranks):  # the whole job is quiet
+                if min(late.silence for late in lates) >= self.abandon_after:
+                    self._abandon(job, now)
+                    continue
+                if max(late.silence - late.threshold for late in lates) < self.whole_job_grace:
+                    continue  # it went quiet together: give its end event time to arrive
             out.extend(self._lost_finding(job, run, late) for late in lates)
         return out
+
+    def _abandon(self, job: Job, now: float) -> None:
+        """Every rank silent for ``abandon_after``: the job is gone even though no end was reported.
+        Its alerts resolve and its state is dropped, so a vanished job neither pages forever nor
+        holds memory."""
+        self._jobs.close(job.name, now, f"every rank silent for {self.abandon_after:.0f} s")
+        self._lifecycle(job)
+        self.counters.inc("jobs_presumed_gone")
 
     @staticmethod
     def _lost_finding(job: Job, run: _Run, late: Overdue[RankKey]) -> Finding:

@@ -19,6 +19,7 @@ from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.baseline import IntervalEstimator
 from gpuscope.detect.frames import GpuKey, view
+from gpuscope.detect.refusals import refuse
 from gpuscope.model import Event, Finding, Frame
 from gpuscope.signals import APP_XIDS, FATAL_XIDS
 
@@ -99,14 +100,26 @@ class XidDetector(Detector):
             return
         node, gpu = event.labels.get("node"), event.labels.get("gpu")
         if node is None or gpu is None:
-            self.counters.inc("xid_events_without_gpu")
-            log.warning("xid event at %s lacks labels node and gpu: %s", event.ts, event.labels)
+            refuse(
+                self.counters,
+                "xid_events_without_gpu",
+                "xid event at %s lacks labels node and gpu: %s",
+                event.ts,
+                event.labels,
+            )
             return
         raw = event.data.get("code")
         code = parse_code(raw)
         if code is None:
-            self.counters.inc("xid_events_bad_code")
-            log.warning("xid event at %s on %s/%s: data.code %r is not an integer", event.ts, node, gpu, raw)
+            refuse(
+                self.counters,
+                "xid_events_bad_code",
+                "xid event at %s on %s/%s: data.code %r is not an integer (treated as an application XID)",
+                event.ts,
+                node,
+                gpu,
+                raw,
+            )
         rule = FATAL if code in FATAL_XIDS else APP
         message = event.data.get("message")
         text = message if isinstance(message, str) and message else MEANINGS.get(code or -1, "unknown XID")

@@ -12,7 +12,6 @@ from gpuscope.sim.kinds import FAULT_KINDS
 from gpuscope.sim.scenario import (
     ClusterSpec,
     FaultSpec,
-    FaultTarget,
     JobSpec,
     Scenario,
     ScenarioError,
@@ -24,7 +23,6 @@ __all__ = [
     "FAULT_KINDS",
     "ClusterSpec",
     "FaultSpec",
-    "FaultTarget",
     "JobSpec",
     "Scenario",
     "ScenarioError",

@@ -195,7 +195,7 @@ class GpuFleet:
         if hot.any():
             target_t = np.where(hot, np.maximum(target_t, np.nan_to_num(mods.temp) + 0.6 * z[:, 1]), target_t)
         self.temp += (target_t - self.temp) * (1.0 - np.exp(-dt / TEMP_TAU_S))
-        temp = self.temp + 0.25 * z[:, 2]
+        temp = np.round(self.temp + 0.25 * z[:, 2])  # NVML reports whole degrees; flags follow them
 
         sw_thermal = temp >= m.max_operating_temp
         hw_thermal = temp >= m.slowdown_temp
@@ -254,14 +254,10 @@ class GpuFleet:
         self.counters[:, 4:8] += inc[:, 1:5]
 
         util = np.where(active, np.clip(np.round(d.util + 1.2 * z[:, 5]), 0.0, 100.0), 0.0)
-        util = np.where(d.util >= 99.5, np.minimum(util, 100.0), util)
-        sm = np.where(
-            active,
-            np.clip(d.sm * (1.0 + 0.04 * z[:, 1]) + np.where(compute, self.sm_offset, 0.0), 0.0, 1.0),
-            0.0,
-        )
-        used = np.where(active, d.mem + CONTEXT_BYTES, 0.0)
-        used = np.minimum(used, m.memory_bytes - DRIVER_RESERVED)
+        sm = d.sm * (1.0 + 0.04 * z[:, 1]) + np.where(d.sm > 0.3, self.sm_offset, 0.0)
+        sm = np.where(active, np.clip(sm, 0.005, 1.0), 0.0)
+        # memory stays held by a live process even while it runs no kernels
+        used = np.where(d.mem > 0, np.minimum(d.mem + CONTEXT_BYTES, m.memory_bytes - DRIVER_RESERVED), 0.0)
         mem_util = np.where(active, np.clip(d.mem_util * (1.0 + 0.05 * z[:, 3]), 0.0, 100.0), 0.0)
 
         out = np.empty((n, len(GPU_COLUMNS)))
@@ -276,7 +272,7 @@ class GpuFleet:
         out[:, c["gpu_memory_free_bytes"]] = m.memory_bytes - DRIVER_RESERVED - used
         out[:, c["gpu_memory_reserved_bytes"]] = DRIVER_RESERVED
         out[:, c["gpu_memory_total_bytes"]] = m.memory_bytes
-        out[:, c["gpu_temp_celsius"]] = np.round(temp)
+        out[:, c["gpu_temp_celsius"]] = temp
         out[:, c["gpu_memory_temp_celsius"]] = np.round(0.6 * temp + 22.0 + 0.5 * self.temp_offset)
         out[:, c["gpu_power_watts"]] = np.round(power, 2)
         out[:, c["gpu_power_limit_watts"]] = cap_w

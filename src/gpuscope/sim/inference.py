@@ -22,7 +22,7 @@ from gpuscope.sim.scenario import JobSpec
 
 SERVICE_COLUMNS: tuple[str, ...] = tuple(SERVICE_METRICS)
 SCOL = {name: j for j, name in enumerate(SERVICE_COLUMNS)}
-MAX_RUNNING_PER_REPLICA = 64
+MAX_RUNNING_PER_REPLICA = 32
 DAY = 86400.0
 IntArray = np.ndarray[tuple[int], np.dtype[np.int64]]
 BoolArray = np.ndarray[tuple[int], np.dtype[np.bool_]]
@@ -139,7 +139,10 @@ class InferenceService:
         d.mem[live] = self.spec.memory_fraction * self.fleet.model.memory_bytes
         np.add.at(self.nodes.host_mem, self.node_idx[alive], 20 * 1024**3)
 
-        self.burst += -self.burst * dt / 120.0 + 0.05 * math.sqrt(dt) * float(rng.standard_normal())
+        # slow burstiness on top of the diurnal curve: an OU process, 10 % spread, 2-minute memory
+        self.burst += -self.burst * dt / 120.0 + 0.1 * math.sqrt(2.0 * dt / 120.0) * float(
+            rng.standard_normal()
+        )
         lam = 0.0 if c.idle else self.mean_demand(t) * math.exp(self.burst)
         self.demand_rps = lam
         arrivals = float(rng.poisson(lam * dt))
@@ -167,7 +170,7 @@ class InferenceService:
             errors += arrivals
         slots = MAX_RUNNING_PER_REPLICA * max(n_alive, 1)
         running = min(served / dt * min(p50, 30.0), float(slots))
-        kv = 0.06 + 0.8 * running / slots + 0.01 * z[5]
+        kv = 0.1 + 0.85 * running / slots + 0.01 * z[5]
         if c.kv_usage is not None:
             kv = c.kv_usage + 0.006 * z[5]
         kv = float(np.clip(kv, 0.0, 1.0))

@@ -44,8 +44,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuscope.sim.builtin import builtin_scenario
 from gpuscope.sim.hardware import GPU_MODELS, GpuModel
-from gpuscope.sim.kinds import FAULT_KINDS, FaultKind, ParamValue
+from gpuscope.sim.kinds import FAULT_KINDS, FaultKind
 from gpuscope.sim.yamlsrc import ScenarioError, Src, compose
 
 log = logging.getLogger("gpuscope.sim")
@@ -55,10 +56,10 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 __all__ = [
     "ClusterSpec",
     "FaultSpec",
-    "FaultTarget",
     "JobSpec",
     "Scenario",
     "ScenarioError",
+    "builtin_scenario",
     "load_scenario",
     "parse_scenario",
 ]
@@ -131,37 +132,38 @@ class JobSpec:
 
 
 @dataclass(frozen=True, slots=True)
-class FaultTarget:
-    node: str | None = None
-    gpu: int | None = None
-    job: str | None = None
-    rank: int | None = None
-    service: str | None = None
-
-    def as_dict(self) -> dict[str, str | int]:
-        return {
-            k: v
-            for k, v in (
-                ("node", self.node),
-                ("gpu", self.gpu),
-                ("job", self.job),
-                ("rank", self.rank),
-                ("service", self.service),
-            )
-            if v is not None
-        }
-
-
-@dataclass(frozen=True, slots=True)
 class FaultSpec:
+    """One injected fault. ``target`` is the file's mapping (gpu and rank as ints), as scorers
+    read it; the properties below give its parts typed."""
+
     index: int
     at: float
     kind: str
-    target: FaultTarget
-    params: dict[str, ParamValue]
+    target: dict[str, str | int]
+    params: dict[str, Any]
     duration: float | None = None
     line: int = 0
     note: str = ""
+
+    @property
+    def node(self) -> str | None:
+        return _opt_str(self.target.get("node"))
+
+    @property
+    def gpu(self) -> int | None:
+        return _opt_int(self.target.get("gpu"))
+
+    @property
+    def job(self) -> str | None:
+        return _opt_str(self.target.get("job"))
+
+    @property
+    def rank(self) -> int | None:
+        return _opt_int(self.target.get("rank"))
+
+    @property
+    def service(self) -> str | None:
+        return _opt_str(self.target.get("service"))
 
     @property
     def end(self) -> float:
@@ -175,7 +177,7 @@ class FaultSpec:
         return self.at <= t < self.end
 
     def label(self) -> str:
-        target = ", ".join(f"{k}={v}" for k, v in self.target.as_dict().items())
+        target = ", ".join(f"{k}={v}" for k, v in self.target.items())
         return f"faults[{self.index}] {self.kind} at {self.at:g}s on {target}"
 
 
@@ -328,7 +330,7 @@ class _Parser:
         other = _INFERENCE if kind == "training" else _TRAINING
         for key in m:
             if key in other:
-                m[key].fail(f"is not a field of a {kind} job", field=m[key].path)
+                m[key].fail(f"is not a field of {_article(kind)}")
         nodes = self.node_list(m["nodes"], cluster)
         gpus = tuple(range(cluster.gpus_per_node))
         if "gpus" in m:
@@ -427,13 +429,13 @@ class _Parser:
 
     def target(
         self, src: Src, kind: FaultKind, cluster: ClusterSpec, jobs: list[JobSpec], at: float, at_src: Src
-    ) -> FaultTarget:
+    ) -> dict[str, str | int]:
         m = src.mapping(frozenset(kind.target), required=kind.target)
-        node = self.node_name(m["node"], cluster) if "node" in m else None
-        gpu = m["gpu"].integer(0, cluster.gpus_per_node - 1) if "gpu" in m else None
-        job_name: str | None = None
-        service: str | None = None
-        rank: int | None = None
+        out: dict[str, str | int] = {}
+        if "node" in m:
+            out["node"] = self.node_name(m["node"], cluster)
+        if "gpu" in m:
+            out["gpu"] = m["gpu"].integer(0, cluster.gpus_per_node - 1)
         for key in ("job", "service"):
             if key not in m:
                 continue
@@ -444,24 +446,21 @@ class _Parser:
                 m[key].fail(f"{key} {wanted!r} is not defined (jobs: {known})")
             need = "inference" if key == "service" else kind.job_kind
             if need is not None and job.kind != need:
-                what = "an inference service" if need == "inference" else "a training job"
-                m[key].fail(f"{kind.name} needs {what}; {wanted!r} is a {job.kind} job")
+                m[key].fail(f"{kind.name} needs {_article(need)}; {wanted!r} is {_article(job.kind)}")
             if not job.runs_at(at):
                 at_src.fail(f"{at:g} is outside the run of {key} {wanted!r} ({job.start:g}..{job.end:g})")
-            if key == "job":
-                job_name = wanted
-            else:
-                service = wanted
+            out[key] = wanted
             if "rank" in m:
                 rank = m["rank"].integer(0)
                 if rank >= job.world_size:
                     m["rank"].fail(
                         f"{rank} is beyond the world size of {wanted!r} (ranks 0..{job.world_size - 1})"
                     )
-        return FaultTarget(node=node, gpu=gpu, job=job_name, rank=rank, service=service)
+                out["rank"] = rank
+        return {k: out[k] for k in kind.target}
 
-    def params(self, src: Src, kind: FaultKind) -> dict[str, ParamValue]:
-        out: dict[str, ParamValue] = {}
+    def params(self, src: Src, kind: FaultKind) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         allowed = ", ".join(kind.params) or "none"
         for key_src, value in src.free_mapping():
             key = key_src.path.rsplit(".", 1)[-1]
@@ -508,6 +507,18 @@ _NUMERIC_INFERENCE: dict[str, tuple[float, float, str]] = {
     "peak_at": (0.0, 86400.0, "at_least"),
     "error_rate": (0.0, 0.5, "at_least"),
 }
+
+
+def _opt_str(value: str | int | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _opt_int(value: str | int | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def _article(kind: str) -> str:
+    return "an inference service" if kind == "inference" else "a training job"
 
 
 def _identifier(src: Src) -> str:

@@ -90,7 +90,7 @@ class TrainingJob:
         self.reserved0 = spec.memory_fraction * self.total_mem
         self.alloc0 = self.reserved0 * (1.0 - self.frag0)
         self.retries = np.zeros(self.world)
-        self.ckpt_bytes = float(round(0.35 * self.reserved0))
+        self.ckpt_bytes = round(0.35 * self.reserved0)
         span = spec.end - spec.start
         self.expected_steps = spec.steps or max(10, int(span / spec.step_time))
         self.drop_step = max(1, int(spec.lr_decay_at * self.expected_steps))
@@ -144,6 +144,7 @@ class TrainingJob:
         if self.hb_next < t:
             self.hb_next += HEARTBEAT_PERIOD
         self.ckpt_ref = t
+        self.last_step_end = t
         self._begin_phase(t, "init", float(self.rng.uniform(10.0, 20.0)))
         unusable = np.flatnonzero(~self.fleet.usable[self.gpu_idx])
         if unusable.size:
@@ -159,6 +160,7 @@ class TrainingJob:
         self.restarts += 1
         self.step = self.good_ckpt_step
         self.reserved_now = np.full(self.world, self.reserved0)
+        self.retries = np.zeros(self.world)  # new processes, new allocators
         self.start(t)
 
     def end(self, t: float) -> None:
@@ -221,7 +223,7 @@ class TrainingJob:
     def _new_step(self, t: float) -> None:
         rng = self.rng
         z = rng.standard_normal(self.world + 1)
-        self.nominal = self.spec.step_time * max(0.3, 1.0 + 0.02 * z[0])
+        self.nominal = self.spec.step_time * max(0.3, 1.0 + 0.02 * float(z[0]))
         self.noise = 1.0 - np.abs(0.012 * z[1:])
         self.wait = 0.002 + 0.0015 * np.abs(z[1:])
         if rng.random() < 0.004:  # a data-loader hiccup: one rank waits, everyone waits for it
@@ -369,7 +371,7 @@ class TrainingJob:
         if c.nan:
             loss = np.full(w, np.nan)
             grad = np.full(w, np.nan)
-        step_seconds = t - self.step_started
+        step_seconds = float(t - self.step_started)
         tokens = self.spec.batch_tokens / w / step_seconds
         compute = self.compute
         skew = compute - float(compute[self.alive].min())
@@ -377,9 +379,10 @@ class TrainingJob:
         frag = self.frag0.copy()
         for r, (t0, rate) in c.frag.items():
             frag[r] = self.frag0[r] + rate * max(0.0, t - t0) / 60.0
-        reserved = np.minimum(alloc / (1.0 - np.minimum(frag, 0.9)), 0.97 * self.total_mem)
-        pressure = np.maximum(alloc / (1.0 - np.minimum(frag, 0.9)) - reserved, 0.0) / self.total_mem
-        since = t - self.last_step_end if self.last_step_end else step_seconds
+        wanted = self.alloc0 / (1.0 - np.minimum(frag, 0.9))
+        reserved = np.minimum(wanted, 0.97 * self.total_mem)
+        pressure = (wanted - reserved) / self.total_mem
+        since = t - self.last_step_end
         self.retries += rng.poisson(np.maximum(frag - 0.12, 0.0) * 2.0 * since + pressure * 40.0 * since)
         frag_ratio = 1.0 - alloc / reserved
         lr = self._learning_rate(k)

@@ -265,6 +265,7 @@ class HubApi:
             "version": __version__,
             "uptime_seconds": self.clock() - self.started,
             "counters": self.hub.counters.snapshot(),
+            "detection": self.hub.detection_stats(),
             "store": stats,
             "firing_alerts": len(self.hub.firing()),
         }))

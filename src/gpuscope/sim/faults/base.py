@@ -38,37 +38,38 @@ class Effect:
 
     @property
     def gpu_index(self) -> int:
-        t = self.fault.target
-        assert t.node is not None and t.gpu is not None, "GPU faults target a node and a GPU"
-        return self.world.gpu(t.node, t.gpu)
+        node, gpu = self.fault.node, self.fault.gpu
+        assert node is not None and gpu is not None, "GPU faults target a node and a GPU"
+        return self.world.gpu(node, gpu)
 
     @property
     def node_index(self) -> int:
-        assert self.fault.target.node is not None, "node faults target a node"
-        return self.world.node_pos[self.fault.target.node]
+        assert self.fault.node is not None, "node faults target a node"
+        return self.world.node_pos[self.fault.node]
 
     @property
     def job(self) -> TrainingJob:
-        name = self.fault.target.job
+        name = self.fault.job
         assert name is not None and name in self.world.jobs, "the parser checked the job is a training job"
         return self.world.jobs[name]
 
     @property
     def workload(self) -> TrainingJob | InferenceService:
-        name = self.fault.target.job or self.fault.target.service
+        name = self.fault.job or self.fault.service
         assert name is not None, "job faults target a job"
         return self.world.jobs[name] if name in self.world.jobs else self.world.services[name]
 
     @property
     def service(self) -> InferenceService:
-        name = self.fault.target.service
+        name = self.fault.service
         assert name is not None and name in self.world.services, "the parser checked the service"
         return self.world.services[name]
 
     @property
     def rank(self) -> int:
-        assert self.fault.target.rank is not None, "rank faults target a rank"
-        return self.fault.target.rank
+        rank = self.fault.rank
+        assert rank is not None, "rank faults target a rank"
+        return rank
 
     def param(self, name: str) -> float:
         return float(self.fault.params[name])

@@ -10,11 +10,9 @@ from gpuscope.sim.hardware import XID_PROCESS_SURVIVES, xid_message
 
 class _GpuEffect(Effect):
     def node_event(self, t: float, kind: str, data: dict[str, object]) -> None:
-        target = self.fault.target
-        assert target.node is not None
-        self.world.node_event(
-            target.node, Event(t, kind, {"node": target.node, "gpu": str(target.gpu)}, data)
-        )
+        node = self.fault.node
+        assert node is not None, "GPU faults target a node"
+        self.world.node_event(node, Event(t, kind, {"node": node, "gpu": str(self.fault.gpu)}, data))
 
 
 @register
@@ -163,7 +161,7 @@ class NetworkDegraded(Effect):
         k, nodes = self.node_index, self.world.nodes
         nodes.retrans_ratio[k] += self.param("retrans_ratio")
         nodes.ib_error_rate[k] += self.param("ib_error_rate")
-        node = self.fault.target.node
+        node = self.fault.node
         comm = 1.0 + (self.param("slowdown") - 1.0) / 0.15  # the collective is 15 % of a healthy step
         for job in self.world.jobs.values():
             if node in job.spec.nodes:
@@ -179,7 +177,7 @@ class NodeDown(Effect):
     def begin(self, t: float) -> None:
         k, per = self.node_index, self.world.per_node
         for i in range(k * per, (k + 1) * per):
-            self.world.kill_gpu_process(i, t, self.fault.index, f"{self.fault.target.node} went down")
+            self.world.kill_gpu_process(i, t, self.fault.index, f"{self.fault.node} went down")
 
     def apply(self) -> None:
         self.world.nodes.down[self.node_index] = True

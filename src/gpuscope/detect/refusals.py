@@ -1,0 +1,22 @@
+"""Input a detector cannot use is counted, and logged only the first few times per kind.
+
+A misbehaving sender repeats its mistake on every batch; the counter says how often, the log
+says what was wrong, and neither floods.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from gpuscope.counters import Counters
+
+log = logging.getLogger("gpuscope.detect")
+
+LOGGED_PER_KIND = 5
+
+
+def refuse(counters: Counters, kind: str, message: str, *args: object) -> None:
+    """Count one unusable input under ``kind``; log ``message % args`` for the first few of each kind."""
+    counters.inc(kind)
+    if counters.get(kind) <= LOGGED_PER_KIND:
+        log.warning(message + " [counted as %s; logged %d times at most]", *args, kind, LOGGED_PER_KIND)

@@ -1,0 +1,228 @@
+"""Turning a :class:`Batch` into column arrays, in the caller's thread, before the writer sees it.
+
+The writer thread is the one serial resource of the store, so everything that can run in
+parallel with a commit (validation, id lookup, float32 conversion) happens here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from gpuscope.model import Batch, Event, Frame, TrainingRecord
+from gpuscope.store._registry import REFUSED, ColumnRegistry, EntityRegistry
+from gpuscope.store.base import AppendResult
+
+F32_MAX = float(np.finfo(np.float32).max)
+MAX_NAME_LEN = 128
+MAX_NOTES = 20
+
+I32 = npt.NDArray[np.int32]
+I64 = npt.NDArray[np.int64]
+F32 = npt.NDArray[np.float32]
+
+
+def to_ms(ts: float) -> int:
+    """Seconds (epoch or simulated) to the integer milliseconds the telemetry tables store."""
+    return round(ts * 1000.0)
+
+
+@dataclass(slots=True)
+class RowBlock:
+    """Telemetry rows that share one sorted set of metric columns: one INSERT statement."""
+
+    cols: tuple[int, ...]
+    ts: list[I64] = field(default_factory=list)
+    entity: list[I32] = field(default_factory=list)
+    attr: list[I32] = field(default_factory=list)
+    values: list[F32] = field(default_factory=list)
+    rows: int = 0
+
+    def add(self, ts: I64, entity: I32, attr: I32, values: F32) -> None:
+        self.ts.append(ts)
+        self.entity.append(entity)
+        self.attr.append(attr)
+        self.values.append(values)
+        self.rows += len(entity)
+
+    def merge(self, other: RowBlock) -> None:
+        self.ts.extend(other.ts)
+        self.entity.extend(other.entity)
+        self.attr.extend(other.attr)
+        self.values.extend(other.values)
+        self.rows += other.rows
+
+
+@dataclass(slots=True)
+class TrainingRow:
+    ts: float
+    job: str
+    rank: int
+    step: int
+    labels: str
+    values: dict[int, float]
+
+
+@dataclass(slots=True)
+class Prepared:
+    """One batch, validated and converted; what the writer commits."""
+
+    batch_id: str | None
+    result: AppendResult
+    blocks: dict[tuple[int, ...], RowBlock] = field(default_factory=dict)
+    entities: set[int] = field(default_factory=set)  # ids used that were pending at preparation
+    columns: set[int] = field(default_factory=set)
+    train_columns: set[int] = field(default_factory=set)
+    events: list[tuple[float, str, str, str]] = field(default_factory=list)
+    training: list[TrainingRow] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return sum(b.rows for b in self.blocks.values()) + len(self.events) + len(self.training)
+
+
+def _note(result: AppendResult, text: str) -> None:
+    if len(result.notes) < MAX_NOTES:
+        result.notes.append(text)
+
+
+def _check_name(name: object, where: str) -> str:
+    if not isinstance(name, str) or not name or len(name) > MAX_NAME_LEN:
+        raise ValueError(f"{where}: metric names are 1 to {MAX_NAME_LEN} character strings, got {name!r}")
+    return name
+
+
+def _check_ts(ts: object, where: str) -> float:
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
+        raise ValueError(f"{where}: timestamps are finite non-negative seconds, got {ts!r}")
+    return float(ts)
+
+
+class Preparer:
+    """Converts batches using the shared registries; thread-safe (the registries lock)."""
+
+    def __init__(
+        self, entities: EntityRegistry, columns: ColumnRegistry, train_columns: ColumnRegistry
+    ) -> None:
+        self.entities = entities
+        self.columns = columns
+        self.train_columns = train_columns
+
+    def prepare(self, batch: Batch) -> Prepared:
+        out = Prepared(batch_id=batch.batch_id, result=AppendResult())
+        for i, frame in enumerate(batch.frames):
+            self._frame(frame, f"frames[{i}]", out)
+        for i, event in enumerate(batch.events):
+            out.events.append(self._event(event, f"events[{i}]"))
+        out.result.events = len(out.events)
+        for i, record in enumerate(batch.training):
+            row = self._training(record, f"training[{i}]", out)
+            if row is not None:
+                out.training.append(row)
+        out.result.training = len(out.training)
+        return out
+
+    def _frame(self, frame: Frame, where: str, out: Prepared) -> None:
+        ts = _check_ts(frame.ts, f"{where}.ts")
+        names = [_check_name(m, f"{where}.metrics[{j}]") for j, m in enumerate(frame.metrics)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"{where}.metrics: names a metric twice")
+        values = np.asarray(frame.values, dtype=np.float64)
+        if values.shape != (len(frame.entities), len(names)):
+            raise ValueError(
+                f"{where}.values: shape {values.shape} does not match "
+                f"{len(frame.entities)} entities x {len(names)} metrics"
+            )
+        if not frame.entities or not names:
+            return
+        result = out.result
+        cols, pending_cols = self.columns.resolve(names)
+        keep = [j for j, c in enumerate(cols) if c != REFUSED]
+        if len(keep) < len(cols):
+            refused_names = [names[j] for j, c in enumerate(cols) if c == REFUSED]
+            dropped = int(
+                np.count_nonzero(~np.isnan(values[:, [j for j, c in enumerate(cols) if c == REFUSED]]))
+            )
+            result.refused_samples += dropped
+            _note(
+                result,
+                f"{where}: metric column limit ({self.columns.limit}) reached, "
+                f"refused {', '.join(refused_names[:5])}",
+            )
+        ids, codes, refused, pending_ids = self.entities.resolve(frame.entities)
+        if refused:
+            result.refused_entities += len(refused)
+            ok = ids != REFUSED
+            result.refused_samples += int(np.count_nonzero(~np.isnan(values[~ok][:, keep])))
+            _note(
+                result,
+                f"{where}: entity limit ({self.entities.max_entities}) reached, "
+                f"refused {len(refused)} label set(s) such as {refused[0]}",
+            )
+            ids, codes, values = ids[ok], codes[ok], values[ok]
+        if not keep or len(ids) == 0:
+            return
+        kept_cols = [cols[j] for j in keep]
+        order = np.argsort(kept_cols)
+        block_cols = tuple(kept_cols[k] for k in order)
+        sub = values[:, [keep[k] for k in order]]
+        with np.errstate(over="ignore", invalid="ignore"):
+            f32 = sub.astype(np.float32)
+        finite = np.isfinite(sub)
+        bad = ~np.isnan(sub) & (~finite | (np.abs(np.where(finite, sub, 0.0)) > F32_MAX))
+        if bad.any():
+            n_bad = int(np.count_nonzero(bad))
+            result.refused_samples += n_bad
+            _note(result, f"{where}: refused {n_bad} value(s) that are infinite or beyond float32 range")
+            f32[bad] = np.nan
+        present = ~np.isnan(f32)
+        rows_with_data = present.any(axis=1)
+        if not rows_with_data.all():
+            ids, codes, f32 = ids[rows_with_data], codes[rows_with_data], f32[rows_with_data]
+            present = present[rows_with_data]
+        if len(ids) == 0:
+            return
+        result.samples += int(np.count_nonzero(present))
+        block = out.blocks.get(block_cols)
+        if block is None:
+            block = out.blocks[block_cols] = RowBlock(block_cols)
+        block.add(np.full(len(ids), to_ms(ts), dtype=np.int64), ids, codes, f32)
+        out.entities.update(pending_ids)
+        out.columns.update(c for c in pending_cols if c in block_cols)
+
+    def _event(self, event: Event, where: str) -> tuple[float, str, str, str]:
+        ts = _check_ts(event.ts, f"{where}.ts")
+        if not isinstance(event.kind, str) or not event.kind:
+            raise ValueError(f"{where}.kind: must be a non-empty string, got {event.kind!r}")
+        try:
+            labels = orjson.dumps(event.labels, option=orjson.OPT_SORT_KEYS).decode()
+            data = orjson.dumps(event.data, option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_SORT_KEYS).decode()
+        except TypeError as exc:
+            raise ValueError(f"{where}: labels and data must be JSON-serialisable ({exc})") from None
+        return ts, event.kind, labels, data
+
+    def _training(self, record: TrainingRecord, where: str, out: Prepared) -> TrainingRow | None:
+        ts = _check_ts(record.ts, f"{where}.ts")
+        if not isinstance(record.job, str) or not record.job:
+            raise ValueError(f"{where}.job: must be a non-empty string, got {record.job!r}")
+        names = [_check_name(m, f"{where}.metrics.{m}") for m in record.metrics]
+        cols, pending = self.train_columns.resolve(names)
+        values: dict[int, float] = {}
+        for name, col in zip(names, cols, strict=True):
+            value = float(record.metrics[name])
+            if col == REFUSED:
+                out.result.refused_samples += 1
+                _note(
+                    out.result,
+                    f"{where}: training metric column limit ({self.train_columns.limit}) "
+                    f"reached, refused {name}",
+                )
+            else:
+                values[col] = value
+        out.train_columns.update(pending)
+        labels = orjson.dumps(record.labels, option=orjson.OPT_SORT_KEYS).decode()
+        return TrainingRow(ts, record.job, int(record.rank), int(record.step), labels, values)

@@ -1,0 +1,109 @@
+"""AlertEngine: one alert per (rule, entity), resolve after a short absence, tiers, owners, cost."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuscope.alert.engine import AlertEngine
+from gpuscope.model import Finding
+
+GPU = {"node": "node-1", "gpu": "3"}
+
+
+def lost(**kw: object) -> Finding:
+    return Finding("gpu_lost", dict(GPU), "GPU 3 on node-1 is lost", **kw)  # type: ignore[arg-type]
+
+
+def test_fires_once_refreshes_and_resolves_after_the_absence_window() -> None:
+    engine = AlertEngine(resolve_after=3.0)
+    changes = engine.update(10.0, [lost(value=1.0)])
+    assert [(c.kind, c.alert.id) for c in changes] == [("fired", "al-1")]
+    alert = changes[0].alert
+    assert (alert.rule, alert.severity, alert.owner, alert.entity, alert.started_at) == (
+        "gpu_lost",
+        "P1",
+        "platform",
+        GPU,
+        10.0,
+    )
+    assert engine.update(11.0, [lost(value=2.0, details={"k": 1})]) == []
+    assert alert.value == 2.0 and alert.details == {"k": 1} and alert.last_seen == 11.0
+    assert engine.update(12.0, []) == [] and engine.update(13.0, []) == []  # absent 2 s: not yet
+    assert engine.update(13.5, [lost()]) == []  # back before the window closed: the same alert
+    assert engine.update(16.0, []) == []
+    changes = engine.update(16.5, [])
+    assert [(c.kind, c.alert.id) for c in changes] == [("resolved", "al-1")]
+    assert alert.resolved_at == 16.5 and not alert.firing and engine.firing() == []
+
+
+def test_a_recurrence_after_resolution_is_a_new_alert() -> None:
+    engine = AlertEngine(resolve_after=0.0)
+    engine.update(1.0, [lost()])
+    engine.update(2.0, [])
+    changes = engine.update(3.0, [lost()])
+    assert [(c.kind, c.alert.id) for c in changes] == [("fired", "al-2")]
+    assert [a.id for a in engine.all()] == ["al-1", "al-2"] and [a.id for a in engine.firing()] == ["al-2"]
+
+
+def test_entities_and_rules_are_distinct_alerts() -> None:
+    engine = AlertEngine()
+    changes = engine.update(
+        1.0,
+        [
+            lost(),
+            Finding("gpu_lost", {"node": "node-1", "gpu": "4"}, "other GPU"),
+            Finding("gpu_xid_fatal", dict(GPU), "XID 79"),
+            lost(),  # a duplicate in the same evaluation is the same alert
+        ],
+    )
+    assert [c.alert.id for c in changes] == ["al-1", "al-2", "al-3"]
+    assert len(engine.firing()) == 3
+
+
+def test_cost_per_hour_is_gpus_times_price_times_work_at_risk() -> None:
+    engine = AlertEngine(price_per_gpu_hour=3.0)
+    engine.update(
+        0.0,
+        [
+            Finding("training_stalled", {"job": "llm"}, "stalled", affected_gpus=64),
+            Finding("gpu_thermal_throttle", dict(GPU), "hot"),
+            Finding("gpu_ecc_correctable_rising", dict(GPU), "sbe", affected_gpus=1),
+        ],
+    )
+    costs = {a.rule: a.cost_per_hour for a in engine.all()}
+    assert costs == {
+        "training_stalled": 64 * 3.0,
+        "gpu_thermal_throttle": pytest.approx(3.0 * 0.3),
+        "gpu_ecc_correctable_rising": pytest.approx(3.0 * 0.05),
+    }
+    assert [a.severity for a in engine.all()] == ["P1", "P2", "P3"]
+
+
+def test_non_finite_values_are_stored_as_none() -> None:
+    engine = AlertEngine()
+    engine.update(0.0, [lost(value=float("nan"))])
+    assert engine.all()[0].value is None
+    assert engine.all()[0].to_dict()["value"] is None
+
+
+@pytest.mark.parametrize(
+    ("finding", "message"),
+    [
+        (Finding("no_such_rule", dict(GPU), "x"), "not in the alert catalog"),
+        (Finding("gpu_lost", {}, "x"), "entity"),
+        (Finding("gpu_lost", {"node": 1}, "x"), "entity"),  # type: ignore[dict-item]
+        (Finding("gpu_lost", dict(GPU), "x", affected_gpus=-1), "affected_gpus"),
+    ],
+)
+def test_malformed_findings_are_refused_with_a_clear_error(finding: Finding, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        AlertEngine().update(0.0, [finding])
+
+
+def test_bad_settings_and_times_are_refused() -> None:
+    with pytest.raises(ValueError, match="price_per_gpu_hour"):
+        AlertEngine(price_per_gpu_hour=-1)
+    with pytest.raises(ValueError, match="resolve_after"):
+        AlertEngine(resolve_after=float("inf"))
+    with pytest.raises(ValueError, match="finite"):
+        AlertEngine().update(float("nan"), [])

@@ -1,0 +1,115 @@
+"""Incident grouping through the entity graph and time; the root is the lowest layer, earliest."""
+
+from __future__ import annotations
+
+from gpuscope.alert.engine import AlertEngine
+from gpuscope.alert.incidents import IncidentTracker, describe, layer, link_keys
+from gpuscope.model import Alert, Finding
+
+RANK = {"job": "llm", "rank": "6", "node": "node-1", "gpu": "2"}
+
+
+def finding(rule: str, entity: dict[str, str], **details: object) -> Finding:
+    return Finding(rule, entity, f"{rule} on {entity}", details=dict(details))
+
+
+def test_stalled_job_then_lost_rank_then_lost_gpu_merge_into_one_incident_rooted_at_the_gpu() -> None:
+    """Order of firing does not matter: the root is the lowest layer, whatever fired first."""
+    engine = AlertEngine(resolve_after=0.0)
+    engine.update(100.0, [finding("training_stalled", {"job": "llm"})])
+    engine.update(
+        101.0,
+        [
+            finding("training_stalled", {"job": "llm"}),
+            finding("gpu_thermal_throttle", {"node": "node-1", "gpu": "2"}),
+        ],
+    )
+    engine.update(
+        102.0,
+        [
+            finding("training_stalled", {"job": "llm"}),
+            finding("rank_lost", RANK),
+            finding("gpu_thermal_throttle", {"node": "node-1", "gpu": "2"}),
+        ],
+    )
+    alerts = {a.rule: a for a in engine.all()}
+    assert len({a.incident for a in alerts.values()}) == 1  # rank_lost bridged the job and the GPU
+    (incident,) = engine.incidents()
+    assert incident.id == "inc-1" and incident.root == alerts["gpu_thermal_throttle"].id
+    assert incident.started_at == 100.0 and incident.resolved_at is None
+    assert incident.title == "gpu_thermal_throttle on node-1 GPU 2 (+2 related)"
+    engine.update(110.0, [])
+    (incident,) = engine.incidents()
+    assert incident.resolved_at == 110.0
+    assert incident.to_dict()["members"] == [a.id for a in engine.all()]
+
+
+def test_job_alerts_link_to_their_nodes_through_details_links() -> None:
+    engine = AlertEngine()
+    engine.update(0.0, [finding("gpu_xid_fatal", {"node": "node-4", "gpu": "0"})])
+    engine.update(9.0, [finding("training_stalled", {"job": "llm"}, links=[{"node": "node-4"}])])
+    assert len(engine.incidents()) == 1
+
+
+def test_unrelated_or_distant_alerts_are_separate_incidents() -> None:
+    tracker = IncidentTracker(window=600.0)
+    first = alert("al-1", "gpu_lost", {"node": "node-1", "gpu": "0"}, 0.0)
+    other_node = alert("al-2", "node_unreachable", {"node": "node-2"}, 5.0)
+    same_node_soon = alert("al-3", "node_unreachable", {"node": "node-1"}, 30.0)
+    same_node_later = alert("al-4", "gpu_thermal_throttle", {"node": "node-1", "gpu": "5"}, 700.0)
+    for a in (first, other_node, same_node_soon, same_node_later):
+        tracker.add(a)
+    assert [a.incident for a in (first, other_node, same_node_soon, same_node_later)] == [
+        "inc-1",
+        "inc-2",
+        "inc-1",
+        "inc-3",
+    ]
+    incidents = tracker.incidents()
+    assert [i.members for i in incidents] == [["al-1", "al-3"], ["al-2"], ["al-4"]]
+    assert incidents[0].root == "al-1" and tracker.get("inc-9") is None
+
+
+def test_layers_links_and_names() -> None:
+    assert [
+        layer(e)
+        for e in (
+            {"node": "a", "gpu": "1"},
+            {"node": "a"},
+            RANK,
+            {"job": "j"},
+            {"service": "s", "node": "a"},
+            {},
+        )
+    ] == [0, 1, 2, 3, 4, 5]
+    assert link_keys(RANK) == {"job:llm", "node:node-1", "gpu:node-1/2"}
+    assert link_keys({"job": "j"}, [{"node": "n"}, "junk"]) == {"job:j", "node:n"}
+    assert [
+        describe(e)
+        for e in (
+            {"node": "a", "gpu": "1"},
+            {"node": "a"},
+            RANK,
+            {"job": "j"},
+            {"service": "s"},
+            {"cluster": "c"},
+        )
+    ] == ["a GPU 1", "node a", "job llm rank 6", "job j", "service s", "cluster=c"]
+
+
+def alert(alert_id: str, rule: str, entity: dict[str, str], started_at: float) -> Alert:
+    return Alert(alert_id, rule, "P1", "platform", entity, started_at, rule, 0.0)
+
+
+def test_an_ended_incident_is_reopened_only_by_an_alert_soon_after_it_ended() -> None:
+    tracker = IncidentTracker(window=600.0, reopen_within=120.0)
+    first = alert("al-1", "node_unreachable", {"node": "node-6"}, 0.0)
+    tracker.add(first)
+    first.resolved_at = 100.0
+    flapped = alert("al-2", "node_unreachable", {"node": "node-6"}, 150.0)  # 50 s after: the same trouble
+    tracker.add(flapped)
+    flapped.resolved_at = 200.0
+    later = alert("al-3", "gpu_xid_fatal", {"node": "node-6", "gpu": "7"}, 400.0)  # long after: a new fault
+    tracker.add(later)
+    assert [first.incident, flapped.incident, later.incident] == ["inc-1", "inc-1", "inc-2"]
+    assert tracker.incidents()[0].resolved_at == 200.0

@@ -1,0 +1,133 @@
+"""Rollups, sealing and retention: what series and aggregates read once raw rows age."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+from gpuscope.model import Batch
+from gpuscope.store.duckdb_store import DuckDBStore
+from store.store_helpers import frame, gpu
+
+HOUR = 3600
+
+
+def fill(store: DuckDBStore, start: int, stop: int, n_gpus: int = 2) -> None:
+    """GPU i reports util = t + i every second; batches of one minute keep the test fast."""
+    ents = [gpu("n0", i) for i in range(n_gpus)]
+    for t0 in range(start, stop, 60):
+        frames = [
+            frame(float(t), ["util"], ents, [[t + i] for i in range(n_gpus)])
+            for t in range(t0, min(t0 + 60, stop))
+        ]
+        store.append(Batch("test", frames=frames))
+
+
+@pytest.fixture
+def two_hours(tmp_path: Path) -> DuckDBStore:
+    store = DuckDBStore(
+        str(tmp_path / "r.duckdb"), durable=False, raw_retention_s=HOUR, rollup_1m_retention_s=3 * HOUR
+    )
+    fill(store, 0, 2 * HOUR)
+    return store
+
+
+def test_rollups_feed_long_range_series(two_hours: DuckDBStore) -> None:
+    store = two_hours
+    report = store.rollup(2 * HOUR + 70)
+    assert report["minute_ranges"] == 1 and report["hour_ranges"] == 1
+    rows = store.stats()["rows"]
+    assert rows["rollup_1m"] == 2 * 120 and rows["rollup_1h"] == 2 * 2
+    hourly = store.series("util", {"gpu": "0"}, 0, 2 * HOUR - 1, points=2)
+    assert [(p.ts, p.value) for p in hourly] == [(0.0, 1799.5), (3600.0, 5399.5)]
+    minutely = store.series("util", {"gpu": "1"}, 0, 2 * HOUR - 1, points=120)
+    assert len(minutely) == 120
+    assert minutely[5].ts == 300.0 and minutely[5].value == pytest.approx(300 + 29.5 + 1)
+    store.close()
+
+
+def test_rollup_is_idempotent(two_hours: DuckDBStore) -> None:
+    store = two_hours
+    store.rollup(2 * HOUR + 70)
+    before = store.series("util", {"gpu": "0"}, 0, 2 * HOUR - 1, points=120), store.stats()["rows"]
+    again = store.rollup(2 * HOUR + 70)
+    assert again["minute_ranges"] == 0
+    assert (store.series("util", {"gpu": "0"}, 0, 2 * HOUR - 1, points=120), store.stats()["rows"]) == before
+    store.close()
+
+
+def test_late_rows_are_folded_into_rolled_up_buckets(two_hours: DuckDBStore) -> None:
+    store = two_hours
+    store.rollup(2 * HOUR + 70)
+    store.append(Batch("late", frames=[frame(30.5, ["util"], [gpu("n0", 0)], [[100_000.0]])]))
+    store.rollup(2 * HOUR + 80)
+    store.compact(2 * HOUR + 80)  # raw rows of the first hour are gone: only rollups can answer
+    (first_minute, *_) = store.series("util", {"gpu": "0"}, 0, 2 * HOUR - 1, points=120)
+    assert first_minute.value == pytest.approx((sum(range(60)) + 100_000) / 61)
+    (first_hour, _) = store.series("util", {"gpu": "0"}, 0, 2 * HOUR - 1, points=2)
+    assert first_hour.value == pytest.approx((sum(range(HOUR)) + 100_000) / (HOUR + 1))
+    store.close()
+
+
+def test_retention_keeps_answers_from_rollups(two_hours: DuckDBStore) -> None:
+    store = two_hours
+    exact = store.aggregate("util", "gpu", 0, 2 * HOUR - 1)
+    report = store.compact(2 * HOUR)
+    assert report["samples"] + report["samples_recent"] == 2 * HOUR  # first hour, both GPUs
+    assert store.stats()["raw_rows"] == 2 * HOUR  # second hour, both GPUs
+    assert store.aggregate("util", "gpu", 0, 2 * HOUR - 1) == exact
+    # a fine-grained request for deleted raw data is answered at rollup resolution
+    old = store.series("util", {"gpu": "0"}, 0, 600, points=600)
+    assert [p.ts for p in old] == [60.0 * k for k in range(10)]
+    recent = store.series("util", {"gpu": "0"}, HOUR, HOUR + 9, points=600)
+    assert [p.value for p in recent] == [float(t) for t in range(HOUR, HOUR + 10)]
+    store.close()
+
+
+def test_rollup_retention_falls_back_to_hours(tmp_path: Path) -> None:
+    store = DuckDBStore(
+        str(tmp_path / "r.duckdb"), durable=False, raw_retention_s=HOUR, rollup_1m_retention_s=HOUR
+    )
+    fill(store, 0, 3 * HOUR, n_gpus=1)
+    store.compact(3 * HOUR)  # minutes closed up to 10740 s, hours up to 7200 s
+    rows = store.stats()["rows"]
+    assert rows["rollup_1m"] == 59 and rows["rollup_1h"] == 2
+    hourly = store.series("util", {}, 0, 3 * HOUR - 1, points=3)
+    assert [p.value for p in hourly] == [1799.5, 5399.5, 8999.5]
+    assert store.aggregate("util", "node", 0, 3 * HOUR - 1)[0]["count"] == 3 * HOUR
+    store.close()
+
+
+def test_sealing_orders_closed_chunks_by_entity(tmp_path: Path) -> None:
+    path = tmp_path / "r.duckdb"
+    store = DuckDBStore(str(path), durable=False)
+    fill(store, 0, HOUR + 120, n_gpus=3)
+    report = store.rollup(HOUR + 120)
+    assert report["sealed_rows"] == 3 * HOUR
+    assert store.stats()["rows"]["samples_recent"] == 3 * 120
+    assert len(store.series("util", {"gpu": "2"}, 0, HOUR + 119, points=10_000)) == HOUR + 120
+    store.close()
+    con = duckdb.connect(str(path), read_only=True)
+    con.execute("SET threads = 1")
+    rows = con.execute("SELECT entity, ts FROM samples").fetchall()
+    con.close()
+    assert rows == sorted(rows)
+    assert rows[0] == (0, 0) and rows[-1] == (2, (HOUR - 1) * 1000)
+
+
+def test_rollup_of_an_empty_store_does_nothing(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "e.duckdb")) as store:
+        assert store.rollup(1e9) == {"sealed_rows": 0, "minute_ranges": 0, "hour_ranges": 0}
+        assert store.compact(1e9)["samples"] == 0
+
+
+def test_epoch_timestamps_round_trip(tmp_path: Path) -> None:
+    t0 = 1_700_000_000.25
+    with DuckDBStore(str(tmp_path / "e.duckdb")) as store:
+        for k in range(3):
+            store.append(Batch("s", frames=[frame(t0 + k, ["util"], [gpu("n0", 0)], [[float(k)]])]))
+        assert [p.ts for p in store.series("util", {}, t0, t0 + 2)] == [t0, t0 + 1, t0 + 2]
+        store.rollup(t0 + 3600)
+        assert store.aggregate("util", "gpu", t0 - 60, t0 + 60)[0]["count"] == 3
