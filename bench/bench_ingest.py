@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import orjson
+
 from common import Fleet, console, gpuscope_hub, print_table, telemetry_ticks, victoria_metrics
 
 
@@ -31,8 +32,11 @@ def hub_bodies(fleet: Fleet, ticks: int, per_node: bool) -> list[tuple[bytes, in
         for n in groups:
             rows = slice(n * g, (n + 1) * g) if n is not None else slice(None)
             ents = entities[rows]
-            body = {"source": f"node-{n}" if n is not None else "fleet", "batch_id": f"b{k}-{n}",
-                    "frames": [{"ts": ts, "metrics": names, "entities": ents, "values": values[rows].tolist()}]}
+            body = {
+                "source": f"node-{n}" if n is not None else "fleet",
+                "batch_id": f"b{k}-{n}",
+                "frames": [{"ts": ts, "metrics": names, "entities": ents, "values": values[rows].tolist()}],
+            }
             bodies.append((orjson.dumps(body), len(ents) * len(names)))
     return bodies
 
@@ -43,17 +47,21 @@ def vm_bodies(fleet: Fleet, ticks: int, per_node: bool) -> list[tuple[bytes, int
     bodies = []
     for ts, names, values in telemetry_ticks(fleet, ticks):
         ms = int(ts * 1000)
-        lines = [f'{m}{{node="{e["node"]}",gpu="{e["gpu"]}",job="{e["job"]}"}} {values[i, j]:.6g} {ms}'
-                 for i, e in enumerate(entities) for j, m in enumerate(names)]
+        lines = [
+            f'{m}{{node="{e["node"]}",gpu="{e["gpu"]}",job="{e["job"]}"}} {values[i, j]:.6g} {ms}'
+            for i, e in enumerate(entities)
+            for j, m in enumerate(names)
+        ]
         per = g * len(names) if per_node else len(lines)
         for start in range(0, len(lines), per):
-            chunk = lines[start:start + per]
+            chunk = lines[start : start + per]
             bodies.append(("\n".join(chunk).encode() + b"\n", len(chunk)))
     return bodies
 
 
-def blast(url: str, bodies: list[tuple[bytes, int]], clients: int, seconds: float,
-          headers: dict[str, str]) -> tuple[float, list[float], int]:
+def blast(
+    url: str, bodies: list[tuple[bytes, int]], clients: int, seconds: float, headers: dict[str, str]
+) -> tuple[float, list[float], int]:
     """Post bodies from ``clients`` threads for ``seconds``; samples/s, latencies, errors."""
     sent = [0] * clients
     latencies: list[list[float]] = [[] for _ in range(clients)]
@@ -100,20 +108,40 @@ def main() -> None:
     rows = []
     for per_node in (False, True):
         shape = "1 node / request" if per_node else f"{fleet.nodes} nodes / request"
-        console.print(f"generating {a.ticks} s of telemetry for {fleet.nodes * fleet.gpus_per_node} GPUs ({shape})")
+        console.print(
+            f"generating {a.ticks} s of telemetry for {fleet.nodes * fleet.gpus_per_node} GPUs ({shape})"
+        )
         hb, vb = hub_bodies(fleet, a.ticks, per_node), vm_bodies(fleet, a.ticks, per_node)
         with tempfile.TemporaryDirectory() as tmp, gpuscope_hub(Path(tmp) / "bench.duckdb") as (url, _):
-            rate, lat, errs = blast(f"{url}/api/v1/ingest", hb, a.clients, a.seconds,
-                                    {"Content-Type": "application/json"})
-            rows.append(["gpuscope hub (durable)", shape, f"{rate:,.0f}",
-                         f"{np.percentile(lat, 95) * 1000:.1f}", str(errs)])
+            rate, lat, errs = blast(
+                f"{url}/api/v1/ingest", hb, a.clients, a.seconds, {"Content-Type": "application/json"}
+            )
+            rows.append(
+                [
+                    "gpuscope hub (durable)",
+                    shape,
+                    f"{rate:,.0f}",
+                    f"{np.percentile(lat, 95) * 1000:.1f}",
+                    str(errs),
+                ]
+            )
         with victoria_metrics() as vm:
             if vm is not None:
                 rate, lat, errs = blast(f"{vm[0]}/api/v1/import/prometheus", vb, a.clients, a.seconds, {})
-                rows.append(["VictoriaMetrics (anchor)", shape, f"{rate:,.0f}",
-                             f"{np.percentile(lat, 95) * 1000:.1f}", str(errs)])
-    print_table("ingest end to end over HTTP, same data, same client threads (budget ≥ 2,000,000 samples/s)",
-                ["system", "batch shape", "samples/s", "p95 request ms", "errors"], rows)
+                rows.append(
+                    [
+                        "VictoriaMetrics (anchor)",
+                        shape,
+                        f"{rate:,.0f}",
+                        f"{np.percentile(lat, 95) * 1000:.1f}",
+                        str(errs),
+                    ]
+                )
+    print_table(
+        "ingest end to end over HTTP, same data, same client threads (budget ≥ 2,000,000 samples/s)",
+        ["system", "batch shape", "samples/s", "p95 request ms", "errors"],
+        rows,
+    )
 
 
 if __name__ == "__main__":

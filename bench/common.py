@@ -25,21 +25,36 @@ console = Console(stderr=True)
 
 #: 30 GPU metrics an agent reports every second, with (level, noise, resolution) of real H100s.
 TELEMETRY: dict[str, tuple[float, float, float]] = {
-    "gpu_utilization_percent": (92, 8, 1), "gpu_sm_active_ratio": (0.62, 0.08, 0.001),
-    "gpu_sm_occupancy_ratio": (0.35, 0.05, 0.001), "gpu_tensor_active_ratio": (0.41, 0.07, 0.001),
-    "gpu_dram_active_ratio": (0.33, 0.05, 0.001), "gpu_memory_utilization_percent": (38, 6, 1),
-    "gpu_memory_used_bytes": (71e9, 0, 2**20), "gpu_memory_free_bytes": (9e9, 0, 2**20),
-    "gpu_memory_total_bytes": (80e9, 0, 2**20), "gpu_temp_celsius": (67, 2, 1),
-    "gpu_memory_temp_celsius": (72, 2, 1), "gpu_power_watts": (610, 45, 0.001),
-    "gpu_power_limit_watts": (700, 0, 1), "gpu_sm_clock_mhz": (1980, 0, 15),
-    "gpu_memory_clock_mhz": (2619, 0, 1), "gpu_clock_event_reasons": (0, 0, 1),
-    "gpu_throttle_sw_power": (0, 0, 1), "gpu_throttle_hw_slowdown": (0, 0, 1),
-    "gpu_throttle_sw_thermal": (0, 0, 1), "gpu_throttle_hw_thermal": (0, 0, 1),
-    "gpu_ecc_sbe_volatile_total": (0, 0, 1), "gpu_ecc_dbe_volatile_total": (0, 0, 1),
-    "gpu_remapped_rows_correctable": (0, 0, 1), "gpu_remapped_rows_uncorrectable": (0, 0, 1),
-    "gpu_pcie_tx_bytes_per_second": (3.1e9, 4e8, 1024), "gpu_pcie_rx_bytes_per_second": (2.9e9, 4e8, 1024),
-    "gpu_pcie_replay_total": (0, 0, 1), "gpu_nvlink_tx_bytes_per_second": (1.4e11, 2e10, 1024),
-    "gpu_nvlink_rx_bytes_per_second": (1.4e11, 2e10, 1024), "gpu_energy_joules_total": (0, 0, 1),
+    "gpu_utilization_percent": (92, 8, 1),
+    "gpu_sm_active_ratio": (0.62, 0.08, 0.001),
+    "gpu_sm_occupancy_ratio": (0.35, 0.05, 0.001),
+    "gpu_tensor_active_ratio": (0.41, 0.07, 0.001),
+    "gpu_dram_active_ratio": (0.33, 0.05, 0.001),
+    "gpu_memory_utilization_percent": (38, 6, 1),
+    "gpu_memory_used_bytes": (71e9, 0, 2**20),
+    "gpu_memory_free_bytes": (9e9, 0, 2**20),
+    "gpu_memory_total_bytes": (80e9, 0, 2**20),
+    "gpu_temp_celsius": (67, 2, 1),
+    "gpu_memory_temp_celsius": (72, 2, 1),
+    "gpu_power_watts": (610, 45, 0.001),
+    "gpu_power_limit_watts": (700, 0, 1),
+    "gpu_sm_clock_mhz": (1980, 0, 15),
+    "gpu_memory_clock_mhz": (2619, 0, 1),
+    "gpu_clock_event_reasons": (0, 0, 1),
+    "gpu_throttle_sw_power": (0, 0, 1),
+    "gpu_throttle_hw_slowdown": (0, 0, 1),
+    "gpu_throttle_sw_thermal": (0, 0, 1),
+    "gpu_throttle_hw_thermal": (0, 0, 1),
+    "gpu_ecc_sbe_volatile_total": (0, 0, 1),
+    "gpu_ecc_dbe_volatile_total": (0, 0, 1),
+    "gpu_remapped_rows_correctable": (0, 0, 1),
+    "gpu_remapped_rows_uncorrectable": (0, 0, 1),
+    "gpu_pcie_tx_bytes_per_second": (3.1e9, 4e8, 1024),
+    "gpu_pcie_rx_bytes_per_second": (2.9e9, 4e8, 1024),
+    "gpu_pcie_replay_total": (0, 0, 1),
+    "gpu_nvlink_tx_bytes_per_second": (1.4e11, 2e10, 1024),
+    "gpu_nvlink_rx_bytes_per_second": (1.4e11, 2e10, 1024),
+    "gpu_energy_joules_total": (0, 0, 1),
 }
 
 
@@ -50,12 +65,16 @@ class Fleet:
 
     @property
     def entities(self) -> list[dict[str, str]]:
-        return [{"node": f"node-{n}", "gpu": str(g), "job": f"job-{n // 16}"}
-                for n in range(self.nodes) for g in range(self.gpus_per_node)]
+        return [
+            {"node": f"node-{n}", "gpu": str(g), "job": f"job-{n // 16}"}
+            for n in range(self.nodes)
+            for g in range(self.gpus_per_node)
+        ]
 
 
-def telemetry_ticks(fleet: Fleet, ticks: int, seed: int = 1, t0: float | None = None) -> Iterator[
-        tuple[float, list[str], np.ndarray]]:
+def telemetry_ticks(
+    fleet: Fleet, ticks: int, seed: int = 1, t0: float | None = None
+) -> Iterator[tuple[float, list[str], np.ndarray]]:
     """Per tick: timestamp, metric names, values[entity, metric] with realistic noise and resolution."""
     rng = np.random.default_rng(seed)
     names = list(TELEMETRY)
@@ -101,7 +120,9 @@ def victoria_metrics_binary() -> str | None:
     if found:
         return found
     if os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "install", "-y", "-qq", "victoria-metrics"], capture_output=True, check=False)
+        subprocess.run(
+            ["apt-get", "install", "-y", "-qq", "victoria-metrics"], capture_output=True, check=False
+        )
     return shutil.which("victoria-metrics")
 
 
@@ -115,9 +136,17 @@ def victoria_metrics() -> Iterator[tuple[str, Path] | None]:
         return
     data = Path(tempfile.mkdtemp(prefix="bench-vm-"))
     port = free_port()
-    proc = subprocess.Popen([binary, f"-storageDataPath={data}", f"-httpListenAddr=127.0.0.1:{port}",
-                             "-retentionPeriod=100y", "-search.disableCache"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            binary,
+            f"-storageDataPath={data}",
+            f"-httpListenAddr=127.0.0.1:{port}",
+            "-retentionPeriod=100y",
+            "-search.disableCache",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health")
         yield f"http://127.0.0.1:{port}", data
@@ -131,8 +160,20 @@ def victoria_metrics() -> Iterator[tuple[str, Path] | None]:
 def gpuscope_hub(db: Path, extra: list[str] | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A real hub process (``gpuscope hub``) on a loopback port."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "gpuscope.cli", "hub", "--listen", f"127.0.0.1:{port}",
-                             "--db", str(db), *(extra or [])], stdout=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "gpuscope.cli",
+            "hub",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--db",
+            str(db),
+            *(extra or []),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/api/v1/health")
         yield f"http://127.0.0.1:{port}", proc

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -39,8 +38,12 @@ class Process:
         self.args = args
         self.log = log
         self._file = log.open("ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "gpuscope.cli", *args], stdout=self._file,
-                                     stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuscope.cli", *args],
+            stdout=self._file,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+        )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         if self.proc.poll() is None:
@@ -57,10 +60,19 @@ class Process:
 
 
 class HubProcess(Process):
-    def __init__(self, tmp: Path, port: int, db: Path, extra: list[str] | None = None,
-                 env: dict[str, str] | None = None) -> None:
-        super().__init__(["hub", "--listen", f"127.0.0.1:{port}", "--db", str(db), *(extra or [])],
-                         tmp / f"hub-{port}.log", env)
+    def __init__(
+        self,
+        tmp: Path,
+        port: int,
+        db: Path,
+        extra: list[str] | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(
+            ["hub", "--listen", f"127.0.0.1:{port}", "--db", str(db), *(extra or [])],
+            tmp / f"hub-{port}.log",
+            env,
+        )
         self.url = f"http://127.0.0.1:{port}"
 
     def wait_ready(self, timeout: float = 30) -> None:
@@ -70,5 +82,3 @@ class HubProcess(Process):
             return httpx.get(f"{self.url}/api/v1/health", timeout=1).status_code == 200
 
         wait_until(ready, timeout, "the hub to answer")
-
-

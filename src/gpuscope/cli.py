@@ -15,6 +15,8 @@ from gpuscope import __version__
 from gpuscope.config import DEFAULT_PORT, ConfigError, load_config, parse_listen
 
 err = Console(stderr=True)
+if not err.is_terminal:
+    err = Console(stderr=True, width=140)  # logs and CI: keep report tables readable
 
 
 def _cmd_hub(args: argparse.Namespace) -> int:
@@ -28,18 +30,25 @@ def _cmd_hub(args: argparse.Namespace) -> int:
         cfg.host, cfg.port = parse_listen(args.listen)
     if args.db:
         cfg.storage_path = args.db
-    store = DuckDBStore(cfg.storage_path, max_entities=cfg.max_entities, max_metrics=cfg.max_metrics,
-                        raw_retention_s=cfg.raw_retention_s)
+    store = DuckDBStore(
+        cfg.storage_path,
+        max_entities=cfg.max_entities,
+        max_metrics=cfg.max_metrics,
+        raw_retention_s=cfg.raw_retention_s,
+    )
     hub = Hub(store, price_per_gpu_hour=cfg.price_per_gpu_hour)
     try:
-        server = HubServer(hub, cfg.host, cfg.port, tokens=cfg.tokens,
-                           limits=Limits(max_body_bytes=cfg.max_body_bytes))
+        server = HubServer(
+            hub, cfg.host, cfg.port, tokens=cfg.tokens, limits=Limits(max_body_bytes=cfg.max_body_bytes)
+        )
     except (ValueError, OSError) as exc:
         store.close()
         err.print(f"[red]gpuscope hub: {exc}[/red]")
         return 2
-    err.print(f"gpuscope hub {__version__} listening on {server.url} (store: {cfg.storage_path}, "
-              f"write auth: {'token' if cfg.tokens else 'none, loopback only'})")
+    err.print(
+        f"gpuscope hub {__version__} listening on {server.url} (store: {cfg.storage_path}, "
+        f"write auth: {'token' if cfg.tokens else 'none, loopback only'})"
+    )
     server.run()
     return 0
 
@@ -54,21 +63,29 @@ def _cmd_sim_eval(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from gpuscope.sim.scenario import ScenarioError, load_scenario
+    from gpuscope.simeval.render import print_report
     from gpuscope.simeval.report import evaluate
     from gpuscope.simeval.runner import alerts_json, run_scenario
-    from gpuscope.simeval.render import print_report
 
     try:
         scenario = load_scenario(args.scenario)
     except ScenarioError as exc:
         err.print(f"[red]{exc}[/red]")
         return 2
-    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                  TimeRemainingColumn(), console=err, transient=True) as progress:
+    with Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("{task.percentage:>3.0f}%"),
+        TimeRemainingColumn(),
+        console=err,
+        transient=True,
+    ) as progress:
         task = progress.add_task(f"simulating {scenario.name}", total=scenario.duration)
         result = run_scenario(scenario, progress=lambda t, total: progress.update(task, completed=t))
-    err.print(f"{scenario.name}: {scenario.duration:.0f} simulated s in {result.wall_seconds:.1f} s "
-              f"({result.speedup:.0f}x real time), {len(result.alerts)} alerts")
+    err.print(
+        f"{scenario.name}: {scenario.duration:.0f} simulated s in {result.wall_seconds:.1f} s "
+        f"({result.speedup:.0f}x real time), {len(result.alerts)} alerts"
+    )
     output = alerts_json(result)
     if args.report:
         report = evaluate(scenario, result.alerts)
@@ -82,8 +99,9 @@ def _cmd_sim_eval(args: argparse.Namespace) -> int:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from gpuscope.demo import run_demo
 
-    return run_demo(scenario_path=args.scenario, duration=args.duration, port=args.port,
-                    config_path=args.config)
+    return run_demo(
+        scenario_path=args.scenario, duration=args.duration, port=args.port, config_path=args.config
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -121,8 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=logging.INFO if args.verbose else logging.WARNING,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns everything else
     try:
         code: int = args.func(args)

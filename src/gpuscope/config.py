@@ -81,14 +81,18 @@ def load_config(path: str | os.PathLike[str] | None = None) -> HubConfig:
         raise ConfigError(f"{path}: must be a mapping of sections")
     unknown = set(raw) - KNOWN_KEYS
     if unknown:
-        raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(KNOWN_KEYS))})")
+        raise ConfigError(
+            f"{path}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(KNOWN_KEYS))})"
+        )
     cfg.raw = raw
     if "listen" in raw:
         cfg.host, cfg.port = parse_listen(str(raw["listen"]))
     storage = _section(raw, "storage")
     cfg.storage_backend = str(storage.get("backend", "duckdb"))
     if cfg.storage_backend != "duckdb":
-        raise ConfigError(f"storage.backend: {cfg.storage_backend!r} is not available in this version (duckdb)")
+        raise ConfigError(
+            f"storage.backend: {cfg.storage_backend!r} is not available in this version (duckdb)"
+        )
     cfg.storage_path = str(storage.get("path", cfg.storage_path))
     auth = _section(raw, "auth")
     tokens = auth.get("tokens", [])

@@ -8,6 +8,7 @@ the fleet, the jobs and the alerts as the hub raises them.
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 import time
 from pathlib import Path
@@ -54,8 +55,10 @@ class DemoView:
         self.url = url
 
     def render(self, t: float, injected: list[str]) -> Group:
-        snapshot = self.client.get("/api/v1/snapshot", params={
-            "metrics": "gpu_utilization_percent,gpu_temp_celsius,gpu_power_watts,node_cpu_percent"}).json()
+        snapshot = self.client.get(
+            "/api/v1/snapshot",
+            params={"metrics": "gpu_utilization_percent,gpu_temp_celsius,gpu_power_watts,node_cpu_percent"},
+        ).json()
         alerts = self.client.get("/api/v1/alerts", params={"state": "firing"}).json()["alerts"]
         gpus: dict[str, dict[str, dict[str, Any]]] = {}
         now = time.time()
@@ -72,9 +75,13 @@ class DemoView:
         for n in range(self.scenario.cluster.nodes):
             node = f"node-{n}"
             row_gpus = gpus.get(node, {})
-            cells = [_util_cell(row_gpus.get(str(g), {}).get("gpu_utilization_percent"),
-                                row_gpus.get(str(g), {}).get("fresh", False))
-                     for g in range(self.scenario.cluster.gpus_per_node)]
+            cells = [
+                _util_cell(
+                    row_gpus.get(str(g), {}).get("gpu_utilization_percent"),
+                    row_gpus.get(str(g), {}).get("fresh", False),
+                )
+                for g in range(self.scenario.cluster.gpus_per_node)
+            ]
             temps = [v.get("gpu_temp_celsius") for v in row_gpus.values() if v.get("fresh")]
             max_temp = max((x for x in temps if x is not None), default=None)
             fleet.add_row(node, *cells, "-" if max_temp is None else f"{max_temp:.0f}°C")
@@ -83,17 +90,33 @@ class DemoView:
             table.add_column(col, overflow="fold")
         for a in sorted(alerts, key=lambda a: (a["severity"], a["started_at"]))[:12]:
             entity = " ".join(f"{k}={v}" for k, v in a["entity"].items())
-            table.add_row(Text(a["severity"], style=SEVERITY_STYLE.get(a["severity"], "")), a["rule"], entity,
-                          f"{now - a['started_at']:.0f}s", f"{a['cost_per_hour']:.0f}", a["summary"])
+            table.add_row(
+                Text(a["severity"], style=SEVERITY_STYLE.get(a["severity"], "")),
+                a["rule"],
+                entity,
+                f"{now - a['started_at']:.0f}s",
+                f"{a['cost_per_hour']:.0f}",
+                a["summary"],
+            )
         header = Text.assemble(
-            ("gpuscope demo  ", "bold"), (f"hub {self.url}  ", "cyan"),
-            f"t={t:.0f}s / {self.scenario.duration:.0f}s  faults injected: {', '.join(injected) or 'none yet'}")
+            ("gpuscope demo  ", "bold"),
+            (f"hub {self.url}  ", "cyan"),
+            f"t={t:.0f}s / {self.scenario.duration:.0f}s  ",
+            f"faults injected: {', '.join(injected) or 'none yet'}",
+        )
         return Group(Panel(header), fleet, table)
 
 
-def run_demo(*, scenario_path: Path | None = None, duration: float | None = None, port: int = 7470,
-             config_path: str | None = None) -> int:
-    console = Console()
+def run_demo(
+    *,
+    scenario_path: Path | None = None,
+    duration: float | None = None,
+    port: int = 7470,
+    config_path: str | None = None,
+) -> int:
+    console = Console(log_path=False)
+    if not console.is_terminal:
+        console = Console(log_path=False, width=140)  # logs and CI: keep the tables readable
     cfg = load_config(config_path)
     try:
         scenario = load_scenario(scenario_path or builtin_scenario("demo"))
@@ -109,8 +132,13 @@ def run_demo(*, scenario_path: Path | None = None, duration: float | None = None
         a = change.alert
         style = SEVERITY_STYLE.get(a.severity, "")
         verb = "FIRING  " if change.kind == "fired" else "resolved"
-        console.log(Text.assemble((f"{verb} {a.severity} {a.rule} ", style),
-                                  " ".join(f"{k}={v}" for k, v in a.entity.items()), f"  {a.summary}"))
+        console.log(
+            Text.assemble(
+                (f"{verb} {a.severity} {a.rule} ", style),
+                " ".join(f"{k}={v}" for k, v in a.entity.items()),
+                f"  {a.summary}",
+            )
+        )
 
     hub.add_listener(on_change)
     try:
@@ -118,14 +146,25 @@ def run_demo(*, scenario_path: Path | None = None, duration: float | None = None
     except OSError:
         server = HubServer(hub, "127.0.0.1", 0, tokens=cfg.tokens)  # the usual port is taken
     server.start()
-    console.print(f"[bold]gpuscope demo[/bold]: hub API at {server.url} (health: {server.url}/api/v1/health), "
-                  f"store {workdir / 'demo.duckdb'}; scenario {scenario.name}, {end:.0f} s, "
-                  f"{len(scenario.faults)} faults")
+    console.print(
+        f"[bold]gpuscope demo[/bold]: hub API at {server.url} (health: {server.url}/api/v1/health), "
+        f"store {workdir / 'demo.duckdb'}; scenario {scenario.name}, {end:.0f} s, "
+        f"{len(scenario.faults)} faults"
+    )
     t0 = time.time()
     token = cfg.tokens[0] if cfg.tokens else None
     nodes = {f"node-{n}": SimulatedNode(f"node-{n}") for n in range(scenario.cluster.nodes)}
-    agents = {name: Agent(server.url, name, [collector], interval=scenario.interval, token=token,
-                          spool_dir=workdir / "spool" / name) for name, collector in nodes.items()}
+    agents = {
+        name: Agent(
+            server.url,
+            name,
+            [collector],
+            interval=scenario.interval,
+            token=token,
+            spool_dir=workdir / "spool" / name,
+        )
+        for name, collector in nodes.items()
+    }
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     sdk = httpx.Client(base_url=server.url, headers=headers, timeout=10)
     reader = httpx.Client(base_url=server.url, timeout=10)
@@ -133,25 +172,33 @@ def run_demo(*, scenario_path: Path | None = None, duration: float | None = None
     injected: list[str] = []
     interactive = console.is_terminal
     try:
-        with Live(console=console, refresh_per_second=2, auto_refresh=False) if interactive else _NoLive() as live:
+        with (
+            Live(console=console, refresh_per_second=2, auto_refresh=False)
+            if interactive
+            else _NoLive() as live
+        ):
             for tick in Simulator(scenario, t0=t0).ticks():
                 if tick.t > end:
                     break
                 delay = t0 + tick.t - time.time()
                 if delay > 0:
                     time.sleep(delay)
-                for fault in scenario.faults:
-                    if fault.at <= tick.t < fault.at + scenario.interval:
-                        injected.append(f"{fault.kind}@{fault.at:.0f}s")
-                        console.log(f"[magenta]injecting {fault.kind}[/magenta] on {fault.target}")
+                for fault in tick.faults_started:
+                    injected.append(f"{fault.kind}@{fault.at:.0f}s")
+                    console.log(f"[magenta]injecting {fault.label()}[/magenta]")
+                for fault in tick.faults_ended:
+                    console.log(f"[magenta]fault over: {fault.label()}[/magenta]")
                 for name, agent in agents.items():
                     batch = tick.node_batches.get(name)
                     if batch is not None:  # a node that is down sends nothing
                         nodes[name].feed(batch)
                         agent.step()
                 for batch in tick.sdk_batches:
-                    sdk.post("/api/v1/ingest", content=encode_batch(batch),
-                             headers={"Content-Type": "application/json"})
+                    sdk.post(
+                        "/api/v1/ingest",
+                        content=encode_batch(batch),
+                        headers={"Content-Type": "application/json"},
+                    )
                 if interactive and int(tick.t) % 2 == 0:
                     live.update(view.render(tick.t, injected), refresh=True)
     except KeyboardInterrupt:
@@ -163,12 +210,15 @@ def run_demo(*, scenario_path: Path | None = None, duration: float | None = None
         reader.close()
         time.sleep(1.5)  # one more evaluation for the last data
         server.stop()
-    shifted = [a for a in hub.alerts.all()]
-    for a in shifted:
-        a.started_at -= t0
-        if a.resolved_at is not None:
-            a.resolved_at -= t0
-    played = scenario.model_copy(duration=end) if hasattr(scenario, "model_copy") else scenario
+    shifted = [
+        dataclasses.replace(
+            a, started_at=a.started_at - t0, resolved_at=None if a.resolved_at is None else a.resolved_at - t0
+        )
+        for a in hub.alerts.all()
+    ]
+    played = dataclasses.replace(
+        scenario, duration=end, faults=tuple(f for f in scenario.faults if f.at < end)
+    )
     report = evaluate(played, shifted)
     print_report(report, console)
     console.print(f"data kept in {workdir}")

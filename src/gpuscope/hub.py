@@ -22,8 +22,9 @@ AlertListener = Callable[[AlertChange], None]
 class Hub:
     """Stores every accepted batch durably, feeds the detectors, and keeps alerts current."""
 
-    def __init__(self, store: Store, *, price_per_gpu_hour: float = 2.5,
-                 counters: Counters | None = None) -> None:
+    def __init__(
+        self, store: Store, *, price_per_gpu_hour: float = 2.5, counters: Counters | None = None
+    ) -> None:
         self.store = store
         self.counters = counters or Counters()
         self.detection = DetectionEngine()

@@ -24,12 +24,27 @@ def good() -> dict[str, Any]:
     return {
         "source": "node-0",
         "batch_id": "node-0:1",
-        "frames": [{"ts": 10.0, "metrics": ["gpu_temp_celsius", "gpu_power_watts"],
-                    "entities": [{"node": "node-0", "gpu": "0"}, {"node": "node-0", "gpu": "1", "job": "j"}],
-                    "values": [[61.0, 500], [None, 480.5]]}],
-        "events": [{"ts": 11.0, "kind": "xid", "labels": {"node": "node-0", "gpu": "1"}, "data": {"code": 79}}],
-        "training": [{"ts": 12.0, "job": "j", "rank": 3, "step": 7, "metrics": {"loss": 2.5, "grad_norm": None},
-                      "labels": {"node": "node-0", "gpu": "1"}}],
+        "frames": [
+            {
+                "ts": 10.0,
+                "metrics": ["gpu_temp_celsius", "gpu_power_watts"],
+                "entities": [{"node": "node-0", "gpu": "0"}, {"node": "node-0", "gpu": "1", "job": "j"}],
+                "values": [[61.0, 500], [None, 480.5]],
+            }
+        ],
+        "events": [
+            {"ts": 11.0, "kind": "xid", "labels": {"node": "node-0", "gpu": "1"}, "data": {"code": 79}}
+        ],
+        "training": [
+            {
+                "ts": 12.0,
+                "job": "j",
+                "rank": 3,
+                "step": 7,
+                "metrics": {"loss": 2.5, "grad_norm": None},
+                "labels": {"node": "node-0", "gpu": "1"},
+            }
+        ],
     }
 
 
@@ -126,8 +141,16 @@ def test_not_an_object() -> None:
 
 def test_large_frame_takes_fast_path() -> None:
     values = np.random.default_rng(0).random((1024, 40))
-    body = {"source": "fleet", "frames": [{"ts": 1.0, "metrics": [f"m{j}" for j in range(40)],
-                                           "entities": [{"gpu": str(i)} for i in range(1024)],
-                                           "values": values.tolist()}]}
+    body = {
+        "source": "fleet",
+        "frames": [
+            {
+                "ts": 1.0,
+                "metrics": [f"m{j}" for j in range(40)],
+                "entities": [{"gpu": str(i)} for i in range(1024)],
+                "values": values.tolist(),
+            }
+        ],
+    }
     batch = parse_batch(orjson.loads(orjson.dumps(body)))
     np.testing.assert_array_equal(batch.frames[0].values, values)

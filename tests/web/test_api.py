@@ -22,8 +22,9 @@ from gpuscope.web.server import HubServer, is_loopback
 TOKEN = "a-test-token-of-some-length"
 
 
-def make_client(tokens: list[str] | None = None, limits: Limits | None = None,
-                max_entities: int = 1000) -> tuple[TestClient, Hub]:
+def make_client(
+    tokens: list[str] | None = None, limits: Limits | None = None, max_entities: int = 1000
+) -> tuple[TestClient, Hub]:
     hub = Hub(DuckDBStore(":memory:", max_entities=max_entities))
     api = HubApi(hub, tokens=tokens, limits=limits, clock=lambda: 1000.0)
     return TestClient(api.app), hub
@@ -38,19 +39,38 @@ def client() -> Iterator[TestClient]:
 
 def batch(k: int = 0, node: str = "node-0", gpus: int = 2) -> dict[str, Any]:
     return {
-        "source": node, "batch_id": f"{node}-{k}",
-        "frames": [{"ts": 900.0 + k, "metrics": ["gpu_utilization_percent", "gpu_temp_celsius"],
-                    "entities": [{"node": node, "gpu": str(g), "job": "train"} for g in range(gpus)],
-                    "values": [[90.0 + g, 60.0 + k] for g in range(gpus)]}],
-        "events": [{"ts": 900.0 + k, "kind": "xid", "labels": {"node": node, "gpu": "1"}, "data": {"code": 13}}],
-        "training": [{"ts": 900.0 + k, "job": "train", "rank": 0, "step": k, "metrics": {"loss": 2.0 - k / 10},
-                      "labels": {"node": node, "gpu": "0"}}],
+        "source": node,
+        "batch_id": f"{node}-{k}",
+        "frames": [
+            {
+                "ts": 900.0 + k,
+                "metrics": ["gpu_utilization_percent", "gpu_temp_celsius"],
+                "entities": [{"node": node, "gpu": str(g), "job": "train"} for g in range(gpus)],
+                "values": [[90.0 + g, 60.0 + k] for g in range(gpus)],
+            }
+        ],
+        "events": [
+            {"ts": 900.0 + k, "kind": "xid", "labels": {"node": node, "gpu": "1"}, "data": {"code": 13}}
+        ],
+        "training": [
+            {
+                "ts": 900.0 + k,
+                "job": "train",
+                "rank": 0,
+                "step": k,
+                "metrics": {"loss": 2.0 - k / 10},
+                "labels": {"node": node, "gpu": "0"},
+            }
+        ],
     }
 
 
 def post(client: TestClient, body: Any, headers: dict[str, str] | None = None) -> Any:
-    return client.post("/api/v1/ingest", content=orjson.dumps(body),
-                       headers={"Content-Type": "application/json", **(headers or {})})
+    return client.post(
+        "/api/v1/ingest",
+        content=orjson.dumps(body),
+        headers={"Content-Type": "application/json", **(headers or {})},
+    )
 
 
 def test_ingest_then_query(client: TestClient) -> None:
@@ -58,13 +78,24 @@ def test_ingest_then_query(client: TestClient) -> None:
         r = post(client, batch(k))
         assert r.status_code == 200, r.text
         assert r.json()["accepted"] == {"samples": 4, "events": 1, "training": 1}
-    series = client.get("/api/v1/series", params={"metric": "gpu_temp_celsius", "node": "node-0", "gpu": "1",
-                                                  "start": 890, "end": 910, "points": 100}).json()
+    series = client.get(
+        "/api/v1/series",
+        params={
+            "metric": "gpu_temp_celsius",
+            "node": "node-0",
+            "gpu": "1",
+            "start": 890,
+            "end": 910,
+            "points": 100,
+        },
+    ).json()
     assert [p[1] for p in series["points"]] == [60.0, 61.0, 62.0, 63.0, 64.0]
     snap = client.get("/api/v1/snapshot", params={"metrics": "gpu_temp_celsius"}).json()["entities"]
     assert {r["labels"]["gpu"]: r["values"]["gpu_temp_celsius"] for r in snap} == {"0": 64.0, "1": 64.0}
-    agg = client.get("/api/v1/aggregate", params={"metric": "gpu_utilization_percent", "by": "node",
-                                                  "start": 0, "end": 2000}).json()["groups"]
+    agg = client.get(
+        "/api/v1/aggregate",
+        params={"metric": "gpu_utilization_percent", "by": "node", "start": 0, "end": 2000},
+    ).json()["groups"]
     assert agg[0]["group"] == "node-0" and agg[0]["count"] == 10 and agg[0]["mean"] == pytest.approx(90.5)
     events = client.get("/api/v1/events", params={"kind": "xid", "start": 0, "end": 2000}).json()["events"]
     assert len(events) == 5 and events[0]["data"] == {"code": 13}
@@ -87,8 +118,13 @@ def test_retried_batch_is_stored_once(client: TestClient) -> None:
         (b"{not json", 400, "body"),
         (orjson.dumps([1]), 400, "body"),
         (orjson.dumps({"frames": []}), 400, "source"),
-        (orjson.dumps({"source": "x", "frames": [{"ts": 1, "metrics": ["a"], "entities": [{}],
-                                                  "values": [["x"]]}]}), 400, "frames[0].values[0][0]"),
+        (
+            orjson.dumps(
+                {"source": "x", "frames": [{"ts": 1, "metrics": ["a"], "entities": [{}], "values": [["x"]]}]}
+            ),
+            400,
+            "frames[0].values[0][0]",
+        ),
     ],
 )
 def test_bad_bodies_name_the_field(client: TestClient, body: bytes, status: int, field: str) -> None:
@@ -102,8 +138,10 @@ def test_bad_input_loses_nothing_accepted(client: TestClient) -> None:
     post(client, {"source": "x", "frames": "nope"})
     post(client, batch(1))
     assert client.get("/api/v1/health").json()["counters"]["ingest_rejected_batches"] == 1
-    series = client.get("/api/v1/series", params={"metric": "gpu_temp_celsius", "gpu": "0", "start": 890,
-                                                  "end": 910, "points": 100}).json()
+    series = client.get(
+        "/api/v1/series",
+        params={"metric": "gpu_temp_celsius", "gpu": "0", "start": 890, "end": 910, "points": 100},
+    ).json()
     assert len(series["points"]) == 2
 
 
@@ -152,8 +190,9 @@ def test_writes_need_the_token() -> None:
         ("/api/v1/events", {"limit": "many"}, "limit"),
     ],
 )
-def test_bad_queries_name_the_parameter(client: TestClient, path: str, params: dict[str, str],
-                                        field: str) -> None:
+def test_bad_queries_name_the_parameter(
+    client: TestClient, path: str, params: dict[str, str], field: str
+) -> None:
     r = client.get(path, params=params)
     assert r.status_code == 400
     assert r.json()["field"] == field
@@ -162,14 +201,21 @@ def test_bad_queries_name_the_parameter(client: TestClient, path: str, params: d
 def test_alerts_and_incidents_after_evaluation() -> None:
     client, hub = make_client()
     body = batch(0)
-    body["events"] = [{"ts": 900.0, "kind": "xid", "labels": {"node": "node-0", "gpu": "1"},
-                       "data": {"code": 79, "message": "GPU has fallen off the bus"}}]
+    body["events"] = [
+        {
+            "ts": 900.0,
+            "kind": "xid",
+            "labels": {"node": "node-0", "gpu": "1"},
+            "data": {"code": 79, "message": "GPU has fallen off the bus"},
+        }
+    ]
     post(client, body)
     assert client.get("/api/v1/alerts").json()["alerts"] == []
     hub.evaluate(901.0)
     alerts = client.get("/api/v1/alerts").json()["alerts"]
     assert [(a["rule"], a["severity"], a["entity"]) for a in alerts] == [
-        ("gpu_xid_fatal", "P1", {"node": "node-0", "gpu": "1"})]
+        ("gpu_xid_fatal", "P1", {"node": "node-0", "gpu": "1"})
+    ]
     assert alerts[0]["cost_per_hour"] > 0
     incidents = client.get("/api/v1/incidents").json()["incidents"]
     assert len(incidents) == 1 and incidents[0]["root"] == alerts[0]["id"]
@@ -179,8 +225,13 @@ def test_alerts_and_incidents_after_evaluation() -> None:
 def test_openapi_document(client: TestClient) -> None:
     doc = client.get("/openapi.json").json()
     assert doc["openapi"].startswith("3.")
-    assert {"/api/v1/ingest", "/api/v1/series", "/api/v1/snapshot", "/api/v1/alerts",
-            "/api/v1/health"} <= set(doc["paths"])
+    assert {
+        "/api/v1/ingest",
+        "/api/v1/series",
+        "/api/v1/snapshot",
+        "/api/v1/alerts",
+        "/api/v1/health",
+    } <= set(doc["paths"])
 
 
 def test_non_loopback_bind_needs_a_token() -> None:

@@ -156,14 +156,18 @@ def _values(value: Any, field: str, rows: int, cols: int) -> np.ndarray[Any, np.
 def parse_frame(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Frame:
     if not isinstance(obj, dict):
         raise PayloadError(field, "must be an object")
-    metrics = [_name(m, f"{field}.metrics[{j}]")
-               for j, m in enumerate(_list(obj.get("metrics"), f"{field}.metrics", limits.max_metrics_per_frame))]
+    metrics = [
+        _name(m, f"{field}.metrics[{j}]")
+        for j, m in enumerate(_list(obj.get("metrics"), f"{field}.metrics", limits.max_metrics_per_frame))
+    ]
     if len(set(metrics)) != len(metrics):
         raise PayloadError(f"{field}.metrics", "names a metric twice")
     raw_entities = _list(obj.get("entities"), f"{field}.entities", limits.max_entities_per_frame)
     entities = [parse_labels(e, f"{field}.entities[{i}]", limits) for i, e in enumerate(raw_entities)]
     values = _values(obj.get("values"), f"{field}.values", len(entities), len(metrics))
-    return Frame(ts=_timestamp(obj.get("ts"), f"{field}.ts"), metrics=metrics, entities=entities, values=values)
+    return Frame(
+        ts=_timestamp(obj.get("ts"), f"{field}.ts"), metrics=metrics, entities=entities, values=values
+    )
 
 
 def parse_event(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Event:
@@ -192,8 +196,9 @@ def parse_training(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Tra
         raise PayloadError(f"{field}.step", "must be a non-negative integer")
     raw_metrics = obj.get("metrics", {})
     if not isinstance(raw_metrics, dict) or len(raw_metrics) > limits.max_metrics_per_frame:
-        raise PayloadError(f"{field}.metrics", "must be an object of at most "
-                           f"{limits.max_metrics_per_frame} numbers")
+        raise PayloadError(
+            f"{field}.metrics", f"must be an object of at most {limits.max_metrics_per_frame} numbers"
+        )
     metrics: dict[str, float] = {}
     for k, v in raw_metrics.items():
         name = _name(k, f"{field}.metrics.{k}")
@@ -226,13 +231,28 @@ def parse_batch(obj: Any, limits: Limits = DEFAULT_LIMITS) -> Batch:
     return Batch(
         source=_str(obj.get("source"), "source", limits.max_source_len),
         batch_id=batch_id,
-        frames=[parse_frame(f, f"frames[{i}]", limits)
-                for i, f in enumerate(_list(obj.get("frames", []), "frames", limits.max_frames))],
-        events=[parse_event(e, f"events[{i}]", limits)
-                for i, e in enumerate(_list(obj.get("events", []), "events", limits.max_events))],
-        training=[parse_training(t, f"training[{i}]", limits)
-                  for i, t in enumerate(_list(obj.get("training", []), "training", limits.max_training))],
+        frames=[
+            parse_frame(f, f"frames[{i}]", limits)
+            for i, f in enumerate(_list(obj.get("frames", []), "frames", limits.max_frames))
+        ],
+        events=[
+            parse_event(e, f"events[{i}]", limits)
+            for i, e in enumerate(_list(obj.get("events", []), "events", limits.max_events))
+        ],
+        training=[
+            parse_training(t, f"training[{i}]", limits)
+            for i, t in enumerate(_list(obj.get("training", []), "training", limits.max_training))
+        ],
     )
+
+
+def _values_json(values: np.ndarray[Any, np.dtype[np.float64]]) -> list[list[float | None]]:
+    missing = np.isnan(values)
+    if not missing.any():
+        return values.tolist()  # type: ignore[no-any-return]
+    as_objects = values.astype(object)
+    as_objects[missing] = None
+    return as_objects.tolist()  # type: ignore[no-any-return]
 
 
 def batch_to_json(batch: Batch) -> dict[str, Any]:
@@ -242,18 +262,23 @@ def batch_to_json(batch: Batch) -> dict[str, Any]:
         out["batch_id"] = batch.batch_id
     if batch.frames:
         out["frames"] = [
-            {"ts": f.ts, "metrics": f.metrics, "entities": f.entities,
-             "values": np.where(np.isnan(f.values), None, f.values).tolist()
-             if np.isnan(f.values).any() else f.values.tolist()}
+            {"ts": f.ts, "metrics": f.metrics, "entities": f.entities, "values": _values_json(f.values)}
             for f in batch.frames
         ]
     if batch.events:
-        out["events"] = [{"ts": e.ts, "kind": e.kind, "labels": e.labels, "data": e.data} for e in batch.events]
+        out["events"] = [
+            {"ts": e.ts, "kind": e.kind, "labels": e.labels, "data": e.data} for e in batch.events
+        ]
     if batch.training:
         out["training"] = [
-            {"ts": t.ts, "job": t.job, "rank": t.rank, "step": t.step,
-             "metrics": {k: (None if math.isnan(v) else v) for k, v in t.metrics.items()},
-             "labels": t.labels}
+            {
+                "ts": t.ts,
+                "job": t.job,
+                "rank": t.rank,
+                "step": t.step,
+                "metrics": {k: (None if math.isnan(v) else v) for k, v in t.metrics.items()},
+                "labels": t.labels,
+            }
             for t in batch.training
         ]
     return out

@@ -32,9 +32,12 @@ _JOB_START, _FAULT_END, _FAULT_BEGIN, _JOB_END = range(4)
 
 @dataclass(slots=True)
 class Tick:
+    """What every sender delivers for the interval ending at ``t`` (seconds from scenario start)."""
+
     t: float
     node_batches: dict[str, Batch]
     sdk_batches: list[Batch]
+    #: ground truth for displays: the faults that began or ended within this interval
     faults_started: tuple[FaultSpec, ...] = ()
     faults_ended: tuple[FaultSpec, ...] = ()
 

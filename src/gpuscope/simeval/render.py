@@ -23,12 +23,17 @@ def print_report(report: Report, console: Console) -> None:
     if report.outcomes:
         console.print(table)
     for alert in report.unexplained:
-        console.print(f"[yellow]unexplained {alert.severity} {alert.rule}[/yellow] at {alert.started_at:.0f}s "
-                      f"{alert.entity}: {alert.summary}")
+        console.print(
+            f"[yellow]unexplained {alert.severity} {alert.rule}[/yellow] at {alert.started_at:.0f}s "
+            f"{alert.entity}: {alert.summary}"
+        )
     console.print(
         f"recall {report.recall:.2f}  precision {report.precision:.2f}  alerts {report.alerts}  "
         f"hard-fault TTD p50 {_fmt(report.percentile(0.5))} p95 {_fmt(report.percentile(0.95))}  "
         f"false P1/P2 {len(report.false_p1p2)}"
-        + (f" ({report.false_per_1000_gpu_hours():.2f} per 1,000 healthy GPU-hours)"
-           if report.healthy_gpu_hours else "")
+        + (
+            f" ({report.false_per_1000_gpu_hours():.2f} per 1,000 healthy GPU-hours)"
+            if report.healthy_gpu_hours
+            else ""
+        )
     )

@@ -17,10 +17,21 @@ from gpuscope.sim.scenario import FaultSpec, Scenario
 DEFAULT_WINDOW = 600.0
 #: Slow-developing faults get longer to be noticed (seconds after onset).
 WINDOWS: dict[str, float] = {
-    "ecc_sbe_storm": 3600, "loss_plateau": 7200, "loss_divergence": 3600, "prediction_drift": 3600,
-    "confidence_shift": 3600, "input_drift": 3600, "checkpoint_stop": 7200, "memory_fragmentation": 3600,
-    "gpu_slow": 1800, "idle_allocation": 3600, "step_time_regression": 1800, "bad_version": 1800,
-    "pcie_replay": 3600, "nvlink_errors": 1800, "network_degraded": 1200,
+    "ecc_sbe_storm": 3600,
+    "loss_plateau": 7200,
+    "loss_divergence": 3600,
+    "prediction_drift": 3600,
+    "confidence_shift": 3600,
+    "input_drift": 3600,
+    "checkpoint_stop": 7200,
+    "memory_fragmentation": 3600,
+    "gpu_slow": 1800,
+    "idle_allocation": 3600,
+    "step_time_regression": 1800,
+    "bad_version": 1800,
+    "pcie_replay": 3600,
+    "nvlink_errors": 1800,
+    "network_degraded": 1200,
 }
 KNOCK_ON_GRACE = 900.0
 
@@ -71,8 +82,14 @@ class Report:
             "recall": self.recall,
             "precision": self.precision,
             "faults": [
-                {"kind": o.fault.kind, "at": o.fault.at, "target": o.fault.target, "rule": o.rule,
-                 "detected": o.alert_id is not None, "time_to_detect": o.time_to_detect}
+                {
+                    "kind": o.fault.kind,
+                    "at": o.fault.at,
+                    "target": o.fault.target,
+                    "rule": o.rule,
+                    "detected": o.alert_id is not None,
+                    "time_to_detect": o.time_to_detect,
+                }
                 for o in self.outcomes
             ],
             "unexplained_alerts": [a.to_dict() for a in self.unexplained],
@@ -85,8 +102,14 @@ class Report:
 
 def _window(scenario: Scenario, fault: FaultSpec) -> float:
     if fault.kind in ("checkpoint_failure", "checkpoint_corrupt"):
-        every = next((j.checkpoint_every for j in scenario.jobs
-                      if j.name == fault.target.get("job") and j.checkpoint_every), 600.0)
+        every = next(
+            (
+                j.checkpoint_every
+                for j in scenario.jobs
+                if j.name == fault.target.get("job") and j.checkpoint_every
+            ),
+            600.0,
+        )
         return 2 * every + 300
     return WINDOWS.get(fault.kind, DEFAULT_WINDOW)
 
@@ -121,8 +144,11 @@ def evaluate(scenario: Scenario, alerts: list[Alert]) -> Report:
         rule = rule_for_fault(fault.kind, fault.params)
         window_end = min(fault.at + _window(scenario, fault), scenario.duration)
         candidates = sorted(
-            (a.started_at - fault.at, a.id) for a in alerts
-            if a.rule == rule and _matches(a.entity, fault.target) and fault.at - 1 <= a.started_at <= window_end
+            (a.started_at - fault.at, a.id)
+            for a in alerts
+            if a.rule == rule
+            and _matches(a.entity, fault.target)
+            and fault.at - 1 <= a.started_at <= window_end
         )
         if candidates:
             ttd, alert_id = candidates[0]
@@ -140,8 +166,11 @@ def evaluate(scenario: Scenario, alerts: list[Alert]) -> Report:
         for fault in scenario.faults:
             nodes, jobs = _blast_radius(scenario, fault)
             end = fault.at + (fault.duration or scenario.duration) + KNOCK_ON_GRACE
-            in_radius = (alert.entity.get("node") in nodes or alert.entity.get("job") in jobs
-                         or alert.entity.get("service") in jobs)
+            in_radius = (
+                alert.entity.get("node") in nodes
+                or alert.entity.get("job") in jobs
+                or alert.entity.get("service") in jobs
+            )
             if in_radius and fault.at - 1 <= alert.started_at <= end:
                 explained = True
                 break

@@ -15,8 +15,8 @@ from typing import Any
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import batch_to_json, parse_batch
 from gpuscope.model import Alert, Batch
-from gpuscope.sim.scenario import Scenario
 from gpuscope.sim.cluster import Simulator
+from gpuscope.sim.scenario import Scenario
 from gpuscope.store.duckdb_store import DuckDBStore
 
 ProgressCallback = Callable[[float, float], None]
@@ -40,8 +40,9 @@ def _through_wire(batch: Batch) -> Batch:
     return parse_batch(batch_to_json(batch))
 
 
-def run_scenario(scenario: Scenario, *, progress: ProgressCallback | None = None,
-                 wire: bool = True) -> RunResult:
+def run_scenario(
+    scenario: Scenario, *, progress: ProgressCallback | None = None, wire: bool = True
+) -> RunResult:
     """Simulate ``scenario`` and return every alert raised, with times in simulated seconds."""
     store = DuckDBStore(":memory:", durable=False)
     hub = Hub(store, price_per_gpu_hour=scenario.cluster.price_per_gpu_hour)

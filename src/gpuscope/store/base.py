@@ -36,14 +36,16 @@ class Store(Protocol):
         """Store a batch durably; when it returns, a crash cannot lose the batch."""
         ...
 
-    def series(self, metric: str, labels: Labels, start: float, end: float,
-               points: int = 300) -> list[SeriesPoint]:
+    def series(
+        self, metric: str, labels: Labels, start: float, end: float, points: int = 300
+    ) -> list[SeriesPoint]:
         """One series (entity chosen by ``labels``) over a range, downsampled to at most ``points``
         buckets (mean per bucket), read from raw data or rollups depending on the range."""
         ...
 
-    def snapshot(self, metrics: list[str] | None = None,
-                 max_age: float | None = None) -> list[dict[str, Any]]:
+    def snapshot(
+        self, metrics: list[str] | None = None, max_age: float | None = None
+    ) -> list[dict[str, Any]]:
         """Latest value of each metric for every entity: ``[{"labels": {...}, "ts": t,
         "values": {metric: v}}]``."""
         ...
@@ -53,11 +55,18 @@ class Store(Protocol):
         ``job``, ...): ``[{"group": "node-0", "mean": .., "min": .., "max": .., "count": n}]``."""
         ...
 
-    def events(self, start: float, end: float, kind: str | None = None,
-               labels: Labels | None = None, limit: int = 1000) -> list[Event]: ...
+    def events(
+        self,
+        start: float,
+        end: float,
+        kind: str | None = None,
+        labels: Labels | None = None,
+        limit: int = 1000,
+    ) -> list[Event]: ...
 
-    def training(self, job: str, start: float, end: float, rank: int | None = None,
-                 limit: int = 100_000) -> list[TrainingRecord]: ...
+    def training(
+        self, job: str, start: float, end: float, rank: int | None = None, limit: int = 100_000
+    ) -> list[TrainingRecord]: ...
 
     def save_alert(self, alert: Alert) -> None:
         """Insert or update an alert (keyed by its id)."""
@@ -65,12 +74,12 @@ class Store(Protocol):
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]: ...
 
-    def rollup(self, now: float) -> None:
-        """Bring the 1-minute and 1-hour rollups up to ``now`` (idempotent)."""
+    def rollup(self, now: float) -> dict[str, int]:
+        """Bring the 1-minute and 1-hour rollups up to ``now`` (idempotent); rows written per table."""
         ...
 
-    def compact(self, now: float) -> None:
-        """Apply retention: drop raw rows (and old rollups) past their keep time."""
+    def compact(self, now: float) -> dict[str, int]:
+        """Apply retention: drop raw rows (and old rollups) past their keep time; rows dropped per table."""
         ...
 
     def stats(self) -> dict[str, Any]:

@@ -91,7 +91,9 @@ class DuckDBStore:
         self._con = open_database(path, checkpoint_bytes)
         self._cursor_lock = threading.Lock()
         self._commit_lock = threading.Lock()  # one transaction writer at a time
-        self._ddl_lock = threading.Lock()  # new columns vs. maintenance transactions on the same tables
+        # Lock order: maintenance -> ddl -> commit -> (wm | alert). The DDL lock keeps new columns
+        # out of the tables a maintenance transaction is writing (DuckDB would abort one of them).
+        self._ddl_lock = threading.Lock()
         self._wm_lock = threading.Lock()  # late-row marking vs. the start of a rollup snapshot
         self._maint_lock = threading.Lock()
         self._alert_lock = threading.Lock()
@@ -261,7 +263,7 @@ class DuckDBStore:
         arrays = {key: ins.concat(b) for key, b in blocks.items()}
         ddl = self._ddl_lock if (new_cols or new_tcols) else contextlib.nullcontext()
         con = self._wcon
-        with self._commit_lock, ddl, self._wm_lock:
+        with ddl, self._commit_lock, self._wm_lock:
             con.execute("BEGIN")
             try:
                 for col, name in new_cols:
@@ -355,7 +357,7 @@ class DuckDBStore:
             except BaseException:
                 con.execute("ROLLBACK")
                 raise
-            con.execute("CHECKPOINT")
+            self._checkpoint(con)
         closed = (now_ms - self.lag_ms) // mnt.MINUTE_MS * mnt.MINUTE_MS
         with self._wm_lock:  # from here on, the writer marks rows below `closed` as late
             start = self._wm_1m
@@ -442,7 +444,7 @@ class DuckDBStore:
         except BaseException:
             con.execute("ROLLBACK")
             raise
-        con.execute("CHECKPOINT")
+        self._checkpoint(con)
         return report
 
     # ------------------------------------------------------------------ queries
@@ -695,7 +697,12 @@ class DuckDBStore:
         """Write everything to the database file and truncate the WAL."""
         self._flush()
         with self._reader() as cur:
-            cur.execute("CHECKPOINT")
+            self._checkpoint(cur)
+
+    def _checkpoint(self, con: duckdb.DuckDBPyConnection) -> None:
+        # DuckDB refuses to checkpoint while another write transaction is open: pause the writer.
+        with self._commit_lock, self._alert_lock:
+            con.execute("CHECKPOINT")
 
     def _check_open(self) -> None:
         if self._closed:

@@ -96,15 +96,27 @@ def _event_json(event: Event) -> dict[str, Any]:
 
 
 def _training_json(rec: TrainingRecord) -> dict[str, Any]:
-    return {"ts": rec.ts, "job": rec.job, "rank": rec.rank, "step": rec.step,
-            "metrics": _json_safe(rec.metrics), "labels": rec.labels}
+    return {
+        "ts": rec.ts,
+        "job": rec.job,
+        "rank": rec.rank,
+        "step": rec.step,
+        "metrics": _json_safe(rec.metrics),
+        "labels": rec.labels,
+    }
 
 
 class HubApi:
     """Builds the Starlette app around a hub; ``tokens`` guard every write."""
 
-    def __init__(self, hub: Hub, *, tokens: list[str] | None = None, limits: Limits | None = None,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        tokens: list[str] | None = None,
+        limits: Limits | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.hub = hub
         self.limits = limits or Limits()
         self.clock = clock
@@ -200,10 +212,13 @@ class HubApi:
         if start > end:
             raise ApiError(400, "start", "must not be after end")
         points = _int_param(request, "points", 300, 1, 10_000)
-        labels = {k: v for k, v in request.query_params.items() if k not in {"metric", "start", "end", "points"}}
+        labels = {
+            k: v for k, v in request.query_params.items() if k not in {"metric", "start", "end", "points"}
+        }
         rows = await run_in_threadpool(self.hub.store.series, metric, labels, start, end, points)
-        return JSONResponse({"metric": metric, "labels": labels,
-                             "points": [[p.ts, _json_safe(p.value)] for p in rows]})
+        return JSONResponse(
+            {"metric": metric, "labels": labels, "points": [[p.ts, _json_safe(p.value)] for p in rows]}
+        )
 
     async def snapshot(self, request: Request) -> Response:
         raw = _str_param(request, "metrics", required=False)
@@ -260,15 +275,19 @@ class HubApi:
 
     async def health(self, request: Request) -> Response:
         stats = await run_in_threadpool(self.hub.store.stats)
-        return JSONResponse(_json_safe({
-            "status": "ok",
-            "version": __version__,
-            "uptime_seconds": self.clock() - self.started,
-            "counters": self.hub.counters.snapshot(),
-            "detection": self.hub.detection_stats(),
-            "store": stats,
-            "firing_alerts": len(self.hub.firing()),
-        }))
+        return JSONResponse(
+            _json_safe(
+                {
+                    "status": "ok",
+                    "version": __version__,
+                    "uptime_seconds": self.clock() - self.started,
+                    "counters": self.hub.counters.snapshot(),
+                    "detection": self.hub.detection_stats(),
+                    "store": stats,
+                    "firing_alerts": len(self.hub.firing()),
+                }
+            )
+        )
 
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(openapi_document(__version__))

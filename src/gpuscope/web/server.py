@@ -57,19 +57,30 @@ class Evaluator(threading.Thread):
 class HubServer:
     """A hub listening on HOST:PORT, in the current thread (:meth:`run`) or a background one."""
 
-    def __init__(self, hub: Hub, host: str, port: int, *, tokens: list[str] | None = None,
-                 limits: Limits | None = None, evaluate_interval: float = 1.0) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        host: str,
+        port: int,
+        *,
+        tokens: list[str] | None = None,
+        limits: Limits | None = None,
+        evaluate_interval: float = 1.0,
+    ) -> None:
         if not is_loopback(host) and not tokens:
-            raise ValueError(f"refusing to listen on {host} without an auth token: set auth.tokens in the "
-                             "config or GPUSCOPE_TOKEN, or listen on 127.0.0.1")
+            raise ValueError(
+                f"refusing to listen on {host} without an auth token: set auth.tokens in the "
+                "config or GPUSCOPE_TOKEN, or listen on 127.0.0.1"
+            )
         self.hub = hub
         self.api = HubApi(hub, tokens=tokens, limits=limits)
         self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(
-            self.api.app, log_level="warning", access_log=False, timeout_keep_alive=30))
+        self.server = uvicorn.Server(
+            uvicorn.Config(self.api.app, log_level="warning", access_log=False, timeout_keep_alive=30)
+        )
         self.evaluator = Evaluator(hub, evaluate_interval)
         self._thread: threading.Thread | None = None
 
@@ -90,8 +101,9 @@ class HubServer:
     def start(self) -> None:
         """Serve from a background thread; returns once the server accepts connections."""
         self.evaluator.start()
-        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
-                                        name="gpuscope-http", daemon=True)
+        self._thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, name="gpuscope-http", daemon=True
+        )
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self.server.started:
