@@ -5,11 +5,10 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?= --duration 180
 
-.PHONY: demo test lint typecheck unit bench clean
+.PHONY: demo test lint typecheck unit bench clean system-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
@@ -23,12 +22,15 @@ lint: $(STAMP)
 typecheck: $(STAMP)
 	$(BIN)/mypy
 
-unit: $(STAMP)
+system-deps:
+	./scripts/system-deps.sh
+
+unit: $(STAMP) system-deps
 	$(BIN)/pytest
 
 test: lint typecheck unit
 
-bench: $(STAMP)
+bench: $(STAMP) system-deps
 	$(BIN)/python bench/run_all.py
 
 clean:

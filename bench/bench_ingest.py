@@ -22,6 +22,8 @@ import orjson
 
 from common import Fleet, console, gpuscope_hub, print_table, telemetry_ticks, victoria_metrics
 
+PLACEHOLDER = "@" * 16  # patched with a unique batch id per request: bodies are re-sent in a cycle
+
 
 def hub_bodies(fleet: Fleet, ticks: int, per_node: bool) -> list[tuple[bytes, int]]:
     entities = fleet.entities
@@ -60,9 +62,14 @@ def vm_bodies(fleet: Fleet, ticks: int, per_node: bool) -> list[tuple[bytes, int
 
 
 def blast(
-    url: str, bodies: list[tuple[bytes, int]], clients: int, seconds: float, headers: dict[str, str]
+    url: str,
+    bodies: list[tuple[bytes, int]],
+    clients: int,
+    seconds: float,
+    headers: dict[str, str],
+    unique_ids: bool = False,
 ) -> tuple[float, list[float], int]:
-    """Post bodies from ``clients`` threads for ``seconds``; samples/s, latencies, errors."""
+    """Post bodies (cycling) from ``clients`` threads for ``seconds``; samples/s, latencies, errors."""
     sent = [0] * clients
     latencies: list[list[float]] = [[] for _ in range(clients)]
     errors = [0] * clients
@@ -75,9 +82,9 @@ def blast(
             while time.perf_counter() < deadline:
                 with lock:
                     k = next(cursor)
-                if k >= len(bodies):
-                    return
-                body, samples = bodies[k]
+                body, samples = bodies[k % len(bodies)]
+                if unique_ids:
+                    body = body.replace(PLACEHOLDER.encode(), f"{k:016d}".encode(), 1)
                 t = time.perf_counter()
                 r = client.post(url, content=body)
                 latencies[i].append(time.perf_counter() - t)
@@ -100,14 +107,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--nodes", type=int, default=128)
     ap.add_argument("--gpus-per-node", type=int, default=8)
-    ap.add_argument("--ticks", type=int, default=120, help="seconds of telemetry generated")
+    ap.add_argument("--ticks", type=int, default=30, help="seconds of telemetry generated (then re-sent)")
     ap.add_argument("--seconds", type=float, default=15, help="max seconds per measurement")
-    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--clients", type=int, default=4, help="senders of whole-fleet batches")
+    ap.add_argument("--agents", type=int, default=32, help="senders of one node's batch each")
     a = ap.parse_args()
     fleet = Fleet(a.nodes, a.gpus_per_node)
     rows = []
     for per_node in (False, True):
-        shape = "1 node / request" if per_node else f"{fleet.nodes} nodes / request"
+        # many agents each send one node's round: many requests in flight, as in a real fleet
+        clients = a.agents if per_node else a.clients
+        shape = (
+            f"1 node / request, {clients} senders"
+            if per_node
+            else f"{fleet.nodes} nodes / request, {clients} senders"
+        )
         console.print(
             f"generating {a.ticks} s of telemetry for {fleet.nodes * fleet.gpus_per_node} GPUs ({shape})"
         )
@@ -127,7 +141,7 @@ def main() -> None:
             )
         with victoria_metrics() as vm:
             if vm is not None:
-                rate, lat, errs = blast(f"{vm[0]}/api/v1/import/prometheus", vb, a.clients, a.seconds, {})
+                rate, lat, errs = blast(f"{vm[0]}/api/v1/import/prometheus", vb, clients, a.seconds, {})
                 rows.append(
                     [
                         "VictoriaMetrics (anchor)",

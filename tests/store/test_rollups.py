@@ -74,6 +74,7 @@ def test_late_rows_are_folded_into_rolled_up_buckets(two_hours: DuckDBStore) -> 
 def test_retention_keeps_answers_from_rollups(two_hours: DuckDBStore) -> None:
     store = two_hours
     exact = store.aggregate("util", "gpu", 0, 2 * HOUR - 1)
+    store.rollup(2 * HOUR)
     report = store.compact(2 * HOUR)
     assert report["samples"] + report["samples_recent"] == 2 * HOUR  # first hour, both GPUs
     assert store.stats()["raw_rows"] == 2 * HOUR  # second hour, both GPUs
@@ -91,7 +92,8 @@ def test_rollup_retention_falls_back_to_hours(tmp_path: Path) -> None:
         str(tmp_path / "r.duckdb"), durable=False, raw_retention_s=HOUR, rollup_1m_retention_s=HOUR
     )
     fill(store, 0, 3 * HOUR, n_gpus=1)
-    store.compact(3 * HOUR)  # minutes closed up to 10740 s, hours up to 7200 s
+    store.rollup(3 * HOUR)  # minutes closed up to 10740 s, hours up to 7200 s
+    store.compact(3 * HOUR)
     rows = store.stats()["rows"]
     assert rows["rollup_1m"] == 59 and rows["rollup_1h"] == 2
     hourly = store.series("util", {}, 0, 3 * HOUR - 1, points=3)
@@ -121,6 +123,15 @@ def test_rollup_of_an_empty_store_does_nothing(tmp_path: Path) -> None:
     with DuckDBStore(str(tmp_path / "e.duckdb")) as store:
         assert store.rollup(1e9) == {"sealed_rows": 0, "minute_ranges": 0, "hour_ranges": 0}
         assert store.compact(1e9)["samples"] == 0
+
+
+def test_compact_never_deletes_raw_rows_that_are_not_rolled_up(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "c.duckdb"), durable=False, raw_retention_s=60) as store:
+        fill(store, 0, 600, n_gpus=1)
+        assert store.compact(10 * HOUR)["samples_recent"] == 0
+        store.rollup(300)
+        assert store.compact(10 * HOUR)["samples_recent"] == 240  # up to the rollup watermark (240 s)
+        assert len(store.series("util", {}, 0, 599, points=600)) == 4 + 360
 
 
 def test_epoch_timestamps_round_trip(tmp_path: Path) -> None:

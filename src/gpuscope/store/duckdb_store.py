@@ -399,9 +399,8 @@ class DuckDBStore:
         return report
 
     def compact(self, now: float) -> dict[str, int]:
-        """Roll up, then delete raw rows older than the raw retention (only once rolled up),
-        rollups past theirs, old events and training records, and expired batch ids."""
-        self.rollup(now)
+        """Delete raw rows older than the raw retention (only those already rolled up: call
+        :meth:`rollup` first), rollups past theirs, old events, training records and batch ids."""
         now_ms = to_ms(now)
         with self._maintenance() as con:
             try:

@@ -74,7 +74,11 @@ class HubServer:
             )
         self.hub = hub
         self.api = HubApi(hub, tokens=tokens, limits=limits)
-        self.sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+        # proto must say TCP: asyncio only sets TCP_NODELAY on sockets that do, and without it
+        # every small response waits out the client's delayed ACK (about 40 ms).
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]

@@ -1,0 +1,378 @@
+"""Storage efficiency (bytes per sample on disk) and store-level append rate: DuckDBStore vs VictoriaMetrics.
+
+Both store the same generated GPU telemetry in the same run: 64 GPUs x 30 metrics x 1 Hz x 2 h by
+default. Values are float32 (what DuckDBStore keeps) and VictoriaMetrics receives their shortest
+decimal form, so neither gets more information than the other. Budget (DESIGN §6): <= 0.8
+bytes/sample; anchor: VictoriaMetrics, measured after a forced flush and again once its merges
+finish (its steady state).
+
+The generated telemetry follows what H100s under a training job report: utilisation pinned near
+100 % with data-loader dips and checkpoint pauses, bursts on idle GPUs, DCGM activity ratios that
+follow utilisation (3 decimals), power in mW with load-dependent noise, temperature as a
+first-order response to power at 0.1 C, mostly constant clocks and memory, rare throttle events,
+monotone counters (energy in mJ, violation time, ECC), noisy PCIe/NVLink throughput (KB
+resolution), and per-node timestamp jitter of a few ms. ``--data common`` uses instead the
+generator of ``bench/common.py`` that the ingest benchmark uses.
+
+usage: python bench/bench_storage.py [--gpus 64] [--hours 2] [--data gpu|common] [--no-vm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import httpx
+import numpy as np
+from common import Fleet, console, dir_bytes, print_table, telemetry_ticks, victoria_metrics
+
+from gpuscope.model import Batch, Frame
+from gpuscope.store.duckdb_store import DuckDBStore
+
+GPUS_PER_NODE = 8
+METRICS = [
+    "gpu_utilization_percent", "gpu_sm_active_ratio", "gpu_sm_occupancy_ratio", "gpu_tensor_active_ratio",
+    "gpu_dram_active_ratio", "gpu_memory_utilization_percent", "gpu_memory_used_bytes", "gpu_memory_free_bytes",
+    "gpu_memory_reserved_bytes", "gpu_memory_total_bytes", "gpu_temp_celsius", "gpu_memory_temp_celsius",
+    "gpu_power_watts", "gpu_power_limit_watts", "gpu_energy_joules_total", "gpu_sm_clock_mhz",
+    "gpu_memory_clock_mhz", "gpu_clock_event_reasons", "gpu_throttle_sw_power", "gpu_throttle_hw_slowdown",
+    "gpu_throttle_sw_thermal", "gpu_throttle_hw_thermal", "gpu_throttle_hw_power_brake",
+    "gpu_violation_power_seconds_total", "gpu_ecc_sbe_volatile_total", "gpu_ecc_dbe_volatile_total",
+    "gpu_pcie_tx_bytes_per_second", "gpu_pcie_rx_bytes_per_second", "gpu_pcie_replay_total",
+    "gpu_nvlink_tx_bytes_per_second",
+]  # fmt: skip
+M = {name: j for j, name in enumerate(METRICS)}
+
+
+@dataclass
+class Telemetry:
+    ts: np.ndarray  # (ticks, nodes) seconds
+    values: np.ndarray  # (ticks, gpus, metrics) float32, NaN = not reported
+    names: list[str]
+    entities: list[dict[str, str]]
+
+    @property
+    def samples(self) -> int:
+        return int(np.count_nonzero(~np.isnan(self.values)))
+
+
+class GpuFleet:
+    """Per-second H100 telemetry with state carried across chunks (temperatures, counters)."""
+
+    def __init__(self, gpus: int, seed: int) -> None:
+        self.g = gpus
+        self.rng = np.random.default_rng(seed)
+        self.busy = np.arange(gpus) < gpus * 3 // 4  # a quarter of the fleet sits idle
+        self.temp = 45 + self.rng.normal(0, 2, gpus)
+        self.energy = 1e6 * (1 + self.rng.random(gpus))
+        self.violation = np.zeros(gpus)
+        self.sbe = self.rng.integers(0, 4, gpus).astype(float)
+        self.mem_used = np.where(self.busy, 72_000 * 2**20, 0).astype(float)
+
+    def chunk(self, t0: int, n: int) -> np.ndarray:
+        rng, g, busy = self.rng, self.g, self.busy
+        v = np.zeros((n, g, len(METRICS)))
+        t = t0 + np.arange(n)
+        util = np.where(busy, 100.0, 0.0) * np.ones((n, 1))
+        dips = busy & (rng.random((n, g)) < 0.05)  # data-loader stalls
+        util = np.where(dips, rng.integers(20, 95, (n, g)), util)
+        ckpt = (t % 600) < 20  # checkpoint pauses every 10 minutes
+        util[ckpt] = np.where(busy, rng.integers(0, 10, (int(ckpt.sum()), g)), 0)
+        bursts = ~busy & (rng.random((n, g)) < 0.02)
+        util = np.where(bursts, rng.integers(1, 60, (n, g)), util)
+        u = util / 100.0
+        v[..., M["gpu_utilization_percent"]] = util
+        for name, scale, noise in (
+            ("gpu_sm_active_ratio", 0.92, 0.01),
+            ("gpu_sm_occupancy_ratio", 0.45, 0.01),
+            ("gpu_tensor_active_ratio", 0.55, 0.02),
+            ("gpu_dram_active_ratio", 0.35, 0.01),
+        ):
+            v[..., M[name]] = np.round(np.clip(u * scale + rng.normal(0, noise, (n, g)), 0, 1), 3)
+        v[..., M["gpu_memory_utilization_percent"]] = np.clip(
+            np.round(u * 40 + rng.normal(0, 1, (n, g))), 0, 100
+        )
+        total, reserved = 81_559 * 2**20, 529 * 2**20
+        steps = (t // 900 % 3)[:, None] * 256 * 2**20  # allocator growth and release
+        used = np.where(busy, self.mem_used + steps, 0)
+        v[..., M["gpu_memory_used_bytes"]] = used
+        v[..., M["gpu_memory_free_bytes"]] = total - used - reserved
+        v[..., M["gpu_memory_reserved_bytes"]] = reserved
+        v[..., M["gpu_memory_total_bytes"]] = total
+        power = np.round(70 + u * 600 + rng.normal(0, 8, (n, g)) * (0.3 + u), 3)
+        temps = np.empty((n, g))
+        for k in range(n):
+            target = 35 + power[k] * 0.065 + (np.arange(g) % 8) * 0.7
+            self.temp += (target - self.temp) * 0.05 + rng.normal(0, 0.15, g)
+            temps[k] = self.temp
+        v[..., M["gpu_temp_celsius"]] = np.round(temps, 1)
+        v[..., M["gpu_memory_temp_celsius"]] = np.round(temps + 8)
+        v[..., M["gpu_power_watts"]] = power
+        v[..., M["gpu_power_limit_watts"]] = 700.0
+        energy = self.energy + np.cumsum(power, axis=0)
+        self.energy = energy[-1]
+        v[..., M["gpu_energy_joules_total"]] = np.round(energy, 3)
+        throttled = rng.random((n, g)) < 0.001
+        v[..., M["gpu_sm_clock_mhz"]] = np.where(throttled, 1755.0, np.where(busy, 1980.0, 345.0))
+        v[..., M["gpu_memory_clock_mhz"]] = 2619.0
+        v[..., M["gpu_clock_event_reasons"]] = np.where(throttled, 4.0, 0.0)
+        v[..., M["gpu_throttle_sw_power"]] = throttled
+        violation = self.violation + np.cumsum(throttled, axis=0)
+        self.violation = violation[-1]
+        v[..., M["gpu_violation_power_seconds_total"]] = violation
+        self.sbe = self.sbe + (rng.random(g) < 0.0005)
+        v[..., M["gpu_ecc_sbe_volatile_total"]] = self.sbe
+        for name, level, noise in (
+            ("gpu_pcie_tx_bytes_per_second", 2e9, 5e7),
+            ("gpu_pcie_rx_bytes_per_second", 1.5e9, 5e7),
+            ("gpu_nvlink_tx_bytes_per_second", 4e10, 1e9),
+        ):
+            v[..., M[name]] = np.round(
+                np.clip(np.where(busy, level * u + rng.normal(0, noise, (n, g)), 0), 0, None), -3
+            )
+        return v.astype(np.float32)
+
+
+def generate(kind: str, gpus: int, seconds: int, t0: float, seed: int = 1) -> Telemetry:
+    nodes = -(-gpus // GPUS_PER_NODE)
+    rng = np.random.default_rng(seed + 1)
+    jitter = np.round(rng.normal(0, 0.003, (seconds, nodes)), 3)  # each node stamps its own reads
+    ts = t0 + np.arange(seconds)[:, None] + np.abs(jitter)
+    if kind == "common":
+        fleet = Fleet(nodes, GPUS_PER_NODE)
+        ticks = list(telemetry_ticks(fleet, seconds, seed=seed, t0=t0))
+        values = np.stack([v for _, _, v in ticks]).astype(np.float32)[:, :gpus]
+        return Telemetry(ts, values, list(ticks[0][1]), fleet.entities[:gpus])
+    gen = GpuFleet(gpus, seed)
+    values = np.concatenate([gen.chunk(int(t0) + s, min(600, seconds - s)) for s in range(0, seconds, 600)])
+    entities = [{"node": f"node-{i // GPUS_PER_NODE}", "gpu": str(i % GPUS_PER_NODE)} for i in range(gpus)]
+    for i, e in enumerate(entities):
+        if gen.busy[i]:
+            e["job"] = "llm-pretrain"
+    return Telemetry(ts, values, list(METRICS), entities)
+
+
+def node_batches(data: Telemetry, batch_seconds: int) -> list[list[Batch]]:
+    """Per node, the batches its agent sends: ``batch_seconds`` one-second frames each."""
+    per_node: list[list[Batch]] = []
+    ticks, gpus, _ = data.values.shape
+    for n in range(-(-gpus // GPUS_PER_NODE)):
+        rows = slice(n * GPUS_PER_NODE, min((n + 1) * GPUS_PER_NODE, gpus))
+        ents = data.entities[rows]
+        batches = []
+        for k0 in range(0, ticks, batch_seconds):
+            frames = [
+                Frame(float(data.ts[k, n]), data.names, ents, data.values[k, rows].astype(np.float64))
+                for k in range(k0, min(k0 + batch_seconds, ticks))
+            ]
+            batches.append(Batch(f"node-{n}", frames=frames, batch_id=f"node-{n}:{k0}"))
+        per_node.append(batches)
+    return per_node
+
+
+def ingest(store: DuckDBStore, per_node: list[list[Batch]]) -> float:
+    """Append every node's batches from one thread per node (like agents); returns wall seconds."""
+    errors: list[BaseException] = []
+
+    def run(batches: list[Batch]) -> None:
+        try:
+            for b in batches:
+                store.append(b)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(b,)) for b in per_node]
+    started = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return time.perf_counter() - started
+
+
+def raw_only_bytes(path: Path, tmp: Path) -> int:
+    """Used bytes of the raw telemetry alone: a copy of the file with the rollup tables dropped."""
+    copy = tmp / "raw-only.duckdb"
+    shutil.copyfile(path, copy)
+    con = duckdb.connect(str(copy))
+    for table in ("rollup_1m", "rollup_1h"):
+        con.execute(f"DROP TABLE {table}")
+    con.execute("CHECKPOINT")
+    block, used = con.execute("SELECT block_size, used_blocks FROM pragma_database_size()").fetchone()  # type: ignore[misc]
+    con.close()
+    return int(block) * int(used)
+
+
+def measure_duckdb(data: Telemetry, tmp: Path, batch_seconds: int, seal: bool) -> dict[str, float]:
+    path = tmp / ("sealed.duckdb" if seal else "time-order.duckdb")
+    store = DuckDBStore(str(path), seal_chunk_s=3600 if seal else 3600 * 24 * 365 * 100)
+    per_node = node_batches(data, batch_seconds)
+    seconds = ingest(store, per_node)
+    end = float(data.ts.max())
+    store.rollup(end + 3600 + 120)  # the data has aged: every hour is sealed and rolled up
+    store.checkpoint()
+    stats = store.stats()
+    store.close()
+    samples = data.samples
+    return {
+        "samples": samples,
+        "append_samples_per_s": samples / seconds,
+        "batches_per_s": sum(len(b) for b in per_node) / seconds,
+        "commits": stats["commits"],
+        "file_bytes": path.stat().st_size + stats["wal_bytes"],
+        "raw_bytes": raw_only_bytes(path, tmp),
+    }
+
+
+def _vm_rows(client: httpx.Client) -> tuple[int, int, int]:
+    """(rows on disk in parts, pending rows, active merges) from VictoriaMetrics' own /metrics."""
+    rows = pending = merges = 0
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith('vm_rows{type="storage/'):
+            rows += int(float(line.split()[-1]))
+        elif line.startswith('vm_pending_rows{type="storage"}'):
+            pending += int(float(line.split()[-1]))
+        elif line.startswith("vm_active_merges{"):
+            merges += int(float(line.split()[-1]))
+    return rows, pending, merges
+
+
+def measure_vm(data: Telemetry) -> dict[str, float] | None:
+    with victoria_metrics() as vm:
+        if vm is None:
+            return None
+        url, datadir = vm
+        samples = data.samples
+        ticks, gpus, n_metrics = data.values.shape
+        node_of = [i // GPUS_PER_NODE for i in range(gpus)]
+        ts_ms = [[str(int(round(x * 1000))) for x in data.ts[:, n]] for n in range(data.ts.shape[1])]
+        started = time.perf_counter()
+        with httpx.Client(base_url=url, timeout=600) as client:
+            for j, name in enumerate(data.names):
+                lines: list[str] = []
+                for i, ent in enumerate(data.entities):
+                    labels = ",".join(f'{k}="{v}"' for k, v in sorted(ent.items()))
+                    prefix = f"{name}{{{labels}}} "
+                    col = data.values[:, i, j]
+                    ok = ~np.isnan(col)
+                    texts = col.astype(str)  # shortest decimal that reads back as the same float32
+                    stamps = ts_ms[node_of[i]]
+                    lines.extend(prefix + texts[k] + " " + stamps[k] for k in np.nonzero(ok)[0])
+                client.post(
+                    "/api/v1/import/prometheus", content=("\n".join(lines) + "\n").encode()
+                ).raise_for_status()
+            import_seconds = time.perf_counter() - started
+            client.get("/internal/force_flush").raise_for_status()
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                rows, pending, _ = _vm_rows(client)
+                if rows >= samples and pending == 0:
+                    break
+                time.sleep(0.5)
+            flushed = dir_bytes(datadir)
+            client.get("/internal/force_merge").raise_for_status()
+            stable, last = 0, -1
+            while time.monotonic() < deadline + 300 and stable < 6:
+                time.sleep(1)
+                size = dir_bytes(datadir)
+                merges = _vm_rows(client)[2]
+                stable = stable + 1 if merges == 0 and size == last else 0
+                last = size
+            merged = dir_bytes(datadir)
+        return {
+            "samples": samples,
+            "import_samples_per_s": samples / import_seconds,
+            "flushed_bytes": flushed,
+            "merged_bytes": merged,
+        }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gpus", type=int, default=64)
+    ap.add_argument("--hours", type=float, default=2.0)
+    ap.add_argument("--data", choices=["gpu", "common"], default="gpu")
+    ap.add_argument("--batch-seconds", type=int, default=5, help="frames per agent batch")
+    ap.add_argument("--no-vm", action="store_true", help="skip the VictoriaMetrics anchor")
+    ap.add_argument(
+        "--no-time-order", action="store_true", help="skip the unsealed (time-ordered) comparison"
+    )
+    a = ap.parse_args()
+    seconds = int(a.hours * 3600)
+    t0 = float(
+        int(time.time() - seconds - 7200) // 3600 * 3600
+    )  # recent (VictoriaMetrics retention), on an hour
+    console.print(f"generating {a.gpus} GPUs x {seconds} s ({a.data} telemetry)")
+    data = generate(a.data, a.gpus, seconds, t0)
+    console.print(f"{data.samples:,} samples, {len(data.names)} metrics")
+    rows: list[list[str]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-storage-") as tmp_name:
+        tmp = Path(tmp_name)
+        ours = measure_duckdb(data, tmp, a.batch_seconds, seal=True)
+        n = ours["samples"]
+        rows.append(
+            [
+                "gpuscope DuckDBStore, file (raw + rollups)",
+                f"{ours['file_bytes'] / n:.3f}",
+                f"{ours['file_bytes']:,}",
+                f"{ours['append_samples_per_s']:,.0f}",
+            ]
+        )
+        rows.append(
+            [
+                "gpuscope DuckDBStore, raw telemetry only",
+                f"{ours['raw_bytes'] / n:.3f}",
+                f"{ours['raw_bytes']:,}",
+                "",
+            ]
+        )
+        if not a.no_time_order:
+            plain = measure_duckdb(data, tmp, a.batch_seconds, seal=False)
+            rows.append(
+                [
+                    "  same, not sealed (time order), raw only",
+                    f"{plain['raw_bytes'] / n:.3f}",
+                    f"{plain['raw_bytes']:,}",
+                    f"{plain['append_samples_per_s']:,.0f}",
+                ]
+            )
+        vm = None if a.no_vm else measure_vm(data)
+        if vm is not None:
+            rows.append(
+                [
+                    "VictoriaMetrics 1.79 after force_flush",
+                    f"{vm['flushed_bytes'] / n:.3f}",
+                    f"{vm['flushed_bytes']:,}",
+                    f"{vm['import_samples_per_s']:,.0f} (HTTP import)",
+                ]
+            )
+            rows.append(
+                [
+                    "VictoriaMetrics 1.79 after merges (anchor)",
+                    f"{vm['merged_bytes'] / n:.3f}",
+                    f"{vm['merged_bytes']:,}",
+                    "",
+                ]
+            )
+    print_table(
+        f"storage, {a.gpus} GPUs x {len(data.names)} metrics x 1 Hz x {a.hours:g} h = {n:,} samples "
+        f"(budget <= 0.8 bytes/sample)",
+        ["system", "bytes/sample", "bytes", "append samples/s"],
+        rows,
+    )
+    print(
+        f"DuckDBStore appends: {data.ts.shape[1]} agent threads, "
+        f"{ours['batches_per_s']:,.0f} durable batches/s in {ours['commits']:,} group commits"
+    )
+
+
+if __name__ == "__main__":
+    main()
