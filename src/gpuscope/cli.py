@@ -37,19 +37,31 @@ def _cmd_hub(args: argparse.Namespace) -> int:
         raw_retention_s=cfg.raw_retention_s,
     )
     hub = Hub(store, price_per_gpu_hour=cfg.price_per_gpu_hour)
+    from gpuscope.alert.service import attach_alerting
+
+    try:
+        alerting = attach_alerting(hub, cfg)
+    except ConfigError:
+        store.close()
+        raise
     try:
         server = HubServer(
             hub, cfg.host, cfg.port, tokens=cfg.tokens, limits=Limits(max_body_bytes=cfg.max_body_bytes)
         )
     except (ValueError, OSError) as exc:
         store.close()
+        alerting.stop()
         err.print(f"[red]gpuscope hub: {exc}[/red]")
         return 2
     err.print(
         f"gpuscope hub {__version__} listening on {server.url} (store: {cfg.storage_path}, "
         f"write auth: {'token' if cfg.tokens else 'none, loopback only'})"
     )
-    server.run()
+    alerting.start()
+    try:
+        server.run()
+    finally:
+        alerting.stop()
     return 0
 
 
@@ -128,6 +140,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_agent_arguments(agent)
     agent.set_defaults(func=_cmd_agent)
+
+    from gpuscope.cli_alerts import add_alerts_arguments, add_incidents_arguments, run_alerts, run_incidents
+
+    alerts = sub.add_parser("alerts", help="list, acknowledge and silence a hub's alerts")
+    add_alerts_arguments(alerts)
+    alerts.set_defaults(func=run_alerts)
+    incidents = sub.add_parser("incidents", help="a hub's incidents, root cause first, costliest first")
+    add_incidents_arguments(incidents)
+    incidents.set_defaults(func=run_incidents)
 
     sim = sub.add_parser("sim-eval", help="run a scenario in virtual time and print its alerts")
     sim.add_argument("scenario", help="scenario YAML (DESIGN §4)")

@@ -17,6 +17,7 @@ DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7470
 
 KNOWN_KEYS = {"listen", "storage", "state", "auth", "pricing", "limits", "receivers", "routes", "retention"}
+KNOWN_KEYS |= {"alerting"}  # silences, maintenance, escalation, pending, outbox: gpuscope.alert.settings
 
 
 class ConfigError(ValueError):

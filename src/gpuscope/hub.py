@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.alert.engine import AlertChange, AlertEngine
+from gpuscope.alert.topology import placements
 from gpuscope.counters import Counters
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.model import Alert, Batch
 from gpuscope.store.base import AppendResult, Store
+
+if TYPE_CHECKING:
+    from gpuscope.alert.service import AlertingService
 
 AlertListener = Callable[[AlertChange], None]
 
@@ -28,7 +32,11 @@ class Hub:
         self.store = store
         self.counters = counters or Counters()
         self.detection = DetectionEngine()
-        self.alerts = AlertEngine(price_per_gpu_hour=price_per_gpu_hour)
+        self.alerts = AlertEngine(
+            price_per_gpu_hour=price_per_gpu_hour, places=lambda entity: placements(self.store, entity)
+        )
+        #: routing, silences, acknowledgement and notifiers, when a hub runs them (not in sim-eval)
+        self.alerting: AlertingService | None = None
         self._detect_lock = threading.Lock()
         self._listeners: list[AlertListener] = []
 

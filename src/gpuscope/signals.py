@@ -105,7 +105,41 @@ SERVICE_METRICS = _specs(
     ("inference_preemptions_total", "counter", "Requests preempted for KV cache space"),
 )
 
-ALL_METRICS: dict[str, MetricSpec] = {**GPU_METRICS, **NODE_METRICS, **SERVICE_METRICS}
+#: Finer-grained hardware telemetry: per NVLink link (labels node, gpu, uuid, link), per process on
+#: a GPU (node, gpu, uuid, pid; attribution job, pod, container), per InfiniBand port (node,
+#: device, port). Kept apart from the per-GPU and per-node sets, whose columns the simulator mirrors.
+DETAIL_METRICS = _specs(
+    ("gpu_process_memory_used_bytes", "gauge", "GPU memory used by one process"),
+    ("gpu_nvlink_link_up", "gauge", "1 while this NVLink link is active"),
+    ("gpu_nvlink_link_tx_bytes_per_second", "gauge", "NVLink transmit throughput of this link"),
+    ("gpu_nvlink_link_rx_bytes_per_second", "gauge", "NVLink receive throughput of this link"),
+    ("gpu_nvlink_link_crc_errors_total", "counter", "NVLink CRC flit and data errors of this link"),
+    ("gpu_nvlink_link_replay_errors_total", "counter", "NVLink replay errors of this link"),
+    ("gpu_nvlink_link_recovery_errors_total", "counter", "NVLink recovery errors of this link"),
+    ("ib_port_up", "gauge", "1 while the InfiniBand/RoCE port is ACTIVE"),
+    ("ib_port_rate_gbps", "gauge", "Link rate of the port in Gb/s"),
+    ("ib_port_rx_bytes_per_second", "gauge", "Receive throughput of the port"),
+    ("ib_port_tx_bytes_per_second", "gauge", "Transmit throughput of the port"),
+    ("ib_port_rx_bytes_total", "counter", "Bytes received by the port (port_rcv_data x 4)"),
+    ("ib_port_tx_bytes_total", "counter", "Bytes sent by the port (port_xmit_data x 4)"),
+    ("ib_port_symbol_errors_total", "counter", "Symbol errors of the port"),
+    ("ib_port_rcv_errors_total", "counter", "Receive errors of the port"),
+    ("ib_port_link_downed_total", "counter", "Times the port's link went down"),
+    ("ib_port_link_error_recovery_total", "counter", "Link error recoveries of the port"),
+    ("ib_port_xmit_discards_total", "counter", "Outbound packets the port discarded"),
+    ("ib_port_xmit_wait_total", "counter", "Ticks the port had data to send but no credits"),
+    ("ib_port_out_of_sequence_total", "counter", "RDMA packets received out of sequence (hw_counters)"),
+    ("ib_port_packet_seq_errors_total", "counter", "RDMA NAK sequence errors received (hw_counters)"),
+    ("ib_port_local_ack_timeout_errors_total", "counter", "RDMA ACK timeouts (hw_counters)"),
+    (
+        "ib_port_rnr_nak_retry_errors_total",
+        "counter",
+        "RDMA receiver-not-ready retries exceeded (hw_counters)",
+    ),
+    ("ib_port_out_of_buffer_total", "counter", "Packets dropped for lack of receive WQEs (hw_counters)"),
+)
+
+ALL_METRICS: dict[str, MetricSpec] = {**GPU_METRICS, **NODE_METRICS, **SERVICE_METRICS, **DETAIL_METRICS}
 
 #: Metrics that training ranks report per step in TrainingRecord.metrics.
 TRAINING_METRICS = {

@@ -60,7 +60,7 @@ def test_default_collectors_and_options_that_switch_one_on(dcgm_registered: None
     args = parse("--node", "n1", "--dcgm-url", "http://127.0.0.1:9400/metrics")
     ctx = context_from_args(args)
     assert ctx.options == {"dcgm_url": "http://127.0.0.1:9400/metrics"}
-    assert collector_names(args, ctx) == ["dcgm_test", "host"]
+    assert collector_names(args, ctx) == ["dcgm", "dcgm_test", "host"]
     args = parse("--collector", "host", "--dcgm-url", "http://x/metrics")
     with pytest.raises(ValueError, match="--dcgm-url is given but no chosen collector uses it"):
         collector_names(args, context_from_args(args))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-import time
 
 import numpy as np
 import pytest
@@ -237,10 +236,8 @@ def test_coarser_interval_still_beats_every_second() -> None:
     assert len(beats) >= 95 and np.allclose(np.diff(beats), 1.0)
 
 
-def test_simulating_32_gpus_is_fast() -> None:
-    """Not a timed assertion: a sanity bound an order of magnitude above the 1 ms/tick budget."""
-    sim = Simulator(load_scenario(builtin_scenario("demo")))
-    start = time.perf_counter()
-    ticks = sum(1 for _ in sim.ticks())
-    per_tick = (time.perf_counter() - start) / ticks
-    assert ticks == 600 and per_tick < 0.02
+def test_one_tick_per_interval_over_the_whole_scenario() -> None:
+    scenario = load_scenario(builtin_scenario("demo"))
+    times = [tick.t for tick in Simulator(scenario).ticks()]
+    assert len(times) == round(scenario.duration / scenario.interval)
+    assert np.allclose(np.diff(times), scenario.interval)

@@ -9,6 +9,7 @@ import pytest
 
 from gpuscope.model import Batch
 from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.errors import StoreError
 from store.store_helpers import frame, gpu
 
 HOUR = 3600
@@ -76,7 +77,7 @@ def test_retention_keeps_answers_from_rollups(two_hours: DuckDBStore) -> None:
     exact = store.aggregate("util", "gpu", 0, 2 * HOUR - 1)
     store.rollup(2 * HOUR)
     report = store.compact(2 * HOUR)
-    assert report["samples"] + report["samples_recent"] == 2 * HOUR  # first hour, both GPUs
+    assert (report["samples"], report["sealed_rows"], report["chunk_files"]) == (0, 2 * HOUR, 1)
     assert store.stats()["raw_rows"] == 2 * HOUR  # second hour, both GPUs
     assert store.aggregate("util", "gpu", 0, 2 * HOUR - 1) == exact
     # a fine-grained request for deleted raw data is answered at rollup resolution
@@ -102,21 +103,70 @@ def test_rollup_retention_falls_back_to_hours(tmp_path: Path) -> None:
     store.close()
 
 
-def test_sealing_orders_closed_chunks_by_entity(tmp_path: Path) -> None:
+def test_sealing_moves_closed_hours_to_parquet_ordered_by_entity(tmp_path: Path) -> None:
     path = tmp_path / "r.duckdb"
     store = DuckDBStore(str(path), durable=False)
     fill(store, 0, HOUR + 120, n_gpus=3)
     report = store.rollup(HOUR + 120)
     assert report["sealed_rows"] == 3 * HOUR
-    assert store.stats()["rows"]["samples_recent"] == 3 * 120
-    assert len(store.series("util", {"gpu": "2"}, 0, HOUR + 119, points=10_000)) == HOUR + 120
+    stats = store.stats()
+    assert (stats["rows"]["samples"], stats["raw_rows"], stats["chunk_files"]) == (
+        3 * 120,
+        3 * (HOUR + 120),
+        1,
+    )
+    assert stats["disk_bytes"] >= stats["chunk_bytes"] > 0
+    assert store.rollup(HOUR + 120)["sealed_rows"] == 0
+    points = store.series("util", {"gpu": "2"}, 0, HOUR + 119, points=10_000)
+    assert [p.value for p in points] == [float(t + 2) for t in range(HOUR + 120)]
     store.close()
-    con = duckdb.connect(str(path), read_only=True)
-    con.execute("SET threads = 1")
-    rows = con.execute("SELECT entity, ts FROM samples").fetchall()
+    (chunk,) = (tmp_path / "r.duckdb.chunks").iterdir()
+    con = duckdb.connect()
+    rows = con.execute(f"SELECT entity, ts FROM read_parquet('{chunk}')").fetchall()
     con.close()
-    assert rows == sorted(rows)
-    assert rows[0] == (0, 0) and rows[-1] == (2, (HOUR - 1) * 1000)
+    assert rows == sorted(rows) and len(rows) == 3 * HOUR
+    with DuckDBStore(str(path)) as again:
+        assert again.aggregate("util", "gpu", 0, HOUR + 119)[2]["count"] == HOUR + 120
+
+
+def test_late_rows_for_a_sealed_hour_are_sealed_again(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "r.duckdb"), durable=False) as store:
+        fill(store, 0, HOUR + 120, n_gpus=1)
+        store.rollup(HOUR + 120)
+        store.append(Batch("late", frames=[frame(10.5, ["util"], [gpu("n0", 0)], [[-1.0]])]))
+        assert store.rollup(HOUR + 130)["sealed_rows"] == 1
+        assert store.stats()["chunk_files"] == 2
+        points = store.series("util", {}, 10, 11, points=100)
+        assert [(p.ts, p.value) for p in points] == [(10.0, 10.0), (10.5, -1.0), (11.0, 11.0)]
+
+
+def test_a_new_metric_reads_as_missing_from_older_chunks(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "r.duckdb"), durable=False) as store:
+        fill(store, 0, HOUR + 120, n_gpus=1)
+        store.rollup(HOUR + 120)
+        store.append(
+            Batch("s", frames=[frame(HOUR + 200.0, ["util", "power"], [gpu("n0", 0)], [[1.0, 300.0]])])
+        )
+        assert [p.value for p in store.series("power", {}, 0, HOUR + 300)] == [300.0]
+        store.rollup(2 * HOUR + 120)
+        assert store.aggregate("power", "gpu", 0, 2 * HOUR)[0]["count"] == 1
+        assert store.aggregate("util", "gpu", 0, 2 * HOUR)[0]["count"] == HOUR + 121
+
+
+def test_unregistered_chunk_files_are_removed_and_missing_ones_refused(tmp_path: Path) -> None:
+    path = tmp_path / "r.duckdb"
+    with DuckDBStore(str(path), durable=False) as store:
+        fill(store, 0, HOUR + 120, n_gpus=1)
+        store.rollup(HOUR + 120)
+    chunks = tmp_path / "r.duckdb.chunks"
+    (chunk,) = chunks.iterdir()
+    orphan = chunks / "chunk-5-6-99.parquet"  # what a seal that crashed before its commit leaves
+    orphan.write_bytes(b"partial")
+    DuckDBStore(str(path)).close()
+    assert sorted(chunks.iterdir()) == [chunk]
+    chunk.unlink()
+    with pytest.raises(StoreError, match="missing"):
+        DuckDBStore(str(path))
 
 
 def test_rollup_of_an_empty_store_does_nothing(tmp_path: Path) -> None:
@@ -128,9 +178,9 @@ def test_rollup_of_an_empty_store_does_nothing(tmp_path: Path) -> None:
 def test_compact_never_deletes_raw_rows_that_are_not_rolled_up(tmp_path: Path) -> None:
     with DuckDBStore(str(tmp_path / "c.duckdb"), durable=False, raw_retention_s=60) as store:
         fill(store, 0, 600, n_gpus=1)
-        assert store.compact(10 * HOUR)["samples_recent"] == 0
+        assert store.compact(10 * HOUR)["samples"] == 0
         store.rollup(300)
-        assert store.compact(10 * HOUR)["samples_recent"] == 240  # up to the rollup watermark (240 s)
+        assert store.compact(10 * HOUR)["samples"] == 240  # up to the rollup watermark (240 s)
         assert len(store.series("util", {}, 0, 599, points=600)) == 4 + 360
 
 

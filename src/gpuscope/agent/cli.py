@@ -11,14 +11,23 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
+import threading
 from typing import Any
 
 import orjson
 
 from gpuscope.agent.agent import Agent, collect_once_json, default_node_name, run_until_signalled
+from gpuscope.agent.metrics_endpoint import MetricsEndpoint, PublishingCollectorSet, parse_listen, serve_only
 from gpuscope.agent.spool import SpoolError
-from gpuscope.collect.base import COLLECTORS, CollectorContext, build_collectors, enabled_collectors
+from gpuscope.collect.base import (
+    COLLECTORS,
+    Collector,
+    CollectorContext,
+    build_collectors,
+    enabled_collectors,
+)
 
 log = logging.getLogger("gpuscope.agent")
 
@@ -50,6 +59,12 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--proc-root", default="/proc", help="read procfs from this root (default /proc)")
     parser.add_argument("--sys-root", default="/sys", help="read sysfs from this root (default /sys)")
+    parser.add_argument(
+        "--metrics-listen",
+        default=None,
+        metavar="HOST:PORT",
+        help="also serve the latest round as Prometheus /metrics here (without --hub: only that)",
+    )
     parser.add_argument("--once", action="store_true", help="one round from every source, printed; no hub")
     parser.add_argument("--json", action="store_true", help="with --once: print JSON")
     parser.add_argument(
@@ -105,6 +120,17 @@ def run_agent(args: argparse.Namespace) -> int:
                 c.close()
         print(render_once(result, as_json=args.json))
         return 0
+    endpoint = None
+    if getattr(args, "metrics_listen", None):
+        try:
+            endpoint = MetricsEndpoint(*parse_listen(args.metrics_listen)).start()
+        except (ValueError, OSError) as exc:
+            for c in collectors:
+                c.close()
+            print(f"gpuscope agent: {exc}", file=sys.stderr)
+            return 2
+        if not args.hub:
+            return _serve_metrics_only(collectors, endpoint, args.interval)
     if not args.hub:
         print("gpuscope agent: --hub URL is required (or --once to print one round)", file=sys.stderr)
         for c in collectors:
@@ -123,15 +149,40 @@ def run_agent(args: argparse.Namespace) -> int:
     except (ValueError, SpoolError) as exc:
         for c in collectors:
             c.close()
+        if endpoint is not None:
+            endpoint.close()
         print(f"gpuscope agent: {exc}", file=sys.stderr)
         return 2
+    if endpoint is not None:
+        agent.collectors = PublishingCollectorSet(collectors, endpoint, agent.counters)
     print(
         f"gpuscope agent: node {ctx.node}, collectors {', '.join(agent.collectors.names)}, "
         f"every {args.interval:g} s to {args.hub} (spool {agent.spool.dir})",
         file=sys.stderr,
     )
-    stats = run_until_signalled(agent)
+    try:
+        stats = run_until_signalled(agent)
+    finally:
+        if endpoint is not None:
+            endpoint.close()
     log.info("agent stopped: %s", stats)
+    return 0
+
+
+def _serve_metrics_only(collectors: list[Collector], endpoint: MetricsEndpoint, interval: float) -> int:
+    """No hub: collect for the Prometheus endpoint alone until SIGINT/SIGTERM."""
+    stop = threading.Event()
+    previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
+    cs = PublishingCollectorSet(collectors, endpoint)
+    host, port = endpoint.address
+    print(f"gpuscope agent: serving http://{host}:{port}/metrics every {interval:g} s", file=sys.stderr)
+    try:
+        serve_only(cs, interval, stop)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        cs.close()
+        endpoint.close()
     return 0
 
 

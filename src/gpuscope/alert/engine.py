@@ -1,6 +1,8 @@
 """From findings to alerts: one alert per (rule, entity) while its finding persists.
 
-Detectors restate every condition that holds at each evaluation; this layer turns a finding that
+A rule may have a pending time (``pending_for``): its condition must hold that long before the
+alert fires (pending → firing → resolved); ``started_at`` is the time it fired. Hard-fault rules
+never wait. Detectors restate every condition that holds at each evaluation; this layer turns a finding that
 appears into a fired alert and one that has been absent for ``resolve_after`` seconds into a
 resolved one (a short absence is treated as the same alert, so a condition at its threshold does
 not flap). A later re-occurrence is a new alert. Severity and owner come from the catalog; the
@@ -11,15 +13,22 @@ findings came from.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from gpuscope.alert.catalog import RULES
+from gpuscope.alert.catalog import HARD_FAULTS, RULES, rule_for_fault
 from gpuscope.alert.incidents import Incident, IncidentTracker
-from gpuscope.model import Alert, Finding
+from gpuscope.model import Alert, Finding, Labels
 
 ChangeKind = Literal["fired", "resolved"]
 FindingKey = tuple[str, tuple[tuple[str, str], ...]]
+Places = Callable[[Labels], list[Labels]]
+
+#: Rules of hard faults: they fire at once (no pending time), as the time-to-detect budget needs.
+HARD_RULES: frozenset[str] = frozenset(rule_for_fault(kind) for kind in HARD_FAULTS)
+#: ``details`` keys the alert layer attaches itself; a detector's refresh must not wipe them.
+KEPT_DETAILS = ("playbook", "ack", "pending_since")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,14 +61,24 @@ class AlertEngine:
     """Alert state: what fires, what resolved, and the incidents they form."""
 
     def __init__(
-        self, price_per_gpu_hour: float = 2.5, resolve_after: float = 5.0, incident_window: float = 600.0
+        self,
+        price_per_gpu_hour: float = 2.5,
+        resolve_after: float = 5.0,
+        incident_window: float = 600.0,
+        *,
+        pending_for: Mapping[str, float] | None = None,
+        places: Places | None = None,
     ) -> None:
         if not math.isfinite(price_per_gpu_hour) or price_per_gpu_hour < 0:
             raise ValueError(f"price_per_gpu_hour must be a non-negative number, got {price_per_gpu_hour!r}")
         if not math.isfinite(resolve_after) or resolve_after < 0:
             raise ValueError(f"resolve_after must be a non-negative number of seconds, got {resolve_after!r}")
+        self.pending_for = check_pending(pending_for or {})
         self.price_per_gpu_hour = price_per_gpu_hour
         self.resolve_after = resolve_after
+        self.places = places
+        self._pending: dict[FindingKey, tuple[float, Finding]] = {}
+        self.pending_cleared = 0  # findings that vanished before their pending time was up
         self._alerts: list[Alert] = []
         self._active: dict[FindingKey, Alert] = {}
         self._incidents = IncidentTracker(incident_window)
@@ -76,11 +95,22 @@ class AlertEngine:
             current.add(key)
             alert = self._active.get(key)
             if alert is None:
+                hold = self.pending_for.get(finding.rule, 0.0)
+                if hold > 0:
+                    since = self._pending.get(key, (now, finding))[0]
+                    if now - since < hold:
+                        self._pending[key] = (since, finding)
+                        continue
+                    self._pending.pop(key, None)
+                    finding.details = {**finding.details, "pending_since": since}
                 alert = self._fire(now, finding)
                 self._active[key] = alert
                 changes.append(AlertChange("fired", alert))
             else:
                 self._refresh(alert, now, finding)
+        for key in [k for k in self._pending if k not in current]:
+            del self._pending[key]  # pending requires the condition to hold throughout
+            self.pending_cleared += 1
         for key, alert in list(self._active.items()):
             if key not in current and now - alert.last_seen >= self.resolve_after:
                 alert.resolved_at = now
@@ -103,14 +133,18 @@ class AlertEngine:
         )
         self._refresh(alert, now, finding)
         self._alerts.append(alert)
-        self._incidents.add(alert)
+        places = None
+        if self.places is not None and not finding.details.get("links") and "node" not in alert.entity:
+            places = self.places(alert.entity)
+        self._incidents.add(alert, places)
         return alert
 
     def _refresh(self, alert: Alert, now: float, finding: Finding) -> None:
         alert.last_seen = now
         alert.summary = finding.summary
         alert.value = finding.value if finding.value is not None and math.isfinite(finding.value) else None
-        alert.details = dict(finding.details)
+        kept = {k: alert.details[k] for k in KEPT_DETAILS if k in alert.details}
+        alert.details = {**finding.details, **kept}
         alert.cost_per_hour = self.cost_per_hour(finding)
 
     def cost_per_hour(self, finding: Finding) -> float:
@@ -124,5 +158,29 @@ class AlertEngine:
     def firing(self) -> list[Alert]:
         return list(self._active.values())
 
+    def pending(self) -> list[dict[str, Any]]:
+        """Conditions that hold but have not yet held for their rule's pending time."""
+        return [
+            {"rule": f.rule, "entity": dict(f.entity), "since": since, "summary": f.summary}
+            for since, f in self._pending.values()
+        ]
+
+    def get(self, alert_id: str) -> Alert | None:
+        return next((a for a in reversed(self._alerts) if a.id == alert_id), None)
+
     def incidents(self) -> list[Incident]:
         return self._incidents.incidents()
+
+
+def check_pending(pending_for: Mapping[str, float]) -> dict[str, float]:
+    """Validate per-rule pending times; hard-fault rules must fire at once."""
+    out: dict[str, float] = {}
+    for rule, seconds in pending_for.items():
+        if rule not in RULES:
+            raise ValueError(f"pending time for {rule!r}: not a rule of the alert catalog")
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
+            raise ValueError(f"pending time for {rule}: must be a non-negative number of seconds")
+        if seconds > 0 and rule in HARD_RULES:
+            raise ValueError(f"pending time for {rule}: a hard fault fires at once (time to detect)")
+        out[rule] = float(seconds)
+    return out

@@ -7,7 +7,7 @@ label sets). An alert joins every incident it links to that started at most ``wi
 before it (several such incidents merge into the oldest), unless that incident had already ended
 (every member resolved) more than ``reopen_within`` seconds earlier: a new fault in the same place
 after the last one was fixed is a new incident. The root cause is the alert on the lowest layer
-(GPU < node < rank < job < service), earliest first.
+(GPU < node < rank < job < service), the gravest tier and then the earliest first.
 """
 
 from __future__ import annotations
@@ -111,7 +111,8 @@ class _Group:
         return all(a.resolved_at is not None and a.resolved_at < ts for a in self.members)
 
     def root(self) -> Alert:
-        return min(self.members, key=lambda a: (layer(a.entity), a.started_at, _number(a.id)))
+        # Lowest layer first; on one layer the graver fault (P1 before P2) is the likelier cause.
+        return min(self.members, key=lambda a: (layer(a.entity), a.severity, a.started_at, _number(a.id)))
 
     def snapshot(self) -> Incident:
         root = self.root()
@@ -137,9 +138,11 @@ class IncidentTracker:
         self._by_key: dict[str, set[str]] = {}
         self._seq = 0
 
-    def add(self, alert: Alert) -> str:
-        """File a newly fired alert; returns its incident id."""
-        keys = link_keys(alert.entity, alert.details.get("links"))
+    def add(self, alert: Alert, places: list[Labels] | None = None) -> str:
+        """File a newly fired alert; returns its incident id. ``places`` are where a job or service
+        alert runs (:mod:`gpuscope.alert.topology`), linking it to hardware alerts there."""
+        links = alert.details.get("links")
+        keys = link_keys(alert.entity, [*(links if isinstance(links, list) else []), *(places or [])])
         joined: set[str] = set()
         for key in keys:
             ids = self._by_key.get(key)

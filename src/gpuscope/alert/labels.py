@@ -54,7 +54,9 @@ class Matcher:
             try:
                 re.compile(self.value)
             except re.error as exc:
-                raise ValueError(f"matcher {self.name}: bad regular expression {self.value!r}: {exc}") from None
+                raise ValueError(
+                    f"matcher {self.name}: bad regular expression {self.value!r}: {exc}"
+                ) from None
 
     def matches(self, labels: Labels) -> bool:
         actual = labels.get(self.name, "")

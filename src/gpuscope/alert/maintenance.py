@@ -84,9 +84,9 @@ def parse_window(raw: Any, where: str) -> MaintenanceWindow:
     try:
         start = dt.time.fromisoformat(str(raw["start"]))
     except KeyError:
-        raise ValueError(f"{where}.start: a recurring window needs a start time such as \"02:00\"") from None
+        raise ValueError(f'{where}.start: a recurring window needs a start time such as "02:00"') from None
     except ValueError:
-        raise ValueError(f"{where}.start: {raw['start']!r} is not a time of day such as \"02:00\"") from None
+        raise ValueError(f'{where}.start: {raw["start"]!r} is not a time of day such as "02:00"') from None
     duration = parse_duration(raw.get("duration"), f"{where}.duration")
     if not 0 < duration <= 7 * 86400:
         raise ValueError(f"{where}.duration: must be more than 0 and at most a week")

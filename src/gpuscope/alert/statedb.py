@@ -7,6 +7,7 @@ and ``sim-eval``. One connection behind a lock: the writers are the evaluator an
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -26,7 +27,8 @@ CREATE TABLE IF NOT EXISTS outbox (
     dead_at REAL,
     last_error TEXT
 );
-CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (receiver, id) WHERE delivered_at IS NULL AND dead_at IS NULL;
+CREATE INDEX IF NOT EXISTS outbox_pending ON outbox (receiver, id)
+    WHERE delivered_at IS NULL AND dead_at IS NULL;
 CREATE TABLE IF NOT EXISTS silences (
     id TEXT PRIMARY KEY,
     doc TEXT NOT NULL,
@@ -53,6 +55,8 @@ class StateDB:
     def __init__(self, path: str = ":memory:") -> None:
         self.path = path
         self._con = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        if path != ":memory:":
+            os.chmod(path, 0o600)  # receivers' URLs and routing keys are secrets
         self._lock = threading.RLock()
         with self._lock:
             if path != ":memory:":

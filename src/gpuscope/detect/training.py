@@ -46,6 +46,8 @@ class _Run:
     progress_at: float = -math.inf  # hub time progress was last seen
     util: dict[GpuKey, tuple[float, float]] = field(default_factory=dict)  # GPU -> (ts, utilisation)
     ranks: dict[int, int] = field(default_factory=dict)  # rank -> last step its heartbeat reported
+    # rank -> (collectives entered, seconds waiting in one) from SDK heartbeats that track collectives
+    collectives: dict[int, tuple[int, float]] = field(default_factory=dict)
 
 
 @register
@@ -136,6 +138,9 @@ class TrainingLivenessDetector(Detector):
         run.ranks[rank] = (
             step if isinstance(step, int) and not isinstance(step, bool) else run.ranks.get(rank, -1)
         )
+        seq, waiting = event.data.get("collective_seq"), event.data.get("collective_waiting_seconds")
+        if isinstance(seq, int) and isinstance(waiting, int | float):
+            run.collectives[rank] = (seq, float(waiting))
         self._ranks.beat((job.name, rank), event.ts)
 
     def _checkpoint(self, event: Event) -> None:
@@ -276,6 +281,10 @@ class TrainingLivenessDetector(Detector):
         if first is not None:
             where = f"{first['node']} GPU {first['gpu']}"
             summary += f"; rank {first['rank']} on {where} stopped heartbeating first"
+        late = self._never_arrived(job, run)
+        if late:
+            names = ", ".join(f"{r['rank']} ({r['node']} GPU {r['gpu']})" for r in late)
+            summary += f"; rank(s) {names} never arrived at collective #{late[0]['collective']}"
         return Finding(
             STALLED,
             {"job": job.name},
@@ -291,7 +300,8 @@ class TrainingLivenessDetector(Detector):
                 "gpu_utilization_percent": util,
                 "busy": busy,
                 "first_silent_rank": first,
-                "links": self._links(job, first),
+                "late_ranks": late,
+                "links": self._links(job, first or (late[0] if len(late) == 1 else None)),
             },
         )
 
@@ -302,6 +312,20 @@ class TrainingLivenessDetector(Detector):
         if first is not None and first["node"] != "?":
             return [{"node": first["node"], "gpu": first["gpu"]}]
         return [{"node": node} for node in job.nodes()]
+
+    @staticmethod
+    def _never_arrived(job: Job, run: _Run) -> list[dict[str, Any]]:
+        """Ranks behind the collective their peers wait in (SDK heartbeats: collective_seq, waiting)."""
+        waiting = [seq for seq, seconds in run.collectives.values() if seconds > 0]
+        if not waiting:
+            return []
+        target = max(waiting)
+        out = []
+        for rank, (seq, _) in sorted(run.collectives.items()):
+            if seq < target:
+                node, gpu = job.placement.get(rank, ("?", "?"))
+                out.append({"rank": rank, "node": node, "gpu": gpu, "collective": target, "entered": seq})
+        return out
 
     @staticmethod
     def _job_utilisation(run: _Run) -> float | None:

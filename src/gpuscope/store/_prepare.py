@@ -7,7 +7,7 @@ parallel with a commit (validation, id lookup, float32 conversion) happens here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -17,7 +17,6 @@ from gpuscope.model import Batch, Event, Frame, TrainingRecord
 from gpuscope.store._registry import REFUSED, ColumnRegistry, EntityRegistry
 from gpuscope.store.base import AppendResult
 
-F32_MAX = float(np.finfo(np.float32).max)
 MAX_NAME_LEN = 128
 MAX_NOTES = 20
 
@@ -29,6 +28,16 @@ F32 = npt.NDArray[np.float32]
 def to_ms(ts: float) -> int:
     """Seconds (epoch or simulated) to the integer milliseconds the telemetry tables store."""
     return round(ts * 1000.0)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How a frame's metrics map to stored columns."""
+
+    cols: tuple[int, ...]  # stored columns, ascending
+    take: npt.NDArray[np.intp] | None  # frame column feeding each stored column (None: same order)
+    refused: tuple[int, ...]  # frame columns refused by the metric column limit
+    pending: tuple[int, ...]  # columns not yet added to the tables
 
 
 @dataclass(slots=True)
@@ -111,6 +120,7 @@ class Preparer:
         self.entities = entities
         self.columns = columns
         self.train_columns = train_columns
+        self._layouts: dict[tuple[str, ...], Layout] = {}
 
     def prepare(self, batch: Batch) -> Prepared:
         out = Prepared(batch_id=batch.batch_id, result=AppendResult())
@@ -126,73 +136,92 @@ class Preparer:
         out.result.training = len(out.training)
         return out
 
-    def _frame(self, frame: Frame, where: str, out: Prepared) -> None:
-        ts = _check_ts(frame.ts, f"{where}.ts")
-        names = [_check_name(m, f"{where}.metrics[{j}]") for j, m in enumerate(frame.metrics)]
+    def _layout(self, metrics: list[str], where: str) -> Layout:
+        """Where a frame's metric columns go; cached per metric list (senders repeat theirs)."""
+        key = tuple(metrics)
+        layout = self._layouts.get(key)
+        if layout is not None:
+            if layout.pending:  # refresh once the writer has stored the new columns
+                pending = self.columns.still_pending(layout.pending)
+                if len(pending) < len(layout.pending):
+                    layout = self._layouts[key] = replace(layout, pending=pending)
+            return layout
+        names = [_check_name(m, f"{where}.metrics[{j}]") for j, m in enumerate(metrics)]
         if len(set(names)) != len(names):
             raise ValueError(f"{where}.metrics: names a metric twice")
+        cols, new_cols = self.columns.resolve(names)
+        kept = sorted((c, j) for j, c in enumerate(cols) if c != REFUSED)
+        take = [j for _, j in kept]
+        layout = Layout(
+            cols=tuple(c for c, _ in kept),
+            take=None if take == list(range(len(cols))) else np.asarray(take, dtype=np.intp),
+            refused=tuple(j for j, c in enumerate(cols) if c == REFUSED),
+            pending=tuple(new_cols),
+        )
+        if len(self._layouts) > 10_000:
+            self._layouts.clear()
+        self._layouts[key] = layout
+        return layout
+
+    def _frame(self, frame: Frame, where: str, out: Prepared) -> None:
+        ts = _check_ts(frame.ts, f"{where}.ts")
+        layout = self._layout(frame.metrics, where)
         values = np.asarray(frame.values, dtype=np.float64)
-        if values.shape != (len(frame.entities), len(names)):
+        if values.shape != (len(frame.entities), len(frame.metrics)):
             raise ValueError(
                 f"{where}.values: shape {values.shape} does not match "
-                f"{len(frame.entities)} entities x {len(names)} metrics"
+                f"{len(frame.entities)} entities x {len(frame.metrics)} metrics"
             )
-        if not frame.entities or not names:
+        if not frame.entities or not frame.metrics:
             return
         result = out.result
-        cols, pending_cols = self.columns.resolve(names)
-        keep = [j for j, c in enumerate(cols) if c != REFUSED]
-        if len(keep) < len(cols):
-            refused_names = [names[j] for j, c in enumerate(cols) if c == REFUSED]
-            dropped = int(
-                np.count_nonzero(~np.isnan(values[:, [j for j, c in enumerate(cols) if c == REFUSED]]))
-            )
-            result.refused_samples += dropped
-            _note(
-                result,
-                f"{where}: metric column limit ({self.columns.limit}) reached, "
-                f"refused {', '.join(refused_names[:5])}",
-            )
+        if layout.refused:
+            result.refused_samples += int(np.count_nonzero(~np.isnan(values[:, list(layout.refused)])))
+            names = ", ".join(frame.metrics[j] for j in layout.refused[:5])
+            _note(result, f"{where}: metric column limit ({self.columns.limit}) reached, refused {names}")
+        if not layout.cols:
+            return
+        sub = values if layout.take is None else values[:, layout.take]
         ids, codes, refused, pending_ids = self.entities.resolve(frame.entities)
         if refused:
-            result.refused_entities += len(refused)
             ok = ids != REFUSED
-            result.refused_samples += int(np.count_nonzero(~np.isnan(values[~ok][:, keep])))
+            result.refused_entities += len(refused)
+            result.refused_samples += int(np.count_nonzero(~np.isnan(sub[~ok])))
             _note(
                 result,
                 f"{where}: entity limit ({self.entities.max_entities}) reached, "
                 f"refused {len(refused)} label set(s) such as {refused[0]}",
             )
-            ids, codes, values = ids[ok], codes[ok], values[ok]
-        if not keep or len(ids) == 0:
-            return
-        kept_cols = [cols[j] for j in keep]
-        order = np.argsort(kept_cols)
-        block_cols = tuple(kept_cols[k] for k in order)
-        sub = values[:, [keep[k] for k in order]]
+            ids, codes, sub = ids[ok], codes[ok], sub[ok]
+            if len(ids) == 0:
+                return
         with np.errstate(over="ignore", invalid="ignore"):
             f32 = sub.astype(np.float32)
-        finite = np.isfinite(sub)
-        bad = ~np.isnan(sub) & (~finite | (np.abs(np.where(finite, sub, 0.0)) > F32_MAX))
-        if bad.any():
-            n_bad = int(np.count_nonzero(bad))
-            result.refused_samples += n_bad
-            _note(result, f"{where}: refused {n_bad} value(s) that are infinite or beyond float32 range")
-            f32[bad] = np.nan
-        present = ~np.isnan(f32)
-        rows_with_data = present.any(axis=1)
-        if not rows_with_data.all():
-            ids, codes, f32 = ids[rows_with_data], codes[rows_with_data], f32[rows_with_data]
-            present = present[rows_with_data]
-        if len(ids) == 0:
-            return
+        present = np.isfinite(f32)  # values too large for float32 became inf
+        if not present.all():
+            bad = ~present & ~np.isnan(sub)
+            if bad.any():
+                n_bad = int(np.count_nonzero(bad))
+                result.refused_samples += n_bad
+                _note(result, f"{where}: refused {n_bad} value(s) that are infinite or beyond float32 range")
+                f32[bad] = np.nan
+            rows_with_data = present.any(axis=1)
+            if not rows_with_data.all():
+                ids, codes, f32, present = (
+                    ids[rows_with_data],
+                    codes[rows_with_data],
+                    f32[rows_with_data],
+                    present[rows_with_data],
+                )
+                if len(ids) == 0:
+                    return
         result.samples += int(np.count_nonzero(present))
-        block = out.blocks.get(block_cols)
+        block = out.blocks.get(layout.cols)
         if block is None:
-            block = out.blocks[block_cols] = RowBlock(block_cols)
+            block = out.blocks[layout.cols] = RowBlock(layout.cols)
         block.add(np.full(len(ids), to_ms(ts), dtype=np.int64), ids, codes, f32)
         out.entities.update(pending_ids)
-        out.columns.update(c for c in pending_cols if c in block_cols)
+        out.columns.update(layout.pending)
 
     def _event(self, event: Event, where: str) -> tuple[float, str, str, str]:
         ts = _check_ts(event.ts, f"{where}.ts")

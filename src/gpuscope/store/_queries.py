@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.store._maintenance import raw_union
+from gpuscope.store._chunks import ChunkSet
 from gpuscope.store._planner import Tier
 
 INLINE_IDS = 2_000
@@ -39,35 +39,39 @@ class Filter:
         return [self.attribution[k] for k in sorted(self.attribution)]
 
 
-def _segment(tier: Tier, col: int, a: int, b: int, flt: Filter, keys: str) -> tuple[str, list[Any]]:
+def _segment(
+    raw: ChunkSet, tier: Tier, col: int, a: int, b: int, flt: Filter, keys: list[str]
+) -> tuple[str, list[Any]]:
     extra = flt.sql()
     cond = f" AND {extra}" if extra else ""
+    tail = "".join(f", {k}" for k in keys)
     if tier.res == 0:
-        select = f"ts AS t, m{col}::DOUBLE AS v, 1 AS n, m{col} AS lo, m{col} AS hi{keys}"
         where = f"ts >= ? AND ts < ? AND m{col} IS NOT NULL{cond}"
-        return f"({raw_union(select, where)})", [a, b, *flt.values()] * 2
+        src, params = raw.source(["ts", f"m{col}", *keys], where, [a, b, *flt.values()], a, b, require=col)
+        select = f"ts AS t, m{col}::DOUBLE AS v, 1 AS n, m{col} AS lo, m{col} AS hi{tail}"
+        return f"(SELECT {select} FROM ({src}))", params
     table = f"rollup_{tier.name}"
-    select = f"bucket AS t, a{col}::DOUBLE AS v, n{col} AS n, lo{col} AS lo, hi{col} AS hi{keys}"
+    select = f"bucket AS t, a{col}::DOUBLE AS v, n{col} AS n, lo{col} AS lo, hi{col} AS hi{tail}"
     where = f"bucket >= ? AND bucket < ? AND n{col} > 0{cond}"
     return f"(SELECT {select} FROM {table} WHERE {where})", [a, b, *flt.values()]
 
 
 def source(
-    segments: list[tuple[Tier, int, int]], col: int, flt: Filter, keys: str = ""
+    raw: ChunkSet, segments: list[tuple[Tier, int, int]], col: int, flt: Filter, keys: list[str]
 ) -> tuple[str, list[Any]]:
     parts: list[str] = []
     params: list[Any] = []
     for tier, a, b in segments:
-        sql, p = _segment(tier, col, a, b, flt, keys)
+        sql, p = _segment(raw, tier, col, a, b, flt, keys)
         parts.append(sql)
         params.extend(p)
     return " UNION ALL ".join(parts), params
 
 
 def series_sql(
-    segments: list[tuple[Tier, int, int]], col: int, flt: Filter, start: int, step: int
+    raw: ChunkSet, segments: list[tuple[Tier, int, int]], col: int, flt: Filter, start: int, step: int
 ) -> tuple[str, list[Any]]:
-    src, params = source(segments, col, flt)
+    src, params = source(raw, segments, col, flt, [])
     sql = (
         f"SELECT min(t) AS t, sum(v * n) / sum(n) AS v FROM ({src}) "
         f"GROUP BY (t - {int(start)}) // {int(step)} ORDER BY 1"
@@ -76,10 +80,14 @@ def series_sql(
 
 
 def aggregate_sql(
-    segments: list[tuple[Tier, int, int]], col: int, flt: Filter, group: str, join_table: str | None
+    raw: ChunkSet,
+    segments: list[tuple[Tier, int, int]],
+    col: int,
+    flt: Filter,
+    group: str,
+    join_table: str | None,
 ) -> tuple[str, list[Any]]:
-    keys = f", {group}" if join_table is None else ", entity"
-    src, params = source(segments, col, flt, keys)
+    src, params = source(raw, segments, col, flt, [group if join_table is None else "entity"])
     if join_table is None:
         body = f"SELECT {group} AS g, v, n, lo, hi FROM ({src})"
     else:

@@ -214,6 +214,10 @@ class ColumnRegistry:
         with self._lock:
             return [c for c in range(len(self._names)) if c not in self._pending]
 
+    def still_pending(self, cols: Iterable[int]) -> tuple[int, ...]:
+        with self._lock:
+            return tuple(c for c in cols if c in self._pending)
+
     def unpersisted(self, cols: Iterable[int]) -> list[tuple[int, str]]:
         with self._lock:
             return [(c, self._names[c]) for c in cols if c in self._pending]

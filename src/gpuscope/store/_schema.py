@@ -16,8 +16,8 @@ from gpuscope.store.errors import StoreError
 
 FORMAT = "gpuscope-store"
 SCHEMA_VERSION = 1
+BLOCK_SIZE = 65_536
 
-RAW_TABLES = ("samples", "samples_recent")  # sealed (sorted by entity, ts) and the append target
 ROLLUP_TABLES = ("rollup_1m", "rollup_1h")
 ROLLUP_PARTS = ("n", "a", "lo", "hi")  # per metric: sample count, mean, min, max
 
@@ -25,11 +25,15 @@ _ATTR_DDL = ", ".join(f"{c} VARCHAR" for c in ATTR_COLUMNS)
 
 DDL = (
     "CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)",
-    "CREATE TABLE metric_columns (name VARCHAR PRIMARY KEY, col INTEGER NOT NULL)",
-    "CREATE TABLE training_columns (name VARCHAR PRIMARY KEY, col INTEGER NOT NULL)",
-    "CREATE TABLE entities (id INTEGER PRIMARY KEY, labels VARCHAR NOT NULL)",
+    # No key indexes below: uniqueness is kept by the in-memory registries, and each index would
+    # cost a block of its own in the file.
+    "CREATE TABLE metric_columns (name VARCHAR NOT NULL, col INTEGER NOT NULL)",
+    "CREATE TABLE training_columns (name VARCHAR NOT NULL, col INTEGER NOT NULL)",
+    "CREATE TABLE entities (id INTEGER NOT NULL, labels VARCHAR NOT NULL)",
+    # Hot raw telemetry (appends land here); closed chunks move to Parquet files (see _chunks).
     f"CREATE TABLE samples (ts BIGINT NOT NULL, entity INTEGER NOT NULL, {_ATTR_DDL})",
-    f"CREATE TABLE samples_recent (ts BIGINT NOT NULL, entity INTEGER NOT NULL, {_ATTR_DDL})",
+    "CREATE TABLE chunks (file VARCHAR NOT NULL, lo BIGINT NOT NULL, hi BIGINT NOT NULL, "
+    "rows BIGINT NOT NULL, bytes BIGINT NOT NULL, cols VARCHAR NOT NULL)",
     f"CREATE TABLE rollup_1m (bucket BIGINT NOT NULL, entity INTEGER NOT NULL, {_ATTR_DDL})",
     f"CREATE TABLE rollup_1h (bucket BIGINT NOT NULL, entity INTEGER NOT NULL, {_ATTR_DDL})",
     "CREATE TABLE rollup_dirty (bucket BIGINT NOT NULL)",
@@ -43,9 +47,26 @@ DDL = (
 )
 
 
+def hot_table_swap(cols: list[int]) -> list[str]:
+    """Statements replacing the hot table by a copy of its live rows.
+
+    Sealing deletes most of the hot table's rows; DuckDB would still write the row groups holding
+    those deleted rows at the next checkpoint (and keep rewriting them), so the few remaining rows
+    are copied into a fresh table and the old one is dropped, freeing all its blocks.
+    """
+    metric_ddl = "".join(f", m{c} FLOAT" for c in cols)
+    names = ", ".join(["ts", "entity", *ATTR_COLUMNS, *(f"m{c}" for c in cols)])
+    return [
+        f"CREATE TABLE samples_next (ts BIGINT NOT NULL, entity INTEGER NOT NULL, {_ATTR_DDL}{metric_ddl})",
+        f"INSERT INTO samples_next ({names}) SELECT {names} FROM samples",
+        "DROP TABLE samples",
+        "ALTER TABLE samples_next RENAME TO samples",
+    ]
+
+
 def metric_column_ddl(col: int) -> list[str]:
     """Statements adding metric column ``col`` to every telemetry and rollup table."""
-    out = [f"ALTER TABLE {t} ADD COLUMN m{col} FLOAT" for t in RAW_TABLES]
+    out = [f"ALTER TABLE samples ADD COLUMN m{col} FLOAT"]
     for t in ROLLUP_TABLES:
         out.append(f"ALTER TABLE {t} ADD COLUMN n{col} INTEGER")
         out.extend(f"ALTER TABLE {t} ADD COLUMN {p}{col} FLOAT" for p in ROLLUP_PARTS[1:])
@@ -124,7 +145,9 @@ def open_database(path: str, checkpoint_bytes: int) -> duckdb.DuckDBPyConnection
     if path != ":memory:" and os.path.isdir(path):
         raise StoreError(f"{path} is a directory, not a store file")
     try:
-        con = duckdb.connect(path)
+        # 64 KiB blocks (new files only): the file holds the hot table, rollups and small tables;
+        # with DuckDB's 256 KiB default each small table or rollup segment wastes most of a block.
+        con = duckdb.connect(path, config={"default_block_size": str(BLOCK_SIZE)})
     except duckdb.Error as exc:
         raise StoreError(f"cannot open {path} as a DuckDB database: {exc}") from None
     try:

@@ -16,6 +16,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -27,12 +28,20 @@ from gpuscope.model import ATTRIBUTION_LABELS, Alert, Batch, Event, Labels, Trai
 from gpuscope.store import _inserts as ins
 from gpuscope.store import _maintenance as mnt
 from gpuscope.store._batch_ids import BatchIds, Claim
+from gpuscope.store._chunks import BASE_COLUMNS, Chunk, ChunkSet
 from gpuscope.store._latest import LatestCache
 from gpuscope.store._planner import Tier, plan
 from gpuscope.store._prepare import Prepared, Preparer, RowBlock, to_ms
 from gpuscope.store._queries import SELECTED, Filter, aggregate_sql, series_sql
 from gpuscope.store._registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
-from gpuscope.store._schema import get_meta, metric_column_ddl, open_database, set_meta, training_column_ddl
+from gpuscope.store._schema import (
+    get_meta,
+    hot_table_swap,
+    metric_column_ddl,
+    open_database,
+    set_meta,
+    training_column_ddl,
+)
 from gpuscope.store._writer import GroupCommitter, WriterClosed
 from gpuscope.store.base import AppendResult, SeriesPoint
 from gpuscope.store.errors import StoreError
@@ -43,6 +52,10 @@ LABEL_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 def _opt_int(value: str | None) -> int | None:
     return None if value is None else int(value)
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 def _count(cur: duckdb.DuckDBPyConnection, table: str) -> int:
@@ -107,6 +120,7 @@ class DuckDBStore:
         self.train_columns = ColumnRegistry(max_metrics)
         self.latest = LatestCache()
         self.batch_ids = BatchIds(batch_id_capacity, batch_id_ttl_s)
+        self.chunks = ChunkSet(None if path == ":memory:" else Path(path + ".chunks"))
         try:
             self._load(latest_window_s)
         except (duckdb.Error, ValueError, orjson.JSONDecodeError) as exc:
@@ -149,6 +163,7 @@ class DuckDBStore:
                 [cutoff, self.batch_ids.capacity],
             ).fetchall()[::-1]
         )
+        self.chunks.load(con.execute("SELECT file, lo, hi, rows, bytes, cols FROM chunks").fetchall())
         self._load_latest(int(latest_window_s * 1000))
 
     def _load_latest(self, window_ms: int) -> None:
@@ -156,19 +171,24 @@ class DuckDBStore:
         cols = self.columns.persisted()
         if not cols:
             return
-        row = self._con.execute(f"SELECT max(t) FROM ({mnt.raw_union('max(ts) AS t', 'true')})").fetchone()
-        if row is None or row[0] is None:
+        row = self._con.execute("SELECT max(ts) FROM samples").fetchone()
+        newest = max(
+            [c.hi - 1 for c in self.chunks.all()] + ([int(row[0])] if row and row[0] is not None else []),
+            default=None,
+        )
+        if newest is None:
             return
-        since = int(row[0]) - window_ms
-        names = ", ".join(["ts", "entity", *ATTR_COLUMNS, *(f"m{c}" for c in cols)])
+        since = newest - window_ms
+        src, params = self.chunks.source(
+            [*BASE_COLUMNS, *(f"m{c}" for c in cols)], "ts >= ?", [since], since, None
+        )
         aggs = ", ".join(
             f"arg_max(m{c}, ts) FILTER (WHERE m{c} IS NOT NULL), max(ts) FILTER (WHERE m{c} IS NOT NULL)"
             for c in cols
         )
         attrs = ", ".join(f"arg_max({a}, ts)" for a in ATTR_COLUMNS)
         rows = self._con.execute(
-            f"SELECT entity, {attrs}, {aggs} FROM ({mnt.raw_union(names, 'ts >= ?')}) GROUP BY entity",
-            [since, since],
+            f"SELECT entity, {attrs}, {aggs} FROM ({src}) GROUP BY entity", params
         ).fetchall()
         if not rows:
             return
@@ -318,11 +338,7 @@ class DuckDBStore:
             self.counters.inc("store.late_rows_not_rolled_up", int(np.count_nonzero(too_old)))
             buckets = buckets[~too_old]
         if len(buckets):
-            con.register(ins.SCAN, {"bucket": buckets.astype(np.int64)})
-            try:
-                con.execute(f"INSERT INTO rollup_dirty SELECT bucket FROM {ins.SCAN}")
-            finally:
-                con.unregister(ins.SCAN)
+            ins.insert_buckets(con, buckets)
 
     # ------------------------------------------------------------------ maintenance
 
@@ -349,23 +365,23 @@ class DuckDBStore:
         report = {"sealed_rows": 0, "minute_ranges": 0, "hour_ranges": 0}
         cols = self.columns.persisted()
         cut = (now_ms - self.lag_ms - mnt.MINUTE_MS) // self.seal_chunk_ms * self.seal_chunk_ms
-        if con.execute("SELECT 1 FROM samples_recent WHERE ts < ? LIMIT 1", [cut]).fetchone():
-            con.execute("BEGIN")
-            try:
-                report["sealed_rows"] = mnt.seal(con, cut, cols)
-                con.execute("COMMIT")
-            except BaseException:
-                con.execute("ROLLBACK")
-                raise
-            self._checkpoint(con)
+        if (
+            self.chunks.enabled
+            and con.execute("SELECT 1 FROM samples WHERE ts < ? LIMIT 1", [cut]).fetchone()
+        ):
+            chunk = self._seal(con, cut, cols)
+            report["sealed_rows"] = chunk.rows if chunk else 0
         closed = (now_ms - self.lag_ms) // mnt.MINUTE_MS * mnt.MINUTE_MS
         with self._wm_lock:  # from here on, the writer marks rows below `closed` as late
             start = self._wm_1m
             if start is None:
-                row = con.execute(f"SELECT min(t) FROM ({mnt.raw_union('min(ts) AS t', 'true')})").fetchone()
-                if row is None or row[0] is None:
+                row = con.execute("SELECT min(ts) FROM samples").fetchone()
+                oldest = [c.lo for c in self.chunks.all()] + (
+                    [int(row[0])] if row and row[0] is not None else []
+                )
+                if not oldest:
                     return report
-                start = int(row[0]) // mnt.MINUTE_MS * mnt.MINUTE_MS
+                start = min(oldest) // mnt.MINUTE_MS * mnt.MINUTE_MS
             self._wm_pending = max(closed, self._wm_1m or closed)
             con.execute("BEGIN")
             dirty = [int(r[0]) for r in con.execute("SELECT DISTINCT bucket FROM rollup_dirty").fetchall()]
@@ -375,7 +391,7 @@ class DuckDBStore:
                 ranges.append((start, closed))
             ranges = mnt.merge_ranges(ranges)
             for a, b in ranges:
-                mnt.rollup_minutes(con, a, b, cols)
+                mnt.rollup_minutes(con, self.chunks, a, b, cols)
             closed_hour = closed // mnt.HOUR_MS * mnt.HOUR_MS
             hours = mnt.hours_of(ranges, closed_hour)
             if self._wm_1h is not None and closed_hour > self._wm_1h:
@@ -398,6 +414,31 @@ class DuckDBStore:
         report["minute_ranges"], report["hour_ranges"] = len(ranges), len(hours)
         return report
 
+    def _seal(self, con: duckdb.DuckDBPyConnection, cut: int, cols: list[int]) -> Chunk | None:
+        con.execute("BEGIN")
+        try:
+            chunk = self.chunks.seal(con, cut, cols)
+            con.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("ROLLBACK")
+            raise
+        if chunk is None:
+            return None
+        self.chunks.added(chunk)
+        with self._commit_lock:  # the writer appends to `samples`: keep it out while the table is replaced
+            con.execute("BEGIN")
+            try:
+                for stmt in hot_table_swap(cols):
+                    con.execute(stmt)
+                con.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):
+                    con.execute("ROLLBACK")
+                raise
+        self._checkpoint(con)
+        return chunk
+
     def compact(self, now: float) -> dict[str, int]:
         """Delete raw rows older than the raw retention (only those already rolled up: call
         :meth:`rollup` first), rollups past theirs, old events, training records and batch ids."""
@@ -417,9 +458,11 @@ class DuckDBStore:
         wall = time.time()
         con.execute("BEGIN")
         try:
+            expired = self.chunks.expire(con, raw_cut)
+            report["chunk_files"] = len(expired)
+            report["sealed_rows"] = sum(c.rows for c in expired)
             deletes = {
                 "samples": ("DELETE FROM samples WHERE ts < ?", raw_cut),
-                "samples_recent": ("DELETE FROM samples_recent WHERE ts < ?", raw_cut),
                 "rollup_1m": ("DELETE FROM rollup_1m WHERE bucket < ?", m_cut),
                 "rollup_1h": ("DELETE FROM rollup_1h WHERE bucket < ?", h_cut),
                 "events": ("DELETE FROM events WHERE ts < ?", record_cut),
@@ -443,6 +486,7 @@ class DuckDBStore:
         except BaseException:
             con.execute("ROLLBACK")
             raise
+        self.chunks.removed(expired)
         self._checkpoint(con)
         return report
 
@@ -503,7 +547,7 @@ class DuckDBStore:
             flt = self._filter(labels)
             if col is None or flt is None:
                 return []
-            step = max(1, -(-(b - a) // points))
+            step = max(1, _ceil_div(b - a, points))
             segments = plan(a, b, step, self._tiers())
             if not segments:
                 return []
@@ -511,8 +555,8 @@ class DuckDBStore:
             res = max((tier.res for tier, _, _ in segments if tier.res <= step), default=0)
             if res:  # whole rollup buckets per point: align the grid and the step to the bucket width
                 origin = a // res * res
-                step = -(-(-(-(b - origin) // points)) // res) * res
-            sql, params = series_sql(segments, col, flt, origin, step)
+                step = _ceil_div(_ceil_div(b - origin, points), res) * res
+            sql, params = series_sql(self.chunks, segments, col, flt, origin, step)
             rows = self._run(cur, sql, params, flt)
         return [SeriesPoint(int(t) / 1000.0, float(v)) for t, v in rows if v is not None]
 
@@ -540,7 +584,7 @@ class DuckDBStore:
                     return []
                 join = "gpuscope_groups"
                 cur.register(join, {"entity": ids, "g": np.array(values, dtype=object)})
-            sql, params = aggregate_sql(segments, col, flt, by, join)
+            sql, params = aggregate_sql(self.chunks, segments, col, flt, by, join)
             rows = cur.execute(sql, params).fetchall()
         return [
             {"group": str(g), "mean": float(mean), "min": float(lo), "max": float(hi), "count": int(n)}
@@ -654,7 +698,6 @@ class DuckDBStore:
     def stats(self) -> dict[str, Any]:
         tables = (
             "samples",
-            "samples_recent",
             "rollup_1m",
             "rollup_1h",
             "events",
@@ -678,11 +721,14 @@ class DuckDBStore:
             "path": self.path,
             "durable": self.durable,
             "rows": counts,
-            "raw_rows": counts["samples"] + counts["samples_recent"],
+            "raw_rows": counts["samples"] + self.chunks.total_rows(),
+            "chunk_files": len(self.chunks.all()),
+            "chunk_bytes": self.chunks.total_bytes(),
             "entities": len(self.entities),
             "metrics": len(self.columns),
             "training_metrics": len(self.train_columns),
             "file_bytes": file_bytes,
+            "disk_bytes": file_bytes + wal_bytes + self.chunks.total_bytes(),
             "wal_bytes": wal_bytes,
             "used_bytes": int(size[0]) * int(size[1]) if size else 0,
             "watermarks": {"rollup_1m": self._wm_1m, "rollup_1h": self._wm_1h, "raw_lo": self._raw_lo},

@@ -134,6 +134,13 @@ class HubApi:
             Route("/api/v1/health", self._guard(self.health), methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
         ]
+        from gpuscope.alert.http import AlertingApi  # imports this module: only once it is loaded
+
+        alerting = AlertingApi(hub, self._authorize_write)
+        routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting.routes()]
+        from gpuscope.web.dashboard_api import dashboard_routes
+
+        routes += dashboard_routes(hub)
         self.app = Starlette(routes=routes)
 
     # -- plumbing -----------------------------------------------------------------------------

@@ -1,0 +1,228 @@
+"""From alert changes to notifications: routing, grouping and timing, muting, escalation.
+
+Each alert is routed (:mod:`.routing`) into one group per matching route. A new group is sent after
+its ``group_wait``; later changes (a new alert, a resolution) after ``group_interval`` from the last
+send; an unchanged group with firing, unacknowledged alerts is re-sent every ``repeat_interval``.
+Alerts muted by a silence, an open maintenance window or flapping are left out of notifications
+(and counted); once the mute lifts while they still fire, they are sent at the next tick.
+Rendered requests go to the persisted :class:`~gpuscope.alert.outbox.Outbox`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gpuscope.alert.escalation import EscalationLevel
+from gpuscope.alert.flap import FlapDetector
+from gpuscope.alert.labels import alert_labels, fingerprint
+from gpuscope.alert.maintenance import MaintenanceWindow
+from gpuscope.alert.notify.base import AlertView, Notification, Notifier
+from gpuscope.alert.outbox import Outbox
+from gpuscope.alert.routing import Route, Timing, find_routes
+from gpuscope.alert.silences import Silences
+from gpuscope.counters import Counters
+from gpuscope.model import Alert
+
+Annotate = Callable[[Alert], dict[str, str]]
+Record = Callable[[str, str, str], None]
+
+
+def default_annotations(alert: Alert) -> dict[str, str]:
+    return {"summary": alert.summary, "cost_per_hour": f"{alert.cost_per_hour:.2f}"}
+
+
+@dataclass(slots=True)
+class _Group:
+    key: str
+    receiver: str
+    labels: dict[str, str]
+    timing: Timing
+    created_at: float
+    members: dict[str, Alert] = field(default_factory=dict)
+    notified: set[str] = field(default_factory=set)  # ids the receiver was last told are firing
+    last_sent: float | None = None
+
+
+class Dispatcher:
+    def __init__(
+        self,
+        routes: list[Route],
+        notifiers: dict[str, Notifier],
+        outbox: Outbox,
+        *,
+        silences: Silences,
+        windows: list[MaintenanceWindow] | None = None,
+        flap: FlapDetector | None = None,
+        escalation: list[EscalationLevel] | None = None,
+        acked: Callable[[Alert], bool] = lambda _alert: False,
+        annotate: Annotate = default_annotations,
+        record: Record = lambda _id, _what, _detail: None,
+        counters: Counters | None = None,
+        external_url: str = "",
+    ) -> None:
+        self.routes = routes
+        self.notifiers = notifiers
+        self.outbox = outbox
+        self.silences = silences
+        self.windows = windows or []
+        self.flap = flap or FlapDetector()
+        self.escalation = escalation or []
+        self.acked = acked
+        self.annotate = annotate
+        self.record = record
+        self.counters = counters or Counters()
+        self.external_url = external_url
+        self._groups: dict[tuple[str, str], _Group] = {}
+        self._escalated: dict[str, set[int]] = {}  # alert id -> escalation levels sent
+        self._firing: dict[str, Alert] = {}
+
+    # -- input --------------------------------------------------------------------------------
+
+    def fired(self, alert: Alert, now: float) -> None:
+        self.flap.fired(alert)
+        self._firing[alert.id] = alert
+        labels = alert_labels(alert)
+        routes = find_routes(self.routes, labels)
+        if not routes:
+            self.counters.inc("alerts_unrouted")
+            self.record(alert.id, "unrouted", "no route matches its labels")
+        for route in routes:
+            notifier = self.notifiers[route.receiver]
+            gkey = route.group_key(labels)
+            group = self._groups.get((route.receiver, gkey))
+            if group is None:
+                names = sorted(labels) if "..." in route.group_by else route.group_by
+                group = _Group(
+                    gkey,
+                    route.receiver,
+                    {n: labels.get(n, "") for n in names},
+                    notifier.timing(route.timing),
+                    now,
+                )
+                self._groups[(route.receiver, gkey)] = group
+            group.members[alert.id] = alert
+        self.flush(now)
+
+    def resolved(self, alert: Alert, now: float) -> None:
+        self._firing.pop(alert.id, None)
+        for level in sorted(self._escalated.pop(alert.id, set())):
+            self._send(self.escalation[level].receiver, "", {}, [self._view(alert)], now, level + 1)
+        self.flush(now)
+
+    # -- muting -------------------------------------------------------------------------------
+
+    def mute_reason(self, alert: Alert, now: float) -> str | None:
+        """Why an alert is kept from receivers now (None: it is not)."""
+        labels = alert_labels(alert)
+        silence = self.silences.muting(labels, now)
+        if silence is not None:
+            return f"silenced by {silence.id}"
+        window = next((w for w in self.windows if w.mutes(labels, now)), None)
+        if window is not None:
+            return f"maintenance window {window.name}"
+        if self.flap.flapping(alert, now):
+            return "flapping"
+        return None
+
+    # -- output -------------------------------------------------------------------------------
+
+    def flush(self, now: float) -> None:
+        """Send every group that is due, and escalate what waited too long."""
+        for gid, group in list(self._groups.items()):
+            self._flush_group(group, now)
+            if not group.members:
+                del self._groups[gid]
+        self._escalate(now)
+
+    def _flush_group(self, group: _Group, now: float) -> None:
+        visible: list[Alert] = []
+        for alert in group.members.values():
+            if not alert.firing:
+                continue
+            reason = self.mute_reason(alert, now)
+            if reason is None:
+                visible.append(alert)
+            elif alert.id not in group.notified:
+                self.counters.inc("notifications_muted")
+        resolved = [a for a in group.members.values() if not a.firing and a.id in group.notified]
+        new = [a for a in visible if a.id not in group.notified]
+        t = group.timing
+        if group.last_sent is None:
+            due = now >= group.created_at + t.group_wait
+        elif new or resolved:
+            due = now >= group.last_sent + t.group_interval
+        else:
+            due = (
+                bool(group.notified)
+                and now >= group.last_sent + t.repeat_interval
+                and any(not self.acked(a) for a in visible)
+            )
+        if due and (new or resolved or group.notified):
+            views = [self._view(a) for a in visible] + [self._view(a) for a in resolved]
+            if views:
+                self._send(group.receiver, group.key, group.labels, views, now, 0)
+                group.last_sent = now
+                group.notified = {a.id for a in visible} | {
+                    i for i in group.notified if i in group.members and group.members[i].firing
+                }
+        for alert_id, alert in list(group.members.items()):
+            if alert.firing:
+                continue
+            if alert.id in group.notified and due:
+                group.notified.discard(alert_id)
+            if alert.id not in group.notified:
+                del group.members[alert_id]
+
+    def _escalate(self, now: float) -> None:
+        if not self.escalation:
+            return
+        for alert in list(self._firing.values()):
+            if self.acked(alert) or self.mute_reason(alert, now) is not None:
+                continue
+            labels = alert_labels(alert)
+            sent = self._escalated.setdefault(alert.id, set())
+            for i, level in enumerate(self.escalation):
+                if i not in sent and level.applies(labels, now - alert.started_at):
+                    sent.add(i)
+                    self.record(alert.id, "escalated", f"level {i + 1} to {level.receiver}")
+                    self._send(level.receiver, "", {}, [self._view(alert)], now, i + 1)
+
+    def _view(self, alert: Alert) -> AlertView:
+        return AlertView(
+            id=alert.id,
+            fingerprint=fingerprint(alert),
+            status="firing" if alert.firing else "resolved",
+            labels=alert_labels(alert),
+            annotations=self.annotate(alert),
+            starts_at=alert.started_at,
+            ends_at=alert.resolved_at,
+            cost_per_hour=alert.cost_per_hour,
+        )
+
+    def _send(
+        self,
+        receiver: str,
+        group_key: str,
+        group_labels: dict[str, str],
+        views: list[AlertView],
+        now: float,
+        escalation: int,
+    ) -> None:
+        notifier = self.notifiers[receiver]
+        key = group_key or f"escalation/{views[0].fingerprint}"
+        n = Notification(receiver, key, group_labels, views, self.external_url, escalation, now)
+        try:
+            requests = notifier.render(n)
+        except (ValueError, TypeError, KeyError) as exc:  # a template bug must not stop the others
+            self.counters.inc("notifications_render_failed")
+            self.record(views[0].id, "render_failed", f"{receiver}: {exc}")
+            return
+        self.outbox.enqueue(receiver, notifier.kind, requests, now)
+        for v in views:
+            self.record(
+                v.id, f"notified_{v.status}", receiver + (f" (escalation {escalation})" if escalation else "")
+            )
+
+    def pending_groups(self) -> int:
+        return len(self._groups)

@@ -1,0 +1,253 @@
+"""The alerting service of a running hub: triage, acknowledgement, silences and notification.
+
+It listens to the hub's alert changes (fired, resolved): a fired alert gets its playbook run and
+attached, then is routed to receivers; a clock thread re-evaluates timing, mutes and escalation
+every second; the outbox thread delivers. ``sim-eval`` does not attach it, so evaluation in virtual
+time is unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gpuscope.alert.dispatch import Dispatcher
+from gpuscope.alert.engine import AlertChange
+from gpuscope.alert.flap import FlapDetector
+from gpuscope.alert.labels import Matcher, alert_labels, fingerprint
+from gpuscope.alert.outbox import Outbox, Sender
+from gpuscope.alert.settings import AlertingSettings, parse_alerting
+from gpuscope.alert.silences import Silence, Silences, new_silence, parse_config_silences
+from gpuscope.alert.statedb import StateDB
+from gpuscope.alert.triage import run_playbook
+from gpuscope.model import Alert
+
+if TYPE_CHECKING:
+    from gpuscope.config import HubConfig
+    from gpuscope.hub import Hub
+
+log = logging.getLogger("gpuscope.alert.service")
+
+
+def alert_annotations(alert: Alert) -> dict[str, str]:
+    """What receivers see beside the labels: summary, cost, and the playbook's first answers."""
+    out = {"summary": alert.summary, "cost_per_hour": f"{alert.cost_per_hour:.2f}"}
+    book = alert.details.get("playbook")
+    if isinstance(book, dict):
+        out["meaning"] = str(book.get("meaning", ""))
+        out["impact"] = str(book.get("impact", ""))
+        if book.get("summary"):
+            out["diagnosis"] = str(book["summary"])
+        if book.get("mitigation"):
+            out["mitigation"] = str(book["mitigation"][0])
+    return out
+
+
+class AlertingService:
+    def __init__(
+        self,
+        hub: Hub,
+        settings: AlertingSettings,
+        *,
+        db: StateDB | None = None,
+        sender: Sender | None = None,
+        clock: Callable[[], float] = time.time,
+        tick_interval: float = 1.0,
+    ) -> None:
+        self.hub = hub
+        self.settings = settings
+        self.clock = clock
+        self.tick_interval = tick_interval
+        self.db = db or StateDB(settings.state_path or ":memory:")
+        self.counters = hub.counters
+        self.silences = Silences(self.db)
+        for silence in parse_config_silences(settings.silences, clock()):
+            self.silences.add(silence)
+        self._acks: dict[str, dict[str, Any]] = {
+            str(fp): orjson.loads(doc) for fp, doc in self.db.query("SELECT alert_id, doc FROM acks")
+        }
+        self.outbox = Outbox(
+            self.db,
+            sender=sender,
+            counters=self.counters,
+            base_backoff=settings.base_backoff,
+            max_backoff=settings.max_backoff,
+            max_age=settings.max_age,
+            clock=clock,
+        )
+        self.dispatcher = Dispatcher(
+            settings.routes,
+            settings.notifiers,
+            self.outbox,
+            silences=self.silences,
+            windows=settings.windows,
+            flap=FlapDetector(settings.flap_threshold, settings.flap_window),
+            escalation=settings.escalation,
+            acked=self.acked,
+            annotate=alert_annotations,
+            record=self.record,
+            counters=self.counters,
+            external_url=settings.external_url,
+        )
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        hub.add_listener(self.on_change)
+        hub.alerting = self
+
+    # -- the hub's listener -------------------------------------------------------------------
+
+    def on_change(self, change: AlertChange) -> None:
+        alert = change.alert
+        now = self.clock()
+        with self._lock:
+            if change.kind == "fired":
+                self.record(alert.id, "fired", alert.summary)
+                self._triage(alert)
+                self.dispatcher.fired(alert, now)
+            else:
+                self.record(alert.id, "resolved", alert.summary)
+                self.dispatcher.resolved(alert, now)
+
+    def _triage(self, alert: Alert) -> None:
+        try:
+            alert.details["playbook"] = run_playbook(
+                alert, self.hub.store, alert.started_at, self.hub.firing(), self.counters
+            )
+            self.hub.store.save_alert(alert)
+        except Exception:  # triage is help, not a gate: the alert still goes out
+            self.counters.inc("playbook_errors")
+            log.exception("playbook for %s failed", alert.id)
+
+    def tick(self, now: float | None = None) -> None:
+        """Timing, mutes lifting, repeats and escalation; called every second by the clock thread."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            self.dispatcher.flush(now)
+            self.dispatcher.flap.forget_old(now)
+
+    # -- acknowledgement, silences, history ---------------------------------------------------
+
+    def acked(self, alert: Alert) -> bool:
+        return fingerprint(alert) in self._acks
+
+    def ack(self, target: str, by: str, comment: str = "") -> list[Alert]:
+        """Acknowledge an alert (``al-N``) or every firing alert of an incident (``inc-N``)."""
+        alerts = self._resolve_target(target)
+        now = self.clock()
+        doc = {"by": by, "comment": comment, "at": now}
+        with self._lock, self.db.tx() as con:
+            for alert in alerts:
+                fp = fingerprint(alert)
+                self._acks[fp] = doc
+                con.execute("INSERT OR REPLACE INTO acks VALUES (?, ?)", (fp, orjson.dumps(doc).decode()))
+                alert.details["ack"] = doc
+                self._history(con, now, alert.id, "acknowledged", f"by {by}: {comment}".rstrip(": "))
+        for alert in alerts:
+            self.hub.store.save_alert(alert)
+        return alerts
+
+    def _resolve_target(self, target: str) -> list[Alert]:
+        if target.startswith("inc-"):
+            incident = next((i for i in self.hub.alerts.incidents() if i.id == target), None)
+            if incident is None:
+                raise KeyError(target)
+            members = [a for a in self.hub.alerts.all() if a.id in set(incident.members) and a.firing]
+            return members
+        alert = self.hub.alerts.get(target)
+        if alert is None:
+            raise KeyError(target)
+        return [alert]
+
+    def silence(
+        self,
+        matchers: list[Matcher],
+        duration: float,
+        by: str,
+        comment: str = "",
+        starts_at: float | None = None,
+    ) -> Silence:
+        silence = new_silence(
+            matchers, self.clock(), duration=duration, starts_at=starts_at, created_by=by, comment=comment
+        )
+        with self._lock:
+            return self.silences.add(silence)
+
+    def expire_silence(self, silence_id: str) -> Silence:
+        with self._lock:
+            return self.silences.expire(silence_id, self.clock())
+
+    def record(self, alert_id: str, what: str, detail: str) -> None:
+        with self.db.tx() as con:
+            self._history(con, self.clock(), alert_id, what, detail)
+
+    @staticmethod
+    def _history(con: Any, now: float, alert_id: str, what: str, detail: str) -> None:
+        con.execute(
+            "INSERT INTO history (ts, alert_id, what, detail) VALUES (?, ?, ?, ?)",
+            (now, alert_id, what, detail),
+        )
+
+    def history(self, alert_id: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
+        where, params = ("WHERE alert_id = ?", (alert_id, limit)) if alert_id else ("", (limit,))
+        rows = self.db.query(
+            f"SELECT ts, alert_id, what, detail FROM history {where} ORDER BY seq DESC LIMIT ?", params
+        )
+        return [{"ts": ts, "alert": a, "what": w, "detail": d} for ts, a, w, d in reversed(rows)]
+
+    def status(self, alert: Alert) -> dict[str, Any]:
+        """How the alerting layer treats an alert now: muted (why), acknowledged (by whom)."""
+        now = self.clock()
+        return {
+            "labels": alert_labels(alert),
+            "muted": self.dispatcher.mute_reason(alert, now) if alert.firing else None,
+            "ack": self._acks.get(fingerprint(alert)),
+        }
+
+    # -- running ------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self.outbox.start()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="gpuscope-alerting", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.tick_interval):
+            try:
+                self.tick()
+            except Exception:
+                self.counters.inc("alerting_tick_errors")
+                log.exception("alerting tick failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self.outbox.stop()
+        self.db.close()
+
+
+def default_state_path(storage_path: str) -> str:
+    return ":memory:" if storage_path == ":memory:" else str(Path(storage_path).with_suffix(".alerts.sqlite"))
+
+
+def attach_alerting(hub: Hub, cfg: HubConfig, **kw: Any) -> AlertingService:
+    """Build the alerting service from the config file and hook it to the hub (not started)."""
+    from gpuscope.config import ConfigError
+
+    try:
+        settings = parse_alerting(cfg.raw)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if settings.state_path is None:
+        settings.state_path = default_state_path(cfg.storage_path)
+    if settings.pending_for:
+        hub.alerts.pending_for = dict(settings.pending_for)
+    return AlertingService(hub, settings, **kw)

@@ -1,0 +1,163 @@
+"""Clock trouble without heat: ``gpu_power_throttle`` (power cap or brake) and ``gpu_underperforming``
+(clocks below the peers doing the same work, with no throttle reason to explain it).
+
+Both judge a per-GPU condition sampled at each evaluation and smoothed into the share of the last
+``tau`` seconds it held (an EWMA of a 0/1 flag): it fires at ``fire_share`` and clears below
+``clear_share``, so one- or two-second power blips (normal under load) never reach it and a
+recurring throttle does not flap. Peers are the GPUs of the same job (attribution label), judged
+by the median SM clock of the loaded ones. Vectorised over every GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpuscope.detect.base import Detector
+from gpuscope.detect.frames import BoolArray, view
+from gpuscope.detect.gputable import GpuTable
+from gpuscope.detect.vectors import group_count, group_median, grow
+from gpuscope.model import Finding, FloatArray, Frame
+
+POWER, SLOW = "gpu_power_throttle", "gpu_underperforming"
+SW_POWER, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
+_METRICS = (
+    "gpu_utilization_percent",
+    "gpu_sm_clock_mhz",
+    "gpu_clock_event_reasons",
+    "gpu_throttle_sw_power",
+    "gpu_throttle_hw_power_brake",
+    "gpu_throttle_sw_thermal",
+    "gpu_throttle_hw_thermal",
+    "gpu_throttle_hw_slowdown",
+    "gpu_power_watts",
+    "gpu_power_limit_watts",
+)
+
+
+def _flag(table: GpuTable, metric: str) -> BoolArray:
+    column = table.column(metric)
+    flags: BoolArray = np.zeros(len(column), bool)
+    np.greater(column, 0.5, out=flags)
+    return flags
+
+
+def _bits(table: GpuTable, mask: int) -> BoolArray:
+    reasons = table.column("gpu_clock_event_reasons")
+    known = np.isfinite(reasons)
+    return known & ((np.where(known, reasons, 0.0).astype(np.int64) & mask) != 0)
+
+
+class _Share:
+    """EWMA of a 0/1 condition per GPU, with fire/clear hysteresis."""
+
+    def __init__(self, tau: float, fire: float, clear: float) -> None:
+        self.tau, self.fire, self.clear = tau, fire, clear
+        self.share: FloatArray = np.zeros(0)
+        self.firing: BoolArray = np.zeros(0, bool)
+        self.last: float | None = None
+
+    def update(self, now: float, cond: BoolArray) -> BoolArray:
+        n = len(cond)
+        if len(self.share) < n:
+            self.share = grow(self.share, n, 0.0)
+            firing = np.zeros(len(self.share), bool)
+            firing[: len(self.firing)] = self.firing
+            self.firing = firing
+        dt = 1.0 if self.last is None else min(max(now - self.last, 0.0), 5.0)
+        self.last = now
+        a = 1.0 - math.exp(-dt / self.tau)
+        share = self.share[:n]
+        share += a * (cond.astype(float) - share)
+        firing = self.firing[:n]
+        firing[:] = share >= np.where(firing, self.clear, self.fire)
+        return firing
+
+
+class ClockDetector(Detector):
+    rules = (POWER, SLOW)
+
+    def __init__(
+        self,
+        tau: float = 60.0,
+        load_percent: float = 50.0,
+        lag_ratio: float = 0.96,
+        min_peers: int = 3,
+    ) -> None:
+        self.table = GpuTable(_METRICS)
+        self.load_percent, self.lag_ratio, self.min_peers = load_percent, lag_ratio, min_peers
+        self._power = _Share(tau, 0.5, 0.25)
+        self._slow = _Share(tau, 0.6, 0.3)
+        self._ratio: FloatArray = np.zeros(0)
+
+    def on_frame(self, frame: Frame) -> None:
+        self.table.ingest(view(frame))
+
+    def evaluate(self, now: float) -> list[Finding]:
+        t = self.table
+        n = t.n
+        if n == 0:
+            return []
+        recent = t.recent(now, 10.0)
+        util = t.column("gpu_utilization_percent")
+        loaded = recent & ~(util < self.load_percent)
+        capped = _flag(t, "gpu_throttle_sw_power") | _bits(t, SW_POWER)
+        brake = _flag(t, "gpu_throttle_hw_power_brake") | _bits(t, POWER_BRAKE)
+        power = (capped | brake) & loaded
+        thermal = (
+            _flag(t, "gpu_throttle_sw_thermal")
+            | _flag(t, "gpu_throttle_hw_thermal")
+            | _bits(t, SW_THERMAL | HW_THERMAL)
+        )
+        hw = _flag(t, "gpu_throttle_hw_slowdown") | _bits(t, HW_SLOWDOWN)
+        clock = np.where(loaded, t.column("gpu_sm_clock_mhz"), math.nan)
+        job = t.job[:n]
+        peers = group_median(clock, job)
+        size = group_count(np.isfinite(clock), job, len(t.job_names) + 1)
+        enough = (job >= 0) & (size[np.maximum(job, 0)] > self.min_peers)
+        ratio = clock / peers
+        self._ratio = ratio
+        slow = enough & (ratio < self.lag_ratio) & ~power & ~thermal & ~hw
+        out: list[Finding] = []
+        for i in np.flatnonzero(self._power.update(now, power) & recent).tolist():
+            out.append(self._power_finding(i, bool(brake[i])))
+        for i in np.flatnonzero(self._slow.update(now, slow) & recent).tolist():
+            out.append(self._slow_finding(i, float(ratio[i]), float(peers[i])))
+        return out
+
+    def _power_finding(self, i: int, brake: bool) -> Finding:
+        node, gpu = self.table.keys[i]
+        share = float(self._power.share[i])
+        power = self.table.column("gpu_power_watts")[i]
+        limit = self.table.column("gpu_power_limit_watts")[i]
+        why = "the external power brake is engaged" if brake else "clocks are held down by the power cap"
+        watts = (
+            f" ({power:.0f} W of {limit:.0f} W allowed)"
+            if math.isfinite(power) and math.isfinite(limit)
+            else ""
+        )
+        return Finding(
+            POWER,
+            {"node": node, "gpu": gpu},
+            f"{node} GPU {gpu}: {why}{watts} for {share:.0%} of the last minute under load",
+            value=share,
+            details={
+                "throttled_share": share,
+                "brake": brake,
+                "power_watts": power if math.isfinite(power) else None,
+            },
+        )
+
+    def _slow_finding(self, i: int, ratio: float, peers: float) -> Finding:
+        node, gpu = self.table.keys[i]
+        job = self.table.job_names[self.table.job[i]] if self.table.job[i] >= 0 else "?"
+        clock = ratio * peers
+        return Finding(
+            SLOW,
+            {"node": node, "gpu": gpu},
+            f"{node} GPU {gpu} runs at {clock:.0f} MHz, {1 - ratio:.0%} below the other GPUs of job {job} "
+            f"({peers:.0f} MHz) with no throttle reason",
+            value=ratio if math.isfinite(ratio) else None,
+            details={"clock_ratio_to_peers": ratio if math.isfinite(ratio) else None, "job": job},
+        )

@@ -1,0 +1,194 @@
+"""Jobs that die and checkpoints that do not protect them: ``job_failed``, ``checkpoint_failed``,
+``checkpoint_corrupt`` and ``checkpoint_overdue``.
+
+A ``job_failed`` event fires at once and holds until the job starts again (or ``hold`` seconds).
+A checkpoint fails when a rank reports ``checkpoint_failed`` or when some ranks completed a step's
+save and the others did not within ``incomplete_after`` seconds; it is corrupt when verification
+says so. Both hold until a later checkpoint is good (every rank completed, not failed
+verification) or ``hold`` passes. A checkpoint is overdue when the running job has had no good
+one for ``overdue_factor`` times its usual interval (the median gap between good checkpoints,
+learned; jobs that never checkpointed twice are not judged).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuscope.counters import Counters
+from gpuscope.detect.base import Detector, register
+from gpuscope.detect.jobs import Job, JobTracker, parse_rank
+from gpuscope.model import Event, Finding
+
+FAILED, CKPT_FAILED, CORRUPT, OVERDUE = (
+    "job_failed",
+    "checkpoint_failed",
+    "checkpoint_corrupt",
+    "checkpoint_overdue",
+)
+
+
+def _links(job: Job | None) -> list[dict[str, str]]:
+    return [{"node": n} for n in job.nodes()] if job is not None else []
+
+
+@dataclass(slots=True)
+class _Save:
+    started: set[int] = field(default_factory=set)
+    completed: set[int] = field(default_factory=set)
+    failed: set[int] = field(default_factory=set)
+    first_done: float = math.nan
+
+
+@dataclass(slots=True)
+class _Ckpt:
+    saves: dict[int, _Save] = field(default_factory=dict)
+    goods: list[tuple[int, float]] = field(default_factory=list)  # (step, ts) of good checkpoints
+    failure: tuple[float, int, str] | None = None  # (ts, step, reason)
+    corrupt: tuple[float, int] | None = None
+    since: float = math.nan  # when the job (re)started: the overdue clock starts no earlier
+
+
+@register
+class LifecycleDetector(Detector):
+    rules = (FAILED, CKPT_FAILED, CORRUPT, OVERDUE)
+
+    def __init__(
+        self, hold: float = 1800.0, incomplete_after: float = 300.0, overdue_factor: float = 2.0
+    ) -> None:
+        self.hold, self.incomplete_after, self.overdue_factor = hold, incomplete_after, overdue_factor
+        self.counters = Counters()
+        self._jobs = JobTracker(self.counters)
+        self._ckpt: dict[str, _Ckpt] = {}
+
+    def on_event(self, event: Event) -> None:
+        kind = event.kind
+        if kind.startswith("job_"):
+            job = self._jobs.on_event(event)
+            if job is not None and kind == "job_started":
+                self._state(job.name).since = event.ts
+            return
+        if not kind.startswith("checkpoint_"):
+            return
+        name = event.labels.get("job")
+        if not name:
+            self.counters.inc("checkpoint_events_without_job")
+            return
+        state = self._state(name)
+        step = event.data.get("step")
+        step = step if isinstance(step, int) and not isinstance(step, bool) else -1
+        rank = parse_rank(event.labels.get("rank"))
+        rank = -1 if rank is None else rank
+        if kind == "checkpoint_verified":
+            self._verified(state, event.ts, step, event.data.get("ok"))
+            return
+        save = state.saves.setdefault(step, _Save())
+        if kind == "checkpoint_started":
+            save.started.add(rank)
+        elif kind == "checkpoint_completed":
+            save.completed.add(rank)
+            if not math.isfinite(save.first_done):
+                save.first_done = event.ts
+            if save.completed >= save.started and not save.failed:
+                self._good(state, step, event.ts)
+        elif kind == "checkpoint_failed":
+            save.failed.add(rank)
+            reason = event.data.get("reason")
+            state.failure = (event.ts, step, str(reason) if reason else "save failed")
+        if len(state.saves) > 8:
+            del state.saves[min(state.saves)]
+
+    def _state(self, name: str) -> _Ckpt:
+        state = self._ckpt.get(name)
+        if state is None:
+            state = self._ckpt[name] = _Ckpt()
+        return state
+
+    @staticmethod
+    def _good(state: _Ckpt, step: int, ts: float) -> None:
+        if not state.goods or state.goods[-1][0] != step:
+            state.goods.append((step, ts))
+            del state.goods[:-32]
+        if state.failure is not None and state.failure[1] < step:
+            state.failure = None
+        if state.corrupt is not None and state.corrupt[1] < step:
+            state.corrupt = None
+
+    def _verified(self, state: _Ckpt, ts: float, step: int, ok: object) -> None:
+        if ok is False:
+            state.corrupt = (ts, step)
+            state.goods = [(s, t) for s, t in state.goods if s != step]
+        elif ok is True and state.corrupt is not None and state.corrupt[1] < step:
+            state.corrupt = None
+
+    def evaluate(self, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        for known in self._jobs.jobs.values():
+            if known.state == "failed" and known.ended_at is not None and now - known.ended_at < self.hold:
+                out.append(self._failed(known))
+        for name, state in self._ckpt.items():
+            job = self._jobs.jobs.get(name)
+            self._incomplete(state, now)
+            if state.failure is not None and now - state.failure[0] < self.hold:
+                ts, step, reason = state.failure
+                out.append(
+                    Finding(
+                        CKPT_FAILED,
+                        {"job": name},
+                        f"Checkpoint of job {name} at step {step} failed: {reason}",
+                        details={"step": step, "reason": reason, "failed_at": ts, "links": _links(job)},
+                    )
+                )
+            if state.corrupt is not None and now - state.corrupt[0] < self.hold:
+                out.append(
+                    Finding(
+                        CORRUPT,
+                        {"job": name},
+                        f"Checkpoint of job {name} at step {state.corrupt[1]} failed integrity verification",
+                        details={"step": state.corrupt[1], "links": _links(job)},
+                    )
+                )
+            overdue = self._overdue(state, job, now)
+            if overdue is not None:
+                out.append(overdue)
+        return out
+
+    def _incomplete(self, state: _Ckpt, now: float) -> None:
+        for step, save in state.saves.items():
+            missing = save.started - save.completed - save.failed
+            late = math.isfinite(save.first_done) and now - save.first_done >= self.incomplete_after
+            if missing and late and not save.failed and -1 not in save.started:
+                save.failed |= missing
+                ranks = ", ".join(str(r) for r in sorted(missing))
+                state.failure = (now, step, f"rank(s) {ranks} never completed the save")
+
+    def _overdue(self, state: _Ckpt, job: Job | None, now: float) -> Finding | None:
+        if job is None or not job.running or len(state.goods) < 2:
+            return None
+        gaps = np.diff([ts for _, ts in state.goods])
+        interval = float(np.median(gaps))
+        last = state.goods[-1][1]
+        since = max(last, state.since) if math.isfinite(state.since) else last
+        silence = now - since
+        if interval <= 0 or silence < self.overdue_factor * interval:
+            return None
+        return Finding(
+            OVERDUE,
+            {"job": job.name},
+            f"Job {job.name} has had no good checkpoint for {silence:.0f} s "
+            f"(usually one every {interval:.0f} s; last good at step {state.goods[-1][0]})",
+            value=silence,
+            affected_gpus=job.world_size,
+            details={"seconds_since_good": silence, "interval_seconds": interval, "links": _links(job)},
+        )
+
+    def _failed(self, job: Job) -> Finding:
+        return Finding(
+            FAILED,
+            {"job": job.name},
+            f"Job {job.name} failed: {job.reason or 'exited abnormally'}",
+            affected_gpus=job.world_size,
+            details={"reason": job.reason, "failed_at": job.ended_at, "links": _links(job)},
+        )

@@ -1,0 +1,242 @@
+"""What the loss and the gradient say: ``loss_nan``, ``loss_spike``, ``loss_divergence``,
+``loss_plateau`` and ``grad_norm_explosion``.
+
+Each closed step gives the job's loss (mean of the ranks' finite losses) and gradient norm (median
+over ranks, so one skewed rank is :mod:`~gpuscope.detect.ranks`' business, not an explosion).
+
+* NaN/Inf loss on any rank fires ``loss_nan`` at once; non-finite values never enter a baseline.
+* A spike is a step ``spike_ratio`` above the rolling median of recent steps (or ``mild_ratio``
+  on two steps in a row), and far outside its MAD-scaled spread; the gradient the same way.
+* Divergence: the smoothed loss (time EWMA) rose ``divergence`` above the best it reached and is
+  still rising, for ``sustain`` seconds. Plateau: over the last ``plateau_window`` seconds the
+  smoothed loss improved by less than ``plateau_gain`` and by far less than in the window before. Both restart after a rollback to an earlier step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuscope.counters import Counters
+from gpuscope.detect.base import Detector
+from gpuscope.detect.baseline import RollingMedian
+from gpuscope.detect.steps import StepGatherer, StepView
+from gpuscope.model import Event, Finding, TrainingRecord
+
+NAN_RULE, SPIKE, DIVERGE, PLATEAU, GRAD = (
+    "loss_nan",
+    "loss_spike",
+    "loss_divergence",
+    "loss_plateau",
+    "grad_norm_explosion",
+)
+
+
+@dataclass(slots=True)
+class _Spiky:
+    """A rolling median baseline and the spike verdict of the latest steps."""
+
+    base: RollingMedian = field(default_factory=lambda: RollingMedian(31))
+    mild: int = 0
+    last_hit: float = -math.inf
+    value: float = math.nan
+    ratio: float = math.nan
+    median: float = math.nan
+
+    def judge(self, value: float, ts: float, strong: float, mild: float, mild_steps: int, warm: int) -> None:
+        if not math.isfinite(value):
+            return
+        base = self.base
+        if len(base) >= warm:
+            median = base.median()
+            spread = max(1.4826 * base.mad(), 0.01 * abs(median), 1e-12)
+            ratio = value / median if median > 0 else math.nan
+            far = (value - median) / spread >= 6.0
+            self.mild = self.mild + 1 if far and ratio >= mild else 0
+            if far and (ratio >= strong or self.mild >= mild_steps):
+                self.last_hit, self.value, self.ratio, self.median = ts, value, ratio, median
+        base.push(value)
+
+
+@dataclass(slots=True)
+class _Job:
+    loss: _Spiky = field(default_factory=_Spiky)
+    grad: _Spiky = field(default_factory=_Spiky)
+    nan_at: float = -math.inf
+    nan_step: int = -1
+    smooth: float = math.nan
+    smooth_ts: float = math.nan
+    start_ts: float = math.nan
+    best: float = math.inf
+    rising_since: float | None = None
+    history: deque[tuple[float, float]] = field(default_factory=deque)  # (ts, smoothed) every minute
+    plateau_checks: int = 0
+    step: int = -1
+
+    def restart(self) -> None:
+        self.smooth = self.smooth_ts = self.start_ts = math.nan
+        self.best = math.inf
+        self.rising_since = None
+        self.history.clear()
+        self.plateau_checks = 0
+
+
+class LossDetector(Detector):
+    rules = (NAN_RULE, SPIKE, DIVERGE, PLATEAU, GRAD)
+
+    def __init__(
+        self,
+        spike_ratio: float = 1.3,
+        mild_ratio: float = 1.08,
+        grad_ratio: float = 3.0,
+        grad_mild: float = 1.5,
+        warm_steps: int = 5,
+        hold: float = 30.0,
+        smooth_tau: float = 120.0,
+        divergence: float = 0.025,
+        sustain: float = 60.0,
+        plateau_window: float = 600.0,
+        plateau_gain: float = 0.0015,
+    ) -> None:
+        self.spike_ratio, self.mild_ratio = spike_ratio, mild_ratio
+        self.grad_ratio, self.grad_mild = grad_ratio, grad_mild
+        self.warm_steps, self.hold, self.smooth_tau = warm_steps, hold, smooth_tau
+        self.divergence, self.sustain = divergence, sustain
+        self.plateau_window, self.plateau_gain = plateau_window, plateau_gain
+        self.counters = Counters()
+        self._steps = StepGatherer()
+        self._jobs: dict[str, _Job] = {}
+
+    def on_training(self, record: TrainingRecord) -> None:
+        self._steps.add(record)
+
+    def on_event(self, event: Event) -> None:
+        if event.kind in ("job_started", "job_ended", "job_failed"):
+            name = event.labels.get("job")
+            job = self._jobs.get(name or "")
+            if job is not None:
+                job.restart()
+
+    def evaluate(self, now: float) -> list[Finding]:
+        for view in self._steps.closed():
+            self.step(view)
+        return self.findings(now)
+
+    def findings(self, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        for name, job in self._jobs.items():
+            out.extend(self._findings(name, job, now))
+        return out
+
+    def step(self, view: StepView) -> None:
+        job = self._jobs.get(view.job)
+        if job is None:
+            job = self._jobs[view.job] = _Job()
+        if view.rollback:
+            job.restart()
+            self.counters.inc("loss_baselines_restarted_rollback")
+        job.step = view.step
+        losses = view.get("loss")
+        if "loss" in view.nonfinite:
+            job.nan_at, job.nan_step = view.ts, view.step
+        finite = losses[np.isfinite(losses)]
+        loss = float(finite.mean()) if finite.size else math.nan
+        grads = view.get("grad_norm")
+        finite_g = grads[np.isfinite(grads)]
+        grad = float(np.median(finite_g)) if finite_g.size else math.nan
+        job.loss.judge(loss, view.ts, self.spike_ratio, self.mild_ratio, 2, self.warm_steps)
+        job.grad.judge(grad, view.ts, self.grad_ratio, self.grad_mild, 3, self.warm_steps)
+        if math.isfinite(loss):
+            self._trend(job, view.ts, loss)
+
+    def _trend(self, job: _Job, ts: float, loss: float) -> None:
+        if not math.isfinite(job.smooth):
+            job.smooth, job.smooth_ts, job.start_ts = loss, ts, ts
+            return
+        dt = min(max(ts - job.smooth_ts, 0.0), self.smooth_tau)
+        job.smooth += (1.0 - math.exp(-dt / self.smooth_tau)) * (loss - job.smooth)
+        job.smooth_ts = ts
+        if ts - job.start_ts < self.smooth_tau:
+            return  # the smoothing has not settled yet
+        job.best = min(job.best, job.smooth)
+        if not job.history or ts - job.history[-1][0] >= 60.0:
+            job.history.append((ts, job.smooth))
+            while job.history and ts - job.history[0][0] > 2.2 * self.plateau_window:
+                job.history.popleft()
+            self._plateau(job, ts)
+        past = [s for t, s in job.history if ts - t >= self.smooth_tau]
+        rising = bool(past) and job.smooth > past[-1]
+        if job.smooth >= job.best * (1.0 + self.divergence) and rising:
+            job.rising_since = job.rising_since if job.rising_since is not None else ts
+        elif job.smooth < job.best * (1.0 + 0.5 * self.divergence):
+            job.rising_since = None
+
+    def _plateau(self, job: _Job, ts: float) -> None:
+        """Flat now, after improving before: the gain over the last window is below ``plateau_gain``
+        and well below the gain of the window before it (a healthy curve flattens only slowly)."""
+        hist, w = job.history, self.plateau_window
+        if ts - job.start_ts < 2 * w or hist[-1][0] - hist[0][0] < 1.9 * w:
+            job.plateau_checks = 0
+            return
+        a, b, c = (self._at(hist, ts - k * w) for k in (2, 1, 0))
+        prev, gain = (a - b) / abs(a), (b - c) / abs(b)
+        flat = gain < self.plateau_gain and gain < 0.3 * max(prev, 0.0) and c <= b * (1 + self.divergence)
+        job.plateau_checks = job.plateau_checks + 1 if flat else 0
+
+    @staticmethod
+    def _at(hist: deque[tuple[float, float]], ts: float) -> float:
+        """Median of the three smoothed samples nearest ``ts``."""
+        near = sorted(hist, key=lambda p: abs(p[0] - ts))[:3]
+        return float(np.median([v for _, v in near]))
+
+    def _findings(self, name: str, job: _Job, now: float) -> list[Finding]:
+        out: list[Finding] = []
+        entity = {"job": name}
+        if now - job.nan_at < self.hold:
+            out.append(
+                Finding(
+                    NAN_RULE,
+                    entity,
+                    f"Loss of job {name} is NaN/Inf at step {job.nan_step}",
+                    details={"step": job.nan_step},
+                )
+            )
+        for rule, spiky, what in ((SPIKE, job.loss, "Loss"), (GRAD, job.grad, "Gradient norm")):
+            if now - spiky.last_hit < self.hold:
+                out.append(
+                    Finding(
+                        rule,
+                        entity,
+                        f"{what} of job {name} jumped to {spiky.value:.4g}, {spiky.ratio:.1f}x its rolling median "
+                        f"({spiky.median:.4g})",
+                        value=spiky.ratio,
+                        details={"value": spiky.value, "baseline_median": spiky.median, "ratio": spiky.ratio},
+                    )
+                )
+        if job.rising_since is not None and job.smooth_ts - job.rising_since >= self.sustain:
+            rise = job.smooth / job.best - 1.0
+            out.append(
+                Finding(
+                    DIVERGE,
+                    entity,
+                    f"Loss of job {name} has been rising for {job.smooth_ts - job.rising_since:.0f} s: "
+                    f"{job.smooth:.4g} smoothed, {rise:.1%} above its best ({job.best:.4g})",
+                    value=rise,
+                    details={"smoothed_loss": job.smooth, "best_loss": job.best},
+                )
+            )
+        if job.plateau_checks >= 5:
+            out.append(
+                Finding(
+                    PLATEAU,
+                    entity,
+                    f"Loss of job {name} has not improved by {self.plateau_gain:.2%} over the last "
+                    f"{self.plateau_window:.0f} s (smoothed {job.smooth:.4g})",
+                    value=job.smooth,
+                    details={"window_seconds": self.plateau_window, "smoothed_loss": job.smooth},
+                )
+            )
+        return out

@@ -1,0 +1,114 @@
+"""A GPU that is wearing out: ``gpu_failure_risk``, a composite score per GPU.
+
+Four kinds of evidence decay over ``tau`` (a day by default), each scaled to 0..1:
+corrected ECC errors (``sbe_full`` of them is 1), throttle episodes (rising edges of any thermal or
+power flag; ``throttle_full`` is 1), XIDs (a fatal one is 1, an application one 0.25) and peer lag
+(SM clock below the median of its job's GPUs, as a share of time). The score is their sum; it fires
+at ``threshold`` and only with evidence of at least two kinds, so one noisy counter is never a risk.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpuscope.detect.base import Detector
+from gpuscope.detect.frames import view
+from gpuscope.detect.gputable import GpuTable
+from gpuscope.detect.vectors import group_median, grow
+from gpuscope.model import Event, Finding, FloatArray, Frame
+from gpuscope.signals import FATAL_XIDS
+
+RULE = "gpu_failure_risk"
+_FLAGS = (
+    "gpu_throttle_sw_thermal",
+    "gpu_throttle_hw_thermal",
+    "gpu_throttle_sw_power",
+    "gpu_throttle_hw_power_brake",
+)
+_KINDS = ("ecc", "throttle", "xid", "lag")
+
+
+class FailureRiskDetector(Detector):
+    rules = (RULE,)
+
+    def __init__(
+        self,
+        tau: float = 86400.0,
+        threshold: float = 1.5,
+        sbe_full: float = 200.0,
+        throttle_full: float = 20.0,
+    ) -> None:
+        self.tau, self.threshold, self.sbe_full, self.throttle_full = tau, threshold, sbe_full, throttle_full
+        self.table = GpuTable(
+            ("gpu_ecc_sbe_aggregate_total", "gpu_sm_clock_mhz", "gpu_utilization_percent", *_FLAGS)
+        )
+        self._ev = {k: np.zeros(0) for k in _KINDS}
+        self._prev_sbe: FloatArray = np.zeros(0)
+        self._prev_flag: FloatArray = np.zeros(0)
+        self._xids: list[tuple[tuple[str, str], float]] = []
+        self._last: float | None = None
+
+    def on_frame(self, frame: Frame) -> None:
+        self.table.ingest(view(frame))
+
+    def on_event(self, event: Event) -> None:
+        if event.kind == "xid":
+            node, gpu = event.labels.get("node"), event.labels.get("gpu")
+            code = event.data.get("code")
+            if node is not None and gpu is not None:
+                self._xids.append(((node, gpu), 1.0 if code in FATAL_XIDS else 0.25))
+
+    def evaluate(self, now: float) -> list[Finding]:
+        t = self.table
+        n = t.n
+        if n == 0:
+            return []
+        for k in _KINDS:
+            self._ev[k] = grow(self._ev[k], n, 0.0)
+        self._prev_sbe = grow(self._prev_sbe, n)
+        self._prev_flag = grow(self._prev_flag, n, 0.0)
+        dt = 1.0 if self._last is None else max(now - self._last, 0.0)
+        self._last = now
+        decay = math.exp(-dt / self.tau)
+        for k in _KINDS:
+            self._ev[k][:n] *= decay
+        sbe = t.column("gpu_ecc_sbe_aggregate_total")
+        prev = self._prev_sbe[:n]
+        rise = np.where(np.isfinite(sbe) & np.isfinite(prev), np.maximum(sbe - prev, 0.0), 0.0)
+        prev[np.isfinite(sbe)] = sbe[np.isfinite(sbe)]
+        self._ev["ecc"][:n] += rise / self.sbe_full
+        flag = np.zeros(n)
+        for m in _FLAGS:
+            flag = np.maximum(flag, np.nan_to_num(t.column(m)) > 0.5)
+        edges = (flag > 0.5) & (self._prev_flag[:n] < 0.5)
+        self._prev_flag[:n] = flag
+        self._ev["throttle"][:n] += edges / self.throttle_full
+        for key, weight in self._xids:
+            i = t.ids.get(key)
+            if i is not None:
+                self._ev["xid"][i] += weight
+        self._xids.clear()
+        util = t.column("gpu_utilization_percent")
+        clock = np.where(util >= 50.0, t.column("gpu_sm_clock_mhz"), math.nan)
+        lagging = (clock / group_median(clock, t.job[:n])) < 0.96
+        self._ev["lag"][:n] += lagging * (dt / 3600.0)
+        parts = np.stack([np.minimum(self._ev[k][:n], 1.0) for k in _KINDS])
+        score = parts.sum(axis=0)
+        kinds = (parts >= 0.1).sum(axis=0)
+        out: list[Finding] = []
+        for i in np.flatnonzero((score >= self.threshold) & (kinds >= 2)).tolist():
+            node, gpu = t.keys[i]
+            evidence = {k: round(float(parts[j, i]), 2) for j, k in enumerate(_KINDS)}
+            listed = ", ".join(f"{k} {v:.2f}" for k, v in evidence.items() if v >= 0.1)
+            out.append(
+                Finding(
+                    RULE,
+                    {"node": node, "gpu": gpu},
+                    f"{node} GPU {gpu} failure risk {score[i]:.2f} (evidence: {listed})",
+                    value=float(score[i]),
+                    details={"score": float(score[i]), "evidence": evidence},
+                )
+            )
+        return out

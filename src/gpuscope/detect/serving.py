@@ -1,0 +1,216 @@
+"""Inference services on rolling baselines: latency, time to first token, error budget, queue, KV cache.
+
+Per service snapshot (:mod:`~gpuscope.detect.services`), short EWMAs (``tau`` seconds) are
+compared with long ones (``base_tau``, which follow the diurnal load and freeze while the rule
+fires, so a regression is not learned as normal):
+
+* ``inference_latency_regression`` / ``inference_ttft_regression``: p95 (or p99) latency / TTFT
+  ``ratio`` times its baseline;
+* ``inference_error_rate``: multi-window burn rate of an error budget (``slo``): both the 30 s and
+  5 min windows burn ``fast_burn`` times faster than allowed, or the 5 min and 1 h ``slow_burn``;
+* ``inference_queue_buildup``: the queue far above its usual depth (at least ``min_queue``);
+* ``kv_cache_pressure``: the KV cache nearly full, a sudden jump in its use, or preemptions;
+* ``version_regression``: delegated to :mod:`~gpuscope.detect.versions` on the same snapshots.
+
+Each must hold for ``sustain`` seconds; the first ``warmup`` seconds of a service only learn.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gpuscope.detect.base import Detector, register
+from gpuscope.detect.services import ServiceAggregator, Snapshot
+from gpuscope.detect.versions import VersionDetector
+from gpuscope.model import Event, Finding, Frame
+
+LATENCY, TTFT, ERRORS, QUEUE, KV = (
+    "inference_latency_regression",
+    "inference_ttft_regression",
+    "inference_error_rate",
+    "inference_queue_buildup",
+    "kv_cache_pressure",
+)
+
+
+class _Ewma:
+    __slots__ = ("mean", "tau")
+
+    def __init__(self, tau: float) -> None:
+        self.tau = tau
+        self.mean = math.nan
+
+    def push(self, value: float, dt: float) -> float:
+        if math.isfinite(value):
+            if not math.isfinite(self.mean):
+                self.mean = value
+            else:
+                self.mean += (1.0 - math.exp(-dt / self.tau)) * (value - self.mean)
+        return self.mean
+
+
+@dataclass(slots=True)
+class _Rule:
+    since: float | None = None
+    firing: bool = False
+    text: str = ""
+    value: float = math.nan
+
+    def hold(self, cond: bool, clear: bool, ts: float, sustain: float) -> None:
+        if cond:
+            self.since = self.since if self.since is not None else ts
+        elif clear or not self.firing:
+            self.since = None
+        self.firing = self.since is not None and ts - self.since >= sustain
+
+
+@dataclass(slots=True)
+class _Svc:
+    first: float
+    last: float
+    fast: dict[str, _Ewma] = field(default_factory=dict)
+    slow: dict[str, _Ewma] = field(default_factory=dict)
+    rules: dict[str, _Rule] = field(default_factory=dict)
+    snap: Snapshot | None = None
+
+    def ewma(self, name: str, tau: float, value: float, dt: float, frozen: bool = False) -> float:
+        store = self.fast if tau < 200 else self.slow
+        key = f"{name}:{tau:g}"
+        e = store.get(key)
+        if e is None:
+            e = store[key] = _Ewma(tau)
+        return e.mean if frozen and math.isfinite(e.mean) else e.push(value, dt)
+
+    def rule(self, name: str) -> _Rule:
+        r = self.rules.get(name)
+        if r is None:
+            r = self.rules[name] = _Rule()
+        return r
+
+
+@register
+class ServingDetector(Detector):
+    rules = (LATENCY, TTFT, ERRORS, QUEUE, KV, *VersionDetector.rules)
+
+    def __init__(
+        self,
+        tau: float = 20.0,
+        base_tau: float = 900.0,
+        ratio: float = 1.3,
+        ttft_ratio: float = 1.4,
+        slo: float = 0.995,
+        fast_burn: float = 4.0,
+        slow_burn: float = 2.0,
+        min_queue: float = 10.0,
+        kv_full: float = 0.92,
+        kv_jump: float = 0.3,
+        sustain: float = 20.0,
+        warmup: float = 300.0,
+    ) -> None:
+        self.tau, self.base_tau, self.ratio, self.ttft_ratio = tau, base_tau, ratio, ttft_ratio
+        self.budget = 1.0 - slo
+        self.fast_burn, self.slow_burn = fast_burn, slow_burn
+        self.min_queue, self.kv_full, self.kv_jump = min_queue, kv_full, kv_jump
+        self.sustain, self.warmup = sustain, warmup
+        self._agg = ServiceAggregator()
+        self._svcs: dict[str, _Svc] = {}
+        self.versions = VersionDetector()
+
+    def on_frame(self, frame: Frame) -> None:
+        self._agg.on_frame(frame)
+
+    def on_event(self, event: Event) -> None:
+        self.versions.on_event(event)
+
+    def evaluate(self, now: float) -> list[Finding]:
+        snapshots = self._agg.snapshots()
+        return self.judge(now, snapshots) + self.versions.judge(now, snapshots)
+
+    def judge(self, now: float, snapshots: dict[str, Snapshot]) -> list[Finding]:
+        """Fold in the services' new snapshots; the findings that hold at ``now``."""
+        for name, snap in snapshots.items():
+            svc = self._svcs.get(name)
+            if svc is None:
+                svc = self._svcs[name] = _Svc(snap.ts, snap.ts)
+            dt = min(max(snap.ts - svc.last, 0.0), 10.0)
+            svc.last = snap.ts
+            svc.snap = snap
+            self._judge(svc, snap, dt)
+        out: list[Finding] = []
+        for name, svc in self._svcs.items():
+            if svc.snap is None or now - svc.last > 30.0:
+                continue
+            for rule, state in svc.rules.items():
+                if state.firing:
+                    out.append(self._finding(name, svc.snap, rule, state))
+        return out
+
+    def _judge(self, svc: _Svc, s: Snapshot, dt: float) -> None:
+        warm = s.ts - svc.first >= self.warmup
+        self._ratio_rule(svc, s, dt, LATENCY, "p95 latency", s.p95, self.ratio, warm)
+        self._ratio_rule(svc, s, dt, TTFT, "time to first token (p95)", s.ttft, self.ttft_ratio, warm)
+        self._errors(svc, s, dt, warm)
+        self._queue(svc, s, dt, warm)
+        self._kv(svc, s, dt, warm)
+
+    def _ratio_rule(
+        self, svc: _Svc, s: Snapshot, dt: float, rule: str, what: str, value: float, ratio: float, warm: bool
+    ) -> None:
+        state = svc.rule(rule)
+        short = svc.ewma(rule, self.tau, value, dt)
+        base = svc.ewma(rule, self.base_tau, value, dt, frozen=state.since is not None)
+        r = short / base if base > 0 else math.nan
+        state.hold(warm and r >= ratio, r < 1.0 + 0.5 * (ratio - 1.0), s.ts, self.sustain)
+        state.value = r
+        state.text = f"{what} at {short:.3g} s, {r:.1f}x its baseline of {base:.3g} s"
+
+    def _errors(self, svc: _Svc, s: Snapshot, dt: float, warm: bool) -> None:
+        state = svc.rule(ERRORS)
+        burns = {}
+        for tau in (30.0, 300.0, 3600.0):
+            err = svc.ewma("errors", tau, s.errors, dt)
+            req = svc.ewma("requests", tau, s.requests, dt)
+            ratio = err / max(req, err, 1e-9)
+            burns[tau] = ratio / self.budget
+        enough = svc.ewma("errors", 300.0, s.errors, 0.0) * 300.0 >= 10.0
+        fast = burns[30.0] >= self.fast_burn and burns[300.0] >= self.fast_burn
+        slow = burns[300.0] >= self.slow_burn and burns[3600.0] >= self.slow_burn
+        state.hold(enough and (fast or slow), burns[300.0] < 1.0, s.ts, 0.0)
+        state.value = burns[300.0]
+        state.text = (
+            f"errors burn the {self.budget:.1%} error budget {burns[300.0]:.1f}x too fast over 5 min "
+            f"({burns[30.0]:.1f}x over 30 s, {burns[3600.0]:.1f}x over 1 h)"
+        )
+
+    def _queue(self, svc: _Svc, s: Snapshot, dt: float, warm: bool) -> None:
+        state = svc.rule(QUEUE)
+        short = svc.ewma("queue", 10.0, s.queue, dt)
+        base = svc.ewma("queue", self.base_tau, s.queue, dt, frozen=state.since is not None)
+        limit = max(self.min_queue, 4.0 * base)
+        state.hold(warm and short >= limit, short < 0.5 * limit, s.ts, 15.0)
+        state.value = short
+        state.text = f"{short:.0f} requests queued (usually {base:.1f})"
+
+    def _kv(self, svc: _Svc, s: Snapshot, dt: float, warm: bool) -> None:
+        state = svc.rule(KV)
+        short = svc.ewma("kv", self.tau, s.kv, dt)
+        base = svc.ewma("kv", self.base_tau, s.kv, dt, frozen=state.since is not None)
+        preempt = svc.ewma("preempt", 60.0, s.preempted / max(dt, 1e-9) if dt > 0 else math.nan, dt)
+        full = short >= self.kv_full
+        jump = short >= 0.5 and short - base >= self.kv_jump
+        preempting = preempt * 60.0 >= 5.0
+        state.hold(
+            warm and (full or jump or preempting), short < base + 0.5 * self.kv_jump and not full, s.ts, 15.0
+        )
+        state.value = short
+        state.text = f"KV cache {short:.0%} full (usually {base:.0%}), {preempt * 60:.0f} preemptions/min"
+
+    def _finding(self, name: str, s: Snapshot, rule: str, state: _Rule) -> Finding:
+        return Finding(
+            rule,
+            {"service": name},
+            f"Service {name} ({s.model} {s.version}): {state.text}",
+            value=state.value if math.isfinite(state.value) else None,
+            details={"model": s.model, "version": s.version, "links": [{"node": n} for n in s.nodes]},
+        )

@@ -1,0 +1,118 @@
+"""Per-step views of a training job: the ranks' records of one step gathered into arrays.
+
+Ranks report step ``k`` separately (and a live hub may get them over several requests), so a
+step is *closed* once a later step has been seen, or once as many ranks as the job has ever
+had reported it. Closed steps come out in order, with every rank's metrics side by side, which is
+what cross-rank rules (skew, stragglers) and job-level rules (loss, step time) need. A step
+lower than the last one (a restart from a checkpoint) is reported as a rollback so baselines
+that would be misled by the repeated steps can start again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpuscope.model import FloatArray, Labels, TrainingRecord
+
+
+@dataclass(slots=True)
+class StepView:
+    """One closed step: ``ranks[i]`` reported ``values[name][i]`` (NaN when it did not report it)."""
+
+    job: str
+    step: int
+    ts: float
+    ranks: list[int]
+    values: dict[str, FloatArray]
+    rollback: bool = False
+    nonfinite: frozenset[str] = frozenset()  # metrics some rank reported as NaN or infinity
+
+    def get(self, name: str) -> FloatArray:
+        column = self.values.get(name)
+        return column if column is not None else np.full(len(self.ranks), math.nan)
+
+
+@dataclass(slots=True)
+class _Open:
+    ts: float
+    records: dict[int, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Job:
+    open: dict[int, _Open] = field(default_factory=dict)
+    last_closed: int = -1
+    world: int = 0
+    placement: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+
+class StepGatherer:
+    """Collects training records and yields closed steps per job, oldest first."""
+
+    def __init__(self, max_open: int = 64) -> None:
+        self.max_open = max_open
+        self.jobs: dict[str, _Job] = {}
+        self.dropped = 0  # records for steps already closed (too late to count)
+
+    def add(self, record: TrainingRecord) -> None:
+        job = self.jobs.get(record.job)
+        if job is None:
+            job = self.jobs[record.job] = _Job()
+        node, gpu = record.labels.get("node"), record.labels.get("gpu")
+        if node is not None and gpu is not None:
+            job.placement[record.rank] = (node, gpu)
+        step = record.step
+        if job.last_closed - 1 <= step <= job.last_closed:
+            self.dropped += 1
+            return
+        slot = job.open.get(step)
+        if slot is None:
+            slot = job.open[step] = _Open(record.ts)
+        slot.ts = max(slot.ts, record.ts)
+        slot.records[record.rank] = record.metrics
+        if len(job.open) > self.max_open:
+            del job.open[min(job.open)]
+            self.dropped += 1
+
+    def where(self, job: str, rank: int) -> Labels:
+        """The node and GPU a rank runs on, as labels (empty when unknown)."""
+        known = self.jobs.get(job)
+        place = known.placement.get(rank) if known is not None else None
+        return {} if place is None else {"node": place[0], "gpu": place[1]}
+
+    def closed(self) -> Iterator[StepView]:
+        """Every step that is complete now, per job in step order."""
+        for name, job in self.jobs.items():
+            if not job.open:
+                continue
+            newest = max(job.open)
+            for step in sorted(job.open):
+                slot = job.open[step]
+                if step == newest and len(slot.records) < max(job.world, 1):
+                    break
+                del job.open[step]
+                job.world = max(job.world, len(slot.records))
+                rollback = step < job.last_closed - 1
+                job.last_closed = step
+                yield self._view(name, step, slot, rollback)
+
+    @staticmethod
+    def _view(job: str, step: int, slot: _Open, rollback: bool) -> StepView:
+        ranks = sorted(slot.records)
+        rows = [slot.records[r] for r in ranks]
+        names = set(rows[0]).union(*rows[1:]) if len(rows) > 1 else set(rows[0])
+        nan = math.nan
+        values = {k: np.array([row.get(k, nan) for row in rows], float) for k in names}
+        bad = frozenset(
+            k for k, column in values.items() if not np.isfinite(column).all() and _reported(rows, k)
+        )
+        return StepView(job, step, slot.ts, ranks, values, rollback, bad)
+
+
+def _reported(rows: list[dict[str, float]], key: str) -> bool:
+    """Did some rank send ``key`` as NaN or infinity (rather than not send it)?"""
+    return any(key in row and not math.isfinite(row[key]) for row in rows)

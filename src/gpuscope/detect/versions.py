@@ -1,0 +1,117 @@
+"""A regression that starts with a model version: ``version_regression``.
+
+At a ``model_version_promoted`` event the service's latency and error ratio *before* it (long
+EWMAs) are frozen as the reference. For ``window`` seconds after, if the service's p95 latency
+(short EWMA) stays ``ratio`` times the reference, or its error ratio rises by ``error_rise``
+above it, for ``sustain`` seconds, the new version is named as the cause. A rollback is a new
+promotion whose reference is the bad version, so recovering does not fire.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpuscope.detect.base import Detector
+from gpuscope.detect.services import ServiceAggregator, Snapshot
+from gpuscope.model import Event, Finding, Frame
+
+RULE = "version_regression"
+
+
+@dataclass(slots=True)
+class _Svc:
+    last: float = math.nan
+    latency: float = math.nan  # short EWMA
+    latency_base: float = math.nan  # long EWMA
+    errors: float = math.nan  # error ratio, short
+    errors_base: float = math.nan
+    promoted: tuple[float, str, str, float, float] | None = None  # ts, model, version, latency ref, error ref
+    since: float | None = None
+    text: str = ""
+
+
+def _ewma(mean: float, value: float, dt: float, tau: float) -> float:
+    if not math.isfinite(value):
+        return mean
+    if not math.isfinite(mean):
+        return value
+    return mean + (1.0 - math.exp(-dt / tau)) * (value - mean)
+
+
+class VersionDetector(Detector):
+    rules = (RULE,)
+
+    def __init__(
+        self, window: float = 1800.0, ratio: float = 1.25, error_rise: float = 0.01, sustain: float = 30.0
+    ) -> None:
+        self.window, self.ratio, self.error_rise, self.sustain = window, ratio, error_rise, sustain
+        self._agg = ServiceAggregator()
+        self._svcs: dict[str, _Svc] = {}
+
+    def on_frame(self, frame: Frame) -> None:
+        self._agg.on_frame(frame)
+
+    def on_event(self, event: Event) -> None:
+        if event.kind != "model_version_promoted":
+            return
+        name = event.labels.get("service") or str(event.data.get("service", ""))
+        if not name:
+            return
+        svc = self._svcs.setdefault(name, _Svc())
+        model = event.labels.get("model") or str(event.data.get("model", ""))
+        version = event.labels.get("version") or str(event.data.get("version", ""))
+        svc.promoted = (event.ts, model, version, svc.latency_base, svc.errors_base)
+        svc.since = None
+
+    def evaluate(self, now: float) -> list[Finding]:
+        return self.judge(now, self._agg.snapshots())
+
+    def judge(self, now: float, snapshots: dict[str, Snapshot]) -> list[Finding]:
+        """Fold in the services' new snapshots; the findings that hold at ``now``."""
+        for name, s in snapshots.items():
+            svc = self._svcs.setdefault(name, _Svc())
+            dt = min(max(s.ts - svc.last, 0.0), 10.0) if math.isfinite(svc.last) else 1.0
+            svc.last = s.ts
+            ratio = s.errors / max(s.requests, s.errors, 1e-9)
+            svc.latency = _ewma(svc.latency, s.p95, dt, 20.0)
+            svc.errors = _ewma(svc.errors, ratio, dt, 120.0)
+            if svc.promoted is None or s.ts - svc.promoted[0] > self.window:
+                svc.latency_base = _ewma(svc.latency_base, s.p95, dt, 600.0)
+                svc.errors_base = _ewma(svc.errors_base, ratio, dt, 600.0)
+            self._judge(svc, s.ts)
+        out: list[Finding] = []
+        for name, svc in self._svcs.items():
+            if svc.promoted is None or svc.since is None or svc.last - svc.since < self.sustain:
+                continue
+            ts, model, version, _, _ = svc.promoted
+            if now - ts > self.window + 600.0:
+                continue
+            entity = {"service": name, "version": version} | ({"model": model} if model else {})
+            out.append(
+                Finding(
+                    RULE,
+                    entity,
+                    f"Service {name}: since version {version} was promoted {svc.last - ts:.0f} s ago, {svc.text}",
+                    details={"promoted_at": ts, "model": model, "version": version},
+                )
+            )
+        return out
+
+    def _judge(self, svc: _Svc, ts: float) -> None:
+        if svc.promoted is None or ts - svc.promoted[0] > self.window:
+            svc.since = None
+            return
+        _, _, _, lat_ref, err_ref = svc.promoted
+        parts = []
+        if math.isfinite(lat_ref) and lat_ref > 0 and svc.latency >= self.ratio * lat_ref:
+            parts.append(
+                f"p95 latency {svc.latency:.3g} s vs {lat_ref:.3g} s before ({svc.latency / lat_ref:.1f}x)"
+            )
+        if math.isfinite(err_ref) and svc.errors >= err_ref + self.error_rise and svc.errors >= 2 * err_ref:
+            parts.append(f"error ratio {svc.errors:.2%} vs {err_ref:.2%} before")
+        if parts:
+            svc.since = svc.since if svc.since is not None else ts
+            svc.text = "; ".join(parts)
+        else:
+            svc.since = None

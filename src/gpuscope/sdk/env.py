@@ -1,0 +1,135 @@
+"""Where a training process sits: job, rank, local rank, world size, node and GPU, from its environment.
+
+Launchers already tell every process who it is (torchrun, Slurm, Kubernetes operators), so the
+SDK reads that rather than asking the user; explicit arguments to :func:`gpuscope.init` win.
+``GPUSCOPE_*`` variables override the launcher's for the cases a launcher cannot know (a job
+name shared across restarts, the node name the agent uses).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+#: Where each field is looked up, first hit wins: gpuscope's own, torchrun, Slurm, Open MPI / Kubernetes.
+_RANK = ("GPUSCOPE_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+_LOCAL_RANK = ("GPUSCOPE_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK")
+_WORLD = ("GPUSCOPE_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+#: NODE_NAME is what Kubernetes' downward API conventionally sets (spec.nodeName).
+_NODE = ("GPUSCOPE_NODE", "SLURMD_NODENAME", "NODE_NAME")
+_JOB = ("GPUSCOPE_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_NAME", "JOB_NAME")
+_HUB = ("GPUSCOPE_HUB",)
+_TOKEN = ("GPUSCOPE_TOKEN",)
+
+
+class PlacementError(ValueError):
+    """The environment says something about placement that cannot be right."""
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Who this process is in its job and where it runs (the entity graph of DESIGN §2)."""
+
+    job: str
+    rank: int
+    local_rank: int
+    world_size: int
+    node: str
+    gpu: str
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """Labels that place this rank's data: job, rank, node, gpu."""
+        return {"job": self.job, "rank": str(self.rank), "node": self.node, "gpu": self.gpu}
+
+
+def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
+    for name in names:
+        value = env.get(name)
+        if value:
+            return name, value
+    return None
+
+
+def _int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
+    found = _first(env, names)
+    if found is None:
+        return default
+    name, raw = found
+    try:
+        value = int(raw)
+    except ValueError:
+        raise PlacementError(f"{name}={raw!r} is not an integer") from None
+    if value < 0:
+        raise PlacementError(f"{name}={raw!r} must not be negative")
+    return value
+
+
+def _gpu(env: Mapping[str, str], local_rank: int) -> str:
+    """The GPU index this rank uses: its entry of CUDA_VISIBLE_DEVICES when set, else its local rank.
+
+    A launcher that pins one GPU per process sets CUDA_VISIBLE_DEVICES to that single GPU, which
+    is then the physical index the agent reports too.
+    """
+    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if not visible:
+        return str(local_rank)
+    if len(visible) == 1:
+        return visible[0]
+    return visible[local_rank] if local_rank < len(visible) else str(local_rank)
+
+
+def _job(env: Mapping[str, str]) -> str | None:
+    found = _first(env, _JOB)
+    if found is None:
+        return None
+    name, value = found
+    if name == "SLURM_JOB_NAME" and env.get("SLURM_JOB_ID"):
+        return f"{value}-{env['SLURM_JOB_ID']}"  # job names repeat across submissions, ids do not
+    return value
+
+
+def detect_placement(
+    env: Mapping[str, str] | None = None,
+    *,
+    job: str | None = None,
+    rank: int | None = None,
+    local_rank: int | None = None,
+    world_size: int | None = None,
+    node: str | None = None,
+    gpu: str | int | None = None,
+) -> Placement:
+    """The placement from explicit arguments, then the environment; raises :class:`PlacementError`."""
+    env = os.environ if env is None else env
+    job = job or _job(env)
+    if not job:
+        raise PlacementError(
+            "no job name: pass gpuscope.init(job=...) or set GPUSCOPE_JOB "
+            "(torchrun's TORCHELASTIC_RUN_ID and Slurm's SLURM_JOB_NAME are read too)"
+        )
+    rank = _int(env, _RANK, 0) if rank is None else rank
+    local_rank = _int(env, _LOCAL_RANK, rank) if local_rank is None else local_rank
+    world_size = _int(env, _WORLD, rank + 1) if world_size is None else world_size
+    if rank < 0 or local_rank < 0:
+        raise PlacementError(f"rank ({rank}) and local rank ({local_rank}) must not be negative")
+    if world_size <= rank:
+        raise PlacementError(f"rank {rank} does not fit in a world of size {world_size}")
+    found = _first(env, _NODE)
+    node = node or (found[1] if found else socket.gethostname().split(".")[0] or "localhost")
+    return Placement(
+        job=job,
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        node=node,
+        gpu=str(gpu) if gpu is not None else _gpu(env, local_rank),
+    )
+
+
+def hub_from_env(env: Mapping[str, str] | None = None) -> tuple[str | None, str | None]:
+    """(hub URL, token) from GPUSCOPE_HUB and GPUSCOPE_TOKEN."""
+    env = os.environ if env is None else env
+    hub, token = _first(env, _HUB), _first(env, _TOKEN)
+    return (hub[1] if hub else None), (token[1] if token else None)

@@ -1,0 +1,210 @@
+"""The SDK's background thread: merges step reports, beats the heartbeat, and delivers batches.
+
+The training thread only appends to bounded deques (:class:`Queues`); everything that costs
+(merging, encoding, HTTP, the disk spool while the hub is away) happens here, through the agent's
+:class:`~gpuscope.agent.sender.Sender` and :class:`~gpuscope.agent.spool.Spool`, so the SDK
+retries, spools and replays exactly like an agent. Reports of one step from several places (the
+user's ``log``, step timing, collectives, memory) are merged into one training record per step,
+once that step has been quiet for ``settle`` seconds.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuscope.agent.sender import Sender
+from gpuscope.counters import Counters
+from gpuscope.ingest.payload import encode_batch
+from gpuscope.model import Batch, Event, TrainingRecord
+from gpuscope.sdk.env import Placement
+from gpuscope.sdk.goodput import Goodput
+
+log = logging.getLogger("gpuscope.sdk")
+
+Entry = tuple[float, int, dict[str, Any]]  # (wall time, step, metrics)
+
+
+@dataclass(slots=True)
+class Queues:
+    """What the training thread hands over; deque appends and pops are atomic under the GIL."""
+
+    capacity: int
+    records: deque[Entry] = field(default_factory=deque)
+    events: deque[Event] = field(default_factory=deque)
+    dropped_records: int = 0  # written only by producers of records (the training thread, mostly)
+    dropped_events: int = 0
+
+    def put(self, entry: Entry) -> None:
+        """Queue a step report from any thread; counted, never blocking, when full."""
+        if len(self.records) < self.capacity:
+            self.records.append(entry)
+        else:
+            self.dropped_records += 1
+
+    def event(self, event: Event) -> None:
+        if len(self.events) < self.capacity:
+            self.events.append(event)
+        else:
+            self.dropped_events += 1
+
+
+@dataclass(slots=True)
+class _Pending:
+    ts: float
+    metrics: dict[str, float]
+    touched: float  # monotonic time of the latest report
+
+
+class Shipper(threading.Thread):
+    """Heartbeats every ``heartbeat_interval`` and ships queued reports every ``flush_interval``."""
+
+    def __init__(
+        self,
+        placement: Placement,
+        queues: Queues,
+        sender: Sender,
+        goodput: Goodput,
+        *,
+        heartbeat_data: Callable[[], dict[str, Any]],
+        samplers: list[tuple[float, Callable[[], dict[str, float]]]] | None = None,
+        current_step: Callable[[], int],
+        counters: Counters,
+        flush_interval: float = 0.25,
+        heartbeat_interval: float = 1.0,
+        settle: float = 0.3,
+        goodput_interval: float = 10.0,
+        max_batch: int = 5000,
+    ) -> None:
+        super().__init__(name=f"gpuscope-sdk-{placement.job}-{placement.rank}", daemon=True)
+        self.placement = placement
+        self.queues = queues
+        self.sender = sender
+        self.goodput = goodput
+        self.heartbeat_data = heartbeat_data
+        self.samplers = [(interval, fn, [0.0]) for interval, fn in samplers or []]
+        self.current_step = current_step
+        self.counters = counters
+        self.flush_interval = flush_interval
+        self.heartbeat_interval = heartbeat_interval
+        self.settle = settle
+        self.goodput_interval = goodput_interval
+        self.max_batch = max_batch
+        self.source = f"sdk:{placement.job}:{placement.rank}"
+        self._ids = itertools.count()
+        self._id_prefix = f"{self.source}:{os.getpid()}:{int(time.time() * 1000)}"
+        self._pending: dict[int, _Pending] = {}
+        self._halt = threading.Event()
+        self._labels = {"node": placement.node, "gpu": placement.gpu}
+        self._next_beat = 0.0
+        self._next_goodput = time.monotonic() + goodput_interval
+        self._invalid_logged = False
+
+    # -- thread --------------------------------------------------------------------------------
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            try:
+                self.tick(time.monotonic())
+            except Exception:  # the training job must never die of its monitoring
+                self.counters.inc("sdk_internal_errors")
+                log.exception("gpuscope: SDK background thread error (counted; continuing)")
+            self._halt.wait(self.flush_interval)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop the thread, then ship everything still queued (up to ``timeout`` seconds)."""
+        self._halt.set()
+        if self.is_alive():
+            self.join(timeout)
+        deadline = time.monotonic() + timeout
+        self.tick(time.monotonic(), final=True, deadline=deadline)
+        self.sender.flush(deadline=deadline)
+        self.goodput.save()
+
+    # -- one round -----------------------------------------------------------------------------
+
+    def tick(self, now: float, final: bool = False, deadline: float | None = None) -> None:
+        if now >= self._next_beat and not final:
+            self._next_beat = now + self.heartbeat_interval
+            self.heartbeat()
+        for interval, sample, due in self.samplers:
+            if now >= due[0] and not final:
+                due[0] = now + interval
+                self.queues.put((time.time(), self.current_step(), sample()))
+        self._drain(now)
+        training = self._ready(now, final)
+        if training and (final or now >= self._next_goodput):
+            self._next_goodput = now + self.goodput_interval
+            self.goodput.save()
+            training[-1].metrics.update(self.goodput.report(time.time()).metrics())
+        events = self._take_events()
+        while training or events:
+            chunk_t, training = training[: self.max_batch], training[self.max_batch :]
+            chunk_e, events = events[: self.max_batch], events[self.max_batch :]
+            self._send(Batch(self.source, events=chunk_e, training=chunk_t), deadline)
+        if len(self.sender.spool):
+            self.sender.flush(deadline)
+
+    def heartbeat(self) -> None:
+        data = {"step": self.current_step(), **self.heartbeat_data()}
+        self.queues.event(Event(time.time(), "heartbeat", self.placement.labels, data))
+
+    def _drain(self, now: float) -> None:
+        records, pending = self.queues.records, self._pending
+        while records:
+            ts, step, metrics = records.popleft()
+            clean = self._clean(metrics)
+            slot = pending.get(step)
+            if slot is None:
+                pending[step] = _Pending(ts, clean, now)
+            else:
+                slot.metrics.update(clean)
+                slot.ts = max(slot.ts, ts)
+                slot.touched = now
+
+    def _clean(self, metrics: dict[str, Any]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for name, value in metrics.items():
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                try:
+                    value = float(value)  # tensors and numpy scalars
+                except (TypeError, ValueError):
+                    self.counters.inc("sdk_invalid_metrics")
+                    if not self._invalid_logged:
+                        self._invalid_logged = True
+                        log.error("gpuscope: metric %r=%r is not a number; dropped (counted)", name, value)
+                    continue
+            out[name] = float(value)
+        return out
+
+    def _ready(self, now: float, final: bool) -> list[TrainingRecord]:
+        ready = [s for s, p in self._pending.items() if final or now - p.touched >= self.settle]
+        out = []
+        for step in ready:
+            slot = self._pending.pop(step)
+            self.goodput.step(step, slot.metrics)
+            out.append(
+                TrainingRecord(
+                    slot.ts, self.placement.job, self.placement.rank, step, slot.metrics, self._labels
+                )
+            )
+        return out
+
+    def _take_events(self) -> list[Event]:
+        events, out = self.queues.events, []
+        while events:
+            out.append(events.popleft())
+        return out
+
+    def _send(self, batch: Batch, deadline: float | None) -> None:
+        batch.batch_id = f"{self._id_prefix}:{next(self._ids)}"
+        self.counters.inc("records_shipped", len(batch.training))
+        self.counters.inc("events_shipped", len(batch.events))
+        self.sender.submit(encode_batch(batch), deadline=deadline)

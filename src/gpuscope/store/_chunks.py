@@ -1,0 +1,197 @@
+"""Sealed raw telemetry: closed time chunks moved out of the hot table into zstd Parquet files.
+
+Why files: DuckDB's own table compression (ALP, bitpacking, RLE) has no entropy coder, and noisy
+GPU telemetry (power in mW, PCIe/NVLink throughput, energy counters) costs about 0.9 bytes per
+sample that way. The same rows written as Parquet (format v2: byte-stream-split floats, delta
+integers, zstd), ordered by (entity, ts) so each GPU's values sit together, cost about 0.6.
+DuckDB reads the files in place, with row-group statistics pruning by time and entity.
+
+A chunk is registered in the ``chunks`` table in the same transaction that deletes its rows from
+the hot table, after the file is fsynced; a crash in between leaves an unregistered file, which
+the next open deletes. Recent data stays in the hot table, where appends are WAL-durable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from gpuscope.store._registry import ATTR_COLUMNS
+from gpuscope.store.errors import StoreError
+
+PARQUET_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP_SIZE 122880"
+FILE_RE = re.compile(r"^chunk-\d+-\d+-\d+\.parquet$")
+METRIC_RE = re.compile(r"^m(\d+)$")
+BASE_COLUMNS = ("ts", "entity", *ATTR_COLUMNS)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    file: str  # name inside the chunk directory
+    lo: int  # first ts (ms) in the file
+    hi: int  # ts bound: every row is < hi
+    rows: int
+    bytes: int
+    cols: frozenset[int]  # metric columns present in the file
+
+
+def _sql_str(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _present(column: str, cols: frozenset[int]) -> bool:
+    match = METRIC_RE.match(column)
+    return match is None or int(match.group(1)) in cols
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class ChunkSet:
+    """The registered chunk files of one store, and the SQL that reads them with the hot table."""
+
+    def __init__(self, directory: Path | None) -> None:
+        self.directory = directory
+        self._lock = threading.Lock()
+        self._chunks: list[Chunk] = []
+        self._seq = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.directory is not None
+
+    def load(self, rows: list[tuple[Any, ...]]) -> None:
+        """Register the chunks listed in the database; delete files a crash left unregistered."""
+        chunks = [
+            Chunk(
+                str(f), int(lo), int(hi), int(n), int(b), frozenset(int(c) for c in str(cols).split(",") if c)
+            )
+            for f, lo, hi, n, b, cols in rows
+        ]
+        if self.directory is None:
+            if chunks:
+                raise StoreError("an in-memory store cannot have chunk files")
+            return
+        registered = {c.file for c in chunks}
+        missing = [c.file for c in chunks if not (self.directory / c.file).is_file()]
+        if missing:
+            raise StoreError(
+                f"gpuscope store is damaged: chunk file(s) {missing[:3]} are missing from {self.directory}"
+            )
+        if self.directory.is_dir():
+            for entry in self.directory.iterdir():
+                if FILE_RE.match(entry.name) and entry.name not in registered:
+                    entry.unlink()  # written by a seal that crashed before it committed
+        with self._lock:
+            self._chunks = sorted(chunks, key=lambda c: (c.lo, c.file))
+            self._seq = max((int(c.file.rsplit("-", 1)[1].split(".")[0]) for c in chunks), default=0)
+
+    def all(self) -> list[Chunk]:
+        with self._lock:
+            return list(self._chunks)
+
+    def overlapping(self, lo: int | None, hi: int | None) -> list[Chunk]:
+        with self._lock:
+            return [c for c in self._chunks if (hi is None or c.lo < hi) and (lo is None or c.hi > lo)]
+
+    def total_bytes(self) -> int:
+        with self._lock:
+            return sum(c.bytes for c in self._chunks)
+
+    def total_rows(self) -> int:
+        with self._lock:
+            return sum(c.rows for c in self._chunks)
+
+    def source(
+        self,
+        columns: list[str],
+        where: str,
+        params: list[Any],
+        lo: int | None,
+        hi: int | None,
+        require: int | None = None,
+    ) -> tuple[str, list[Any]]:
+        """``SELECT columns FROM <hot table and chunk files> WHERE where``: one UNION ALL part per
+        distinct column set among the files (a file lacks metrics that appeared after it; files
+        without metric column ``require``, which ``where`` may name, are skipped)."""
+        names = ", ".join(columns)
+        parts = [f"SELECT {names} FROM samples WHERE {where}"]
+        out_params = list(params)
+        groups: dict[frozenset[int], list[Chunk]] = {}
+        for chunk in self.overlapping(lo, hi):
+            if require is None or require in chunk.cols:
+                groups.setdefault(chunk.cols, []).append(chunk)
+        assert self.directory is not None or not groups
+        for cols, chunks in groups.items():
+            select = ", ".join(c if _present(c, cols) else f"NULL::FLOAT AS {c}" for c in columns)
+            files = ", ".join(_sql_str(str(self.directory / c.file)) for c in chunks)  # type: ignore[operator]
+            parts.append(f"SELECT {select} FROM read_parquet([{files}]) WHERE {where}")
+            out_params.extend(params)
+        return " UNION ALL ".join(parts), out_params
+
+    def seal(self, con: duckdb.DuckDBPyConnection, cut: int, cols: list[int]) -> Chunk | None:
+        """Write hot rows older than ``cut`` to a new chunk file and delete them from the hot
+        table, in the caller's open transaction (so exactly the rows written are deleted)."""
+        assert self.directory is not None
+        row = con.execute("SELECT min(ts), count(*) FROM samples WHERE ts < ?", [cut]).fetchone()
+        if row is None or not row[1]:
+            return None
+        lo = int(row[0])
+        with self._lock:
+            self._seq += 1
+            name = f"chunk-{lo}-{cut}-{self._seq}.parquet"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / name
+        names = ", ".join([*BASE_COLUMNS, *(f"m{c}" for c in cols)])
+        try:
+            written = con.execute(
+                f"COPY (SELECT {names} FROM samples WHERE ts < {int(cut)} ORDER BY entity, ts) "
+                f"TO {_sql_str(str(path))} ({PARQUET_OPTIONS})"
+            ).fetchone()
+            _fsync(path)
+            _fsync(self.directory)
+            chunk = Chunk(
+                name, lo, cut, int(written[0]) if written else 0, path.stat().st_size, frozenset(cols)
+            )
+            con.execute(
+                "INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?)",
+                [chunk.file, chunk.lo, chunk.hi, chunk.rows, chunk.bytes, ",".join(map(str, sorted(cols)))],
+            )
+            con.execute("DELETE FROM samples WHERE ts < ?", [cut])
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return chunk
+
+    def added(self, chunk: Chunk) -> None:
+        """Make a committed chunk visible to queries."""
+        with self._lock:
+            self._chunks.append(chunk)
+            self._chunks.sort(key=lambda c: (c.lo, c.file))
+
+    def expire(self, con: duckdb.DuckDBPyConnection, cut: int) -> list[Chunk]:
+        """Unregister chunks entirely older than ``cut`` (in the caller's transaction)."""
+        old = [c for c in self.all() if c.hi <= cut]
+        if old:
+            con.execute("DELETE FROM chunks WHERE hi <= ?", [cut])
+        return old
+
+    def removed(self, chunks: list[Chunk]) -> None:
+        """After the commit that unregistered ``chunks``: forget them and delete their files."""
+        gone = {c.file for c in chunks}
+        with self._lock:
+            self._chunks = [c for c in self._chunks if c.file not in gone]
+        if self.directory is not None:
+            for c in chunks:
+                (self.directory / c.file).unlink(missing_ok=True)

@@ -1,0 +1,76 @@
+"""Helpers the dashboard views share: severity order, natural sorting, alert placement."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from typing import Any
+
+from gpuscope.model import Alert
+
+SEVERITY_RANK = {"P1": 3, "P2": 2, "P3": 1}
+_DIGITS = re.compile(r"(\d+)")
+
+
+def natural_key(text: str) -> tuple[Any, ...]:
+    """``node-2`` before ``node-10``: operators read numbers, not code points."""
+    return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(text))
+
+
+def worst(severities: Iterable[str]) -> str | None:
+    """The most urgent tier among ``severities`` (P1 first), or None when there is none."""
+    best: str | None = None
+    for sev in severities:
+        if best is None or SEVERITY_RANK.get(sev, 0) > SEVERITY_RANK.get(best, 0):
+            best = sev
+    return best
+
+
+def finite(value: Any) -> float | None:
+    """A float fit for JSON: NaN and infinities travel as null."""
+    if value is None:
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def alert_brief(alert: Alert) -> dict[str, Any]:
+    """What a page needs to list an alert and link to it."""
+    return {
+        "id": alert.id,
+        "rule": alert.rule,
+        "severity": alert.severity,
+        "entity": dict(alert.entity),
+        "summary": alert.summary,
+        "started_at": alert.started_at,
+        "resolved_at": alert.resolved_at,
+        "cost_per_hour": finite(alert.cost_per_hour),
+        "incident": alert.incident,
+    }
+
+
+class AlertIndex:
+    """Firing alerts indexed by the node, GPU, job and service they name."""
+
+    def __init__(self, alerts: Iterable[Alert]) -> None:
+        self.by_gpu: dict[tuple[str, str], list[Alert]] = {}
+        self.by_node: dict[str, list[Alert]] = {}
+        self.by_job: dict[str, list[Alert]] = {}
+        self.by_service: dict[str, list[Alert]] = {}
+        for alert in alerts:
+            e = alert.entity
+            if "node" in e:
+                self.by_node.setdefault(e["node"], []).append(alert)
+                if "gpu" in e:
+                    self.by_gpu.setdefault((e["node"], e["gpu"]), []).append(alert)
+            if "job" in e:
+                self.by_job.setdefault(e["job"], []).append(alert)
+            if "service" in e:
+                self.by_service.setdefault(e["service"], []).append(alert)
+
+    def gpu_severity(self, node: str, gpu: str) -> str | None:
+        return worst(a.severity for a in self.by_gpu.get((node, gpu), []))
+
+    def node_severity(self, node: str) -> str | None:
+        return worst(a.severity for a in self.by_node.get(node, []))

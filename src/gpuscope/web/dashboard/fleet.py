@@ -1,0 +1,121 @@
+"""The fleet page's data: every GPU's latest value of one metric, its health, and idle cost.
+
+Staleness is judged against the newest sample in the fleet rather than the wall clock, so a hub
+whose ingest paused (or a simulated run replayed later) does not paint every GPU as lost; only a
+GPU that fell silent while its peers kept reporting does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuscope.hub import Hub
+from gpuscope.signals import GPU_METRICS
+from gpuscope.web.dashboard.common import AlertIndex, alert_brief, finite, natural_key
+
+UTIL = "gpu_utilization_percent"
+IDLE_UTIL_PERCENT = 5.0
+#: label keys a per-GPU entity may carry; finer entities (per link, per process) are left out
+GPU_ENTITY_KEYS = frozenset({"node", "gpu", "uuid", "job", "pod", "container", "namespace", "cluster"})
+#: metrics offered by the picker: gauges a heatmap can colour sensibly
+PICKER_METRICS = tuple(name for name, spec in GPU_METRICS.items() if spec.kind == "gauge")
+
+
+def fleet_view(hub: Hub, metric: str, stale_after: float) -> dict[str, Any]:
+    """One entry per node with its GPUs in index order; states: P1/P2/P3 (firing alert), stale, ok."""
+    rows = hub.store.snapshot(list(dict.fromkeys([metric, UTIL])), None)
+    node_rows = hub.store.snapshot(["node_cpu_percent"], None)
+    gpu_rows = [r for r in rows if "gpu" in r["labels"] and "node" in r["labels"]]
+    gpu_rows = [r for r in gpu_rows if GPU_ENTITY_KEYS.issuperset(r["labels"])]
+    newest = max((r["ts"] for r in [*gpu_rows, *node_rows]), default=None)
+    index = AlertIndex(hub.firing())
+    price = hub.alerts.price_per_gpu_hour
+    nodes: dict[str, list[dict[str, Any]]] = {r["labels"]["node"]: [] for r in node_rows if "node" in r["labels"]}
+    node_seen = {r["labels"]["node"]: r["ts"] for r in node_rows if "node" in r["labels"]}
+    lo = hi = None
+    idle: list[dict[str, Any]] = []
+    for row in gpu_rows:
+        labels = row["labels"]
+        node, gpu = labels["node"], labels["gpu"]
+        value = finite(row["values"].get(metric))
+        util = finite(row["values"].get(UTIL))
+        stale = newest is not None and newest - row["ts"] > stale_after
+        state = index.gpu_severity(node, gpu) or ("stale" if stale else "ok")
+        is_idle = not stale and util is not None and util < IDLE_UTIL_PERCENT
+        job = labels.get("job")
+        if is_idle:
+            idle.append({"node": node, "gpu": gpu, "job": job})
+        if value is not None and not stale:
+            lo = value if lo is None else min(lo, value)
+            hi = value if hi is None else max(hi, value)
+        nodes.setdefault(node, []).append({"gpu": gpu, "v": value, "s": state, "job": job, "idle": is_idle})
+    out_nodes = []
+    for node in sorted(nodes, key=natural_key):
+        gpus = sorted(nodes[node], key=lambda g: natural_key(g["gpu"]))
+        seen = node_seen.get(node)
+        node_stale = seen is not None and newest is not None and newest - seen > stale_after
+        badge = index.node_severity(node) or ("stale" if node_stale else "ok")
+        alerts = len(index.by_node.get(node, []))
+        out_nodes.append({"node": node, "badge": badge, "alerts": alerts, "gpus": gpus})
+    allocated = [g for g in idle if g["job"]]
+    firing = hub.firing()
+    return {
+        "metric": metric,
+        "newest_ts": newest,
+        "stale_after": stale_after,
+        "price_per_gpu_hour": price,
+        "range": [lo, hi],
+        "nodes": out_nodes,
+        "idle": {
+            "threshold_percent": IDLE_UTIL_PERCENT,
+            "allocated": len(allocated),
+            "unallocated": len(idle) - len(allocated),
+            "cost_per_hour": round(len(idle) * price, 2),
+            "allocated_cost_per_hour": round(len(allocated) * price, 2),
+            "gpus": sorted(idle, key=lambda g: (natural_key(g["node"]), natural_key(g["gpu"])))[:200],
+        },
+        "summary": {
+            "nodes": len(out_nodes),
+            "gpus": len(gpu_rows),
+            "firing": {sev: sum(1 for a in firing if a.severity == sev) for sev in ("P1", "P2", "P3")},
+        },
+        "metrics": list(PICKER_METRICS),
+    }
+
+
+def node_view(hub: Hub, node: str, stale_after: float) -> dict[str, Any]:
+    """A node's host values, its GPUs' latest values, and the alerts that name it."""
+    rows = [r for r in hub.store.snapshot(None, None) if r["labels"].get("node") == node]
+    if not rows:
+        raise KeyError(node)
+    newest = max(r["ts"] for r in rows)
+    index = AlertIndex(hub.firing())
+    host = next((r for r in rows if set(r["labels"]) == {"node"}), None)
+    gpus = []
+    services = []
+    for row in rows:
+        labels = row["labels"]
+        if "service" in labels:
+            services.append({"labels": labels, "values": row["values"], "ts": row["ts"]})
+        if "gpu" not in labels or not GPU_ENTITY_KEYS.issuperset(labels):
+            continue
+        stale = newest - row["ts"] > stale_after
+        gpus.append(
+            {
+                "gpu": labels["gpu"],
+                "uuid": labels.get("uuid"),
+                "job": labels.get("job"),
+                "state": index.gpu_severity(node, labels["gpu"]) or ("stale" if stale else "ok"),
+                "ts": row["ts"],
+                "values": {k: finite(v) for k, v in row["values"].items() if k.startswith("gpu_")},
+            }
+        )
+    gpus.sort(key=lambda g: natural_key(g["gpu"]))
+    alerts = sorted(index.by_node.get(node, []), key=lambda a: (a.severity, a.started_at))
+    return {
+        "node": node,
+        "host": None if host is None else {"ts": host["ts"], "values": host["values"]},
+        "gpus": gpus,
+        "services": services,
+        "alerts": [alert_brief(a) for a in alerts],
+    }

@@ -1,0 +1,207 @@
+"""The jobs pages' data: which jobs ran, and per job its ranks' curves, checkpoints and goodput.
+
+Per-rank curves are bucketed here (mean per bucket) so a 1,000-rank job still answers with a
+bounded payload; the straggler is the one a firing or recent alert names, else the rank that
+arrives last at the collectives by a clear margin.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from gpuscope.hub import Hub
+from gpuscope.model import Event, TrainingRecord
+from gpuscope.web.dashboard.common import AlertIndex, alert_brief, finite, natural_key, worst
+
+JOB_EVENTS = ("job_started", "job_ended", "job_failed")
+CHECKPOINT_EVENTS = ("checkpoint_started", "checkpoint_completed", "checkpoint_failed", "checkpoint_verified")
+CURVES = ("loss", "grad_norm", "step_seconds")
+LOOKBACK_SECONDS = 30 * 86400.0
+STRAGGLER_SKEW_FACTOR = 3.0
+
+
+def _job_events(hub: Hub, end: float, job: str | None = None) -> list[Event]:
+    labels = {"job": job} if job else None
+    out: list[Event] = []
+    for kind in JOB_EVENTS:
+        out += hub.store.events(end - LOOKBACK_SECONDS, end, kind, labels, 10_000)
+    return sorted(out, key=lambda e: e.ts)
+
+
+def jobs_view(hub: Hub, now: float) -> dict[str, Any]:
+    """Every job seen in the last 30 days: kind, state, size, GPUs held now and its alerts."""
+    jobs: dict[str, dict[str, Any]] = {}
+    for ev in _job_events(hub, now):
+        name = ev.labels.get("job")
+        if not name:
+            continue
+        job = jobs.setdefault(name, {"job": name, "kind": None, "first_start": ev.ts, "restarts": -1})
+        if ev.kind == "job_started":
+            job["kind"] = ev.data.get("kind", job["kind"])
+            job["world_size"] = ev.data.get("world_size", len(ev.data.get("placement", [])) or None)
+            job["restarts"] += 1
+            job["state"] = "running"
+            job["started_at"] = ev.ts
+        else:
+            job["state"] = "ended" if ev.kind == "job_ended" else "failed"
+            job["ended_at"] = ev.ts
+    held: dict[str, int] = {}
+    for row in hub.store.snapshot(["gpu_utilization_percent"], None):
+        name = row["labels"].get("job")
+        if name and "gpu" in row["labels"]:
+            held[name] = held.get(name, 0) + 1
+    index = AlertIndex(hub.firing())
+    out = []
+    for name in sorted(jobs, key=natural_key):
+        job = jobs[name]
+        alerts = index.by_job.get(name, [])
+        job["restarts"] = max(0, job["restarts"])
+        job["gpus_now"] = held.get(name, 0)
+        job["alerts"] = len(alerts)
+        job["worst"] = worst(a.severity for a in alerts)
+        out.append(job)
+    return {"jobs": out}
+
+
+def _bucketed(
+    records: list[TrainingRecord], start: float, end: float, points: int
+) -> tuple[list[float], list[int], dict[str, dict[int, list[float | None]]]]:
+    """Mean of each curve per rank per time bucket, on one shared time axis."""
+    width = max((end - start) / points, 1e-9)
+    ranks = sorted({r.rank for r in records})
+    sums: dict[str, dict[int, dict[int, list[float]]]] = {c: {} for c in CURVES}
+    used: set[int] = set()
+    for rec in records:
+        b = min(points - 1, max(0, int((rec.ts - start) / width)))
+        used.add(b)
+        for curve in CURVES:
+            v = finite(rec.metrics.get(curve))
+            if v is not None:
+                acc = sums[curve].setdefault(rec.rank, {}).setdefault(b, [0.0, 0.0])
+                acc[0] += v
+                acc[1] += 1
+    buckets = sorted(used)
+    xs = [start + (b + 0.5) * width for b in buckets]
+    curves: dict[str, dict[int, list[float | None]]] = {}
+    for curve in CURVES:
+        curves[curve] = {}
+        for rank in ranks:
+            per = sums[curve].get(rank, {})
+            curves[curve][rank] = [per[b][0] / per[b][1] if b in per else None for b in buckets]
+    return xs, ranks, curves
+
+
+def _straggler(hub: Hub, job: str, records: list[TrainingRecord]) -> dict[str, Any] | None:
+    named = [a for a in hub.store.alerts(False, 2000) if a.rule == "training_straggler" and a.entity.get("job") == job]
+    if named:
+        alert = max(named, key=lambda a: (a.firing, a.started_at))
+        return {"rank": int(alert.entity["rank"]), "source": alert.id, "firing": alert.firing}
+    skew: dict[int, list[float]] = {}
+    for rec in records:
+        v = finite(rec.metrics.get("collective_arrival_skew_seconds"))
+        if v is not None:
+            skew.setdefault(rec.rank, []).append(v)
+    if len(skew) < 3:
+        return None
+    medians = {rank: statistics.median(vs) for rank, vs in skew.items()}
+    rank = max(medians, key=lambda r: medians[r])
+    typical = statistics.median(medians.values())
+    if medians[rank] > STRAGGLER_SKEW_FACTOR * max(typical, 1e-3):
+        return {"rank": rank, "source": "collective arrival skew", "firing": None}
+    return None
+
+
+def _checkpoints(events: list[Event]) -> list[dict[str, Any]]:
+    steps: dict[int, dict[str, Any]] = {}
+    for ev in events:
+        step = ev.data.get("step")
+        if not isinstance(step, int):
+            continue
+        cp = steps.setdefault(step, {"step": step, "started": None, "completed": None, "ranks_done": 0})
+        if ev.kind == "checkpoint_started":
+            cp["started"] = ev.ts if cp["started"] is None else min(cp["started"], ev.ts)
+        elif ev.kind == "checkpoint_completed":
+            cp["completed"] = ev.ts if cp["completed"] is None else max(cp["completed"], ev.ts)
+            cp["ranks_done"] += 1
+        elif ev.kind == "checkpoint_failed":
+            cp["failed"] = str(ev.data.get("reason", "failed"))
+        elif ev.kind == "checkpoint_verified":
+            cp["verified"] = bool(ev.data.get("ok"))
+    return [steps[s] for s in sorted(steps)]
+
+
+def goodput(records: list[TrainingRecord], checkpoints: list[dict[str, Any]], start: float, end: float) -> dict[str, float]:
+    """Where the window's wall time went, seen from the lowest rank present (all ranks step together).
+
+    productive: step time less input waits; data_wait; checkpoint: first save start to last rank
+    done; restart: steps computed again after a restart; stalled: what is left (hangs, lost ranks).
+    """
+    if not records:
+        return {}
+    lead = min(r.rank for r in records)
+    own = sorted((r for r in records if r.rank == lead), key=lambda r: r.ts)
+    elapsed = max(0.0, min(end, own[-1].ts) - max(start, own[0].ts - (finite(own[0].metrics.get("step_seconds")) or 0)))
+    productive = data_wait = restart = 0.0
+    best = -1
+    for rec in own:
+        step_s = finite(rec.metrics.get("step_seconds")) or 0.0
+        wait = min(step_s, finite(rec.metrics.get("data_wait_seconds")) or 0.0)
+        if rec.step <= best:
+            restart += step_s
+        else:
+            productive += step_s - wait
+            data_wait += wait
+        best = max(best, rec.step)
+    ckpt = sum(
+        min(cp["completed"], end) - max(cp["started"], start)
+        for cp in checkpoints
+        if cp["started"] is not None and cp["completed"] is not None and cp["completed"] > cp["started"]
+    )
+    accounted = productive + data_wait + restart + ckpt
+    elapsed = max(elapsed, accounted)
+    return {
+        "elapsed": elapsed,
+        "productive": productive,
+        "data_wait": data_wait,
+        "checkpoint": ckpt,
+        "restart": restart,
+        "stalled": elapsed - accounted,
+    }
+
+
+def job_view(hub: Hub, job: str, start: float, end: float, points: int) -> dict[str, Any]:
+    """A job's per-rank curves, its straggler, checkpoints, goodput, placement and alerts."""
+    records = hub.store.training(job, start, end, None, 500_000)
+    lifecycle = _job_events(hub, end, job)
+    if not records and not lifecycle:
+        raise KeyError(job)
+    xs, ranks, curves = _bucketed(records, start, end, points)
+    cp_events: list[Event] = []
+    for kind in CHECKPOINT_EVENTS:
+        cp_events += hub.store.events(start, end, kind, {"job": job}, 100_000)
+    checkpoints = _checkpoints(sorted(cp_events, key=lambda e: e.ts))
+    placement: dict[int, dict[str, str]] = {}
+    for ev in lifecycle:
+        for item in ev.data.get("placement", []) if ev.kind == "job_started" else []:
+            placement[int(item[0])] = {"node": str(item[1]), "gpu": str(item[2])}
+    for rec in records:
+        if "node" in rec.labels and "gpu" in rec.labels:
+            placement[rec.rank] = {"node": rec.labels["node"], "gpu": rec.labels["gpu"]}
+    last_step = max((r.step for r in records), default=None)
+    index = AlertIndex(hub.firing())
+    return {
+        "job": job,
+        "start": start,
+        "end": end,
+        "ts": xs,
+        "ranks": ranks,
+        "curves": {c: {str(r): v for r, v in per.items()} for c, per in curves.items()},
+        "straggler": _straggler(hub, job, records),
+        "checkpoints": checkpoints,
+        "goodput": goodput(records, checkpoints, start, end),
+        "placement": {str(r): p for r, p in sorted(placement.items())},
+        "last_step": last_step,
+        "lifecycle": [{"ts": e.ts, "kind": e.kind, "data": {k: v for k, v in e.data.items() if k != "placement"}} for e in lifecycle],
+        "alerts": [alert_brief(a) for a in sorted(index.by_job.get(job, []), key=lambda a: (a.severity, a.started_at))],
+    }

@@ -1,0 +1,103 @@
+"""The reports page's data: idle GPU-hours and their cost, failing-GPU candidates, utilization trends.
+
+Everything is read through the store seam (fleet-wide series, per-group aggregates) and the
+alert history, so it works the same on a remote TSDB backend. Idle-allocated hours come from
+``gpu_idle_allocated`` alerts (the GPUs a job held while doing nothing); unused capacity is the
+complement of the mean utilization over the GPUs that reported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuscope.hub import Hub
+from gpuscope.web.dashboard.common import SEVERITY_RANK, finite, natural_key
+
+UTIL = "gpu_utilization_percent"
+HARDWARE_RULES = frozenset(
+    {
+        "gpu_xid_fatal",
+        "gpu_xid_app",
+        "gpu_ecc_uncorrectable",
+        "gpu_ecc_correctable_rising",
+        "gpu_lost",
+        "gpu_thermal_throttle",
+        "gpu_power_throttle",
+        "gpu_underperforming",
+        "gpu_failure_risk",
+        "nvlink_errors",
+        "pcie_replay_rising",
+    }
+)
+
+
+def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def reports_view(hub: Hub, now: float, days: int) -> dict[str, Any]:
+    """Capacity-planning figures over the last ``days`` days."""
+    start = now - days * 86400.0
+    price = hub.alerts.price_per_gpu_hour
+    history = hub.store.alerts(False, 100_000)
+    idle_hours = 0.0
+    idle_cost = 0.0
+    idle_jobs: dict[str, float] = {}
+    for alert in history:
+        if alert.rule != "gpu_idle_allocated":
+            continue
+        hours = _overlap(alert.started_at, alert.resolved_at or now, start, now) / 3600.0
+        gpus = alert.cost_per_hour / price if price > 0 else 0.0
+        idle_hours += hours * gpus
+        idle_cost += hours * alert.cost_per_hour
+        job = alert.entity.get("job", "?")
+        idle_jobs[job] = idle_jobs.get(job, 0.0) + hours * gpus
+    per_gpu = hub.store.aggregate(UTIL, "uuid", start, now)
+    daily = hub.store.series(UTIL, {}, start, now, days)
+    per_node = sorted(hub.store.aggregate(UTIL, "node", start, now), key=lambda g: natural_key(g["group"]))
+    observed = [p for p in daily if finite(p.value) is not None]
+    span_hours = (observed[-1].ts - observed[0].ts) / 3600.0 + 24.0 / max(1, len(daily)) if observed else 0.0
+    span_hours = min(span_hours, days * 24.0)
+    mean_util = (
+        sum(g["mean"] * g["count"] for g in per_gpu) / sum(g["count"] for g in per_gpu) if per_gpu else None
+    )
+    unused_hours = None if mean_util is None else len(per_gpu) * span_hours * (1 - mean_util / 100.0)
+    return {
+        "days": days,
+        "start": start,
+        "end": now,
+        "price_per_gpu_hour": price,
+        "idle_allocated": {
+            "gpu_hours": round(idle_hours, 3),
+            "cost": round(idle_cost, 2),
+            "by_job": {k: round(v, 3) for k, v in sorted(idle_jobs.items(), key=lambda kv: -kv[1])},
+        },
+        "unused_capacity": {
+            "gpus": len(per_gpu),
+            "mean_utilization_percent": finite(mean_util),
+            "observed_hours": round(span_hours, 3),
+            "gpu_hours": None if unused_hours is None else round(unused_hours, 3),
+            "cost": None if unused_hours is None else round(unused_hours * price, 2),
+        },
+        "failing_candidates": failing_candidates(history, start),
+        "trend": [[p.ts, finite(p.value)] for p in daily],
+        "by_node": [{"node": g["group"], "mean": finite(g["mean"]), "max": finite(g["max"])} for g in per_node],
+    }
+
+
+def failing_candidates(history: list[Any], start: float, top: int = 20) -> list[dict[str, Any]]:
+    """GPUs ranked by their hardware alerts in the window (P1 counts 3, P2 2, P3 1)."""
+    scores: dict[tuple[str, str], dict[str, Any]] = {}
+    for alert in history:
+        e = alert.entity
+        if alert.rule not in HARDWARE_RULES or "gpu" not in e or "node" not in e:
+            continue
+        if (alert.resolved_at or alert.started_at) < start:
+            continue
+        key = (e["node"], e["gpu"])
+        row = scores.setdefault(key, {"node": key[0], "gpu": key[1], "score": 0, "rules": {}, "firing": 0})
+        row["score"] += SEVERITY_RANK.get(alert.severity, 1)
+        row["rules"][alert.rule] = row["rules"].get(alert.rule, 0) + 1
+        row["firing"] += 1 if alert.firing else 0
+    ranked = sorted(scores.values(), key=lambda r: (-r["score"], natural_key(r["node"]), natural_key(r["gpu"])))
+    return ranked[:top]

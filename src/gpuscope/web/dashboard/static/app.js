@@ -1,0 +1,197 @@
+// gpuscope dashboard core: routing, fetching, live refresh, time range, charts (uPlot).
+"use strict";
+const GS = (window.GS = {
+  pages: {},
+  charts: new Map(),
+  current: null,
+  updates: 0,
+  busy: false,
+});
+
+const qs = new URLSearchParams(location.search);
+GS.refreshMs = Math.max(500, Number(qs.get("refresh") || 5) * 1000);
+
+GS.esc = (v) =>
+  String(v ?? "").replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
+
+GS.fmt = (v, digits = 1) => {
+  if (v === null || v === undefined || Number.isNaN(v)) return "–";
+  const a = Math.abs(v);
+  if (a >= 1e12) return (v / 1e12).toFixed(digits) + "T";
+  if (a >= 1e9) return (v / 1e9).toFixed(digits) + "G";
+  if (a >= 1e6) return (v / 1e6).toFixed(digits) + "M";
+  if (a >= 1e4) return (v / 1e3).toFixed(digits) + "k";
+  if (a !== 0 && a < 0.01) return v.toExponential(1);
+  return Number(v.toFixed(a < 10 ? 3 : digits)).toString();
+};
+GS.time = (ts) => (ts ? new Date(ts * 1000).toLocaleString() : "–");
+GS.ago = (ts) => {
+  if (!ts) return "–";
+  const s = Math.max(0, Date.now() / 1000 - ts);
+  return s < 90 ? `${s.toFixed(0)} s` : s < 5400 ? `${(s / 60).toFixed(0)} min` : `${(s / 3600).toFixed(1)} h`;
+};
+GS.sev = (s) => `<span class="sev ${GS.esc(s || "ok")}">${GS.esc(s || "ok")}</span>`;
+
+GS.range = () => Number(document.getElementById("range").value);
+GS.window = () => {
+  const end = Date.now() / 1000;
+  return { start: end - GS.range(), end };
+};
+
+GS.api = async (path, params) => {
+  const url = new URL(path, location.origin);
+  for (const [k, v] of Object.entries(params || {})) if (v !== undefined && v !== null) url.searchParams.set(k, v);
+  const res = await fetch(url);
+  const body = await res.json();
+  if (!res.ok) throw new Error(`${path}: ${body.error || res.status}`);
+  return body;
+};
+
+GS.post = async (path, doc) => {
+  const headers = { "Content-Type": "application/json" };
+  const token = document.getElementById("token").value.trim();
+  if (token) headers.Authorization = `Bearer ${token}`;
+  const res = await fetch(path, { method: "POST", headers, body: JSON.stringify(doc) });
+  const body = await res.json().catch(() => ({}));
+  if (!res.ok) throw new Error(body.error || `HTTP ${res.status}`);
+  return body;
+};
+
+GS.banner = (msg) => {
+  const b = document.getElementById("banner");
+  b.hidden = !msg;
+  b.textContent = msg || "";
+};
+
+// Links between layers: every label that names a place links to its page.
+GS.entityLinks = (e) => {
+  const out = [];
+  if (e.service) out.push(`service <a href="#/service/${encodeURIComponent(e.service)}">${GS.esc(e.service)}</a>`);
+  if (e.job) out.push(`job <a href="#/job/${encodeURIComponent(e.job)}">${GS.esc(e.job)}</a>`);
+  if (e.job && e.rank !== undefined)
+    out.push(`rank <a href="#/job/${encodeURIComponent(e.job)}/${encodeURIComponent(e.rank)}">${GS.esc(e.rank)}</a>`);
+  if (e.node) out.push(`node <a href="#/node/${encodeURIComponent(e.node)}">${GS.esc(e.node)}</a>`);
+  if (e.node && e.gpu !== undefined)
+    out.push(`GPU <a href="#/gpu/${encodeURIComponent(e.node)}/${encodeURIComponent(e.gpu)}">${GS.esc(e.gpu)}</a>`);
+  for (const [k, v] of Object.entries(e))
+    if (!["service", "job", "rank", "node", "gpu"].includes(k)) out.push(`${GS.esc(k)}=${GS.esc(v)}`);
+  return out.join(" · ");
+};
+
+// Series on one time axis: the union of their timestamps, null where a series has no point.
+GS.align = (lists) => {
+  const xs = [...new Set(lists.flatMap((l) => l.map((p) => p[0])))].sort((a, b) => a - b);
+  const pos = new Map(xs.map((x, i) => [x, i]));
+  const ys = lists.map((l) => {
+    const y = new Array(xs.length).fill(null);
+    for (const [t, v] of l) y[pos.get(t)] = v;
+    return y;
+  });
+  return [xs, ...ys];
+};
+
+GS.series = async (metric, labels, points = 300) => {
+  const { start, end } = GS.window();
+  const body = await GS.api("/api/v1/series", { metric, start, end, points, ...labels });
+  return body.points;
+};
+
+const PALETTE = ["#6cb6ff", "#3fb950", "#f5a524", "#c9a6ff", "#ff7b72", "#39c5cf", "#e3b341", "#f778ba"];
+GS.color = (i) => PALETTE[i % PALETTE.length];
+
+// One uPlot chart per box; a refresh with the same series only swaps the data (no re-layout).
+GS.chart = (box, title, data, series, opts = {}) => {
+  const points = data.slice(1).reduce((n, ys) => n + ys.filter((v) => v !== null && v !== undefined).length, 0);
+  box.dataset.points = String(points);
+  const key = box.id;
+  const sig = series.map((s) => s.label + (s.stroke || "") + (s.width || "")).join("|");
+  let entry = GS.charts.get(key);
+  if (entry && (entry.sig !== sig || !document.body.contains(entry.u.root))) {
+    entry.u.destroy();
+    GS.charts.delete(key);
+    entry = null;
+  }
+  if (!points) {
+    if (entry) { entry.u.destroy(); GS.charts.delete(key); }
+    box.innerHTML = `<div class="title">${GS.esc(title)}</div><div class="empty">no data in this range</div>`;
+    return;
+  }
+  if (entry) { entry.u.setData(data); return; }
+  box.innerHTML = `<div class="title">${GS.esc(title)}</div>`;
+  const width = Math.max(280, box.clientWidth - 14);
+  const u = new uPlot(
+    {
+      width,
+      height: opts.height || 180,
+      series: [{}, ...series.map((s, i) => ({ stroke: GS.color(i), width: 1.25, spanGaps: true, points: { show: false }, ...s }))],
+      axes: [{ stroke: "#8b97a5", grid: { stroke: "#2a333d" } }, { stroke: "#8b97a5", grid: { stroke: "#2a333d" }, size: 56 }],
+      legend: { show: series.length <= 12 },
+      cursor: { drag: { x: true, y: false } },
+      scales: { x: { time: true } },
+    },
+    data,
+    box,
+  );
+  GS.charts.set(key, { u, sig });
+};
+
+GS.chartBoxes = (root, names) =>
+  (root.innerHTML = `<div class="charts">${names.map((n) => `<div class="chart" id="c-${n}" data-chart="${n}"></div>`).join("")}</div>`);
+
+// -- routing and the live loop ---------------------------------------------------------------
+
+function route() {
+  const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+  const name = parts[0] || "fleet";
+  const page = GS.pages[name] || GS.pages.fleet;
+  for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.page === name || (a.dataset.page === "jobs" && name === "job") || (a.dataset.page === "services" && name === "service") || (a.dataset.page === "alerts" && name === "alert"));
+  for (const { u } of GS.charts.values()) u.destroy();
+  GS.charts.clear();
+  const main = document.getElementById("main");
+  main.innerHTML = "";
+  document.body.dataset.page = name;
+  document.body.dataset.ready = "0";
+  GS.current = { page, args: parts.slice(1), root: main };
+  page.mount(main, GS.current.args);
+  update();
+}
+
+async function update() {
+  const cur = GS.current;
+  if (!cur || GS.busy) return;
+  GS.busy = true;
+  try {
+    await cur.page.update(cur.root, cur.args);
+    if (cur !== GS.current) return;
+    GS.updates += 1;
+    document.body.dataset.updates = String(GS.updates);
+    document.body.dataset.ready = "1";
+    document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
+    GS.banner("");
+  } catch (err) {
+    GS.banner(`could not load this page: ${err.message}`);
+    document.body.dataset.ready = "error";
+  } finally {
+    GS.busy = false;
+  }
+}
+GS.refresh = update;
+
+function init() {
+  const range = document.getElementById("range");
+  range.value = localStorage.getItem("gs.range") || qs.get("range") || "3600";
+  range.addEventListener("change", () => { localStorage.setItem("gs.range", range.value); update(); });
+  const user = document.getElementById("user");
+  user.value = localStorage.getItem("gs.user") || "";
+  user.addEventListener("change", () => localStorage.setItem("gs.user", user.value.trim()));
+  const token = document.getElementById("token");
+  token.value = sessionStorage.getItem("gs.token") || "";
+  token.addEventListener("change", () => sessionStorage.setItem("gs.token", token.value.trim()));
+  window.addEventListener("hashchange", route);
+  setInterval(() => {
+    if (document.getElementById("live").checked && !document.hidden) update();
+  }, GS.refreshMs);
+  // pages register themselves in pages*.js, loaded after this file
+  setTimeout(route, 0);
+}
+document.addEventListener("DOMContentLoaded", init);

@@ -1,0 +1,278 @@
+// Fleet, Node, GPU and Alerts pages.
+"use strict";
+(() => {
+  const { esc, fmt, sev } = GS;
+
+  function heatColor(v, lo, hi) {
+    if (v === null || v === undefined) return "#232a31";
+    const f = hi > lo ? Math.min(1, Math.max(0, (v - lo) / (hi - lo))) : 0.5;
+    const hue = 220 - 130 * f, sat = 60 + 10 * f, light = 22 + 40 * f;
+    return `hsl(${hue.toFixed(0)} ${sat.toFixed(0)}% ${light.toFixed(0)}%)`;
+  }
+
+  GS.pages.fleet = {
+    metric: "gpu_utilization_percent",
+    mount(root) {
+      root.innerHTML = `<h1>Fleet</h1>
+        <div class="cards" id="f-cards"></div>
+        <div class="legend">metric <select id="f-metric"></select>
+          <span><span class="grad"></span> <span id="f-lo"></span> → <span id="f-hi"></span></span>
+          <span><i style="background:var(--p1)"></i>P1 fault</span><span><i style="background:var(--p2)"></i>P2</span>
+          <span><i style="background:var(--p3)"></i>P3</span><span><i style="background:var(--stale)"></i>silent</span>
+          <span><i style="outline:1px dashed #9aa4b1"></i>idle (&lt; 5 %)</span></div>
+        <div class="heat" id="f-heat"></div>
+        <h2>Idle GPUs</h2><div id="f-idle"></div>`;
+      root.querySelector("#f-metric").addEventListener("change", (ev) => {
+        this.metric = ev.target.value;
+        GS.refresh();
+      });
+    },
+    async update(root) {
+      const d = await GS.api("/api/v1/ui/fleet", { metric: this.metric });
+      const sel = root.querySelector("#f-metric");
+      if (!sel.options.length)
+        sel.innerHTML = d.metrics.map((m) => `<option ${m === d.metric ? "selected" : ""}>${esc(m)}</option>`).join("");
+      let [lo, hi] = d.range;
+      if (d.metric.endsWith("_percent")) [lo, hi] = [0, 100];
+      root.querySelector("#f-lo").textContent = fmt(lo);
+      root.querySelector("#f-hi").textContent = fmt(hi);
+      const f = d.summary.firing;
+      root.querySelector("#f-cards").innerHTML = `
+        <div class="card">nodes<b>${d.summary.nodes}</b></div><div class="card">GPUs<b>${d.summary.gpus}</b></div>
+        <div class="card">firing<b>${sev("P1")} ${f.P1} ${sev("P2")} ${f.P2} ${sev("P3")} ${f.P3}</b></div>
+        <div class="card">idle GPUs<b id="f-idle-count">${d.idle.allocated + d.idle.unallocated}</b>
+          <span class="muted">${d.idle.allocated} allocated · ${d.idle.unallocated} free</span></div>
+        <div class="card">idle cost<b id="f-idle-cost">$${fmt(d.idle.cost_per_hour, 2)}/h</b>
+          <span class="muted">allocated $${fmt(d.idle.allocated_cost_per_hour, 2)}/h</span></div>`;
+      const parts = [];
+      for (const n of d.nodes) {
+        const node = encodeURIComponent(n.node);
+        parts.push(`<div class="node" data-node="${esc(n.node)}"><div class="nh"><a href="#/node/${node}">${esc(n.node)}</a>${sev(n.badge)}</div><div class="cells">`);
+        for (const g of n.gpus) {
+          const tip = `${n.node} GPU ${g.gpu}: ${fmt(g.v)}${g.job ? " · job " + g.job : ""}${g.s !== "ok" ? " · " + g.s : ""}${g.idle ? " · idle" : ""}`;
+          parts.push(`<a class="cell${g.idle ? " idle" : ""}" href="#/gpu/${node}/${encodeURIComponent(g.gpu)}" data-node="${esc(n.node)}" data-gpu="${esc(g.gpu)}" data-state="${g.s}" data-value="${g.v ?? ""}" title="${esc(tip)}" style="background:${heatColor(g.v, lo, hi)}"></a>`);
+        }
+        parts.push("</div></div>");
+      }
+      root.querySelector("#f-heat").innerHTML = parts.join("");
+      const idle = d.idle.gpus.slice(0, 50);
+      root.querySelector("#f-idle").innerHTML = idle.length
+        ? `<table><tr><th>node</th><th>GPU</th><th>job</th></tr>${idle
+            .map((g) => `<tr><td><a href="#/node/${encodeURIComponent(g.node)}">${esc(g.node)}</a></td><td><a href="#/gpu/${encodeURIComponent(g.node)}/${encodeURIComponent(g.gpu)}">${esc(g.gpu)}</a></td><td>${g.job ? `<a href="#/job/${encodeURIComponent(g.job)}">${esc(g.job)}</a>` : '<span class="muted">unallocated</span>'}</td></tr>`)
+            .join("")}</table>`
+        : `<p class="muted">no GPU below ${d.idle.threshold_percent} % utilization</p>`;
+    },
+  };
+
+  GS.alertRows = (alerts) =>
+    alerts.length
+      ? `<table><tr><th>sev</th><th>rule</th><th>where</th><th>since</th><th>summary</th></tr>${alerts
+          .map((a) => `<tr><td>${sev(a.severity)}</td><td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a></td><td>${GS.entityLinks(a.entity)}</td><td>${GS.ago(a.started_at)}</td><td>${esc(a.summary)}</td></tr>`)
+          .join("")}</table>`
+      : '<p class="muted">no firing alerts</p>';
+
+  GS.pages.node = {
+    mount(root, [node]) {
+      root.innerHTML = `<h1>Node ${esc(node)}</h1><div class="cards" id="n-host"></div>
+        <h2>GPUs</h2><div id="n-gpus"></div><h2>Alerts</h2><div id="n-alerts"></div><h2>History</h2><div id="n-charts"></div>`;
+      GS.chartBoxes(root.querySelector("#n-charts"), ["util", "temp", "power", "cpu", "net", "ib"]);
+    },
+    async update(root, [node]) {
+      const d = await GS.api("/api/v1/ui/node", { node });
+      const h = d.host ? d.host.values : {};
+      root.querySelector("#n-host").innerHTML = `
+        <div class="card">CPU<b>${fmt(h.node_cpu_percent)} %</b></div><div class="card">load<b>${fmt(h.node_load1)}</b></div>
+        <div class="card">memory<b>${fmt(h.node_memory_used_bytes)}B</b><span class="muted">of ${fmt(h.node_memory_total_bytes)}B</span></div>
+        <div class="card">net rx/tx<b>${fmt(h.node_net_rx_bytes_per_second)} / ${fmt(h.node_net_tx_bytes_per_second)} B/s</b></div>
+        <div class="card">IB rx/tx<b>${fmt(h.node_ib_rx_bytes_per_second)} / ${fmt(h.node_ib_tx_bytes_per_second)} B/s</b><span class="muted">ports down ${fmt(h.node_ib_ports_down)}</span></div>
+        <div class="card">last report<b>${GS.ago(d.host && d.host.ts)}</b></div>`;
+      root.querySelector("#n-gpus").innerHTML = `<table><tr><th>GPU</th><th>state</th><th>job</th><th>util %</th><th>temp °C</th><th>power W</th><th>memory used</th><th>SM MHz</th></tr>${d.gpus
+        .map((g) => `<tr><td><a href="#/gpu/${encodeURIComponent(node)}/${encodeURIComponent(g.gpu)}">GPU ${esc(g.gpu)}</a></td><td>${sev(g.state)}</td><td>${g.job ? `<a href="#/job/${encodeURIComponent(g.job)}">${esc(g.job)}</a>` : "–"}</td><td>${fmt(g.values.gpu_utilization_percent)}</td><td>${fmt(g.values.gpu_temp_celsius)}</td><td>${fmt(g.values.gpu_power_watts)}</td><td>${fmt(g.values.gpu_memory_used_bytes)}B</td><td>${fmt(g.values.gpu_sm_clock_mhz)}</td></tr>`)
+        .join("")}</table>${d.services.map((s) => `<p>serves <a href="#/service/${encodeURIComponent(s.labels.service)}">${esc(s.labels.service)}</a></p>`).join("")}`;
+      root.querySelector("#n-alerts").innerHTML = GS.alertRows(d.alerts);
+      const gpus = d.gpus.map((g) => g.gpu);
+      const per = async (metric) => GS.align(await Promise.all(gpus.map((g) => GS.series(metric, { node, gpu: g }))));
+      const gs = gpus.map((g) => ({ label: `GPU ${g}` }));
+      const [util, temp, power, cpu, net, ib] = await Promise.all([
+        per("gpu_utilization_percent"), per("gpu_temp_celsius"), per("gpu_power_watts"),
+        GS.series("node_cpu_percent", { node }).then((p) => GS.align([p])),
+        Promise.all([GS.series("node_net_rx_bytes_per_second", { node }), GS.series("node_net_tx_bytes_per_second", { node })]).then(GS.align),
+        Promise.all([GS.series("node_ib_rx_bytes_per_second", { node }), GS.series("node_ib_tx_bytes_per_second", { node })]).then(GS.align),
+      ]);
+      GS.chart(root.querySelector("#c-util"), "GPU utilization %", util, gs);
+      GS.chart(root.querySelector("#c-temp"), "GPU temperature °C", temp, gs);
+      GS.chart(root.querySelector("#c-power"), "GPU power W", power, gs);
+      GS.chart(root.querySelector("#c-cpu"), "host CPU %", cpu, [{ label: "cpu" }]);
+      GS.chart(root.querySelector("#c-net"), "host network B/s", net, [{ label: "rx" }, { label: "tx" }]);
+      GS.chart(root.querySelector("#c-ib"), "InfiniBand B/s", ib, [{ label: "rx" }, { label: "tx" }]);
+    },
+  };
+
+  const HW_EVENTS = ["xid", "ecc_dbe", "gpu_lost"];
+  GS.pages.gpu = {
+    mount(root, [node, gpu]) {
+      root.innerHTML = `<h1>GPU ${esc(gpu)} on <a href="#/node/${encodeURIComponent(node)}">${esc(node)}</a></h1>
+        <div class="cards" id="g-now"></div><h2>XID, ECC and lost-GPU timeline</h2><div id="g-events"></div>
+        <h2>Alerts on this GPU</h2><div id="g-alerts"></div><h2>History</h2><div id="g-charts"></div>`;
+      GS.chartBoxes(root.querySelector("#g-charts"), ["util", "temp", "power", "clock", "throttle", "ecc"]);
+    },
+    async update(root, [node, gpu]) {
+      const labels = { node, gpu };
+      const { start, end } = GS.window();
+      const [nodeView, alerts, ...evs] = await Promise.all([
+        GS.api("/api/v1/ui/node", { node }),
+        GS.api("/api/v1/alerts", { state: "all" }),
+        ...HW_EVENTS.map((kind) => GS.api("/api/v1/events", { kind, start, end, node, gpu, limit: 500 })),
+      ]);
+      const me = nodeView.gpus.find((g) => g.gpu === gpu) || { values: {}, state: "unknown" };
+      const v = me.values;
+      root.querySelector("#g-now").innerHTML = `<div class="card">state<b>${sev(me.state)}</b></div>
+        <div class="card">job<b>${me.job ? `<a href="#/job/${encodeURIComponent(me.job)}">${esc(me.job)}</a>` : "–"}</b></div>
+        <div class="card">util<b>${fmt(v.gpu_utilization_percent)} %</b></div><div class="card">temp<b>${fmt(v.gpu_temp_celsius)} °C</b></div>
+        <div class="card">power<b>${fmt(v.gpu_power_watts)} W</b><span class="muted">limit ${fmt(v.gpu_power_limit_watts)}</span></div>
+        <div class="card">ECC DBE / SBE<b>${fmt(v.gpu_ecc_dbe_volatile_total)} / ${fmt(v.gpu_ecc_sbe_volatile_total)}</b></div>
+        <div class="card">uuid<b style="font-size:11px">${esc(me.uuid || "–")}</b></div>`;
+      const events = evs.flatMap((e) => e.events).sort((a, b) => a.ts - b.ts);
+      root.querySelector("#g-events").innerHTML = events.length
+        ? `<table><tr><th>time</th><th>kind</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}${e.data.code ? " " + esc(e.data.code) : ""}</td><td>${esc(e.data.message || e.data.reason || JSON.stringify(e.data))}</td></tr>`).join("")}</table>`
+        : '<p class="muted">no XID, ECC or lost-GPU event in this range</p>';
+      const mine = alerts.alerts.filter((a) => a.entity.node === node && a.entity.gpu === gpu);
+      root.querySelector("#g-alerts").innerHTML = mine.length ? GS.alertRows(mine) : '<p class="muted">none</p>';
+      const many = (ms) => Promise.all(ms.map((m) => GS.series(m, labels))).then(GS.align);
+      const throttles = ["gpu_throttle_hw_thermal", "gpu_throttle_sw_thermal", "gpu_throttle_sw_power", "gpu_throttle_hw_power_brake", "gpu_throttle_hw_slowdown"];
+      const [util, temp, power, clock, thr, ecc] = await Promise.all([
+        many(["gpu_utilization_percent"]), many(["gpu_temp_celsius", "gpu_memory_temp_celsius"]),
+        many(["gpu_power_watts", "gpu_power_limit_watts"]), many(["gpu_sm_clock_mhz"]), many(throttles),
+        many(["gpu_ecc_sbe_volatile_total", "gpu_ecc_dbe_volatile_total"]),
+      ]);
+      GS.chart(root.querySelector("#c-util"), "utilization %", util, [{ label: "util" }]);
+      GS.chart(root.querySelector("#c-temp"), "temperature °C", temp, [{ label: "die" }, { label: "HBM" }]);
+      GS.chart(root.querySelector("#c-power"), "power W", power, [{ label: "draw" }, { label: "limit" }]);
+      GS.chart(root.querySelector("#c-clock"), "SM clock MHz", clock, [{ label: "SM clock" }]);
+      GS.chart(root.querySelector("#c-throttle"), "throttle reasons (share of time)", thr, throttles.map((t) => ({ label: t.replace("gpu_throttle_", "") })));
+      GS.chart(root.querySelector("#c-ecc"), "ECC errors (volatile)", ecc, [{ label: "SBE" }, { label: "DBE" }]);
+    },
+  };
+
+  function playbook(a) {
+    const p = a.details && a.details.playbook;
+    if (!p) return '<span class="muted">no playbook results attached</span>';
+    const steps = (p.diagnosis || []).map((s) => `<div class="step"><span class="st ${esc(s.status)}">${esc(s.status)}</span> ${esc(s.step)}: ${esc(s.result)}</div>`).join("");
+    const mit = (p.mitigation || []).map((m) => `<li>${esc(m)}</li>`).join("");
+    return `<details><summary>playbook: ${esc(p.summary || p.meaning || "")}</summary>
+      <div class="step"><b>meaning</b> ${esc(p.meaning)}</div><div class="step"><b>impact</b> ${esc(p.impact)}</div>
+      ${steps}<div class="step"><b>mitigation</b><ol>${mit}</ol></div></details>`;
+  }
+
+  function who() {
+    const u = document.getElementById("user").value.trim();
+    return u || "dashboard";
+  }
+
+  async function act(fn, what) {
+    try {
+      await fn();
+      GS.banner("");
+    } catch (err) {
+      GS.banner(`${what} failed: ${err.message}`);
+      return;
+    }
+    await GS.refresh();
+  }
+
+  GS.ack = (id) => act(() => GS.post(`/api/v1/alerts/${encodeURIComponent(id)}/ack`, { by: who(), comment: "from the dashboard" }), `ack of ${id}`);
+  GS.silence = (labels, id) => {
+    const matchers = Object.fromEntries(Object.entries(labels).filter(([k]) => !["severity", "tier", "owner", "incident", "alertname"].includes(k)));
+    return act(() => GS.post("/api/v1/silences", { matchers, duration: "1h", created_by: who(), comment: `silenced ${id} from the dashboard` }), `silence of ${id}`);
+  };
+
+  function alertRow(a, alerting) {
+    const acked = a.ack ? `acked by ${esc(a.ack.by)}` : "";
+    const muted = a.muted ? `muted (${esc(typeof a.muted === "string" ? a.muted : JSON.stringify(a.muted))})` : "";
+    const state = a.resolved_at ? "resolved" : "firing";
+    const labels = a.labels || { rule: a.rule, ...a.entity };
+    const buttons = alerting && !a.resolved_at
+      ? `${a.ack ? "" : `<button class="ack" data-ack="${esc(a.id)}">ack</button>`} <button class="silence" data-silence="${esc(a.id)}">silence 1 h</button>`
+      : "";
+    return `<tr data-alert="${esc(a.id)}" data-state="${state}" data-acked="${a.ack ? "1" : "0"}"><td>${sev(a.severity)}</td>
+      <td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a><div class="muted">${esc(a.id)} · ${esc(a.owner)}</div></td>
+      <td>${GS.entityLinks(a.entity)}</td><td>${state}<div class="muted">${GS.ago(a.started_at)} ago</div></td>
+      <td>$${fmt(a.cost_per_hour, 2)}/h</td><td>${esc(a.summary)}${playbook(a)}</td>
+      <td class="ackstate">${acked} ${muted} ${buttons}<script type="application/json">${esc(JSON.stringify(labels))}</script></td></tr>`;
+  }
+
+  function wire(root, byId) {
+    for (const b of root.querySelectorAll("button[data-ack]")) b.onclick = () => GS.ack(b.dataset.ack);
+    for (const b of root.querySelectorAll("button[data-silence]")) {
+      const a = byId.get(b.dataset.silence);
+      b.onclick = () => GS.silence(a.labels || { rule: a.rule, ...a.entity }, a.id);
+    }
+  }
+
+  async function loadAlerts(state) {
+    const caps = await GS.api("/api/v1/ui/capabilities");
+    if (caps.alerting) {
+      const [al, inc] = await Promise.all([
+        GS.api("/api/v1/alerting/alerts", { state }),
+        GS.api("/api/v1/alerting/incidents", { state: state === "firing" ? "open" : "all" }),
+      ]);
+      return { alerting: true, alerts: al.alerts, incidents: inc.incidents };
+    }
+    const [al, inc] = await Promise.all([GS.api("/api/v1/alerts", { state }), GS.api("/api/v1/incidents")]);
+    return { alerting: false, alerts: al.alerts, incidents: inc.incidents };
+  }
+
+  GS.pages.alerts = {
+    state: "firing",
+    mount(root) {
+      root.innerHTML = `<h1>Alerts and incidents</h1>
+        <div class="legend">show <select id="a-state"><option value="firing">firing</option><option value="all">all</option></select>
+        <span id="a-note" class="muted"></span></div>
+        <h2>Incidents</h2><div id="a-inc"></div><h2>Alerts</h2><div id="a-list"></div>`;
+      const sel = root.querySelector("#a-state");
+      sel.value = this.state;
+      sel.addEventListener("change", () => { this.state = sel.value; GS.refresh(); });
+    },
+    async update(root) {
+      const d = await loadAlerts(this.state);
+      root.querySelector("#a-note").textContent = d.alerting ? "" : "this hub runs no alerting service: ack and silence are unavailable";
+      const byId = new Map(d.alerts.map((a) => [a.id, a]));
+      root.querySelector("#a-inc").innerHTML = d.incidents.length
+        ? `<table><tr><th>incident</th><th>root cause</th><th>members</th><th>since</th><th></th></tr>${d.incidents
+            .map((i) => {
+              const rootAlert = byId.get(i.root);
+              return `<tr data-incident="${esc(i.id)}"><td><b>${esc(i.id)}</b> ${esc(i.title || "")}</td>
+                <td>${rootAlert ? `${sev(rootAlert.severity)} <a href="#/alert/${esc(i.root)}">${esc(rootAlert.rule)}</a> ${GS.entityLinks(rootAlert.entity)}` : esc(i.root)}</td>
+                <td>${(i.members || []).map((m) => `<a href="#/alert/${esc(m)}">${esc(m)}</a>`).join(" ")}</td><td>${GS.ago(i.started_at)}</td>
+                <td>${d.alerting && !i.resolved_at ? `<button data-ack="${esc(i.id)}">ack incident</button>` : ""}</td></tr>`;
+            })
+            .join("")}</table>`
+        : '<p class="muted">no incidents</p>';
+      root.querySelector("#a-list").innerHTML = d.alerts.length
+        ? `<table><tr><th>sev</th><th>rule</th><th>where</th><th>state</th><th>cost</th><th>summary and playbook</th><th>ack / silence</th></tr>${d.alerts.map((a) => alertRow(a, d.alerting)).join("")}</table>`
+        : '<p class="muted">no alerts</p>';
+      wire(root, byId);
+    },
+  };
+
+  GS.pages.alert = {
+    mount(root, [id]) {
+      root.innerHTML = `<h1>Alert ${esc(id)}</h1><div id="al-body"></div><h2>History</h2><div id="al-hist"></div>`;
+    },
+    async update(root, [id]) {
+      const d = await loadAlerts("all");
+      const a = d.alerts.find((x) => x.id === id);
+      if (!a) { root.querySelector("#al-body").innerHTML = '<p class="muted">no such alert</p>'; return; }
+      const inc = d.incidents.find((i) => (i.members || []).includes(id));
+      root.querySelector("#al-body").innerHTML = `<p>${sev(a.severity)} <b>${esc(a.rule)}</b> · ${GS.entityLinks(a.entity)}
+        ${inc ? ` · incident <b>${esc(inc.id)}</b>, root cause <a href="#/alert/${esc(inc.root)}">${esc(inc.root)}</a>` : ""}</p>
+        <table>${alertRow(a, d.alerting)}</table>`;
+      wire(root, new Map([[a.id, a]]));
+      for (const dt of root.querySelectorAll("details")) dt.open = true;
+      if (d.alerting) {
+        const h = await GS.api(`/api/v1/alerts/${encodeURIComponent(id)}/history`);
+        root.querySelector("#al-hist").innerHTML = `<table>${h.history.map((r) => `<tr><td>${GS.time(r.ts)}</td><td>${esc(r.what)}</td><td>${esc(r.detail)}</td></tr>`).join("")}</table>`;
+      }
+    },
+  };
+})();

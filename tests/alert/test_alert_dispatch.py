@@ -1,0 +1,206 @@
+"""Routing to real loopback receivers: firing, resolved, timing, silences, maintenance, flaps, escalation."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from alert.rig import Rig, hot, lost
+from alert.sink import Clock, Sink
+
+
+def hook_cfg(sink: Sink, **route: object) -> dict[str, object]:
+    return {
+        "receivers": [{"name": "hook", "webhook": {"url": f"{sink.url}/hook"}}],
+        "routes": [{"receiver": "hook", **route}],
+    }
+
+
+@pytest.fixture
+def rigs() -> Iterator[list[Rig]]:
+    made: list[Rig] = []
+    yield made
+    for r in made:
+        r.close()
+
+
+def test_the_webhook_gets_firing_then_resolved_in_the_alertmanager_v4_payload(
+    sink: Sink, clock: Clock, rigs: list[Rig]
+) -> None:
+    rig = Rig(hook_cfg(sink), clock)
+    rigs.append(rig)
+    rig.step(1, [lost()])
+    (firing,) = sink.wait_for(1)
+    assert firing["version"] == "4" and firing["status"] == "firing" and firing["receiver"] == "hook"
+    (a,) = firing["alerts"]
+    assert a["labels"] | {"node": "node-1", "gpu": "3"} == a["labels"]
+    assert (a["labels"]["alertname"], a["labels"]["severity"], a["labels"]["owner"]) == (
+        "gpu_lost",
+        "P1",
+        "platform",
+    )
+    assert (
+        a["endsAt"] == "0001-01-01T00:00:00Z" and a["startsAt"].endswith("Z") and len(a["fingerprint"]) == 16
+    )
+    assert (
+        a["annotations"]["summary"] == "GPU 3 on node-1 is lost"
+        and a["annotations"]["cost_per_hour"] == "2.50"
+    )
+    assert "fell off the bus" in a["annotations"]["meaning"]  # the playbook rides along
+    assert (
+        firing["groupLabels"] == {"incident": "inc-1"} and firing["commonLabels"]["alertname"] == "gpu_lost"
+    )
+    rig.step(1, [lost()])  # still firing: nothing new
+    assert len(sink.bodies()) == 1
+    rig.step(1, [])
+    assert len(sink.bodies()) == 1  # a change to a sent group waits for group_interval (30 s)
+    rig.step(30)
+    resolved = sink.wait_for(2)[1]
+    assert resolved["status"] == "resolved" and resolved["alerts"][0]["status"] == "resolved"
+    assert (
+        resolved["alerts"][0]["fingerprint"] == a["fingerprint"]
+        and resolved["alerts"][0]["endsAt"] != a["endsAt"]
+    )
+    history = [h["what"] for h in rig.service.history("al-1")]
+    assert history == ["fired", "notified_firing", "resolved", "notified_resolved"]
+
+
+def test_group_wait_group_interval_and_repeat_interval(sink: Sink, clock: Clock, rigs: list[Rig]) -> None:
+    rig = Rig(
+        hook_cfg(sink, group_by=["node"], group_wait="10s", group_interval="30s", repeat_interval="5m"), clock
+    )
+    rigs.append(rig)
+    rig.step(1, [lost("3")])
+    rig.step(5, [lost("3"), lost("4")])  # joins the group while it waits
+    assert sink.bodies() == []
+    rig.step(5, [lost("3"), lost("4")])  # group_wait is over: one notification with both
+    (first,) = sink.wait_for(1)
+    assert sorted(a["labels"]["gpu"] for a in first["alerts"]) == ["3", "4"]
+    rig.step(5, [lost("3"), lost("4"), lost("5")])  # a new member waits for group_interval
+    assert len(sink.bodies()) == 1
+    for _ in range(5):
+        rig.step(5)
+    second = sink.wait_for(2)[1]
+    assert sorted(a["labels"]["gpu"] for a in second["alerts"]) == ["3", "4", "5"]
+    sent = len(sink.bodies())
+    for _ in range(60):  # five minutes unchanged: one repeat
+        rig.step(5)
+    assert len(sink.bodies()) == sent + 1 and sink.bodies()[-1]["alerts"] == second["alerts"]
+
+
+def test_a_silence_mutes_until_it_expires_then_the_still_firing_alert_is_sent(
+    sink: Sink, clock: Clock, rigs: list[Rig]
+) -> None:
+    rig = Rig(hook_cfg(sink), clock)
+    rigs.append(rig)
+    from gpuscope.alert.labels import parse_matcher
+
+    silence = rig.service.silence([parse_matcher("node=node-1")], 60, "ops", "reseating GPUs")
+    rig.step(1, [lost(), hot(node="node-2")])
+    assert [a["labels"]["node"] for b in sink.wait_for(1) for a in b["alerts"]] == ["node-2"]
+    assert rig.service.status(rig.hub.alerts.get("al-1"))["muted"] == f"silenced by {silence.id}"  # type: ignore[arg-type]
+    rig.step(30)
+    assert len(sink.bodies()) == 1
+    rig.step(31)  # expired while the GPU is still lost: now it is sent
+    assert [a["labels"]["node"] for a in sink.wait_for(2)[1]["alerts"]] == ["node-1"]
+    assert rig.hub.counters.get("notifications_muted") >= 1
+
+
+def test_a_maintenance_window_keeps_planned_work_quiet(sink: Sink, clock: Clock, rigs: list[Rig]) -> None:
+    cfg = hook_cfg(sink)
+    cfg["alerting"] = {
+        "maintenance": [
+            {"name": "swap", "matchers": {"node": "node-1"}, "starts_at": clock.t, "ends_at": clock.t + 120}
+        ]
+    }
+    rig = Rig(cfg, clock)
+    rigs.append(rig)
+    rig.step(1, [lost()])
+    rig.step(60, [])  # fired and resolved inside the window: nobody is told
+    rig.step(10, [lost("5")])
+    assert sink.bodies() == []
+    rig.step(60, [lost("5")])  # the window closed with GPU 5 still lost
+    (body,) = sink.wait_for(1)
+    assert [a["labels"]["gpu"] for a in body["alerts"]] == ["5"]
+
+
+def test_a_flapping_alert_is_held_back_after_the_threshold(sink: Sink, clock: Clock, rigs: list[Rig]) -> None:
+    cfg = hook_cfg(sink, group_interval="0s")
+    cfg["alerting"] = {"flap": {"threshold": 3, "window": "10m"}}
+    rig = Rig(cfg, clock)
+    rigs.append(rig)
+    for _ in range(6):
+        rig.step(10, [hot()])
+        rig.step(10, [])
+    statuses = [b["status"] for b in sink.bodies()]
+    assert statuses == ["firing", "resolved", "firing", "resolved"]  # the third fire is a flap
+    assert len(rig.hub.alerts.all()) == 6  # every fire is still recorded
+    rig.step(700, [hot()])  # quiet for longer than the window: notified again
+    assert sink.wait_for(5)[-1]["status"] == "firing"
+
+
+def test_an_unacknowledged_p1_escalates_and_an_ack_stops_it(
+    sink: Sink, clock: Clock, rigs: list[Rig]
+) -> None:
+    cfg = {
+        "receivers": [
+            {"name": "hook", "webhook": {"url": f"{sink.url}/hook"}},
+            {"name": "oncall-2", "pagerduty": {"routing_key": "rk", "url": f"{sink.url}/pd"}},
+        ],
+        "routes": [{"receiver": "hook", "repeat_interval": "1m"}],
+        "alerting": {"escalation": [{"after": "5m", "receiver": "oncall-2"}]},
+    }
+    rig = Rig(cfg, clock)
+    rigs.append(rig)
+    rig.step(1, [lost("3"), lost("4", node="node-2"), hot(node="node-3")])
+    for _ in range(5):
+        rig.step(60)
+    pages = sink.bodies("/pd")
+    assert len(pages) == 2 and {p["event_action"] for p in pages} == {"trigger"}  # both P1s, not the P2
+    assert (
+        pages[0]["payload"]["severity"] == "critical"
+        and pages[0]["payload"]["custom_details"]["escalation"] == 1
+    )
+    # Acknowledge one (by incident), then the other resolves: the pager hears the resolve.
+    acked = rig.service.ack("inc-1", "alice", "on it")
+    assert [a.id for a in acked] == ["al-1"] and rig.hub.alerts.get("al-1").details["ack"]["by"] == "alice"  # type: ignore[union-attr]
+    hooks = len(sink.bodies("/hook"))
+    rig.step(60, [lost("3"), hot(node="node-3")])
+    pd = sink.bodies("/pd")
+    assert len(pd) == 3 and pd[2]["event_action"] == "resolve" and pd[2]["dedup_key"] == pages[1]["dedup_key"]
+    assert len(sink.bodies("/hook")) > hooks  # the resolve went to the routed receiver too
+    cfg2 = dict(cfg, alerting={"escalation": [{"after": "1m", "receiver": "oncall-2"}]})
+    rig2 = Rig(cfg2, Clock(clock.t + 10_000))
+    rigs.append(rig2)
+    rig2.step(1, [lost("7")])
+    rig2.service.ack("al-1", "bob")
+    rig2.step(120)
+    assert len(sink.bodies("/pd")) == 3  # acknowledged before the deadline: no page
+    with pytest.raises(KeyError):
+        rig2.service.ack("al-99", "bob")
+
+
+def test_pagerduty_and_slack_payloads(sink: Sink, clock: Clock, rigs: list[Rig]) -> None:
+    cfg = {
+        "receivers": [
+            {"name": "pager", "pagerduty": {"routing_key": "rk-1", "url": f"{sink.url}/pd"}},
+            {"name": "chat", "slack": {"url": f"{sink.url}/slack", "channel": "#gpu"}},
+        ],
+        "routes": [
+            {"receiver": "pager", "match": {"severity": "P1"}, "continue": True, "group_interval": "0s"},
+            {"receiver": "chat", "group_interval": "0s"},
+        ],
+    }
+    rig = Rig(cfg, clock)
+    rigs.append(rig)
+    rig.step(1, [lost()])
+    rig.step(1, [])
+    trigger, resolve = sink.bodies("/pd")
+    assert trigger["routing_key"] == "rk-1" and trigger["event_action"] == "trigger"
+    assert trigger["payload"]["source"] == "gpu=3,node=node-1" and trigger["payload"]["class"] == "gpu_lost"
+    assert resolve == {"routing_key": "rk-1", "dedup_key": trigger["dedup_key"], "event_action": "resolve"}
+    fire_msg, resolve_msg = sink.bodies("/slack")
+    assert fire_msg["channel"] == "#gpu" and fire_msg["text"].startswith("[FIRING] 1 firing")
+    assert "*P1 gpu_lost* gpu=3 node=node-1 · $2/h" in fire_msg["attachments"][0]["text"]
+    assert resolve_msg["text"].startswith("[RESOLVED] 0 firing, 1 resolved")
