@@ -31,6 +31,7 @@ unit: $(STAMP) system-deps
 test: lint typecheck unit
 
 bench: $(STAMP) system-deps
+	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python bench/run_all.py
 
 clean:

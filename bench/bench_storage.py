@@ -245,29 +245,32 @@ def measure_duckdb(data: Telemetry, tmp: Path, batch_seconds: int, seal: bool) -
     }
 
 
-def _vm_state(client: httpx.Client) -> tuple[int, int, int]:
-    """(rows in on-disk parts, rows pending in memory, active merges) from VictoriaMetrics' /metrics."""
-    rows = pending = merges = 0
-    for line in client.get("/metrics").text.splitlines():
-        value = line.split()[-1] if line and not line.startswith("#") else "0"
-        if line.startswith(('vm_rows{type="storage/small"}', 'vm_rows{type="storage/big"}')):
-            rows += int(float(value))
-        elif line.startswith('vm_pending_rows{type="storage"}'):
-            pending += int(float(value))
-        elif line.startswith("vm_active_merges{"):
-            merges += int(float(value))
-    return rows, pending, merges
+def _vm_merges(client: httpx.Client) -> int:
+    """Merges VictoriaMetrics reports as running (its /metrics)."""
+    lines = client.get("/metrics").text.splitlines()
+    return sum(int(float(line.split()[-1])) for line in lines if line.startswith("vm_active_merges{"))
+
+
+def _vm_part_rows(datadir: Path) -> int:
+    """Rows in finished on-disk parts: each part directory is named ``rows_blocks_min_max_id``."""
+    total = 0
+    for partition in (datadir / "data").glob("*/*"):
+        for part in partition.iterdir():
+            fields = part.name.split("_")
+            if len(fields) == 5 and fields[0].isdigit() and (part / "metaindex.bin").exists():
+                total += int(fields[0])
+    return total
 
 
 def _settle(client: httpx.Client, datadir: Path, samples: int, deadline: float) -> int:
-    """Wait until every sample sits in on-disk parts, no merge runs and the data dir stops
-    changing for 3 s; return its size."""
+    """Wait until finished parts hold every sample, no merge runs and the data dir has not
+    changed for 3 s; return its size. (VictoriaMetrics' own row counters run ahead of the
+    files, so the part directories are what is checked.)"""
     stable, last = 0, -1
     while time.monotonic() < deadline and stable < 3:
         time.sleep(1)
-        rows, pending, merges = _vm_state(client)
         size = dir_bytes(datadir)
-        done = rows >= samples and pending == 0 and merges == 0 and size == last
+        done = _vm_part_rows(datadir) >= samples and _vm_merges(client) == 0 and size == last
         stable = stable + 1 if done else 0
         last = size
     if stable < 3:

@@ -150,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_incidents_arguments(incidents)
     incidents.set_defaults(func=run_incidents)
 
+    verify = sub.add_parser("verify-checkpoint", help="re-check a checkpoint against its content manifest")
+    from gpuscope.sdk.verify import add_arguments as add_verify_arguments
+    from gpuscope.sdk.verify import run as run_verify
+
+    add_verify_arguments(verify)
+    verify.set_defaults(func=run_verify)
+
     sim = sub.add_parser("sim-eval", help="run a scenario in virtual time and print its alerts")
     sim.add_argument("scenario", help="scenario YAML (DESIGN §4)")
     sim.add_argument("--json", action="store_true", help="print the alerts JSON of DESIGN §5 on stdout")

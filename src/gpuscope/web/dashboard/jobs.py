@@ -92,24 +92,31 @@ def _bucketed(
     return xs, ranks, curves
 
 
-def _straggler(hub: Hub, job: str, records: list[TrainingRecord]) -> dict[str, Any] | None:
-    named = [a for a in hub.store.alerts(False, 2000) if a.rule == "training_straggler" and a.entity.get("job") == job]
+def _stragglers(hub: Hub, job: str, records: list[TrainingRecord]) -> list[dict[str, Any]]:
+    """Ranks a straggler alert names (firing first, then by start), else the one arriving last."""
+    named = [
+        a for a in hub.store.alerts(False, 2000) if a.rule == "training_straggler" and a.entity.get("job") == job
+    ]
     if named:
-        alert = max(named, key=lambda a: (a.firing, a.started_at))
-        return {"rank": int(alert.entity["rank"]), "source": alert.id, "firing": alert.firing}
+        named.sort(key=lambda a: (not a.firing, a.started_at))
+        seen: dict[int, dict[str, Any]] = {}
+        for alert in named:
+            rank = int(alert.entity["rank"])
+            seen.setdefault(rank, {"rank": rank, "source": alert.id, "firing": alert.firing})
+        return list(seen.values())
     skew: dict[int, list[float]] = {}
     for rec in records:
         v = finite(rec.metrics.get("collective_arrival_skew_seconds"))
         if v is not None:
             skew.setdefault(rec.rank, []).append(v)
     if len(skew) < 3:
-        return None
+        return []
     medians = {rank: statistics.median(vs) for rank, vs in skew.items()}
     rank = max(medians, key=lambda r: medians[r])
     typical = statistics.median(medians.values())
     if medians[rank] > STRAGGLER_SKEW_FACTOR * max(typical, 1e-3):
-        return {"rank": rank, "source": "collective arrival skew", "firing": None}
-    return None
+        return [{"rank": rank, "source": "collective arrival skew", "firing": None}]
+    return []
 
 
 def _checkpoints(events: list[Event]) -> list[dict[str, Any]]:
@@ -197,7 +204,7 @@ def job_view(hub: Hub, job: str, start: float, end: float, points: int) -> dict[
         "ts": xs,
         "ranks": ranks,
         "curves": {c: {str(r): v for r, v in per.items()} for c, per in curves.items()},
-        "straggler": _straggler(hub, job, records),
+        "stragglers": _stragglers(hub, job, records),
         "checkpoints": checkpoints,
         "goodput": goodput(records, checkpoints, start, end),
         "placement": {str(r): p for r, p in sorted(placement.items())},

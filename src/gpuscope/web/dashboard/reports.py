@@ -14,6 +14,7 @@ from gpuscope.hub import Hub
 from gpuscope.web.dashboard.common import SEVERITY_RANK, finite, natural_key
 
 UTIL = "gpu_utilization_percent"
+OBSERVED_BUCKET_SECONDS = 300.0
 HARDWARE_RULES = frozenset(
     {
         "gpu_xid_fatal",
@@ -55,9 +56,9 @@ def reports_view(hub: Hub, now: float, days: int) -> dict[str, Any]:
     per_gpu = hub.store.aggregate(UTIL, "uuid", start, now)
     daily = hub.store.series(UTIL, {}, start, now, days)
     per_node = sorted(hub.store.aggregate(UTIL, "node", start, now), key=lambda g: natural_key(g["group"]))
-    observed = [p for p in daily if finite(p.value) is not None]
-    span_hours = (observed[-1].ts - observed[0].ts) / 3600.0 + 24.0 / max(1, len(daily)) if observed else 0.0
-    span_hours = min(span_hours, days * 24.0)
+    # observed span: five-minute buckets that hold any sample (data may cover a fraction of the window)
+    fine = hub.store.series(UTIL, {}, start, now, days * 24 * 12)
+    span_hours = sum(1 for p in fine if finite(p.value) is not None) * OBSERVED_BUCKET_SECONDS / 3600.0
     mean_util = (
         sum(g["mean"] * g["count"] for g in per_gpu) / sum(g["count"] for g in per_gpu) if per_gpu else None
     )

@@ -190,7 +190,6 @@
     const acked = a.ack ? `acked by ${esc(a.ack.by)}` : "";
     const muted = a.muted ? `muted (${esc(typeof a.muted === "string" ? a.muted : JSON.stringify(a.muted))})` : "";
     const state = a.resolved_at ? "resolved" : "firing";
-    const labels = a.labels || { rule: a.rule, ...a.entity };
     const buttons = alerting && !a.resolved_at
       ? `${a.ack ? "" : `<button class="ack" data-ack="${esc(a.id)}">ack</button>`} <button class="silence" data-silence="${esc(a.id)}">silence 1 h</button>`
       : "";
@@ -198,7 +197,7 @@
       <td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a><div class="muted">${esc(a.id)} · ${esc(a.owner)}</div></td>
       <td>${GS.entityLinks(a.entity)}</td><td>${state}<div class="muted">${GS.ago(a.started_at)} ago</div></td>
       <td>$${fmt(a.cost_per_hour, 2)}/h</td><td>${esc(a.summary)}${playbook(a)}</td>
-      <td class="ackstate">${acked} ${muted} ${buttons}<script type="application/json">${esc(JSON.stringify(labels))}</script></td></tr>`;
+      <td class="ackstate">${acked} ${muted} ${buttons}</td></tr>`;
   }
 
   function wire(root, byId) {

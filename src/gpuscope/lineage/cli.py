@@ -1,0 +1,128 @@
+"""``gpuscope lineage ...``: register runs, checkpoints and versions, promote, and ask what changed.
+
+Talks to a hub's lineage API (``--hub``, default ``$GPUSCOPE_HUB``), so the registry has one
+owner. Prints the hub's JSON answer; exits 1 with the hub's message when it refuses, 2 on bad
+arguments or an unreachable hub.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+import httpx
+import orjson
+
+BASE = "/api/v1/lineage"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hub", default=None, help="hub base URL (default: $GPUSCOPE_HUB)")
+    parser.add_argument("--token", default=None, help="bearer token for writes (default: $GPUSCOPE_TOKEN)")
+    sub = parser.add_subparsers(dest="lineage_command", required=True)
+    p = sub.add_parser("run", help="register a training run")
+    p.add_argument("job")
+    p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE")
+    p = sub.add_parser("checkpoint", help="register a checkpoint of a run")
+    p.add_argument("job")
+    p.add_argument("step", type=int)
+    p.add_argument("manifest_hash")
+    p.add_argument("--path", default="")
+    p = sub.add_parser("register", help="register a model version made from a checkpoint")
+    p.add_argument("model")
+    p.add_argument("version")
+    p.add_argument("--job", required=True)
+    p.add_argument("--step", type=int, required=True)
+    p.add_argument("--metric", action="append", default=[], metavar="NAME=NUMBER")
+    p = sub.add_parser("promote", help="make a version (or @alias) serve a service")
+    p.add_argument("service")
+    p.add_argument("model")
+    p.add_argument("version")
+    p.add_argument("--traffic", type=float, default=1.0, help="share of traffic (default 1)")
+    p.add_argument("--alias", default=None, help="also point this alias (e.g. champion) at it")
+    p = sub.add_parser("show", help="a version with its checkpoint, run and deployments")
+    p.add_argument("model")
+    p.add_argument("version", help="a version or @alias")
+    p = sub.add_parser("changes", help="what changed for a service just before a time")
+    p.add_argument("service")
+    p.add_argument("--at", type=float, default=None, help="unix time (default: now)")
+    p.add_argument("--window", type=float, default=3600.0, help="seconds to look back (default 3600)")
+
+
+def _pairs(items: list[str], numeric: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{item!r} is not KEY=VALUE")
+        try:
+            out[key] = float(value) if numeric else value
+        except ValueError:
+            raise ValueError(f"{item!r}: {value!r} is not a number") from None
+    return out
+
+
+def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None, dict[str, str]]:
+    c = args.lineage_command
+    if c == "run":
+        return "POST", "/runs", {"job": args.job, "meta": _pairs(args.meta, False)}, {}
+    if c == "checkpoint":
+        body = {"job": args.job, "step": args.step, "manifest_hash": args.manifest_hash, "path": args.path}
+        return "POST", "/checkpoints", body, {}
+    if c == "register":
+        body = {
+            "model": args.model,
+            "version": args.version,
+            "job": args.job,
+            "step": args.step,
+            "metrics": _pairs(args.metric, True),
+        }
+        return "POST", "/versions", body, {}
+    if c == "promote":
+        body = {"service": args.service, "model": args.model, "version": args.version}
+        body |= {"traffic_share": args.traffic, "alias": args.alias}
+        return "POST", "/promotions", body, {}
+    if c == "show":
+        return "GET", f"/versions/{args.model}/{args.version}", None, {}
+    params = {"service": args.service, "window": str(args.window)}
+    if args.at is not None:
+        params["at"] = str(args.at)
+    return "GET", "/changes", None, params
+
+
+def run(args: argparse.Namespace) -> int:
+    hub = args.hub or os.environ.get("GPUSCOPE_HUB")
+    if not hub:
+        print("gpuscope lineage: --hub URL is required (or set GPUSCOPE_HUB)", file=sys.stderr)
+        return 2
+    try:
+        method, path, body, params = _request(args)
+    except ValueError as exc:
+        print(f"gpuscope lineage: {exc}", file=sys.stderr)
+        return 2
+    token = args.token or os.environ.get("GPUSCOPE_TOKEN")
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        resp = httpx.request(
+            method,
+            hub.rstrip("/") + BASE + path,
+            content=orjson.dumps(body) if body is not None else None,
+            params=params,
+            headers=headers | {"Content-Type": "application/json"},
+            timeout=10.0,
+        )
+    except httpx.HTTPError as exc:
+        print(f"gpuscope lineage: cannot reach {hub}: {exc}", file=sys.stderr)
+        return 2
+    if resp.status_code >= 400:
+        try:
+            err = resp.json()
+            message = f"{err.get('field')}: {err.get('error')}"
+        except ValueError:
+            message = resp.text[:200]
+        print(f"gpuscope lineage: HTTP {resp.status_code}: {message}", file=sys.stderr)
+        return 1
+    print(orjson.dumps(resp.json(), option=orjson.OPT_INDENT_2).decode())
+    return 0

@@ -1,0 +1,171 @@
+// Jobs, Services, Reports and Lineage pages.
+"use strict";
+(() => {
+  const { esc, fmt, sev } = GS;
+  const jobLink = (j) => `<a href="#/job/${encodeURIComponent(j)}">${esc(j)}</a>`;
+
+  GS.pages.jobs = {
+    mount(root) {
+      root.innerHTML = `<h1>Jobs</h1><div id="j-list"></div>`;
+    },
+    async update(root) {
+      const d = await GS.api("/api/v1/ui/jobs");
+      root.querySelector("#j-list").innerHTML = d.jobs.length
+        ? `<table><tr><th>job</th><th>kind</th><th>state</th><th>ranks</th><th>GPUs now</th><th>restarts</th><th>started</th><th>alerts</th></tr>${d.jobs
+            .map((j) => `<tr data-job="${esc(j.job)}"><td>${j.kind === "inference" ? `<a href="#/service/${encodeURIComponent(j.job)}">${esc(j.job)}</a>` : jobLink(j.job)}</td><td>${esc(j.kind)}</td><td>${esc(j.state)}</td><td>${j.world_size ?? "–"}</td><td>${j.gpus_now}</td><td>${j.restarts}</td><td>${GS.time(j.started_at)}</td><td>${j.alerts ? sev(j.worst) + " " + j.alerts : "–"}</td></tr>`)
+            .join("")}</table>`
+        : '<p class="muted">no job has reported in the last 30 days</p>';
+    },
+  };
+
+  const GOODPUT = [
+    ["productive", "var(--ok)"], ["data_wait", "#39c5cf"], ["checkpoint", "#6cb6ff"], ["restart", "var(--p3)"], ["stalled", "var(--p1)"],
+  ];
+
+  GS.pages.job = {
+    mount(root, [job, rank]) {
+      root.innerHTML = `<h1>Job ${esc(job)}${rank !== undefined ? ` · rank ${esc(rank)}` : ""}</h1>
+        <div class="cards" id="jb-cards"></div><h2>Goodput</h2><div id="jb-good"></div>
+        <h2>Per-rank curves</h2><div id="jb-charts"></div>
+        <h2>Checkpoints</h2><div id="jb-ckpt"></div><h2>Alerts</h2><div id="jb-alerts"></div>
+        <h2>Ranks</h2><div id="jb-ranks"></div>`;
+      GS.chartBoxes(root.querySelector("#jb-charts"), ["loss", "grad_norm", "step_seconds"]);
+    },
+    async update(root, [job, rank]) {
+      const { start, end } = GS.window();
+      const d = await GS.api("/api/v1/ui/job", { job, start, end, points: 300 });
+      const strags = d.stragglers.map((s) => String(s.rank));
+      const focus = rank !== undefined ? String(rank) : null;
+      root.querySelector("#jb-cards").innerHTML = `<div class="card">last step<b>${d.last_step ?? "–"}</b></div>
+        <div class="card">ranks<b>${d.ranks.length}</b></div>
+        <div class="card">straggler<b id="jb-strag">${strags.length ? strags.map((r) => `rank <a href="#/job/${encodeURIComponent(job)}/${r}">${r}</a>`).join(", ") : "none"}</b><span class="muted">${d.stragglers.map((s) => esc(s.source)).join(", ")}</span></div>
+        <div class="card">checkpoints<b>${d.checkpoints.filter((c) => c.completed).length}</b><span class="muted">${d.checkpoints.filter((c) => c.failed).length} failed</span></div>
+        <div class="card">lifecycle<b style="font-size:12px">${d.lifecycle.slice(-3).map((e) => `${esc(e.kind)} ${GS.ago(e.ts)} ago`).join("<br>") || "–"}</b></div>`;
+      const g = d.goodput;
+      if (g && g.elapsed > 0) {
+        root.querySelector("#jb-good").innerHTML = `<div class="bar" id="jb-goodbar">${GOODPUT.map(([k, c]) => `<span data-kind="${k}" style="width:${((100 * (g[k] || 0)) / g.elapsed).toFixed(2)}%;background:${c}" title="${k} ${fmt(g[k])} s"></span>`).join("")}</div>
+          <div class="legend">${GOODPUT.map(([k, c]) => `<span><i style="background:${c}"></i>${k} ${((100 * (g[k] || 0)) / g.elapsed).toFixed(1)} % (${fmt(g[k])} s)</span>`).join("")}</div>`;
+      } else root.querySelector("#jb-good").innerHTML = '<p class="muted">no steps in this range</p>';
+      const ranks = d.ranks.map(String);
+      const series = ranks.map((r, i) => {
+        const slow = strags.includes(r);
+        const hot = slow || r === focus;
+        return { label: `rank ${r}${slow ? " (straggler)" : ""}`, stroke: hot ? (slow ? "#e5484d" : "#f5a524") : `hsla(${(i * 37) % 360} 45% 60% / 0.55)`, width: hot ? 3 : 1 };
+      });
+      for (const c of ["loss", "grad_norm", "step_seconds"]) {
+        const data = [d.ts, ...ranks.map((r) => d.curves[c][r])];
+        GS.chart(root.querySelector(`#c-${c}`), `${c} per rank`, data, series);
+      }
+      const span = Math.max(1, end - start);
+      const marks = d.checkpoints
+        .filter((c) => c.started || c.completed)
+        .map((c) => {
+          const t = c.started || c.completed;
+          const cls = c.failed || c.verified === false ? "failed" : c.completed ? "" : "pending";
+          return `<i class="${cls}" style="left:${((100 * (t - start)) / span).toFixed(2)}%" title="step ${c.step}: ${c.failed ? "failed " + esc(c.failed) : c.completed ? "saved by " + c.ranks_done + " ranks" : "in progress"}"></i>`;
+        })
+        .join("");
+      root.querySelector("#jb-ckpt").innerHTML = `<div class="tl" id="jb-tl">${marks}</div>
+        <table><tr><th>step</th><th>started</th><th>completed</th><th>ranks done</th><th>verified</th><th>failure</th></tr>${d.checkpoints
+          .map((c) => `<tr><td>${c.step}</td><td>${GS.time(c.started)}</td><td>${GS.time(c.completed)}</td><td>${c.ranks_done}</td><td>${c.verified === undefined ? "–" : c.verified ? "ok" : "FAILED"}</td><td>${esc(c.failed || "")}</td></tr>`)
+          .join("")}</table>`;
+      root.querySelector("#jb-alerts").innerHTML = GS.alertRows(d.alerts);
+      root.querySelector("#jb-ranks").innerHTML = `<table><tr><th>rank</th><th>node</th><th>GPU</th></tr>${Object.entries(d.placement)
+        .map(([r, p]) => `<tr class="${strags.includes(r) ? "straggler" : ""}" data-rank="${r}"><td>${r}${strags.includes(r) ? " straggler" : ""}</td><td><a href="#/node/${encodeURIComponent(p.node)}">${esc(p.node)}</a></td><td><a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">GPU ${esc(p.gpu)}</a></td></tr>`)
+        .join("")}</table>`;
+    },
+  };
+
+  GS.pages.services = {
+    mount(root) {
+      root.innerHTML = `<h1>Services</h1><div id="s-list"></div>`;
+    },
+    async update(root) {
+      const d = await GS.api("/api/v1/ui/services");
+      root.querySelector("#s-list").innerHTML = d.services.length
+        ? `<table><tr><th>service</th><th>model</th><th>version</th><th>nodes</th><th>req/s</th><th>errors/s</th><th>p95 latency s</th><th>TTFT p95 s</th><th>queue</th><th>KV cache</th><th>alerts</th></tr>${d.services
+            .map((s) => `<tr data-service="${esc(s.service)}"><td><a href="#/service/${encodeURIComponent(s.service)}">${esc(s.service)}</a></td><td>${esc(s.model)}</td><td>${esc(s.versions.join(", "))}</td><td>${s.nodes.map((n) => `<a href="#/node/${encodeURIComponent(n)}">${esc(n)}</a>`).join(" ")}</td><td>${fmt(s.values.inference_requests_per_second)}</td><td>${fmt(s.values.inference_errors_per_second)}</td><td>${fmt(s.values.inference_latency_p95_seconds)}</td><td>${fmt(s.values.inference_ttft_p95_seconds)}</td><td>${fmt(s.values.inference_queue_depth)}</td><td>${fmt(100 * (s.values.inference_kv_cache_usage_ratio ?? NaN))} %</td><td>${s.alerts ? sev(s.worst) + " " + s.alerts : "–"}</td></tr>`)
+            .join("")}</table>`
+        : '<p class="muted">no inference service has reported</p>';
+    },
+  };
+
+  GS.pages.service = {
+    mount(root, [svc]) {
+      root.innerHTML = `<h1>Service ${esc(svc)}</h1><div class="cards" id="sv-cards"></div><div id="sv-charts"></div>
+        <h2>Version timeline</h2><div id="sv-versions"></div><h2>Drift scores</h2><div id="sv-drift"></div><h2>Alerts</h2><div id="sv-alerts"></div>`;
+      GS.chartBoxes(root.querySelector("#sv-charts"), ["latency", "ttft", "queue", "errors", "kv"]);
+    },
+    async update(root, [svc]) {
+      const d = await GS.api("/api/v1/ui/service", { service: svc });
+      const v = d.values;
+      root.querySelector("#sv-cards").innerHTML = `<div class="card">model<b>${esc(d.model)}</b></div><div class="card">version<b>${esc(d.versions.join(", "))}</b></div>
+        <div class="card">req/s<b>${fmt(v.inference_requests_per_second)}</b></div><div class="card">p95 latency<b>${fmt(v.inference_latency_p95_seconds)} s</b></div>
+        <div class="card">nodes<b>${d.nodes.map((n) => `<a href="#/node/${encodeURIComponent(n)}">${esc(n)}</a>`).join(" ")}</b></div>`;
+      const lab = { service: svc };
+      const many = (ms) => Promise.all(ms.map((m) => GS.series(m, lab))).then(GS.align);
+      const [lat, ttft, queue, errs, kv] = await Promise.all([
+        many(["inference_latency_p50_seconds", "inference_latency_p95_seconds", "inference_latency_p99_seconds"]),
+        many(["inference_ttft_p95_seconds", "inference_itl_p95_seconds"]),
+        many(["inference_queue_depth", "inference_running_requests"]),
+        many(["inference_requests_per_second", "inference_errors_per_second"]),
+        many(["inference_kv_cache_usage_ratio"]),
+      ]);
+      GS.chart(root.querySelector("#c-latency"), "latency s", lat, [{ label: "p50" }, { label: "p95" }, { label: "p99" }]);
+      GS.chart(root.querySelector("#c-ttft"), "time to first token / inter-token s", ttft, [{ label: "TTFT p95" }, { label: "ITL p95" }]);
+      GS.chart(root.querySelector("#c-queue"), "queue", queue, [{ label: "waiting" }, { label: "running" }]);
+      GS.chart(root.querySelector("#c-errors"), "requests and errors /s", errs, [{ label: "requests" }, { label: "errors", stroke: "#e5484d" }]);
+      GS.chart(root.querySelector("#c-kv"), "KV cache usage", kv, [{ label: "used share" }]);
+      root.querySelector("#sv-versions").innerHTML = d.versions_timeline.length
+        ? `<table><tr><th>time</th><th>event</th><th>version</th></tr>${d.versions_timeline.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${esc(e.data.version || e.labels.version || "")}</td></tr>`).join("")}</table>`
+        : `<p class="muted">no version registered or promoted in 30 days; serving ${esc(d.versions.join(", "))}</p>`;
+      root.querySelector("#sv-drift").innerHTML = d.drift.length
+        ? `<table><tr><th>rule</th><th>score</th><th>since</th><th>state</th></tr>${d.drift.map((x) => `<tr><td><a href="#/alert/${esc(x.id)}">${esc(x.rule)}</a></td><td>${fmt(x.score)}</td><td>${GS.time(x.started_at)}</td><td>${x.firing ? "firing" : "resolved"}</td></tr>`).join("")}</table>`
+        : '<p class="muted">no drift score reported for this service (drift detectors have raised nothing)</p>';
+      root.querySelector("#sv-alerts").innerHTML = GS.alertRows(d.alerts);
+    },
+  };
+
+  GS.pages.reports = {
+    mount(root) {
+      root.innerHTML = `<h1>Reports · last 30 days</h1><div class="cards" id="r-cards"></div>
+        <div class="charts"><div class="chart" id="c-trend" data-chart="trend"></div></div>
+        <h2>Failing-GPU candidates</h2><div id="r-fail"></div><h2>Utilization by node</h2><div id="r-nodes"></div>`;
+    },
+    async update(root) {
+      const d = await GS.api("/api/v1/ui/reports", { days: 30 });
+      const ia = d.idle_allocated, uc = d.unused_capacity;
+      root.querySelector("#r-cards").innerHTML = `<div class="card">idle allocated GPU-hours<b id="r-idle-hours">${fmt(ia.gpu_hours, 2)}</b><span class="muted">$${fmt(ia.cost, 2)} at $${fmt(d.price_per_gpu_hour, 2)}/GPU-h</span></div>
+        <div class="card">unused capacity<b>${fmt(uc.gpu_hours, 2)} GPU-h</b><span class="muted">$${fmt(uc.cost, 2)} · mean util ${fmt(uc.mean_utilization_percent)} % over ${uc.gpus} GPUs</span></div>
+        <div class="card">idle by job<b style="font-size:12px">${Object.entries(ia.by_job).map(([j, h]) => `${jobLink(j)} ${fmt(h, 2)} h`).join("<br>") || "none"}</b></div>`;
+      GS.chart(root.querySelector("#c-trend"), "fleet GPU utilization %, daily mean", [d.trend.map((p) => p[0]), d.trend.map((p) => p[1])], [{ label: "mean utilization %", points: { show: true, size: 6 } }]);
+      root.querySelector("#r-fail").innerHTML = d.failing_candidates.length
+        ? `<table><tr><th>GPU</th><th>score</th><th>alerts by rule</th><th>firing</th></tr>${d.failing_candidates.map((c) => `<tr data-candidate="${esc(c.node)}/${esc(c.gpu)}"><td><a href="#/gpu/${encodeURIComponent(c.node)}/${encodeURIComponent(c.gpu)}">${esc(c.node)} GPU ${esc(c.gpu)}</a></td><td>${c.score}</td><td>${Object.entries(c.rules).map(([r, n]) => `${esc(r)}×${n}`).join(", ")}</td><td>${c.firing}</td></tr>`).join("")}</table>`
+        : '<p class="muted">no GPU raised a hardware alert</p>';
+      root.querySelector("#r-nodes").innerHTML = `<table><tr><th>node</th><th>mean util %</th><th>max</th></tr>${d.by_node.map((n) => `<tr><td><a href="#/node/${encodeURIComponent(n.node)}">${esc(n.node)}</a></td><td>${fmt(n.mean)}</td><td>${fmt(n.max)}</td></tr>`).join("")}</table>`;
+    },
+  };
+
+  const LINEAGE_KINDS = ["checkpoint_completed", "checkpoint_verified", "model_version_registered", "model_version_promoted"];
+  GS.pages.lineage = {
+    mount(root) {
+      root.innerHTML = `<h1>Lineage · run → checkpoint → version → deployment</h1><div id="l-note"></div><div id="l-body"></div>`;
+    },
+    async update(root) {
+      const caps = await GS.api("/api/v1/ui/capabilities");
+      if (caps.lineage) {
+        const d = await GS.api("/api/v1/lineage");
+        root.querySelector("#l-note").innerHTML = "";
+        root.querySelector("#l-body").innerHTML = `<pre id="l-graph">${esc(JSON.stringify(d, null, 2))}</pre>`;
+        return;
+      }
+      root.querySelector("#l-note").innerHTML = `<p id="l-missing">This hub has no lineage API (<code>/api/v1/lineage</code>) yet, so the run → checkpoint → version → deployment graph cannot be drawn. Below are the raw facts it will be built from: checkpoints saved and verified, model versions registered and promoted.</p>`;
+      const { start, end } = GS.window();
+      const lists = await Promise.all(LINEAGE_KINDS.map((kind) => GS.api("/api/v1/events", { kind, start, end, limit: 200 })));
+      const events = lists.flatMap((l) => l.events).sort((a, b) => b.ts - a.ts).slice(0, 200);
+      root.querySelector("#l-body").innerHTML = events.length
+        ? `<table><tr><th>time</th><th>event</th><th>where</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${GS.entityLinks(e.labels)}</td><td>${esc(JSON.stringify(e.data).slice(0, 160))}</td></tr>`).join("")}</table>`
+        : '<p class="muted">no checkpoint or model-version event in this range</p>';
+    },
+  };
+})();

@@ -1,0 +1,155 @@
+"""Every dashboard page in real headless Chromium against a real hub serving a simulated run.
+
+Needs Debian ``chromium`` and PyPI ``playwright`` (never ``playwright install``): skipped when
+the browser is absent outside CI; in CI (``CI=true``) its absence is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dashboard.conftest import Served
+
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+# page, hash, charts that must hold points
+PAGES = [
+    ("fleet", "#/fleet", []),
+    ("alerts", "#/alerts", []),
+    ("alert", "#/alert/al-1", []),
+    ("gpu", "#/gpu/node-1/5", ["util", "temp", "power", "clock", "throttle", "ecc"]),
+    ("node", "#/node/node-1", ["util", "temp", "power", "cpu", "net"]),
+    ("jobs", "#/jobs", []),
+    ("job", "#/job/llm-pretrain", ["loss", "grad_norm", "step_seconds"]),
+    ("services", "#/services", []),
+    ("service", "#/service/chat-api", ["latency", "ttft", "queue", "errors", "kv"]),
+    ("reports", "#/reports", ["trend"]),
+    ("lineage", "#/lineage", []),
+]
+
+if not (os.path.exists(CHROMIUM) and shutil.which("chromium")):
+    if os.environ.get("CI") == "true":
+        raise RuntimeError(f"{CHROMIUM} is missing in CI: run scripts/system-deps.sh as root")
+    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
+
+from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+    p = ctx.new_page()
+    errors: list[str] = []
+
+    def on_console(msg: ConsoleMessage) -> None:
+        if msg.type == "error":
+            errors.append(msg.text)
+
+    p.on("console", on_console)
+    p.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield p
+    ctx.close()
+    assert errors == [], f"console errors: {errors}"
+
+
+def open_page(page: Page, served: Served, fragment: str, refresh: float = 60) -> None:
+    page.goto(f"{served.url}/ui/?refresh={refresh}{fragment}")
+    page.wait_for_selector('body[data-ready="1"]', timeout=15_000)
+
+
+@pytest.mark.parametrize(("name", "fragment", "charts"), PAGES, ids=[p[0] for p in PAGES])
+def test_page_loads_with_data(page: Page, served: Served, name: str, fragment: str, charts: list[str]) -> None:
+    open_page(page, served, fragment)
+    assert page.get_attribute("body", "data-page") == name
+    assert not page.is_visible("#banner")
+    for chart in charts:
+        box = page.locator(f"#c-{chart}")
+        assert int(box.get_attribute("data-points") or 0) > 0, f"{name}: chart {chart} has no points"
+        assert box.locator("canvas").count() == 1
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def test_fleet_heatmap_paints_faulty_gpus_in_fault_colours(page: Page, served: Served) -> None:
+    open_page(page, served, "#/fleet")
+
+    def colour(node: str, gpu: str) -> str:
+        cell = page.locator(f'.cell[data-node="{node}"][data-gpu="{gpu}"]')
+        return str(cell.evaluate("el => getComputedStyle(el).backgroundColor"))
+
+    assert colour("node-2", "6") == "rgb(229, 72, 77)"  # P1: fell off the bus
+    assert colour("node-1", "5") == "rgb(245, 165, 36)"  # P2: thermal throttle
+    healthy = colour("node-0", "0")
+    assert healthy not in {"rgb(229, 72, 77)", "rgb(245, 165, 36)"}
+    assert page.locator(".cell").count() == 32
+    assert page.locator(".cell.idle").count() >= 4
+    page.select_option("#f-metric", "gpu_temp_celsius")
+    page.wait_for_function("() => document.querySelector('#f-lo').textContent !== '0'")
+    assert colour("node-1", "5") == "rgb(245, 165, 36)"
+
+
+def test_ack_from_the_alerts_page(page: Page, served: Served) -> None:
+    open_page(page, served, "#/alerts")
+    page.fill("#user", "ops-alice")
+    page.dispatch_event("#user", "change")
+    row = page.locator('tr[data-alert="al-1"]')
+    assert row.get_attribute("data-acked") == "0"
+    row.locator("button.ack").click()
+    page.wait_for_selector('tr[data-alert="al-1"][data-acked="1"]', timeout=10_000)
+    assert "acked by ops-alice" in page.locator('tr[data-alert="al-1"] .ackstate').inner_text()
+    alerts = httpx.get(f"{served.url}/api/v1/alerting/alerts").json()["alerts"]
+    assert next(a for a in alerts if a["id"] == "al-1")["ack"]["by"] == "ops-alice"
+
+
+def test_live_update_without_reload(page: Page, served: Served) -> None:
+    open_page(page, served, "#/alerts", refresh=1)
+    page.evaluate("window.__sameDocument = true")
+    res = httpx.post(f"{served.url}/api/v1/alerts/al-5/ack", json={"by": "ops-bob"})
+    assert res.status_code == 200
+    page.wait_for_selector('tr[data-alert="al-5"][data-acked="1"]', timeout=10_000)
+    assert page.evaluate("window.__sameDocument") is True
+
+
+def test_links_from_alert_to_job_rank_node_gpu(page: Page, served: Served) -> None:
+    straggler = next(a for a in served.hub.alerts.all() if a.rule == "training_straggler")
+    rank = straggler.entity["rank"]
+    open_page(page, served, f"#/alert/{straggler.id}")
+    page.click(f'a[href="#/job/llm-pretrain/{rank}"]')
+    page.wait_for_selector('body[data-page="job"][data-ready="1"]')
+    assert page.locator(f'tr.straggler[data-rank="{rank}"]').count() == 1
+    node, gpu = straggler.entity["node"], straggler.entity["gpu"]
+    page.locator(f'tr[data-rank="{rank}"] a[href="#/node/{node}"]').click()
+    page.wait_for_selector('body[data-page="node"][data-ready="1"]')
+    page.locator(f'#n-gpus a[href="#/gpu/{node}/{gpu}"]').click()
+    page.wait_for_selector('body[data-page="gpu"][data-ready="1"]')
+    assert f"GPU {gpu}" in page.locator("h1").inner_text()
+
+
+def test_time_range_picker_redraws(page: Page, served: Served) -> None:
+    open_page(page, served, "#/job/llm-pretrain")
+    before = int(page.get_attribute("body", "data-updates") or 0)
+    page.select_option("#range", "900")
+    page.wait_for_function(f"() => Number(document.body.dataset.updates) > {before}")
+    assert int(page.locator("#c-loss").get_attribute("data-points") or 0) > 0

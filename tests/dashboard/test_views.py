@@ -1,0 +1,90 @@
+"""The dashboard's JSON views over a real replayed run, read over HTTP as the pages read them."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from dashboard.conftest import Served
+
+
+@pytest.fixture
+def client(served: Served) -> httpx.Client:
+    return httpx.Client(base_url=served.url, timeout=10)
+
+
+def test_fleet_marks_faulty_gpus_and_counts_idle(client: httpx.Client) -> None:
+    body = client.get("/api/v1/ui/fleet", params={"metric": "gpu_temp_celsius"}).json()
+    cells = {(n["node"], g["gpu"]): g for n in body["nodes"] for g in n["gpus"]}
+    assert len(cells) == 32 and body["summary"]["gpus"] == 32
+    assert cells[("node-1", "5")]["s"] == "P2"  # thermal throttle, firing
+    assert cells[("node-2", "6")]["s"] == "P1"  # fell off the bus
+    assert cells[("node-0", "0")]["s"] == "ok"
+    assert cells[("node-1", "5")]["v"] > cells[("node-1", "4")]["v"] + 10  # hotter than its peer
+    badges = {n["node"]: n["badge"] for n in body["nodes"]}
+    assert badges["node-2"] == "P1" and badges["node-3"] == "ok"
+    idle = body["idle"]
+    # eval-sweep's 4 GPUs sit idle while allocated; 4 of node-2 and 4 of node-3 are unallocated
+    assert {(g["node"], g["gpu"]) for g in idle["gpus"] if g["job"] == "eval-sweep"} == {
+        ("node-2", str(i)) for i in range(4)
+    }
+    assert idle["allocated"] == 4
+    assert idle["cost_per_hour"] == pytest.approx((idle["allocated"] + idle["unallocated"]) * 2.5)
+
+
+def test_fleet_refuses_unknown_metric(client: httpx.Client) -> None:
+    res = client.get("/api/v1/ui/fleet", params={"metric": "no_such_metric"})
+    assert res.status_code == 400 and res.json()["field"] == "metric"
+
+
+def test_node_view_and_unknown_node(client: httpx.Client) -> None:
+    body = client.get("/api/v1/ui/node", params={"node": "node-1"}).json()
+    assert [g["gpu"] for g in body["gpus"]] == [str(i) for i in range(8)]
+    assert body["host"]["values"]["node_cpu_percent"] >= 0
+    assert any(a["rule"] == "gpu_thermal_throttle" for a in body["alerts"])
+    assert client.get("/api/v1/ui/node", params={"node": "node-99"}).status_code == 404
+
+
+def test_job_view_curves_straggler_checkpoints_goodput(client: httpx.Client, served: Served) -> None:
+    body = client.get(
+        "/api/v1/ui/job", params={"job": "llm-pretrain", "start": served.t0, "points": 60}
+    ).json()
+    assert body["ranks"] == list(range(16))
+    assert len(body["ts"]) > 10
+    assert all(len(v) == len(body["ts"]) for v in body["curves"]["loss"].values())
+    assert 3 in {s["rank"] for s in body["stragglers"]}  # the injected straggler
+    assert [c["step"] for c in body["checkpoints"] if c["completed"]], "checkpoints every 60 s"
+    good = body["goodput"]
+    assert 0 < good["productive"] < good["elapsed"]
+    parts = good["productive"] + good["data_wait"] + good["checkpoint"] + good["restart"] + good["stalled"]
+    assert parts == pytest.approx(good["elapsed"])
+    assert body["placement"]["3"] == {"node": "node-0", "gpu": "3"}
+
+
+def test_jobs_services_reports(client: httpx.Client) -> None:
+    jobs = {j["job"]: j for j in client.get("/api/v1/ui/jobs").json()["jobs"]}
+    assert jobs["llm-pretrain"]["state"] == "running" and jobs["llm-pretrain"]["gpus_now"] == 16
+    services = client.get("/api/v1/ui/services").json()["services"]
+    assert [s["service"] for s in services] == ["chat-api"] and services[0]["versions"] == ["v7"]
+    rep = client.get("/api/v1/ui/reports", params={"days": 30}).json()
+    assert rep["idle_allocated"]["by_job"].get("eval-sweep", 0) > 0
+    assert rep["failing_candidates"][0]["node"] == "node-2" and rep["failing_candidates"][0]["gpu"] == "6"
+    assert 0 < rep["unused_capacity"]["observed_hours"] <= 1.0
+    assert rep["trend"] and rep["trend"][0][1] is not None
+
+
+def test_bad_parameters_are_named(client: httpx.Client) -> None:
+    res = client.get("/api/v1/ui/job", params={"job": "llm-pretrain", "start": "x"})
+    assert res.status_code == 400 and res.json()["field"] == "start"
+    assert client.get("/api/v1/ui/job").json()["field"] == "job"
+    assert client.get("/api/v1/ui/reports", params={"days": "0"}).status_code == 400
+
+
+def test_pages_and_assets_are_served_locally(client: httpx.Client) -> None:
+    assert client.get("/", follow_redirects=False).headers["location"] == "/ui/"
+    html = client.get("/ui/").text
+    assert "/ui/static/vendor/uPlot.iife.min.js" in html and "http" not in html.split("<body>")[1]
+    js = client.get("/ui/static/vendor/uPlot.iife.min.js")
+    assert js.status_code == 200 and "uPlot" in js.text
+    caps = client.get("/api/v1/ui/capabilities").json()
+    assert caps["alerting"] is True and caps["lineage"] is False

@@ -1,0 +1,125 @@
+"""Lineage: the registry, its API on a real hub server, and the CLI against it (round trips)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from gpuscope.hub import Hub
+from gpuscope.lineage import LineageError, LineageRegistry, for_hub
+from gpuscope.lineage.cli import add_arguments, run
+from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.web.lineage_api import LineageApi
+from gpuscope.web.server import HubServer
+
+HASH_A, HASH_B = "a1b2c3d4e5f60718", "ffee0011ffee0011"
+
+
+def seeded(reg: LineageRegistry) -> None:
+    reg.add_run("pretrain-7", {"owner": "ml"}, started_at=10.0)
+    reg.add_checkpoint("pretrain-7", 1000, HASH_A, "/ckpt/1000", at=100.0)
+    reg.add_checkpoint("pretrain-7", 2000, HASH_B, "/ckpt/2000", at=200.0)
+    reg.register_version("chat", "v1", "pretrain-7", 1000, {"eval_loss": 2.1}, at=150.0)
+    reg.register_version("chat", "v2", "pretrain-7", 2000, {"eval_loss": 1.9}, at=250.0)
+
+
+def test_registry_chain_aliases_and_changes(tmp_path: Path) -> None:
+    events: list[str] = []
+    reg = LineageRegistry(str(tmp_path / "l.duckdb"), emit=lambda evs: events.extend(e.kind for e in evs))
+    seeded(reg)
+    reg.promote("chat-api", "chat", "v1", alias="champion", at=300.0)
+    reg.promote("chat-api", "chat", "v2", traffic_share=0.1, at=1000.0)
+    assert reg.resolve("chat", "@champion") == "v1"
+    v2 = reg.version("chat", "v2")
+    assert v2["checkpoint"] == {
+        "job": "pretrain-7",
+        "step": 2000,
+        "manifest_hash": HASH_B,
+        "path": "/ckpt/2000",
+        "at": 200.0,
+    }
+    assert v2["run"]["meta"] == {"owner": "ml"} and v2["metrics"] == {"eval_loss": 1.9}
+    (change,) = reg.changes_before("chat-api", at=1100.0, window=600.0)
+    assert change["version"] == "v2" and change["previous_version"] == "v1"
+    assert change["seconds_before"] == 100.0 and change["run"] == "pretrain-7"
+    assert change["previous_metrics"] == {"eval_loss": 2.1} and change["traffic_share"] == 0.1
+    assert [c["version"] for c in reg.changes_before("chat-api", 1100.0, 1e6)] == ["v2", "v1"]
+    assert reg.serving("chat-api", at=500.0)["version"] == "v1"
+    assert events == ["model_version_registered"] * 2 + ["model_version_promoted"] * 2
+    with pytest.raises(LineageError, match="already registered"):
+        reg.register_version("chat", "v2", "pretrain-7", 2000)
+    with pytest.raises(LineageError, match="no checkpoint"):
+        reg.register_version("chat", "v3", "pretrain-7", 3000)
+    with pytest.raises(LineageError, match="no alias"):
+        reg.resolve("chat", "@canary")
+    with pytest.raises(LineageError, match="hex"):
+        reg.add_checkpoint("pretrain-7", 5, "not-a-hash")
+    reg.close()
+    again = LineageRegistry(str(tmp_path / "l.duckdb"))  # durable: a reopened registry has it all
+    assert again.resolve("chat", "@champion") == "v1"
+
+
+@pytest.fixture
+def hub_url(tmp_path: Path) -> Iterator[tuple[str, Hub]]:
+    store = DuckDBStore(str(tmp_path / "hub.duckdb"))
+    hub = Hub(store)
+    server = HubServer(hub, "127.0.0.1", 0)
+    registry = for_hub(hub)
+    server.api.app.router.routes.extend(LineageApi(registry, server.api._authorize_write).routes())
+    server.start()
+    yield server.url, hub
+    server.stop()
+    registry.close()
+
+
+def cli(url: str, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, object]:
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    code = run(parser.parse_args(["--hub", url, *argv]))
+    out = capsys.readouterr()
+    return code, (json.loads(out.out) if code == 0 else out.err)
+
+
+def test_cli_round_trips_through_the_api(
+    hub_url: tuple[str, Hub], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, hub = hub_url
+    assert cli(url, "run", "ft-3", "--meta", "dataset=v9", capsys=capsys)[0] == 0
+    assert cli(url, "checkpoint", "ft-3", "500", HASH_A, "--path", "s3://b/500", capsys=capsys)[0] == 0
+    code, out = cli(
+        url,
+        "register",
+        "ranker",
+        "3",
+        "--job",
+        "ft-3",
+        "--step",
+        "500",
+        "--metric",
+        "auc=0.91",
+        capsys=capsys,
+    )
+    assert code == 0 and out["checkpoint"]["manifest_hash"] == HASH_A  # type: ignore[index]
+    code, out = cli(url, "promote", "search", "ranker", "3", "--alias", "champion", capsys=capsys)
+    assert code == 0 and out["source"]["job"] == "ft-3"  # type: ignore[index]
+    code, shown = cli(url, "show", "ranker", "@champion", capsys=capsys)
+    assert code == 0 and shown["version"] == "3" and shown["aliases"] == ["champion"]  # type: ignore[index]
+    assert shown["run"]["meta"] == {"dataset": "v9"}  # type: ignore[index]
+    code, changes = cli(url, "changes", "search", capsys=capsys)
+    assert code == 0 and changes["changes"][0]["run"] == "ft-3"  # type: ignore[index]
+    code, err = cli(url, "show", "ranker", "@canary", capsys=capsys)
+    assert code == 1 and "no alias" in str(err)
+    code, err = cli(
+        url, "register", "ranker", "4", "--job", "ft-3", "--step", "500", "--metric", "auc", capsys=capsys
+    )
+    assert code == 2 and "KEY=VALUE" in str(err)
+    # promotions and registrations are events in the hub's store
+    kinds = [e.kind for e in hub.store.events(0, 2e10)]
+    assert "model_version_promoted" in kinds and "model_version_registered" in kinds
+    bad = httpx.post(url + "/api/v1/lineage/promotions", content=b"[1]")
+    assert bad.status_code == 400 and bad.json()["field"] == "body"
