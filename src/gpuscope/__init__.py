@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from gpuscope.sdk import init as init
+    from gpuscope.sdk.inference import serve as serve
 
 
 def __getattr__(name: str) -> Any:
@@ -16,4 +17,8 @@ def __getattr__(name: str) -> Any:
         from gpuscope.sdk import init
 
         return init
+    if name == "serve":
+        from gpuscope.sdk.inference import serve
+
+        return serve
     raise AttributeError(f"module 'gpuscope' has no attribute {name!r}")

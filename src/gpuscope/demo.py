@@ -23,6 +23,7 @@ from rich.text import Text
 
 from gpuscope.agent.agent import Agent
 from gpuscope.alert.engine import AlertChange
+from gpuscope.alert.service import attach_alerting
 from gpuscope.collect.simulated import SimulatedNode
 from gpuscope.config import load_config
 from gpuscope.hub import Hub
@@ -141,11 +142,15 @@ def run_demo(
         )
 
     hub.add_listener(on_change)
+    cfg.storage_path = str(workdir / "demo.duckdb")  # alerting state (acks, silences) lives beside it
+    alerting = attach_alerting(hub, cfg)
     try:
         server = HubServer(hub, "127.0.0.1", port, tokens=cfg.tokens)
     except OSError:
         server = HubServer(hub, "127.0.0.1", 0, tokens=cfg.tokens)  # the usual port is taken
     server.start()
+    alerting.start()
+    console.print(f"[bold]dashboard[/bold]: {server.url}/ui/")
     console.print(
         f"[bold]gpuscope demo[/bold]: hub API at {server.url} (health: {server.url}/api/v1/health), "
         f"store {workdir / 'demo.duckdb'}; scenario {scenario.name}, {end:.0f} s, "
@@ -210,6 +215,7 @@ def run_demo(
         reader.close()
         time.sleep(1.5)  # one more evaluation for the last data
         server.stop()
+        alerting.stop()
     shifted = [
         dataclasses.replace(
             a, started_at=a.started_at - t0, resolved_at=None if a.resolved_at is None else a.resolved_at - t0

@@ -39,10 +39,15 @@ class Hub:
         self.alerting: AlertingService | None = None
         self._detect_lock = threading.Lock()
         self._listeners: list[AlertListener] = []
+        self._observers: list[Callable[[Batch], None]] = []
 
     def add_listener(self, listener: AlertListener) -> None:
         """Called for every alert that fires or resolves (terminal view, notifiers)."""
         self._listeners.append(listener)
+
+    def add_observer(self, observer: Callable[[Batch], None]) -> None:
+        """Called with every newly stored batch, after the detectors (quality monitor, lineage)."""
+        self._observers.append(observer)
 
     def ingest(self, batch: Batch) -> AppendResult:
         """Store a batch (durable on return), then let the detectors see it.
@@ -61,6 +66,8 @@ class Hub:
         self.counters.inc("ingest_refused_samples", result.refused_samples)
         with self._detect_lock:
             self.detection.observe(batch)
+        for observer in self._observers:
+            observer(batch)
         return result
 
     def evaluate(self, now: float) -> list[AlertChange]:

@@ -80,7 +80,9 @@ def open_page(page: Page, served: Served, fragment: str, refresh: float = 60) ->
 
 
 @pytest.mark.parametrize(("name", "fragment", "charts"), PAGES, ids=[p[0] for p in PAGES])
-def test_page_loads_with_data(page: Page, served: Served, name: str, fragment: str, charts: list[str]) -> None:
+def test_page_loads_with_data(
+    page: Page, served: Served, name: str, fragment: str, charts: list[str]
+) -> None:
     open_page(page, served, fragment)
     assert page.get_attribute("body", "data-page") == name
     assert not page.is_visible("#banner")

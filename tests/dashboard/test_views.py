@@ -15,7 +15,11 @@ def client(served: Served) -> httpx.Client:
 
 def test_fleet_marks_faulty_gpus_and_counts_idle(client: httpx.Client) -> None:
     body = client.get("/api/v1/ui/fleet", params={"metric": "gpu_temp_celsius"}).json()
-    cells = {(n["node"], g["gpu"]): g for n in body["nodes"] for g in n["gpus"]}
+    cells = {
+        (n["node"], g[0]): dict(zip(("gpu", "v", "s", "job", "idle"), g, strict=True))
+        for n in body["nodes"]
+        for g in n["gpus"]
+    }
     assert len(cells) == 32 and body["summary"]["gpus"] == 32
     assert cells[("node-1", "5")]["s"] == "P2"  # thermal throttle, firing
     assert cells[("node-2", "6")]["s"] == "P1"  # fell off the bus

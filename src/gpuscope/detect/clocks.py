@@ -45,8 +45,10 @@ def _flag(table: GpuTable, metric: str) -> BoolArray:
 
 def _bits(table: GpuTable, mask: int) -> BoolArray:
     reasons = table.column("gpu_clock_event_reasons")
-    known = np.isfinite(reasons)
-    return known & ((np.where(known, reasons, 0.0).astype(np.int64) & mask) != 0)
+    known: BoolArray = np.isfinite(reasons)
+    bits = np.where(known, reasons, 0.0).astype(np.int64) & mask
+    known &= bits != 0
+    return known
 
 
 class _Share:

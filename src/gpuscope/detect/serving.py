@@ -17,6 +17,7 @@ Each must hold for ``sustain`` seconds; the first ``warmup`` seconds of a servic
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -73,6 +74,26 @@ class _Svc:
     slow: dict[str, _Ewma] = field(default_factory=dict)
     rules: dict[str, _Rule] = field(default_factory=dict)
     snap: Snapshot | None = None
+    cum_ts: list[float] = field(default_factory=list)  # cumulative errors and requests, for true windows
+    cum_err: list[float] = field(default_factory=list)
+    cum_req: list[float] = field(default_factory=list)
+
+    def window(self, seconds: float) -> tuple[float, float]:
+        """Errors and requests over the last ``seconds`` (sliding, not exponential: a burst leaves it)."""
+        if not self.cum_ts:
+            return 0.0, 0.0
+        i = bisect.bisect_left(self.cum_ts, self.cum_ts[-1] - seconds)
+        return self.cum_err[-1] - self.cum_err[i], self.cum_req[-1] - self.cum_req[i]
+
+    def count(self, ts: float, errors: float, requests: float, dt: float) -> None:
+        e = (self.cum_err[-1] if self.cum_err else 0.0) + (errors * dt if math.isfinite(errors) else 0.0)
+        r = (self.cum_req[-1] if self.cum_req else 0.0) + (requests * dt if math.isfinite(requests) else 0.0)
+        self.cum_ts.append(ts)
+        self.cum_err.append(e)
+        self.cum_req.append(r)
+        if len(self.cum_ts) > 8192 and ts - self.cum_ts[0] > 3700.0:
+            cut = bisect.bisect_left(self.cum_ts, ts - 3700.0)
+            del self.cum_ts[:cut], self.cum_err[:cut], self.cum_req[:cut]
 
     def ewma(self, name: str, tau: float, value: float, dt: float, frozen: bool = False) -> float:
         store = self.fast if tau < 200 else self.slow
@@ -167,13 +188,12 @@ class ServingDetector(Detector):
 
     def _errors(self, svc: _Svc, s: Snapshot, dt: float, warm: bool) -> None:
         state = svc.rule(ERRORS)
+        svc.count(s.ts, s.errors, s.requests, dt)
         burns = {}
-        for tau in (30.0, 300.0, 3600.0):
-            err = svc.ewma("errors", tau, s.errors, dt)
-            req = svc.ewma("requests", tau, s.requests, dt)
-            ratio = err / max(req, err, 1e-9)
-            burns[tau] = ratio / self.budget
-        enough = svc.ewma("errors", 300.0, s.errors, 0.0) * 300.0 >= 10.0
+        for seconds in (30.0, 300.0, 3600.0):
+            err, req = svc.window(seconds)
+            burns[seconds] = err / max(req, err, 1e-9) / self.budget
+        enough = svc.window(300.0)[0] >= 10.0
         fast = burns[30.0] >= self.fast_burn and burns[300.0] >= self.fast_burn
         slow = burns[300.0] >= self.slow_burn and burns[3600.0] >= self.slow_burn
         state.hold(enough and (fast or slow), burns[300.0] < 1.0, s.ts, 0.0)

@@ -1,7 +1,7 @@
 """A regression that starts with a model version: ``version_regression``.
 
-At a ``model_version_promoted`` event the service's latency and error ratio *before* it (long
-EWMAs) are frozen as the reference. For ``window`` seconds after, if the service's p95 latency
+At a ``model_version_promoted`` event the service's latency and error ratio *before* it (medians
+of the last ten minutes, so an earlier incident that has ended does not skew them) are frozen as the reference. For ``window`` seconds after, if the service's p95 latency
 (short EWMA) stays ``ratio`` times the reference, or its error ratio rises by ``error_rise``
 above it, for ``sustain`` seconds, the new version is named as the cause. A rollback is a new
 promotion whose reference is the bad version, so recovering does not fire.
@@ -10,7 +10,10 @@ promotion whose reference is the bad version, so recovering does not fire.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
 
 from gpuscope.detect.base import Detector
 from gpuscope.detect.services import ServiceAggregator, Snapshot
@@ -29,6 +32,7 @@ class _Svc:
     promoted: tuple[float, str, str, float, float] | None = None  # ts, model, version, latency ref, error ref
     since: float | None = None
     text: str = ""
+    samples: deque[tuple[float, float, float]] = field(default_factory=deque)  # (ts, p95, error ratio)
 
 
 def _ewma(mean: float, value: float, dt: float, tau: float) -> float:
@@ -77,8 +81,7 @@ class VersionDetector(Detector):
             svc.latency = _ewma(svc.latency, s.p95, dt, 20.0)
             svc.errors = _ewma(svc.errors, ratio, dt, 120.0)
             if svc.promoted is None or s.ts - svc.promoted[0] > self.window:
-                svc.latency_base = _ewma(svc.latency_base, s.p95, dt, 600.0)
-                svc.errors_base = _ewma(svc.errors_base, ratio, dt, 600.0)
+                self._reference(svc, s.ts, s.p95, ratio)
             self._judge(svc, s.ts)
         out: list[Finding] = []
         for name, svc in self._svcs.items():
@@ -97,6 +100,19 @@ class VersionDetector(Detector):
                 )
             )
         return out
+
+    @staticmethod
+    def _reference(svc: _Svc, ts: float, p95: float, ratio: float) -> None:
+        """The medians of the last ten minutes (sampled every 10 s): what the service did before."""
+        if svc.samples and ts - svc.samples[-1][0] < 10.0:
+            return
+        svc.samples.append((ts, p95, ratio))
+        while ts - svc.samples[0][0] > 600.0:
+            svc.samples.popleft()
+        lat = np.array([x[1] for x in svc.samples])
+        err = np.array([x[2] for x in svc.samples])
+        svc.latency_base = float(np.nanmedian(lat)) if np.isfinite(lat).any() else math.nan
+        svc.errors_base = float(np.nanmedian(err)) if np.isfinite(err).any() else math.nan
 
     def _judge(self, svc: _Svc, ts: float) -> None:
         if svc.promoted is None or ts - svc.promoted[0] > self.window:

@@ -4,7 +4,8 @@ Numbers: a small reference (≤ ``small`` observations) gets the KS test (drift 
 a larger one the normalised Wasserstein distance (drift above 0.1), because with many samples a
 test flags differences too small to matter. Categories: chi-squared when small (p < 0.05),
 Jensen-Shannon distance above (drift above 0.1). PSI (drift above 0.2) can be asked for by name.
-The score series a hub publishes is the statistic; for tests it is ``1 - p`` so it rises with drift.
+The score a hub publishes is the statistic (KS's D, a distance), which grows with the size of
+the drift; only chi-squared, whose statistic grows with the sample, publishes ``1 - p``.
 """
 
 from __future__ import annotations
@@ -33,8 +34,12 @@ class DriftResult:
 
     @property
     def score(self) -> float:
-        """Rises with drift: the distance, or 1 - p for tests."""
-        return 1.0 - self.p_value if self.p_value is not None else self.statistic
+        """Rises with the size of the drift: the statistic, or 1 - p for chi-squared."""
+        return (
+            1.0 - self.p_value
+            if self.method == "chi_squared" and self.p_value is not None
+            else self.statistic
+        )
 
 
 def choose_method(reference: Sketch, small: int = SMALL) -> str:

@@ -116,9 +116,7 @@ class BurnRates:
         """Burn rate per window and, per pair, whether both of its windows exceed the factor."""
         windows = {WINDOW_NAMES[w]: self.burn_rate(now, w) for w in sorted(WINDOW_NAMES)}
         alerts = {
-            name: bool(
-                windows[WINDOW_NAMES[long]] >= factor and windows[WINDOW_NAMES[short]] >= factor
-            )
+            name: bool(windows[WINDOW_NAMES[long]] >= factor and windows[WINDOW_NAMES[short]] >= factor)
             for name, long, short, factor in PAIRS
         }
         return {"windows": windows, "alerts": alerts}

@@ -57,7 +57,8 @@ def kolmogorov_sf(x: float) -> float:
         t = math.pi**2 / (8.0 * x * x)
         cdf = math.sqrt(2.0 * math.pi) / x * sum(math.exp(-((2 * k - 1) ** 2) * t) for k in range(1, 20))
         return max(0.0, 1.0 - cdf)
-    return max(0.0, 2.0 * sum((-1) ** (k - 1) * math.exp(-2.0 * k * k * x * x) for k in range(1, 101)))
+    terms = (float((-1) ** (k - 1)) * math.exp(-2.0 * k * k * x * x) for k in range(1, 101))
+    return max(0.0, 2.0 * math.fsum(terms))
 
 
 def ks_test(
@@ -102,8 +103,8 @@ def binned(values: Array, weights: Array | None, edges: Array) -> Array:
     """Shares of the weight in the bins ``(-inf, e0], (e0, e1], ..., (e_last, inf)``."""
     v, w = _weighted(values, weights)
     idx = np.searchsorted(edges, v, side="left")
-    counts = np.bincount(idx, weights=w, minlength=len(edges) + 1)
-    return counts / counts.sum()
+    counts: Array = np.bincount(idx, weights=w, minlength=len(edges) + 1).astype(np.float64)
+    return counts / float(counts.sum())
 
 
 def psi(ref_share: Array, cur_share: Array) -> float:

@@ -286,7 +286,9 @@ class _Shipper(threading.Thread):
             version, name, value = bq.popleft()
             business.setdefault((version, name), []).append(value)
         for (version, name), vals in business.items():
-            rows.append((self._labels(version) | {"metric": name}, {"model_business_metric": float(np.mean(vals))}))
+            rows.append(
+                (self._labels(version) | {"metric": name}, {"model_business_metric": float(np.mean(vals))})
+            )
         return [_frame(ts, labels, values) for labels, values in rows]
 
     def _sample_predictions(self) -> None:

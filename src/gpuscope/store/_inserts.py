@@ -87,25 +87,29 @@ def insert_events(con: duckdb.DuckDBPyConnection, events: list[tuple[float, str,
 
 
 def insert_training(con: duckdb.DuckDBPyConnection, rows: list[TrainingRow]) -> None:
-    data: dict[str, Any] = {
-        "ts": np.array([r.ts for r in rows], dtype=np.float64),
-        "job": np.array([r.job for r in rows], dtype=object),
-        "rank": np.array([r.rank for r in rows], dtype=np.int32),
-        "step": np.array([r.step for r in rows], dtype=np.int64),
-        "labels": np.array([r.labels for r in rows], dtype=object),
-    }
-    exprs: dict[str, str] = {}
-    cols = sorted({c for r in rows for c in r.values})
-    for c in cols:
-        present = np.array([c in r.values for r in rows])
-        values = np.array([r.values.get(c, np.nan) for r in rows], dtype=np.float64)
-        data[f"t{c}"] = values
-        # The numpy scan reads NaN as NULL (missing); a reported NaN loss must stay NaN.
-        nan = present & np.isnan(values)
-        if nan.any():
-            data[f"_nan{c}"] = nan
-            exprs[f"t{c}"] = f"CASE WHEN _nan{c} THEN 'NaN'::DOUBLE ELSE t{c} END"
-    _insert(con, "training", data, exprs)
+    """One INSERT per distinct metric set (ranks of a job report the same metrics every step)."""
+    groups: dict[tuple[int, ...], list[TrainingRow]] = {}
+    for r in rows:
+        groups.setdefault(r.cols, []).append(r)
+    for cols, group in groups.items():
+        data: dict[str, Any] = {
+            "ts": np.array([r.ts for r in group], dtype=np.float64),
+            "job": np.array([r.job for r in group], dtype=object),
+            "rank": np.array([r.rank for r in group], dtype=np.int32),
+            "step": np.array([r.step for r in group], dtype=np.int64),
+            "labels": np.array([r.labels for r in group], dtype=object),
+        }
+        exprs: dict[str, str] = {}
+        if cols:
+            values = np.array([r.values for r in group], dtype=np.float64).T.copy()
+            for c, column in zip(cols, values, strict=True):
+                data[f"t{c}"] = column
+                # The numpy scan reads NaN as NULL (missing); a reported NaN loss must stay NaN.
+                nan = np.isnan(column)
+                if nan.any():
+                    data[f"_nan{c}"] = nan
+                    exprs[f"t{c}"] = f"CASE WHEN _nan{c} THEN 'NaN'::DOUBLE ELSE t{c} END"
+        _insert(con, "training", data, exprs)
 
 
 def insert_batch_ids(con: duckdb.DuckDBPyConnection, ids: list[str], received: float, first_seq: int) -> None:

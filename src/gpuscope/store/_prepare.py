@@ -73,7 +73,8 @@ class TrainingRow:
     rank: int
     step: int
     labels: str
-    values: dict[int, float]
+    cols: tuple[int, ...]  # training metric columns, in the order of values
+    values: list[float]
 
 
 @dataclass(slots=True)
@@ -121,6 +122,7 @@ class Preparer:
         self.columns = columns
         self.train_columns = train_columns
         self._layouts: dict[tuple[str, ...], Layout] = {}
+        self._train_layouts: dict[tuple[str, ...], Layout] = {}
 
     def prepare(self, batch: Batch) -> Prepared:
         out = Prepared(batch_id=batch.batch_id, result=AppendResult())
@@ -238,20 +240,36 @@ class Preparer:
         ts = _check_ts(record.ts, f"{where}.ts")
         if not isinstance(record.job, str) or not record.job:
             raise ValueError(f"{where}.job: must be a non-empty string, got {record.job!r}")
-        names = [_check_name(m, f"{where}.metrics.{m}") for m in record.metrics]
-        cols, pending = self.train_columns.resolve(names)
-        values: dict[int, float] = {}
-        for name, col in zip(names, cols, strict=True):
-            value = float(record.metrics[name])
-            if col == REFUSED:
-                out.result.refused_samples += 1
-                _note(
-                    out.result,
-                    f"{where}: training metric column limit ({self.train_columns.limit}) "
-                    f"reached, refused {name}",
-                )
-            else:
-                values[col] = value
-        out.train_columns.update(pending)
+        layout = self._train_layouts.get(tuple(record.metrics))
+        if layout is None or layout.pending:
+            layout = self._train_layout(record, where)
+        values = list(record.metrics.values())
+        if layout.refused:
+            out.result.refused_samples += len(layout.refused)
+            names = ", ".join(list(record.metrics)[j] for j in layout.refused[:5])
+            _note(
+                out.result,
+                f"{where}: training metric column limit ({self.train_columns.limit}) reached, "
+                f"refused {names}",
+            )
+        if layout.take is not None:
+            values = [values[j] for j in layout.take]
+        out.train_columns.update(layout.pending)
         labels = orjson.dumps(record.labels, option=orjson.OPT_SORT_KEYS).decode()
-        return TrainingRow(ts, record.job, int(record.rank), int(record.step), labels, values)
+        return TrainingRow(ts, record.job, int(record.rank), int(record.step), labels, layout.cols, values)
+
+    def _train_layout(self, record: TrainingRecord, where: str) -> Layout:
+        names = [_check_name(m, f"{where}.metrics.{m}") for m in record.metrics]
+        cols, new_cols = self.train_columns.resolve(names)
+        kept = [(c, j) for j, c in enumerate(cols) if c != REFUSED]
+        take = [j for _, j in kept]
+        layout = Layout(
+            cols=tuple(c for c, _ in kept),
+            take=None if take == list(range(len(cols))) else np.asarray(take, dtype=np.intp),
+            refused=tuple(j for j, c in enumerate(cols) if c == REFUSED),
+            pending=self.train_columns.still_pending(new_cols),
+        )
+        if len(self._train_layouts) > 10_000:
+            self._train_layouts.clear()
+        self._train_layouts[tuple(record.metrics)] = layout
+        return layout

@@ -607,15 +607,28 @@ class DuckDBStore:
         min_ts = None if max_age is None or ref is None else ref - int(max_age * 1000)
         rows = self.latest.rows([c for _, c in pairs], min_ts)
         metric_names = [n for n, _ in pairs]
+        gaps = np.isnan(rows.values).any(axis=1).tolist()
+        attribution: dict[int, dict[str, str]] = {}
         out: list[dict[str, Any]] = []
-        for eid, ts, code, vals in zip(
-            rows.entities.tolist(), rows.ts.tolist(), rows.attr.tolist(), rows.values.tolist(), strict=True
+        for eid, ts, code, vals, gap in zip(
+            rows.entities.tolist(),
+            rows.ts.tolist(),
+            rows.attr.tolist(),
+            rows.values.tolist(),
+            gaps,
+            strict=True,
         ):
-            labels = dict(self.entities.labels(eid))
-            for key, value in zip(ATTR_COLUMNS, self.entities.attr_values(code), strict=True):
-                if value is not None:
-                    labels[key] = value
-            values = {n: v for n, v in zip(metric_names, vals, strict=True) if v == v}
+            extra = attribution.get(code)
+            if extra is None:
+                pairs_ = zip(ATTR_COLUMNS, self.entities.attr_values(code), strict=True)
+                extra = attribution[code] = {k: v for k, v in pairs_ if v is not None}
+            labels = {**self.entities.labels(eid), **extra}
+            # dict(zip()) runs in C; only rows with a missing metric need the NaN filter
+            values = (
+                {n: v for n, v in zip(metric_names, vals, strict=True) if v == v}
+                if gap
+                else dict(zip(metric_names, vals, strict=True))
+            )
             out.append({"labels": labels, "ts": ts / 1000.0, "values": values})
         return out
 

@@ -140,8 +140,7 @@ class HubApi:
         routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting.routes()]
         from gpuscope.web.dashboard_api import dashboard_routes
 
-        routes += dashboard_routes(hub)
-        self.app = Starlette(routes=routes)
+        self.app = Starlette(routes=[*routes, *dashboard_routes(hub)])
 
     # -- plumbing -----------------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Iterable
+from functools import lru_cache
 from typing import Any
 
 from gpuscope.model import Alert
@@ -13,6 +14,7 @@ SEVERITY_RANK = {"P1": 3, "P2": 2, "P3": 1}
 _DIGITS = re.compile(r"(\d+)")
 
 
+@lru_cache(maxsize=65_536)
 def natural_key(text: str) -> tuple[Any, ...]:
     """``node-2`` before ``node-10``: operators read numbers, not code points."""
     return tuple(int(part) if part.isdigit() else part for part in _DIGITS.split(text))

@@ -7,6 +7,7 @@ GPU that fell silent while its peers kept reporting does.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gpuscope.hub import Hub
@@ -22,7 +23,8 @@ PICKER_METRICS = tuple(name for name, spec in GPU_METRICS.items() if spec.kind =
 
 
 def fleet_view(hub: Hub, metric: str, stale_after: float) -> dict[str, Any]:
-    """One entry per node with its GPUs in index order; states: P1/P2/P3 (firing alert), stale, ok."""
+    """One entry per node with its GPUs in index order, each ``[gpu, value, state, job, idle]``;
+    states: P1/P2/P3 (worst firing alert naming the GPU), stale, ok."""
     rows = hub.store.snapshot(list(dict.fromkeys([metric, UTIL])), None)
     node_rows = hub.store.snapshot(["node_cpu_percent"], None)
     gpu_rows = [r for r in rows if "gpu" in r["labels"] and "node" in r["labels"]]
@@ -30,28 +32,33 @@ def fleet_view(hub: Hub, metric: str, stale_after: float) -> dict[str, Any]:
     newest = max((r["ts"] for r in [*gpu_rows, *node_rows]), default=None)
     index = AlertIndex(hub.firing())
     price = hub.alerts.price_per_gpu_hour
-    nodes: dict[str, list[dict[str, Any]]] = {r["labels"]["node"]: [] for r in node_rows if "node" in r["labels"]}
+    nodes: dict[str, list[list[Any]]] = {r["labels"]["node"]: [] for r in node_rows if "node" in r["labels"]}
     node_seen = {r["labels"]["node"]: r["ts"] for r in node_rows if "node" in r["labels"]}
     lo = hi = None
     idle: list[dict[str, Any]] = []
+    alerted = bool(index.by_gpu)
     for row in gpu_rows:
         labels = row["labels"]
         node, gpu = labels["node"], labels["gpu"]
-        value = finite(row["values"].get(metric))
-        util = finite(row["values"].get(UTIL))
+        values = row["values"]
+        value = values.get(metric)
+        if value is not None and not math.isfinite(value):
+            value = None
+        util = values.get(UTIL)
         stale = newest is not None and newest - row["ts"] > stale_after
-        state = index.gpu_severity(node, gpu) or ("stale" if stale else "ok")
+        state = (index.gpu_severity(node, gpu) if alerted else None) or ("stale" if stale else "ok")
         is_idle = not stale and util is not None and util < IDLE_UTIL_PERCENT
         job = labels.get("job")
         if is_idle:
             idle.append({"node": node, "gpu": gpu, "job": job})
         if value is not None and not stale:
-            lo = value if lo is None else min(lo, value)
-            hi = value if hi is None else max(hi, value)
-        nodes.setdefault(node, []).append({"gpu": gpu, "v": value, "s": state, "job": job, "idle": is_idle})
+            lo = value if lo is None or value < lo else lo
+            hi = value if hi is None or value > hi else hi
+        # one short list per GPU: [gpu, value, state, job, idle] keeps 8,192 GPUs a small payload
+        nodes.setdefault(node, []).append([gpu, value, state, job, is_idle])
     out_nodes = []
     for node in sorted(nodes, key=natural_key):
-        gpus = sorted(nodes[node], key=lambda g: natural_key(g["gpu"]))
+        gpus = sorted(nodes[node], key=lambda g: (len(g[0]), g[0]))
         seen = node_seen.get(node)
         node_stale = seen is not None and newest is not None and newest - seen > stale_after
         badge = index.node_severity(node) or ("stale" if node_stale else "ok")
@@ -72,7 +79,7 @@ def fleet_view(hub: Hub, metric: str, stale_after: float) -> dict[str, Any]:
             "unallocated": len(idle) - len(allocated),
             "cost_per_hour": round(len(idle) * price, 2),
             "allocated_cost_per_hour": round(len(allocated) * price, 2),
-            "gpus": sorted(idle, key=lambda g: (natural_key(g["node"]), natural_key(g["gpu"])))[:200],
+            "gpus": sorted(idle, key=lambda g: (natural_key(g["node"]), len(g["gpu"]), g["gpu"]))[:200],
         },
         "summary": {
             "nodes": len(out_nodes),

@@ -95,7 +95,9 @@ def _bucketed(
 def _stragglers(hub: Hub, job: str, records: list[TrainingRecord]) -> list[dict[str, Any]]:
     """Ranks a straggler alert names (firing first, then by start), else the one arriving last."""
     named = [
-        a for a in hub.store.alerts(False, 2000) if a.rule == "training_straggler" and a.entity.get("job") == job
+        a
+        for a in hub.store.alerts(False, 2000)
+        if a.rule == "training_straggler" and a.entity.get("job") == job
     ]
     if named:
         named.sort(key=lambda a: (not a.firing, a.started_at))
@@ -138,7 +140,9 @@ def _checkpoints(events: list[Event]) -> list[dict[str, Any]]:
     return [steps[s] for s in sorted(steps)]
 
 
-def goodput(records: list[TrainingRecord], checkpoints: list[dict[str, Any]], start: float, end: float) -> dict[str, float]:
+def goodput(
+    records: list[TrainingRecord], checkpoints: list[dict[str, Any]], start: float, end: float
+) -> dict[str, float]:
     """Where the window's wall time went, seen from the lowest rank present (all ranks step together).
 
     productive: step time less input waits; data_wait; checkpoint: first save start to last rank
@@ -148,7 +152,9 @@ def goodput(records: list[TrainingRecord], checkpoints: list[dict[str, Any]], st
         return {}
     lead = min(r.rank for r in records)
     own = sorted((r for r in records if r.rank == lead), key=lambda r: r.ts)
-    elapsed = max(0.0, min(end, own[-1].ts) - max(start, own[0].ts - (finite(own[0].metrics.get("step_seconds")) or 0)))
+    elapsed = max(
+        0.0, min(end, own[-1].ts) - max(start, own[0].ts - (finite(own[0].metrics.get("step_seconds")) or 0))
+    )
     productive = data_wait = restart = 0.0
     best = -1
     for rec in own:
@@ -209,6 +215,12 @@ def job_view(hub: Hub, job: str, start: float, end: float, points: int) -> dict[
         "goodput": goodput(records, checkpoints, start, end),
         "placement": {str(r): p for r, p in sorted(placement.items())},
         "last_step": last_step,
-        "lifecycle": [{"ts": e.ts, "kind": e.kind, "data": {k: v for k, v in e.data.items() if k != "placement"}} for e in lifecycle],
-        "alerts": [alert_brief(a) for a in sorted(index.by_job.get(job, []), key=lambda a: (a.severity, a.started_at))],
+        "lifecycle": [
+            {"ts": e.ts, "kind": e.kind, "data": {k: v for k, v in e.data.items() if k != "placement"}}
+            for e in lifecycle
+        ],
+        "alerts": [
+            alert_brief(a)
+            for a in sorted(index.by_job.get(job, []), key=lambda a: (a.severity, a.started_at))
+        ],
     }

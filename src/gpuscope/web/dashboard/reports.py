@@ -82,7 +82,9 @@ def reports_view(hub: Hub, now: float, days: int) -> dict[str, Any]:
         },
         "failing_candidates": failing_candidates(history, start),
         "trend": [[p.ts, finite(p.value)] for p in daily],
-        "by_node": [{"node": g["group"], "mean": finite(g["mean"]), "max": finite(g["max"])} for g in per_node],
+        "by_node": [
+            {"node": g["group"], "mean": finite(g["mean"]), "max": finite(g["max"])} for g in per_node
+        ],
     }
 
 
@@ -100,5 +102,7 @@ def failing_candidates(history: list[Any], start: float, top: int = 20) -> list[
         row["score"] += SEVERITY_RANK.get(alert.severity, 1)
         row["rules"][alert.rule] = row["rules"].get(alert.rule, 0) + 1
         row["firing"] += 1 if alert.firing else 0
-    ranked = sorted(scores.values(), key=lambda r: (-r["score"], natural_key(r["node"]), natural_key(r["gpu"])))
+    ranked = sorted(
+        scores.values(), key=lambda r: (-r["score"], natural_key(r["node"]), natural_key(r["gpu"]))
+    )
     return ranked[:top]

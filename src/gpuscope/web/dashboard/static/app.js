@@ -160,8 +160,10 @@ async function update() {
   const cur = GS.current;
   if (!cur || GS.busy) return;
   GS.busy = true;
+  const t0 = performance.now();
   try {
     await cur.page.update(cur.root, cur.args);
+    document.body.dataset.updateMs = (performance.now() - t0).toFixed(1);
     if (cur !== GS.current) return;
     GS.updates += 1;
     document.body.dataset.updates = String(GS.updates);

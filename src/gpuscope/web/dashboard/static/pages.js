@@ -48,9 +48,9 @@
       for (const n of d.nodes) {
         const node = encodeURIComponent(n.node);
         parts.push(`<div class="node" data-node="${esc(n.node)}"><div class="nh"><a href="#/node/${node}">${esc(n.node)}</a>${sev(n.badge)}</div><div class="cells">`);
-        for (const g of n.gpus) {
-          const tip = `${n.node} GPU ${g.gpu}: ${fmt(g.v)}${g.job ? " · job " + g.job : ""}${g.s !== "ok" ? " · " + g.s : ""}${g.idle ? " · idle" : ""}`;
-          parts.push(`<a class="cell${g.idle ? " idle" : ""}" href="#/gpu/${node}/${encodeURIComponent(g.gpu)}" data-node="${esc(n.node)}" data-gpu="${esc(g.gpu)}" data-state="${g.s}" data-value="${g.v ?? ""}" title="${esc(tip)}" style="background:${heatColor(g.v, lo, hi)}"></a>`);
+        for (const [gpu, v, s, job, idle] of n.gpus) {
+          const tip = `${n.node} GPU ${gpu}: ${fmt(v)}${job ? " · job " + job : ""}${s !== "ok" ? " · " + s : ""}${idle ? " · idle" : ""}`;
+          parts.push(`<a class="cell${idle ? " idle" : ""}" href="#/gpu/${node}/${encodeURIComponent(gpu)}" data-node="${esc(n.node)}" data-gpu="${esc(gpu)}" data-state="${s}" title="${esc(tip)}" style="background:${heatColor(v, lo, hi)}"></a>`);
         }
         parts.push("</div></div>");
       }
