@@ -37,10 +37,10 @@ def _cmd_hub(args: argparse.Namespace) -> int:
         raw_retention_s=cfg.raw_retention_s,
     )
     hub = Hub(store, price_per_gpu_hour=cfg.price_per_gpu_hour)
-    from gpuscope.alert.service import attach_alerting
+    from gpuscope.services import attach_services
 
     try:
-        alerting = attach_alerting(hub, cfg)
+        alerting = attach_services(hub, cfg)
     except ConfigError:
         store.close()
         raise
@@ -149,6 +149,13 @@ def build_parser() -> argparse.ArgumentParser:
     incidents = sub.add_parser("incidents", help="a hub's incidents, root cause first, costliest first")
     add_incidents_arguments(incidents)
     incidents.set_defaults(func=run_incidents)
+
+    lineage = sub.add_parser("lineage", help="training run -> checkpoint -> model version -> deployment")
+    from gpuscope.lineage.cli import add_arguments as add_lineage_arguments
+    from gpuscope.lineage.cli import run as run_lineage
+
+    add_lineage_arguments(lineage)
+    lineage.set_defaults(func=run_lineage)
 
     verify = sub.add_parser("verify-checkpoint", help="re-check a checkpoint against its content manifest")
     from gpuscope.sdk.verify import add_arguments as add_verify_arguments

@@ -18,6 +18,7 @@ DEFAULT_PORT = 7470
 
 KNOWN_KEYS = {"listen", "storage", "state", "auth", "pricing", "limits", "receivers", "routes", "retention"}
 KNOWN_KEYS |= {"alerting"}  # silences, maintenance, escalation, pending, outbox: gpuscope.alert.settings
+KNOWN_KEYS |= {"slos"}  # per-service objectives for error-budget burn rates: gpuscope.quality.slo
 
 
 class ConfigError(ValueError):

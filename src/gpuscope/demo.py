@@ -23,11 +23,11 @@ from rich.text import Text
 
 from gpuscope.agent.agent import Agent
 from gpuscope.alert.engine import AlertChange
-from gpuscope.alert.service import attach_alerting
 from gpuscope.collect.simulated import SimulatedNode
 from gpuscope.config import load_config
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import encode_batch
+from gpuscope.services import attach_services
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import Scenario, ScenarioError, builtin_scenario, load_scenario
 from gpuscope.simeval.render import print_report
@@ -143,7 +143,7 @@ def run_demo(
 
     hub.add_listener(on_change)
     cfg.storage_path = str(workdir / "demo.duckdb")  # alerting state (acks, silences) lives beside it
-    alerting = attach_alerting(hub, cfg)
+    alerting = attach_services(hub, cfg)
     try:
         server = HubServer(hub, "127.0.0.1", port, tokens=cfg.tokens)
     except OSError:

@@ -103,6 +103,31 @@ SERVICE_METRICS = _specs(
     ("inference_batch_size", "gauge", "Mean batch size"),
     ("inference_kv_cache_usage_ratio", "gauge", "Fraction of the KV cache in use"),
     ("inference_preemptions_total", "counter", "Requests preempted for KV cache space"),
+    ("inference_requests_total", "counter", "Requests completed"),
+    ("inference_errors_total", "counter", "Requests failed"),
+    ("inference_ttft_p50_seconds", "gauge", "Time to first token, median"),
+    ("inference_ttft_p99_seconds", "gauge", "Time to first token, 99th percentile"),
+    ("inference_itl_p50_seconds", "gauge", "Inter-token latency, median"),
+    ("inference_itl_p99_seconds", "gauge", "Inter-token latency, 99th percentile"),
+    ("inference_kv_cache_capacity_blocks", "gauge", "KV cache size in blocks (engine's own unit)"),
+    ("inference_memory_kv_cache_bytes", "gauge", "GPU memory held by the KV cache"),
+    ("inference_memory_weights_bytes", "gauge", "GPU memory held by the model weights"),
+)
+
+#: Model quality and error budgets, derived on the hub (gpuscope.quality); labels service, model,
+#: version, and feature / metric / slo / window where they apply.
+QUALITY_METRICS = _specs(
+    ("model_prediction_drift_score", "gauge", "Drift of predictions from the reference window"),
+    ("model_confidence_drift_score", "gauge", "Drift of confidence scores from the reference window"),
+    ("model_input_drift_score", "gauge", "Drift of one input feature from the reference window"),
+    ("model_prediction_drifted", "gauge", "1 when the prediction drift test rejects no-drift"),
+    ("model_confidence_drifted", "gauge", "1 when the confidence drift test rejects no-drift"),
+    ("model_input_drifted", "gauge", "1 when the input drift test rejects no-drift"),
+    ("model_business_metric", "gauge", "A business metric the service reports"),
+    ("model_business_metric_baseline", "gauge", "The business metric's moving baseline"),
+    ("model_business_metric_ratio", "gauge", "The business metric over its baseline"),
+    ("slo_burn_rate", "gauge", "Error-budget burn rate over one window"),
+    ("slo_burn_alert", "gauge", "1 while a multi-window burn-rate pair exceeds its factor"),
 )
 
 #: Finer-grained hardware telemetry: per NVLink link (labels node, gpu, uuid, link), per process on
@@ -139,7 +164,13 @@ DETAIL_METRICS = _specs(
     ("ib_port_out_of_buffer_total", "counter", "Packets dropped for lack of receive WQEs (hw_counters)"),
 )
 
-ALL_METRICS: dict[str, MetricSpec] = {**GPU_METRICS, **NODE_METRICS, **SERVICE_METRICS, **DETAIL_METRICS}
+ALL_METRICS: dict[str, MetricSpec] = {
+    **GPU_METRICS,
+    **NODE_METRICS,
+    **SERVICE_METRICS,
+    **DETAIL_METRICS,
+    **QUALITY_METRICS,
+}
 
 #: Metrics that training ranks report per step in TrainingRecord.metrics.
 TRAINING_METRICS = {
@@ -173,6 +204,8 @@ EVENT_KINDS = {
     "model_version_registered": "A model version was registered; data: model, version, source",
     "model_version_promoted": "A model version started serving; data: model, version, service",
     "agent_started": "An agent (re)started; data: version, collectors",
+    "quality_sketch": "A service's prediction/confidence/input sketch for one window (inference SDK)",
+    "serving_window": "A service's request and error counts for one window (inference SDK)",
 }
 
 #: XID codes that need a reset or a reboot (DESIGN §3), and those caused by the application.

@@ -70,7 +70,7 @@ def test_default_collectors_and_options_that_switch_one_on(dcgm_registered: None
     ("argv", "message"),
     [
         (
-            ["--scrape", "http://127.0.0.1:8000/metrics", "--once"],
+            ["--collector", "host", "--scrape", "http://127.0.0.1:8000/metrics", "--once"],
             "--scrape is given but no chosen collector",
         ),
         (["--collector", "nvml9", "--once"], "unknown collector 'nvml9'"),

@@ -71,7 +71,7 @@ class IdleAllocationDetector(Detector):
                 Finding(
                     RULE,
                     {"job": name},
-                    f"Job {name} holds {count} of {int(members[code])} GPUs that have been idle for most of the "
+                    f"Job {name} holds {count} of {int(members[code])} GPUs idle for most of the "
                     f"last {self.tau:.0f} s (under {self.util_percent:.0f}% utilisation)",
                     value=float(count),
                     affected_gpus=count,

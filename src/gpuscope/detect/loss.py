@@ -9,7 +9,8 @@ over ranks, so one skewed rank is :mod:`~gpuscope.detect.ranks`' business, not a
   on two steps in a row), and far outside its MAD-scaled spread; the gradient the same way.
 * Divergence: the smoothed loss (time EWMA) rose ``divergence`` above the best it reached and is
   still rising, for ``sustain`` seconds. Plateau: over the last ``plateau_window`` seconds the
-  smoothed loss improved by less than ``plateau_gain`` and by far less than in the window before. Both restart after a rollback to an earlier step.
+  smoothed loss improved by less than ``plateau_gain`` and by far less than in the window before.
+  Every baseline restarts after a rollback to an earlier step or a job restart.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class _Job:
     step: int = -1
 
     def restart(self) -> None:
+        self.loss, self.grad = _Spiky(), _Spiky()  # a restart resumes from an older step: new baselines
         self.smooth = self.smooth_ts = self.start_ts = math.nan
         self.best = math.inf
         self.rising_since = None
@@ -210,7 +212,8 @@ class LossDetector(Detector):
                     Finding(
                         rule,
                         entity,
-                        f"{what} of job {name} jumped to {spiky.value:.4g}, {spiky.ratio:.1f}x its rolling median "
+                        f"{what} of job {name} jumped to {spiky.value:.4g}, {spiky.ratio:.1f}x its rolling "
+                        f"median "
                         f"({spiky.median:.4g})",
                         value=spiky.ratio,
                         details={"value": spiky.value, "baseline_median": spiky.median, "ratio": spiky.ratio},

@@ -5,7 +5,7 @@ median (``collective_arrival_skew_seconds``, as a share of the step time) or, wh
 their own step times instead, how much longer its step took than the peer median. Lags are
 clipped (a one-step data-loader hiccup is not a straggler) and smoothed per rank (EWMA over
 steps). A straggler's smoothed lag is at least ``lag`` *and* ``excess`` above its own long-run lag
-(clipped at ``excess`` when learned), so ranks that are always a little slower (fixed offsets
+(learned at most up to ``normal_cap``), so ranks that are always a little slower (fixed offsets
 on shared hardware) stay quiet, while a rank that was slow from its first step still stands out.
 
 Gradient skew: a rank's smoothed log-ratio of gradient norm to the peer median beyond
@@ -56,10 +56,11 @@ class RankDetector(Detector):
     def __init__(
         self,
         alpha: float = 0.08,
-        base_alpha: float = 0.01,
-        lag: float = 0.1,
+        base_alpha: float = 0.02,
+        lag: float = 0.12,
         excess: float = 0.07,
         clip: float = 0.6,
+        normal_cap: float = 0.15,
         skew_ratio: float = 1.35,
         frag_rise: float = 0.05,
         retry_window: float = 300.0,
@@ -68,6 +69,7 @@ class RankDetector(Detector):
         warm_steps: int = 20,
     ) -> None:
         self.alpha, self.base_alpha, self.lag, self.excess, self.clip = alpha, base_alpha, lag, excess, clip
+        self.normal_cap = normal_cap
         self.skew_log = math.log(skew_ratio)
         self.frag_rise, self.retry_window, self.min_retries = frag_rise, retry_window, min_retries
         self.sustain, self.warm_steps = sustain, warm_steps
@@ -120,14 +122,14 @@ class RankDetector(Detector):
             lags = step / np.nanmedian(step) - 1.0
         else:
             return
-        lags = np.clip(lags, -self.clip, self.clip)
+        lags = np.where(np.isfinite(lags), np.clip(lags, -self.clip, self.clip), math.nan)
         for state, x, arrived in zip(ranks, lags.tolist(), arrival.tolist(), strict=True):
             if not math.isfinite(x):
                 continue
             state.arrival = arrived
             state.lag = x if not math.isfinite(state.lag) else state.lag + self.alpha * (x - state.lag)
             state.lag_n += 1
-            learn = min(state.lag, self.excess)
+            learn = min(state.lag, self.normal_cap)
             state.lag_base = (
                 learn
                 if not math.isfinite(state.lag_base)

@@ -1,4 +1,4 @@
-"""Error counters that start to climb: ``gpu_ecc_correctable_rising``, ``pcie_replay_rising``, ``nvlink_errors``.
+"""Error counters that climb: ``gpu_ecc_correctable_rising``, ``pcie_replay_rising``, ``nvlink_errors``.
 
 Each counter is turned into a decaying windowed count (``count = count * exp(-dt / tau) + new``),
 so ``count`` is about the errors of the last ``tau`` seconds whatever the sampling rate. A GPU

@@ -55,7 +55,7 @@ class VecEwma:
             self.count = grow(self.count, size, 0.0)
 
     def update(self, values: FloatArray, alpha: float | FloatArray, mask: BoolArray | None = None) -> None:
-        """Fold ``values`` (one per slot, NaN = no sample) in with weight ``alpha``; ``mask`` False freezes."""
+        """Fold ``values`` (one per slot, NaN = none) in with weight ``alpha``; ``mask`` False freezes."""
         n = len(values)
         self.ensure(n)
         mean, var, count = self.mean[:n], self.var[:n], self.count[:n]
@@ -113,12 +113,12 @@ class Cusum:
             if len(self._seed) >= self.warmup:
                 seed = np.asarray(self._seed)
                 self.mean = float(np.median(seed))
-                mad = float(np.median(np.abs(seed - self.mean)))
+                mad = float(np.median(np.abs(seed - self.mean)))  # robust: a hiccup in warm-up is ignored
                 self.spread = max(1.4826 * mad, 1e-6 * max(abs(self.mean), 1.0))
                 self._seed = []
             return False
         z = (value - self.mean) / self.spread
-        self.s = max(0.0, self.s + z - self.drift)
+        self.s = max(0.0, float(self.s + z - self.drift))
         return self.alarm
 
     @property

@@ -1,7 +1,8 @@
 """A regression that starts with a model version: ``version_regression``.
 
 At a ``model_version_promoted`` event the service's latency and error ratio *before* it (medians
-of the last ten minutes, so an earlier incident that has ended does not skew them) are frozen as the reference. For ``window`` seconds after, if the service's p95 latency
+of the last ten minutes, so an earlier incident that has ended does not skew them) are frozen as
+the reference. For ``window`` seconds after, if the service's p95 latency
 (short EWMA) stays ``ratio`` times the reference, or its error ratio rises by ``error_rise``
 above it, for ``sustain`` seconds, the new version is named as the cause. A rollback is a new
 promotion whose reference is the bad version, so recovering does not fire.
@@ -95,7 +96,8 @@ class VersionDetector(Detector):
                 Finding(
                     RULE,
                     entity,
-                    f"Service {name}: since version {version} was promoted {svc.last - ts:.0f} s ago, {svc.text}",
+                    f"Service {name}: since version {version} was promoted {svc.last - ts:.0f} s ago, "
+                    + svc.text,
                     details={"promoted_at": ts, "model": model, "version": version},
                 )
             )

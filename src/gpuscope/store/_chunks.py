@@ -58,6 +58,47 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkView:
+    """A frozen list of chunk files and the SQL that reads them together with the hot table."""
+
+    directory: Path | None
+    chunks: tuple[Chunk, ...]
+
+    def source(
+        self,
+        columns: list[str],
+        where: str,
+        params: list[Any],
+        lo: int | None,
+        hi: int | None,
+        require: int | None = None,
+    ) -> tuple[str, list[Any]]:
+        """``SELECT columns FROM <hot table and chunk files> WHERE where``: one UNION ALL part per
+        distinct column set among the files (a file lacks metrics that appeared after it; files
+        without metric column ``require``, which ``where`` may name, are skipped)."""
+        names = ", ".join(columns)
+        parts = [f"SELECT {names} FROM samples WHERE {where}"]
+        out_params = list(params)
+        groups: dict[frozenset[int], list[Chunk]] = {}
+        for chunk in self.chunks:
+            if (hi is not None and chunk.lo >= hi) or (lo is not None and chunk.hi <= lo):
+                continue
+            if require is None or require in chunk.cols:
+                groups.setdefault(chunk.cols, []).append(chunk)
+        if not groups:
+            return parts[0], out_params
+        if self.directory is None:
+            raise StoreError("chunk files are registered but the store has no chunk directory")
+        base: Path = self.directory
+        for cols, chunks in groups.items():
+            select = ", ".join(c if _present(c, cols) else f"NULL::FLOAT AS {c}" for c in columns)
+            files = ", ".join(_sql_str(str(base / c.file)) for c in chunks)
+            parts.append(f"SELECT {select} FROM read_parquet([{files}]) WHERE {where}")
+            out_params.extend(params)
+        return " UNION ALL ".join(parts), out_params
+
+
 class ChunkSet:
     """The registered chunk files of one store, and the SQL that reads them with the hot table."""
 
@@ -66,6 +107,7 @@ class ChunkSet:
         self._lock = threading.Lock()
         self._chunks: list[Chunk] = []
         self._seq = 0
+        self._graveyard: list[Chunk] = []  # unregistered, deleted one removal later (readers may hold them)
 
     @property
     def enabled(self) -> bool:
@@ -101,10 +143,6 @@ class ChunkSet:
         with self._lock:
             return list(self._chunks)
 
-    def overlapping(self, lo: int | None, hi: int | None) -> list[Chunk]:
-        with self._lock:
-            return [c for c in self._chunks if (hi is None or c.lo < hi) and (lo is None or c.hi > lo)]
-
     def total_bytes(self) -> int:
         with self._lock:
             return sum(c.bytes for c in self._chunks)
@@ -112,6 +150,11 @@ class ChunkSet:
     def total_rows(self) -> int:
         with self._lock:
             return sum(c.rows for c in self._chunks)
+
+    def view(self) -> ChunkView:
+        """The current chunks, frozen: a query reads the files of one moment."""
+        with self._lock:
+            return ChunkView(self.directory, tuple(self._chunks))
 
     def source(
         self,
@@ -122,23 +165,7 @@ class ChunkSet:
         hi: int | None,
         require: int | None = None,
     ) -> tuple[str, list[Any]]:
-        """``SELECT columns FROM <hot table and chunk files> WHERE where``: one UNION ALL part per
-        distinct column set among the files (a file lacks metrics that appeared after it; files
-        without metric column ``require``, which ``where`` may name, are skipped)."""
-        names = ", ".join(columns)
-        parts = [f"SELECT {names} FROM samples WHERE {where}"]
-        out_params = list(params)
-        groups: dict[frozenset[int], list[Chunk]] = {}
-        for chunk in self.overlapping(lo, hi):
-            if require is None or require in chunk.cols:
-                groups.setdefault(chunk.cols, []).append(chunk)
-        assert self.directory is not None or not groups
-        for cols, chunks in groups.items():
-            select = ", ".join(c if _present(c, cols) else f"NULL::FLOAT AS {c}" for c in columns)
-            files = ", ".join(_sql_str(str(self.directory / c.file)) for c in chunks)  # type: ignore[operator]
-            parts.append(f"SELECT {select} FROM read_parquet([{files}]) WHERE {where}")
-            out_params.extend(params)
-        return " UNION ALL ".join(parts), out_params
+        return self.view().source(columns, where, params, lo, hi, require)
 
     def seal(self, con: duckdb.DuckDBPyConnection, cut: int, cols: list[int]) -> Chunk | None:
         """Write hot rows older than ``cut`` to a new chunk file and delete them from the hot
@@ -188,10 +215,21 @@ class ChunkSet:
         return old
 
     def removed(self, chunks: list[Chunk]) -> None:
-        """After the commit that unregistered ``chunks``: forget them and delete their files."""
+        """After the commit that unregistered ``chunks``: hide them from new queries; delete the
+        files hidden by the previous call (a query started before that has long finished)."""
         gone = {c.file for c in chunks}
         with self._lock:
             self._chunks = [c for c in self._chunks if c.file not in gone]
+            doomed, self._graveyard = self._graveyard, list(chunks)
+        self._unlink(doomed)
+
+    def close(self) -> None:
+        """Delete the files still waiting for readers to finish (there are none after close)."""
+        with self._lock:
+            doomed, self._graveyard = self._graveyard, []
+        self._unlink(doomed)
+
+    def _unlink(self, chunks: list[Chunk]) -> None:
         if self.directory is not None:
             for c in chunks:
                 (self.directory / c.file).unlink(missing_ok=True)

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import duckdb
 import numpy as np
@@ -493,9 +493,10 @@ class DuckDBStore:
     # ------------------------------------------------------------------ queries
 
     @contextlib.contextmanager
-    def _reader(self) -> Iterator[duckdb.DuckDBPyConnection]:
+    def _reader(self, flush: bool = True) -> Iterator[duckdb.DuckDBPyConnection]:
         self._check_open()
-        self._flush()
+        if flush:
+            self._flush()
         with self._cursor_lock:
             cur = self._con.cursor()
         try:
@@ -607,7 +608,7 @@ class DuckDBStore:
         min_ts = None if max_age is None or ref is None else ref - int(max_age * 1000)
         rows = self.latest.rows([c for _, c in pairs], min_ts)
         metric_names = [n for n, _ in pairs]
-        gaps = np.isnan(rows.values).any(axis=1).tolist()
+        gaps = cast(list[bool], np.isnan(rows.values).any(axis=1).tolist())
         attribution: dict[int, dict[str, str]] = {}
         out: list[dict[str, Any]] = []
         for eid, ts, code, vals, gap in zip(
@@ -693,7 +694,7 @@ class DuckDBStore:
         doc = orjson.dumps(
             alert.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS, default=str
         ).decode()
-        with self._alert_lock, self._reader() as cur:
+        with self._alert_lock, self._reader(flush=False) as cur:
             cur.execute(
                 "INSERT OR REPLACE INTO alerts VALUES (?, ?, ?, ?)",
                 [alert.id, alert.started_at, alert.resolved_at, doc],

@@ -138,7 +138,11 @@ class HubApi:
 
         alerting = AlertingApi(hub, self._authorize_write)
         routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting.routes()]
+        from gpuscope.lineage import for_hub
         from gpuscope.web.dashboard_api import dashboard_routes
+        from gpuscope.web.lineage_api import LineageApi
+
+        routes += LineageApi(for_hub(hub), self._authorize_write).routes()
 
         self.app = Starlette(routes=[*routes, *dashboard_routes(hub)])
 

@@ -1,0 +1,57 @@
+"""The vectorised baseline library: NaN-safe EWMAs, peer medians, CUSUM warm-up, seasonal buckets."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from gpuscope.detect.vectors import Cusum, SeasonalBaseline, VecEwma, alpha_for, group_median, quantile
+
+
+def test_vec_ewma_skips_nan_and_frozen_slots() -> None:
+    e = VecEwma()
+    e.update(np.array([1.0, 2.0, math.nan]), 0.5)
+    e.update(np.array([3.0, math.nan, 5.0]), 0.5, mask=np.array([True, True, True]))
+    e.update(np.array([100.0, 100.0, 100.0]), 0.5, mask=np.array([False, True, False]))
+    assert e.mean.tolist()[:3] == [2.0, 51.0, 5.0]
+    assert e.count.tolist()[:3] == [2.0, 2.0, 1.0]
+    assert e.var[0] > 0
+
+
+def test_group_median_is_per_group_and_ignores_nan_and_ungrouped() -> None:
+    values = np.array([1.0, 3.0, 2.0, 10.0, math.nan, 20.0, 7.0])
+    groups = np.array([0, 0, 0, 1, 1, 1, -1], dtype=np.intp)
+    out = group_median(values, groups)
+    assert out[:3].tolist() == [2.0, 2.0, 2.0]
+    assert out[3:6].tolist() == [15.0, 15.0, 15.0]
+    assert math.isnan(out[6])
+
+
+def test_cusum_learns_during_warmup_then_flags_a_sustained_shift_not_noise() -> None:
+    rng = np.random.default_rng(1)
+    c = Cusum(warmup=30)
+    assert not any(c.push(1.0 + 0.02 * z) for z in rng.standard_normal(300))
+    assert c.push(math.nan) is False
+    hits = [c.push(1.06 + 0.02 * z) for z in rng.standard_normal(20)]
+    assert hits[-1] and hits.index(True) < 10
+    with pytest.raises(ValueError):
+        Cusum(warmup=2)
+
+
+def test_seasonal_baseline_expects_the_load_of_the_time_of_day() -> None:
+    s = SeasonalBaseline(buckets=24, period=86400.0, alpha=0.2, min_count=3)
+    for day in range(4):
+        for hour in range(24):
+            s.push(day * 86400 + hour * 3600 + 60, 100.0 + 50.0 * (hour >= 12))
+    assert s.expected(5 * 86400 + 3 * 3600) == pytest.approx(100.0)
+    assert s.expected(5 * 86400 + 15 * 3600) == pytest.approx(150.0)
+
+
+def test_quantile_and_alpha() -> None:
+    assert quantile(np.array([1.0, math.nan, 3.0]), 0.5) == 2.0
+    assert math.isnan(quantile(np.array([math.nan]), 0.5))
+    assert alpha_for(60.0, 60.0) == pytest.approx(1 - math.exp(-1))
+    with pytest.raises(ValueError):
+        alpha_for(1.0, 0.0)

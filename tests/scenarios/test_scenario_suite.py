@@ -1,0 +1,58 @@
+"""The scenario suite: every fault kind the simulator injects, in virtual time, through the hub.
+
+Each scenario file lists its faults (the ground truth); the run must detect every one with its
+rule on its target within its window, raise no P1/P2 alert that no fault explains, keep precision
+at 0.95 or better and find hard faults within the time budget (p95 <= 15 s). Healthy scenarios
+must raise nothing at P1/P2. The 24 simulated hours of ``healthy/healthy-6h-*.yaml`` take minutes,
+so ``make test`` runs the one-hour healthy scenario and ``eval/eval_scenarios.py`` runs them all.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpuscope.alert.catalog import FAULT_RULES, rule_for_fault
+from gpuscope.sim.kinds import FAULT_KINDS
+from gpuscope.sim.scenario import load_scenario
+from gpuscope.simeval.report import evaluate
+from gpuscope.simeval.runner import run_scenario
+
+HERE = Path(__file__).parent
+FAULTY = sorted(HERE.glob("*.yaml"))
+HEALTHY_CI = HERE / "healthy" / "healthy-1h-ci.yaml"
+
+
+@pytest.mark.parametrize("path", FAULTY, ids=[p.stem for p in FAULTY])
+def test_every_fault_is_detected_and_nothing_serious_is_unexplained(path: Path) -> None:
+    scenario = load_scenario(path)
+    result = run_scenario(scenario)
+    report = evaluate(scenario, result.alerts)
+    missed = [(o.fault.kind, o.fault.at, o.fault.target) for o in report.outcomes if o.alert_id is None]
+    assert not missed, missed
+    assert not report.false_p1p2, [a.to_dict() for a in report.false_p1p2]
+    assert report.precision >= 0.95, [a.to_dict() for a in report.unexplained]
+    p95 = report.percentile(0.95)
+    assert p95 is None or p95 <= 15.0, report.ttd_hard
+
+
+def test_healthy_hour_raises_no_alert() -> None:
+    scenario = load_scenario(HEALTHY_CI)
+    result = run_scenario(scenario)
+    assert not scenario.faults
+    assert not [a.to_dict() for a in result.alerts if a.severity in ("P1", "P2")]
+
+
+def test_suite_covers_every_simulated_fault_kind_and_every_rule_they_raise() -> None:
+    kinds = {f.kind for path in FAULTY for f in load_scenario(path).faults}
+    simulated = {name for name, kind in FAULT_KINDS.items() if kind.simulated}
+    assert simulated <= kinds, sorted(simulated - kinds)
+    rules = {rule_for_fault(f.kind, f.params) for path in FAULTY for f in load_scenario(path).faults}
+    expected = {FAULT_RULES[k] for k in simulated if k in FAULT_RULES} | {"gpu_xid_fatal", "gpu_xid_app"}
+    assert expected <= rules, sorted(expected - rules)
+
+
+def test_healthy_scenarios_total_at_least_a_day() -> None:
+    seconds = sum(load_scenario(p).duration for p in (HERE / "healthy").glob("healthy-6h-*.yaml"))
+    assert seconds >= 24 * 3600
