@@ -16,8 +16,8 @@ demo: $(STAMP)
 	$(BIN)/gpuscope demo $(DEMO_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests bench eval
+	$(BIN)/ruff format --check src tests bench eval
 
 typecheck: $(STAMP)
 	$(BIN)/mypy

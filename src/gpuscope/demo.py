@@ -1,8 +1,10 @@
 """``gpuscope demo``: a real hub and one real agent per simulated node, speaking HTTP on loopback.
 
 The simulator plays the cluster in real time; each node's telemetry goes through a real
-:class:`~gpuscope.agent.agent.Agent` (collector → batch → send, spooling if the hub is away) and
-the training processes' records go through the same HTTP ingest an SDK uses. The terminal shows
+:class:`~gpuscope.agent.agent.Agent` (collector → batch → send, spooling if the hub is away), its
+GPUs read by the real NVML collector from a fake NVML that the simulator drives
+(:class:`~gpuscope.collect.sim_node.SimNvmlNode`), and the training processes' records go through
+the same HTTP ingest an SDK uses. The terminal shows
 the fleet, the jobs and the alerts as the hub raises them.
 """
 
@@ -23,7 +25,7 @@ from rich.text import Text
 
 from gpuscope.agent.agent import Agent
 from gpuscope.alert.engine import AlertChange
-from gpuscope.collect.simulated import SimulatedNode
+from gpuscope.collect.sim_node import SimNvmlNode
 from gpuscope.config import load_config
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import encode_batch
@@ -158,17 +160,18 @@ def run_demo(
     )
     t0 = time.time()
     token = cfg.tokens[0] if cfg.tokens else None
-    nodes = {f"node-{n}": SimulatedNode(f"node-{n}") for n in range(scenario.cluster.nodes)}
+    sim = Simulator(scenario, t0=t0)
+    nodes = sim_nvml_nodes(sim, workdir / "proc")
     agents = {
         name: Agent(
             server.url,
             name,
-            [collector],
+            node.collectors,
             interval=scenario.interval,
             token=token,
             spool_dir=workdir / "spool" / name,
         )
-        for name, collector in nodes.items()
+        for name, node in nodes.items()
     }
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     sdk = httpx.Client(base_url=server.url, headers=headers, timeout=10)
@@ -182,7 +185,7 @@ def run_demo(
             if interactive
             else _NoLive() as live
         ):
-            for tick in Simulator(scenario, t0=t0).ticks():
+            for tick in sim.ticks():
                 if tick.t > end:
                     break
                 delay = t0 + tick.t - time.time()
@@ -197,7 +200,7 @@ def run_demo(
                     batch = tick.node_batches.get(name)
                     if batch is not None:  # a node that is down sends nothing
                         nodes[name].feed(batch)
-                        agent.step()
+                        agent.step(now=t0 + tick.t)  # stamped like the simulated frames
                 for batch in tick.sdk_batches:
                     sdk.post(
                         "/api/v1/ingest",
@@ -229,6 +232,17 @@ def run_demo(
     print_report(report, console)
     console.print(f"data kept in {workdir}")
     return 0
+
+
+def sim_nvml_nodes(sim: Simulator, proc_root: Path) -> dict[str, SimNvmlNode]:
+    """One :class:`SimNvmlNode` per simulated node, with the simulator's GPU UUIDs; each keeps
+    the procfs of its stand-in processes under ``proc_root/<node>``."""
+    world = sim.world
+    per = world.per_node
+    return {
+        name: SimNvmlNode(name, per, proc_root / name, uuids=world.fleet.uuids[k * per : (k + 1) * per])
+        for k, name in enumerate(world.node_names)
+    }
 
 
 class _NoLive:

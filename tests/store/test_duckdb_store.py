@@ -258,9 +258,14 @@ def test_data_survives_reopen(tmp_path) -> None:
 def test_stats_report_rows_and_bytes(file_store: DuckDBStore) -> None:
     for b in ticks(0, 10, [gpu("n0", 0)]):
         file_store.append(b)
+    file_store.stats()
+    file_store.append(
+        Batch("s", frames=[frame(11.0, ["new_metric"], [gpu("n0", 0)], [[1.0]])])
+    )  # ALTER TABLE
     file_store.checkpoint()
     stats = file_store.stats()
-    assert stats["raw_rows"] == 10 and stats["entities"] == 1 and stats["metrics"] == 1
+    assert stats["raw_rows"] == 11 and stats["entities"] == 1 and stats["metrics"] == 2
+    assert stats["wal_bytes"] == 0
     assert stats["file_bytes"] > 0 and stats["used_bytes"] > 0
 
 

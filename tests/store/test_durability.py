@@ -23,8 +23,13 @@ CHILD = textwrap.dedent(
     from gpuscope.model import Batch, Frame
     from gpuscope.store.duckdb_store import DuckDBStore
 
-    store = DuckDBStore(sys.argv[1])
+    store = DuckDBStore(sys.argv[1], seal_chunk_s=60, raw_retention_s=1e9)
     lock = threading.Lock()
+
+    def upkeep():  # seals, rollups, retention and checkpoints race with the appends
+        while True:
+            store.rollup(4_000_000.0)
+            store.compact(4_000_000.0)
 
     def run(worker):
         for k in range(100_000):
@@ -36,6 +41,7 @@ CHILD = textwrap.dedent(
             with lock:
                 print(batch.batch_id, flush=True)
 
+    threading.Thread(target=upkeep, daemon=True).start()
     for w in range(4):
         threading.Thread(target=run, args=(w,), daemon=True).start()
     threading.Event().wait()

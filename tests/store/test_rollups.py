@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import duckdb
@@ -192,3 +193,38 @@ def test_epoch_timestamps_round_trip(tmp_path: Path) -> None:
         assert [p.ts for p in store.series("util", {}, t0, t0 + 2)] == [t0, t0 + 1, t0 + 2]
         store.rollup(t0 + 3600)
         assert store.aggregate("util", "gpu", t0 - 60, t0 + 60)[0]["count"] == 3
+
+
+def test_queries_stay_complete_while_hours_are_sealed(tmp_path: Path) -> None:
+    store = DuckDBStore(str(tmp_path / "r.duckdb"), durable=False, seal_chunk_s=600)
+    fill(store, 0, 2 * HOUR, n_gpus=2)
+    counts: list[int] = []
+    stop = threading.Event()
+
+    def reader() -> None:
+        while not stop.is_set():
+            counts.append(store.aggregate("util", "node", 0, 2 * HOUR)[0]["count"])
+
+    thread = threading.Thread(target=reader)
+    thread.start()
+    for minute in range(10, 130, 10):
+        store.rollup(minute * 60 + 80)
+    stop.set()
+    thread.join()
+    assert store.stats()["chunk_files"] >= 10
+    assert counts and set(counts) == {2 * 2 * HOUR}
+    store.close()
+
+
+def test_expired_chunk_files_are_deleted_once_no_query_can_use_them(tmp_path: Path) -> None:
+    store = DuckDBStore(str(tmp_path / "r.duckdb"), durable=False, raw_retention_s=HOUR)
+    fill(store, 0, 3 * HOUR + 120, n_gpus=1)
+    store.rollup(3 * HOUR + 120)
+    chunks = tmp_path / "r.duckdb.chunks"
+    assert len(list(chunks.iterdir())) == 3
+    report = store.compact(3 * HOUR + 120)
+    assert report["chunk_files"] == 2 and store.stats()["chunk_files"] == 1
+    assert len(list(chunks.iterdir())) == 3  # hidden from queries, deleted one upkeep later
+    store.compact(3 * HOUR + 130)
+    assert len(list(chunks.iterdir())) == 1
+    store.close()

@@ -138,6 +138,8 @@ class FakeNvml:
         self._migs = {address(m.handle): (g, m) for g in gpus for m in g.mig}
         self._cond = threading.Condition()
         self._events: deque[tuple[Any, int, int]] = deque()
+        self._taken = 0  # events handed out by nvmlEventSetWait_v2
+        self._handled = 0  # of those, the ones the waiter is known to be done with
         self._registered: dict[int, int] = {}  # gpu handle address -> event mask
         self._gpm_samples: dict[int, dict[int, float]] = {}
 
@@ -180,6 +182,25 @@ class FakeNvml:
 
     def lose(self, index: int) -> None:
         self.gpus[index].lost = True
+
+    def restore(self, index: int) -> None:
+        """The GPU back after a reset (``nvidia-smi -r``): it answers again with the same handle,
+        its volatile ECC counters are zero, its processes are gone and what waited for the reset
+        (page retirement, a row remap) is done. Aggregate counters survive, as on a real GPU."""
+        gpu = self.gpus[index]
+        gpu.lost = False
+        gpu.ecc[(0, 0)] = gpu.ecc[(1, 0)] = 0
+        gpu.processes.clear()
+        gpu.retired_pending = False
+        correctable, uncorrectable, _, failure = gpu.remapped
+        gpu.remapped = (correctable, uncorrectable, 0, failure)
+
+    def wait_events_taken(self, timeout: float) -> bool:
+        """Wait until every posted event was taken by ``nvmlEventSetWait`` and the waiter came back
+        for more (so it has handled what it took); False on timeout. Lets a driver that posts an
+        event and then collects be sure the event thread has passed it on, without sleeping."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._events and self._handled == self._taken, timeout)
 
     def _post(self, gpu: FakeGpu, kind: int, data: int) -> None:
         with self._cond:
@@ -477,11 +498,14 @@ class FakeNvml:
     def nvmlEventSetWait_v2(self, event_set: Any, timeout_ms: int) -> Any:
         self._check()
         with self._cond:
+            self._handled = self._taken  # a waiter back for more is done with what it took
+            self._cond.notify_all()
             if not self._events:
                 self._cond.wait(timeout_ms / 1000)
             if not self._events:
                 raise nvml_error(pynvml.NVML_ERROR_TIMEOUT)
             handle, kind, data = self._events.popleft()
+            self._taken += 1
         out = pynvml.c_nvmlEventData_t()
         out.device, out.eventType, out.eventData = handle, kind, data
         out.gpuInstanceId = out.computeInstanceId = 0xFFFFFFFF

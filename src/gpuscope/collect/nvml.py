@@ -6,7 +6,8 @@ the per-GPU frame (``signals.GPU_METRICS``, labelled with the job using the GPU)
 NVLink link, a frame per GPU process, and MIG instances as entities of their own (label
 ``mig``). Counters that change slowly (ECC, retired pages, remapped rows, violation times,
 NVLink errors, PCIe replays) are read every ``slow_every`` rounds. XIDs and DBEs arrive through
-an event set on a thread of its own.
+an event set on a thread of its own. A lost GPU is asked for its UUID each round and read again
+once it answers (after a GPU reset).
 """
 
 from __future__ import annotations
@@ -144,7 +145,9 @@ class NvmlCollector(Collector):
         seen_pids: set[int] = set()
         for dev in devices:
             if dev.uuid in self.lost:
-                continue
+                if not self._answers_again(dev):
+                    continue
+                self.lost.discard(dev.uuid)  # reset and back: read it like any other GPU
             try:
                 self._read_gpu(dev, now, slow, r, seen_pids)
             except GpuLost as exc:
@@ -175,6 +178,15 @@ class NvmlCollector(Collector):
             if f is not None:
                 out.frames.append(f)
         return out
+
+    def _answers_again(self, dev: Device) -> bool:
+        """Whether a lost GPU answers with its own UUID again (after a GPU reset): one cheap call a
+        round per lost GPU, so a reset GPU is monitored again without restarting the agent."""
+        try:
+            uuid = self.session.probe(dev, "nvmlDeviceGetUUID")
+        except GpuLost:
+            return False
+        return (uuid.decode() if isinstance(uuid, bytes) else str(uuid)) == dev.uuid
 
     # --- one GPU -----------------------------------------------------------------------------
 

@@ -100,7 +100,7 @@ class LossDetector(Detector):
         smooth_tau: float = 120.0,
         divergence: float = 0.025,
         sustain: float = 60.0,
-        plateau_window: float = 600.0,
+        plateau_window: float = 900.0,
         plateau_gain: float = 0.0015,
     ) -> None:
         self.spike_ratio, self.mild_ratio = spike_ratio, mild_ratio
@@ -177,15 +177,21 @@ class LossDetector(Detector):
             job.rising_since = None
 
     def _plateau(self, job: _Job, ts: float) -> None:
-        """Flat now, after improving before: the gain over the last window is below ``plateau_gain``
-        and well below the gain of the window before it (a healthy curve flattens only slowly)."""
+        """Flat now, after clearly improving before: the gain over the last window is below
+        ``plateau_gain`` and well below that of the window before it (a healthy curve flattens slowly)."""
         hist, w = job.history, self.plateau_window
         if ts - job.start_ts < 2 * w or hist[-1][0] - hist[0][0] < 1.9 * w:
             job.plateau_checks = 0
             return
         a, b, c = (self._at(hist, ts - k * w) for k in (2, 1, 0))
         prev, gain = (a - b) / abs(a), (b - c) / abs(b)
-        flat = gain < self.plateau_gain and gain < 0.3 * max(prev, 0.0) and c <= b * (1 + self.divergence)
+        was_improving = prev >= 4.0 * self.plateau_gain  # a curve that was already flat is not news
+        flat = (
+            was_improving
+            and gain < self.plateau_gain
+            and gain < 0.3 * prev
+            and c <= b * (1 + self.divergence)
+        )
         job.plateau_checks = job.plateau_checks + 1 if flat else 0
 
     @staticmethod

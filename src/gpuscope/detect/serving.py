@@ -12,7 +12,8 @@ fires, so a regression is not learned as normal):
 * ``kv_cache_pressure``: the KV cache nearly full, a sudden jump in its use, or preemptions;
 * ``version_regression``: delegated to :mod:`~gpuscope.detect.versions` on the same snapshots.
 
-Each must hold for ``sustain`` seconds; the first ``warmup`` seconds of a service only learn.
+Each must hold for ``sustain`` seconds (the KV cache ``kv_sustain``: a busy cache brushes full);
+the first ``warmup`` seconds of a service only learn.
 """
 
 from __future__ import annotations
@@ -127,13 +128,14 @@ class ServingDetector(Detector):
         kv_full: float = 0.92,
         kv_jump: float = 0.3,
         sustain: float = 20.0,
+        kv_sustain: float = 45.0,
         warmup: float = 300.0,
     ) -> None:
         self.tau, self.base_tau, self.ratio, self.ttft_ratio = tau, base_tau, ratio, ttft_ratio
         self.budget = 1.0 - slo
         self.fast_burn, self.slow_burn = fast_burn, slow_burn
         self.min_queue, self.kv_full, self.kv_jump = min_queue, kv_full, kv_jump
-        self.sustain, self.warmup = sustain, warmup
+        self.sustain, self.warmup, self.kv_sustain = sustain, warmup, kv_sustain
         self._agg = ServiceAggregator()
         self._svcs: dict[str, _Svc] = {}
         self.versions = VersionDetector()
@@ -220,9 +222,8 @@ class ServingDetector(Detector):
         full = short >= self.kv_full
         jump = short >= 0.5 and short - base >= self.kv_jump
         preempting = preempt * 60.0 >= 5.0
-        state.hold(
-            warm and (full or jump or preempting), short < base + 0.5 * self.kv_jump and not full, s.ts, 15.0
-        )
+        cond = warm and (full or jump or preempting)
+        state.hold(cond, short < base + 0.5 * self.kv_jump and not full, s.ts, self.kv_sustain)
         state.value = short
         state.text = f"KV cache {short:.0%} full (usually {base:.0%}), {preempt * 60:.0f} preemptions/min"
 

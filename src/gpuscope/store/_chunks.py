@@ -23,6 +23,7 @@ from typing import Any
 import duckdb
 
 from gpuscope.store._registry import ATTR_COLUMNS
+from gpuscope.store._schema import one
 from gpuscope.store.errors import StoreError
 
 PARQUET_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP_SIZE 122880"
@@ -171,7 +172,7 @@ class ChunkSet:
         """Write hot rows older than ``cut`` to a new chunk file and delete them from the hot
         table, in the caller's open transaction (so exactly the rows written are deleted)."""
         assert self.directory is not None
-        row = con.execute("SELECT min(ts), count(*) FROM samples WHERE ts < ?", [cut]).fetchone()
+        row = one(con, "SELECT min(ts), count(*) FROM samples WHERE ts < ?", [cut])
         if row is None or not row[1]:
             return None
         lo = int(row[0])
@@ -182,10 +183,11 @@ class ChunkSet:
         path = self.directory / name
         names = ", ".join([*BASE_COLUMNS, *(f"m{c}" for c in cols)])
         try:
-            written = con.execute(
+            written = one(
+                con,
                 f"COPY (SELECT {names} FROM samples WHERE ts < {int(cut)} ORDER BY entity, ts) "
-                f"TO {_sql_str(str(path))} ({PARQUET_OPTIONS})"
-            ).fetchone()
+                f"TO {_sql_str(str(path))} ({PARQUET_OPTIONS})",
+            )
             _fsync(path)
             _fsync(self.directory)
             chunk = Chunk(

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import duckdb
 
-from gpuscope.store._chunks import BASE_COLUMNS, ChunkSet
+from gpuscope.store._chunks import BASE_COLUMNS, ChunkView
 from gpuscope.store._registry import ATTR_COLUMNS
 from gpuscope.store._schema import ROLLUP_PARTS
-
-MINUTE_MS = 60_000
-HOUR_MS = 3_600_000
+from gpuscope.store._state import HOUR_MS, MINUTE_MS
 
 _KEYS = ", ".join(("entity", *ATTR_COLUMNS))
 
@@ -29,7 +27,7 @@ def merge_ranges(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def rollup_minutes(con: duckdb.DuckDBPyConnection, raw: ChunkSet, a: int, b: int, cols: list[int]) -> None:
+def rollup_minutes(con: duckdb.DuckDBPyConnection, raw: ChunkView, a: int, b: int, cols: list[int]) -> None:
     """Recompute the 1-minute rollup of buckets in [a, b) from raw rows (idempotent)."""
     con.execute("DELETE FROM rollup_1m WHERE bucket >= ? AND bucket < ?", [a, b])
     if not cols:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.store._chunks import ChunkSet
+from gpuscope.store._chunks import ChunkView
 from gpuscope.store._planner import Tier
 
 INLINE_IDS = 2_000
@@ -40,7 +40,7 @@ class Filter:
 
 
 def _segment(
-    raw: ChunkSet, tier: Tier, col: int, a: int, b: int, flt: Filter, keys: list[str]
+    raw: ChunkView, tier: Tier, col: int, a: int, b: int, flt: Filter, keys: list[str]
 ) -> tuple[str, list[Any]]:
     extra = flt.sql()
     cond = f" AND {extra}" if extra else ""
@@ -57,7 +57,7 @@ def _segment(
 
 
 def source(
-    raw: ChunkSet, segments: list[tuple[Tier, int, int]], col: int, flt: Filter, keys: list[str]
+    raw: ChunkView, segments: list[tuple[Tier, int, int]], col: int, flt: Filter, keys: list[str]
 ) -> tuple[str, list[Any]]:
     parts: list[str] = []
     params: list[Any] = []
@@ -69,7 +69,7 @@ def source(
 
 
 def series_sql(
-    raw: ChunkSet, segments: list[tuple[Tier, int, int]], col: int, flt: Filter, start: int, step: int
+    raw: ChunkView, segments: list[tuple[Tier, int, int]], col: int, flt: Filter, start: int, step: int
 ) -> tuple[str, list[Any]]:
     src, params = source(raw, segments, col, flt, [])
     sql = (
@@ -80,7 +80,7 @@ def series_sql(
 
 
 def aggregate_sql(
-    raw: ChunkSet,
+    raw: ChunkView,
     segments: list[tuple[Tier, int, int]],
     col: int,
     flt: Filter,

@@ -8,6 +8,7 @@ map to numbered columns (``m0``, ``m1``, ...) so any name is safe and case never
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import duckdb
 
@@ -78,8 +79,18 @@ def training_column_ddl(col: int) -> list[str]:
     return [f"ALTER TABLE training ADD COLUMN t{col} DOUBLE"]
 
 
+def one(con: duckdb.DuckDBPyConnection, sql: str, params: list[Any] | None = None) -> tuple[Any, ...] | None:
+    """The first row of a query, reading the whole result.
+
+    ``fetchone()`` would leave the result open, and with it a transaction: DuckDB then refuses to
+    checkpoint once another connection has altered a table.
+    """
+    rows = con.execute(sql, params or []).fetchall()
+    return tuple(rows[0]) if rows else None
+
+
 def get_meta(con: duckdb.DuckDBPyConnection, key: str) -> str | None:
-    row = con.execute("SELECT value FROM meta WHERE key = ?", [key]).fetchone()
+    row = one(con, "SELECT value FROM meta WHERE key = ?", [key])
     return None if row is None else str(row[0])
 
 

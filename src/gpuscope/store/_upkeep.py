@@ -12,14 +12,14 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import duckdb
 
 from gpuscope.store import _maintenance as sql
 from gpuscope.store._chunks import Chunk, ChunkSet
-from gpuscope.store._schema import hot_table_swap
+from gpuscope.store._schema import hot_table_swap, one
 from gpuscope.store._state import HOUR_MS, MINUTE_MS, Watermarks, later
 
 
@@ -34,7 +34,7 @@ class Retention:
 
 
 @contextlib.contextmanager
-def _transaction(con: duckdb.DuckDBPyConnection) -> contextlib.AbstractContextManager[None]:  # type: ignore[misc]
+def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
     con.execute("BEGIN")
     try:
         yield
@@ -75,26 +75,26 @@ class Upkeep:
         report = {"sealed_rows": 0, "minute_ranges": 0, "hour_ranges": 0}
         cols = self.columns()
         cut = (now_ms - self.lag_ms - MINUTE_MS) // self.seal_chunk_ms * self.seal_chunk_ms
-        if self.chunks.enabled and con.execute("SELECT 1 FROM samples WHERE ts < ? LIMIT 1", [cut]).fetchone():
+        if self.chunks.enabled and one(con, "SELECT 1 FROM samples WHERE ts < ? LIMIT 1", [cut]):
             chunk = self.seal(cut, cols)
             report["sealed_rows"] = chunk.rows if chunk else 0
         closed = (now_ms - self.lag_ms) // MINUTE_MS * MINUTE_MS
-        with marks.lock:  # from here on, the writer marks rows below `closed` as late
-            start = marks.wm_1m
-            if start is None:
-                start = self._oldest()
+        try:
+            with marks.lock:  # from here on, the writer marks rows below `closed` as late
+                start = marks.wm_1m if marks.wm_1m is not None else self._oldest()
                 if start is None:
                     return report
-            marks.pending = later(marks.wm_1m, closed)
-            con.execute("BEGIN")
-            dirty = [int(r[0]) for r in con.execute("SELECT DISTINCT bucket FROM rollup_dirty").fetchall()]
-        try:
+                marks.pending = later(marks.wm_1m, closed)
+                con.execute("BEGIN")  # the snapshot starts now: rows committed later are marked late
+                dirty = [
+                    int(r[0]) for r in con.execute("SELECT DISTINCT bucket FROM rollup_dirty").fetchall()
+                ]
             ranges = [(b, b + MINUTE_MS) for b in dirty if b < closed]
             if closed > start:
                 ranges.append((start, closed))
             ranges = sql.merge_ranges(ranges)
             for a, b in ranges:
-                sql.rollup_minutes(con, self.chunks, a, b, cols)
+                sql.rollup_minutes(con, self.chunks.view(), a, b, cols)
             closed_hour = closed // HOUR_MS * HOUR_MS
             hours = sql.hours_of(ranges, closed_hour)
             if marks.wm_1h is not None and closed_hour > marks.wm_1h:
@@ -119,7 +119,7 @@ class Upkeep:
 
     def _oldest(self) -> int | None:
         """Start of the first minute holding raw data (where a first rollup begins)."""
-        row = self.con.execute("SELECT min(ts) FROM samples").fetchone()
+        row = one(self.con, "SELECT min(ts) FROM samples")
         oldest = [c.lo for c in self.chunks.all()] + ([int(row[0])] if row and row[0] is not None else [])
         return min(oldest) // MINUTE_MS * MINUTE_MS if oldest else None
 
@@ -167,12 +167,13 @@ class Upkeep:
                 "alerts": ("DELETE FROM alerts WHERE resolved_at < ?", h_cut / 1000),
             }
             for table, (stmt, arg) in deletes.items():
-                row = con.execute(stmt, [arg]).fetchone()
+                row = one(con, stmt, [arg])
                 report[table] = int(row[0]) if row else 0
-            row = con.execute(
+            row = one(
+                con,
                 "DELETE FROM batch_ids WHERE received < ? OR seq <= (SELECT max(seq) FROM batch_ids) - ?",
                 [time.time() - keep.batch_id_ttl_s, keep.batch_ids],
-            ).fetchone()
+            )
             report["batch_ids"] = int(row[0]) if row else 0
             new = {
                 "raw_lo": later(marks.raw_lo, raw_cut),

@@ -1,0 +1,244 @@
+"""The query side of the store: series, aggregates, snapshots, events, training records, alerts.
+
+Every SQL query runs in a transaction whose snapshot is taken together with the list of chunk
+files and the watermarks (under the view lock), so a query never sees rows twice or not at all
+while upkeep moves them from the hot table into a file or from raw rows into rollups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, cast
+
+import duckdb
+import numpy as np
+import orjson
+
+from gpuscope.model import ATTRIBUTION_LABELS, Alert, Event, Labels, TrainingRecord
+from gpuscope.store._chunks import ChunkSet, ChunkView
+from gpuscope.store._latest import LatestCache
+from gpuscope.store._planner import Tier, plan
+from gpuscope.store._prepare import to_ms
+from gpuscope.store._queries import INLINE_IDS, SELECTED, Filter, aggregate_sql, series_sql
+from gpuscope.store._registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
+from gpuscope.store._state import Watermarks
+from gpuscope.store.base import SeriesPoint
+from gpuscope.store.errors import StoreError
+
+LABEL_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+GROUPS = "gpuscope_groups"
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _range(start: float, end: float) -> tuple[int, int]:
+    """[start, end] in seconds as a half-open range in ms."""
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise ValueError(f"start and end must be finite, got {start!r}, {end!r}")
+    if end < start:
+        raise ValueError(f"end ({end}) is before start ({start})")
+    return to_ms(start), to_ms(end) + 1
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One consistent moment: an open cursor plus the chunk files and tiers matching its data."""
+
+    cur: duckdb.DuckDBPyConnection
+    chunks: ChunkView
+    tiers: list[Tier]
+
+
+class Reader:
+    def __init__(
+        self,
+        cursor: Callable[[], duckdb.DuckDBPyConnection],
+        entities: EntityRegistry,
+        columns: ColumnRegistry,
+        train_columns: ColumnRegistry,
+        latest: LatestCache,
+        chunks: ChunkSet,
+        marks: Watermarks,
+        view_lock: threading.Lock,
+    ) -> None:
+        self.cursor = cursor
+        self.entities = entities
+        self.columns = columns
+        self.train_columns = train_columns
+        self.latest = latest
+        self.chunks = chunks
+        self.marks = marks
+        self.view_lock = view_lock
+
+    @contextlib.contextmanager
+    def snapshot_of_now(self) -> Iterator[Snapshot]:
+        cur = self.cursor()
+        try:
+            with self.view_lock:
+                cur.execute("BEGIN")
+                cur.execute("SELECT 1 FROM meta LIMIT 0").fetchall()  # fixes the transaction's snapshot
+                snap = Snapshot(cur, self.chunks.view(), self.marks.tiers())
+            yield snap
+            cur.execute("COMMIT")
+        except duckdb.Error as exc:
+            raise StoreError(f"query failed: {exc}") from None
+        finally:
+            cur.close()
+
+    def _filter(self, labels: Labels) -> Filter | None:
+        """Rows selected by ``labels``; None when no entity can match."""
+        identity = {k: v for k, v in labels.items() if k not in ATTRIBUTION_LABELS}
+        attribution = {k: v for k, v in labels.items() if k in ATTRIBUTION_LABELS}
+        entities = self.entities.match(identity) if identity else None
+        if entities is not None and not entities:
+            return None
+        return Filter(entities, attribution)
+
+    def _column(self, metric: str) -> int | None:
+        col = self.columns.get(metric)
+        return None if col is None or self.columns.still_pending((col,)) else col
+
+    def series(self, metric: str, labels: Labels, start: float, end: float, points: int) -> list[SeriesPoint]:
+        if points < 1:
+            raise ValueError(f"points must be at least 1, got {points}")
+        a, b = _range(start, end)
+        col, flt = self._column(metric), self._filter(labels)
+        if col is None or flt is None:
+            return []
+        with self.snapshot_of_now() as snap:
+            step = max(1, _ceil_div(b - a, points))
+            segments = plan(a, b, step, snap.tiers)
+            if not segments:
+                return []
+            origin = a
+            res = max((tier.res for tier, _, _ in segments if tier.res <= step), default=0)
+            if res:  # whole rollup buckets per point: align the grid and the step to the bucket width
+                origin = a // res * res
+                step = _ceil_div(_ceil_div(b - origin, points), res) * res
+            sql, params = series_sql(snap.chunks, segments, col, flt, origin, step)
+            if flt.entities is not None and len(flt.entities) > INLINE_IDS:
+                snap.cur.register(SELECTED, {"id": np.asarray(flt.entities, dtype=np.int32)})
+            rows = snap.cur.execute(sql, params).fetchall()
+        return [SeriesPoint(int(t) / 1000.0, float(v)) for t, v in rows if v is not None]
+
+    def aggregate(self, metric: str, by: str, start: float, end: float) -> list[dict[str, Any]]:
+        a, b = _range(start, end)
+        col = self._column(metric)
+        if col is None:
+            return []
+        join = None
+        if by not in ATTRIBUTION_LABELS:
+            ids, values = self.entities.group_values(by)
+            if len(ids) == 0:
+                return []
+            join = GROUPS
+        with self.snapshot_of_now() as snap:
+            segments = plan(a, b, b - a, snap.tiers)
+            if not segments:
+                return []
+            if join is not None:
+                snap.cur.register(join, {"entity": ids, "g": np.array(values, dtype=object)})
+            sql, params = aggregate_sql(snap.chunks, segments, col, Filter(), by, join)
+            rows = snap.cur.execute(sql, params).fetchall()
+        return [
+            {"group": str(g), "mean": float(mean), "min": float(lo), "max": float(hi), "count": int(n)}
+            for g, mean, lo, hi, n in rows
+        ]
+
+    def snapshot(self, metrics: list[str] | None, max_age: float | None) -> list[dict[str, Any]]:
+        names = self.columns.names() if metrics is None else list(metrics)
+        pairs = [(n, c) for n, c in ((n, self.columns.get(n)) for n in names) if c is not None]
+        if not pairs:
+            return []
+        ref = self.latest.max_ts
+        min_ts = None if max_age is None or ref is None else ref - int(max_age * 1000)
+        rows = self.latest.rows([c for _, c in pairs], min_ts)
+        metric_names = [n for n, _ in pairs]
+        gaps = cast(list[bool], np.isnan(rows.values).any(axis=1).tolist())
+        attribution: dict[int, dict[str, str]] = {}
+        out: list[dict[str, Any]] = []
+        for eid, ts, code, vals, gap in zip(
+            rows.entities.tolist(),
+            rows.ts.tolist(),
+            rows.attr.tolist(),
+            rows.values.tolist(),
+            gaps,
+            strict=True,
+        ):
+            extra = attribution.get(code)
+            if extra is None:
+                values_of = zip(ATTR_COLUMNS, self.entities.attr_values(code), strict=True)
+                extra = attribution[code] = {k: v for k, v in values_of if v is not None}
+            # dict(zip()) runs in C; only rows with a missing metric need the NaN filter
+            values = (
+                {n: v for n, v in zip(metric_names, vals, strict=True) if v == v}
+                if gap
+                else dict(zip(metric_names, vals, strict=True))
+            )
+            out.append(
+                {"labels": {**self.entities.labels(eid), **extra}, "ts": ts / 1000.0, "values": values}
+            )
+        return out
+
+    def events(
+        self, start: float, end: float, kind: str | None, labels: Labels | None, limit: int
+    ) -> list[Event]:
+        where = ["ts >= ?", "ts <= ?"]
+        params: list[Any] = [start, end]
+        if kind is not None:
+            where.append("kind = ?")
+            params.append(kind)
+        for key, value in (labels or {}).items():
+            if not LABEL_KEY_RE.match(key):
+                raise ValueError(f"label key {key!r} is not a valid label name")
+            where.append(f"json_extract_string(labels, '$.{key}') = ?")
+            params.append(value)
+        params.append(int(limit))
+        with self.snapshot_of_now() as snap:
+            rows = snap.cur.execute(
+                f"SELECT ts, kind, labels, data FROM events WHERE {' AND '.join(where)} "
+                "ORDER BY ts DESC LIMIT ?",
+                params,
+            ).fetchall()
+        return [
+            Event(float(ts), str(k), orjson.loads(lbl), orjson.loads(data)) for ts, k, lbl, data in rows[::-1]
+        ]
+
+    def training(
+        self, job: str, start: float, end: float, rank: int | None, limit: int
+    ) -> list[TrainingRecord]:
+        where = "job = ? AND ts >= ? AND ts <= ?" + (" AND rank = ?" if rank is not None else "")
+        params: list[Any] = [job, start, end, *([rank] if rank is not None else []), int(limit)]
+        cols = self.train_columns.persisted()
+        names = [self.train_columns.name(c) for c in cols]
+        select = ", ".join(["ts", "job", "rank", "step", "labels", *(f"t{c}" for c in cols)])
+        with self.snapshot_of_now() as snap:
+            rows = snap.cur.execute(
+                f"SELECT {select} FROM training WHERE {where} ORDER BY ts DESC, rank DESC LIMIT ?", params
+            ).fetchall()
+        return [
+            TrainingRecord(
+                float(r[0]),
+                str(r[1]),
+                int(r[2]),
+                int(r[3]),
+                {n: float(v) for n, v in zip(names, r[5:], strict=True) if v is not None},
+                orjson.loads(r[4]),
+            )
+            for r in rows[::-1]
+        ]
+
+    def alerts(self, firing_only: bool, limit: int) -> list[Alert]:
+        where = "WHERE resolved_at IS NULL" if firing_only else ""
+        with self.snapshot_of_now() as snap:
+            rows = snap.cur.execute(
+                f"SELECT doc FROM alerts {where} ORDER BY started_at DESC, id LIMIT ?", [int(limit)]
+            ).fetchall()
+        return [Alert(**orjson.loads(r[0])) for r in rows]
