@@ -155,3 +155,32 @@ def test_time_range_picker_redraws(page: Page, served: Served) -> None:
     page.select_option("#range", "900")
     page.wait_for_function(f"() => Number(document.body.dataset.updates) > {before}")
     assert int(page.locator("#c-loss").get_attribute("data-points") or 0) > 0
+
+
+def test_lineage_page_draws_run_checkpoint_version_deployment(page: Page, served: Served) -> None:
+    api = f"{served.url}/api/v1/lineage"
+    for path, body in [
+        ("runs", {"job": "llm-pretrain", "meta": {"owner": "research"}}),
+        (
+            "checkpoints",
+            {"job": "llm-pretrain", "step": 120, "manifest_hash": "ab" * 32, "path": "/ckpt/120"},
+        ),
+        (
+            "versions",
+            {
+                "model": "chat",
+                "version": "v8",
+                "job": "llm-pretrain",
+                "step": 120,
+                "metrics": {"eval_loss": 1.9},
+            },
+        ),
+        ("promotions", {"service": "chat-api", "model": "chat", "version": "v8", "alias": "champion"}),
+    ]:
+        r = httpx.post(f"{api}/{path}", json=body, timeout=10)
+        assert r.status_code == 200, r.text
+    open_page(page, served, "#/lineage")
+    row = page.locator('[data-version="chat:v8"]')
+    row.wait_for(timeout=10_000)
+    text = row.inner_text()
+    assert "llm-pretrain" in text and "step 120" in text and "@champion" in text and "chat-api" in text

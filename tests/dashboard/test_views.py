@@ -91,4 +91,4 @@ def test_pages_and_assets_are_served_locally(client: httpx.Client) -> None:
     js = client.get("/ui/static/vendor/uPlot.iife.min.js")
     assert js.status_code == 200 and "uPlot" in js.text
     caps = client.get("/api/v1/ui/capabilities").json()
-    assert caps["alerting"] is True and caps["lineage"] is False
+    assert caps["alerting"] is True and caps["lineage"] is True

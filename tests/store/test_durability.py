@@ -116,7 +116,7 @@ def test_new_metrics_appear_while_rollups_run(tmp_path: Path) -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    thread = threading.Thread(target=maintain)
+    thread = threading.Thread(target=maintain, daemon=True)
     thread.start()
     try:
         for k in range(40):
@@ -131,7 +131,7 @@ def test_new_metrics_appear_while_rollups_run(tmp_path: Path) -> None:
             )
     finally:
         stop.set()
-        thread.join()
+        thread.join(timeout=60)
     assert errors == []
     assert store.stats()["metrics"] == 40
     store.rollup(10_000.0)

@@ -199,27 +199,37 @@ def test_queries_stay_complete_while_hours_are_sealed(tmp_path: Path) -> None:
     store = DuckDBStore(str(tmp_path / "r.duckdb"), durable=False, seal_chunk_s=600)
     fill(store, 0, 2 * HOUR, n_gpus=2)
     counts: list[int] = []
+    errors: list[BaseException] = []
     stop = threading.Event()
 
     def reader() -> None:
-        while not stop.is_set():
-            counts.append(store.aggregate("util", "node", 0, 2 * HOUR)[0]["count"])
+        try:
+            while not stop.is_set():
+                counts.append(store.aggregate("util", "node", 0, 2 * HOUR)[0]["count"])
+        except BaseException as exc:
+            errors.append(exc)
 
-    thread = threading.Thread(target=reader)
+    thread = threading.Thread(target=reader, daemon=True)
     thread.start()
-    for minute in range(10, 130, 10):
-        store.rollup(minute * 60 + 80)
-    stop.set()
-    thread.join()
-    assert store.stats()["chunk_files"] >= 10
+    try:
+        for minute in range(10, 130, 10):
+            store.rollup(minute * 60 + 80)
+    finally:
+        stop.set()
+        thread.join(timeout=30)
+    assert errors == []
+    assert store.stats()["chunk_files"] == 12
+    assert store.counters.get("store.checkpoints_deferred") == 0
     assert counts and set(counts) == {2 * 2 * HOUR}
     store.close()
 
 
 def test_expired_chunk_files_are_deleted_once_no_query_can_use_them(tmp_path: Path) -> None:
     store = DuckDBStore(str(tmp_path / "r.duckdb"), durable=False, raw_retention_s=HOUR)
-    fill(store, 0, 3 * HOUR + 120, n_gpus=1)
-    store.rollup(3 * HOUR + 120)
+    for hour in range(3):  # one chunk file per hour
+        fill(store, hour * HOUR, (hour + 1) * HOUR, n_gpus=1)
+        store.rollup((hour + 1) * HOUR + 120)
+    fill(store, 3 * HOUR, 3 * HOUR + 120, n_gpus=1)
     chunks = tmp_path / "r.duckdb.chunks"
     assert len(list(chunks.iterdir())) == 3
     report = store.compact(3 * HOUR + 120)

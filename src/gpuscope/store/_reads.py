@@ -24,7 +24,7 @@ from gpuscope.store._chunks import ChunkSet, ChunkView
 from gpuscope.store._latest import LatestCache
 from gpuscope.store._planner import Tier, plan
 from gpuscope.store._prepare import to_ms
-from gpuscope.store._queries import INLINE_IDS, SELECTED, Filter, aggregate_sql, series_sql
+from gpuscope.store._queries import Filter, aggregate_sql, series_sql
 from gpuscope.store._registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
 from gpuscope.store._state import Watermarks
 from gpuscope.store.base import SeriesPoint
@@ -123,8 +123,10 @@ class Reader:
                 origin = a // res * res
                 step = _ceil_div(_ceil_div(b - origin, points), res) * res
             sql, params = series_sql(snap.chunks, segments, col, flt, origin, step)
-            if flt.entities is not None and len(flt.entities) > INLINE_IDS:
-                snap.cur.register(SELECTED, {"id": np.asarray(flt.entities, dtype=np.int32)})
+            # Arrays reach DuckDB through its replacement scan (found by their local names), not
+            # register(): that writes the catalog and makes the query a write transaction, and
+            # DuckDB refuses to checkpoint while one is open.
+            gpuscope_selected = {"id": np.asarray(flt.entities or [], dtype=np.int32)}  # noqa: F841
             rows = snap.cur.execute(sql, params).fetchall()
         return [SeriesPoint(int(t) / 1000.0, float(v)) for t, v in rows if v is not None]
 
@@ -143,8 +145,8 @@ class Reader:
             segments = plan(a, b, b - a, snap.tiers)
             if not segments:
                 return []
-            if join is not None:
-                snap.cur.register(join, {"entity": ids, "g": np.array(values, dtype=object)})
+            if join is not None:  # read by name by DuckDB's replacement scan (see series)
+                gpuscope_groups = {"entity": ids, "g": np.array(values, dtype=object)}  # noqa: F841
             sql, params = aggregate_sql(snap.chunks, segments, col, Filter(), by, join)
             rows = snap.cur.execute(sql, params).fetchall()
         return [

@@ -52,7 +52,7 @@ class Upkeep:
         chunks: ChunkSet,
         marks: Watermarks,
         columns: Callable[[], list[int]],
-        checkpoint: Callable[[duckdb.DuckDBPyConnection], None],
+        checkpoint: Callable[[duckdb.DuckDBPyConnection], bool],
         commit_lock: threading.Lock,
         view_lock: threading.Lock,
         seal_chunk_ms: int,
@@ -69,6 +69,7 @@ class Upkeep:
         self.seal_chunk_ms = seal_chunk_ms
         self.lag_ms = lag_ms
         self.retention = retention
+        self.checkpoint_due = False  # a checkpoint DuckDB refused, to retry on the next call
 
     def rollup(self, now_ms: int) -> dict[str, int]:
         con, marks = self.con, self.marks
@@ -114,6 +115,8 @@ class Upkeep:
             raise
         with self.view_lock:
             marks.apply(**new)
+        if self.checkpoint_due:
+            self.checkpoint_due = not self.checkpoint(con)
         report["minute_ranges"], report["hour_ranges"] = len(ranges), len(hours)
         return report
 
@@ -143,7 +146,7 @@ class Upkeep:
         with self.commit_lock, _transaction(con):  # the writer appends to `samples`: keep it out
             for stmt in hot_table_swap(cols):
                 con.execute(stmt)
-        self.checkpoint(con)
+        self.checkpoint_due = not self.checkpoint(con)
         return chunk
 
     def compact(self, now_ms: int) -> dict[str, int]:
@@ -189,5 +192,5 @@ class Upkeep:
             with contextlib.suppress(duckdb.Error):
                 con.execute("ROLLBACK")
             raise
-        self.checkpoint(con)
+        self.checkpoint_due = not self.checkpoint(con)
         return report

@@ -45,6 +45,7 @@ from gpuscope.store.base import AppendResult, SeriesPoint
 from gpuscope.store.errors import StoreError
 
 DAY = 86_400.0
+CHECKPOINT_TRIES = 10
 
 
 def _count(cur: duckdb.DuckDBPyConnection, table: str) -> int:
@@ -140,7 +141,7 @@ class DuckDBStore:
             self.chunks,
             self.marks,
             self.columns.persisted,
-            self._checkpoint,
+            self._upkeep_checkpoint,
             self._commit_lock,
             self._view_lock,
             int(seal_chunk_s * 1000),
@@ -358,6 +359,19 @@ class DuckDBStore:
         # DuckDB refuses to checkpoint while another write transaction is open: pause the writer.
         with self._commit_lock, self._alert_lock:
             con.execute("CHECKPOINT")
+
+    def _upkeep_checkpoint(self, con: duckdb.DuckDBPyConnection) -> bool:
+        """Checkpoint after upkeep. DuckDB refuses while a query that started before the last
+        table swap is still running; such queries are short, so retry for a while, then leave it
+        to the next upkeep (counted) rather than fail."""
+        for attempt in range(CHECKPOINT_TRIES):
+            try:
+                self._checkpoint(con)
+                return True
+            except duckdb.TransactionException:
+                time.sleep(0.02 * (attempt + 1))
+        self.counters.inc("store.checkpoints_deferred")
+        return False
 
     # ------------------------------------------------------------------ reads
 

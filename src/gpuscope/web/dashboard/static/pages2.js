@@ -154,12 +154,17 @@
     async update(root) {
       const caps = await GS.api("/api/v1/ui/capabilities");
       if (caps.lineage) {
-        const d = await GS.api("/api/v1/lineage");
-        root.querySelector("#l-note").innerHTML = "";
-        root.querySelector("#l-body").innerHTML = `<pre id="l-graph">${esc(JSON.stringify(d, null, 2))}</pre>`;
-        return;
+        const d = await GS.api("/api/v1/lineage/deployments");
+        const seen = new Map();
+        for (const dep of d.deployments) seen.set(`${dep.model}\u0000${dep.version}`, dep);
+        const versions = await Promise.all([...seen.values()].map((dep) =>
+          GS.api(`/api/v1/lineage/versions/${encodeURIComponent(dep.model)}/${encodeURIComponent(dep.version)}`)));
+        root.querySelector("#l-note").innerHTML = versions.length
+          ? `<table id="l-graph"><tr><th>training run</th><th>checkpoint</th><th>model version</th><th>deployments</th></tr>${versions.map((v) => `<tr data-version="${esc(v.model)}:${esc(v.version)}"><td>${GS.entityLinks({ job: v.run.job })}</td><td>step ${esc(v.checkpoint.step)} · ${esc(String(v.checkpoint.manifest_hash || "").slice(0, 12))}</td><td><b>${esc(v.model)} ${esc(v.version)}</b> ${v.aliases.map((a) => `<span class="badge">@${esc(a)}</span>`).join(" ")}</td><td>${v.deployments.map((dep) => `${GS.entityLinks({ service: dep.service })} since ${GS.time(dep.promoted_at)} (${fmt(100 * dep.traffic_share)} %)`).join("<br>")}</td></tr>`).join("")}</table>`
+          : '<p id="l-empty" class="muted">no model version has been deployed yet: register one with <code>gpuscope lineage register</code> and promote it with <code>gpuscope lineage promote</code></p>';
+      } else {
+        root.querySelector("#l-note").innerHTML = `<p id="l-missing">This hub has no lineage API (<code>/api/v1/lineage</code>), so the run → checkpoint → version → deployment graph cannot be drawn.</p>`;
       }
-      root.querySelector("#l-note").innerHTML = `<p id="l-missing">This hub has no lineage API (<code>/api/v1/lineage</code>) yet, so the run → checkpoint → version → deployment graph cannot be drawn. Below are the raw facts it will be built from: checkpoints saved and verified, model versions registered and promoted.</p>`;
       const { start, end } = GS.window();
       const lists = await Promise.all(LINEAGE_KINDS.map((kind) => GS.api("/api/v1/events", { kind, start, end, limit: 200 })));
       const events = lists.flatMap((l) => l.events).sort((a, b) => b.ts - a.ts).slice(0, 200);
