@@ -6,6 +6,12 @@ decimal form, so neither gets more information than the other. Budget (DESIGN §
 bytes/sample; anchor: VictoriaMetrics, measured after a forced flush and again once its merges
 finish (its steady state).
 
+DuckDBStore is driven like the hub drives it: one append thread per node (agent batches of 5 s),
+and upkeep (rollups, which seal each closed hour into a zstd Parquet chunk) every 5 minutes of
+data time. Reported: everything on disk (database file, WAL, chunk files: raw telemetry plus
+1-minute and 1-hour rollups), the raw telemetry alone, and the same data never sealed (kept in
+DuckDB's own table) to show what sealing buys.
+
 The generated telemetry follows what H100s under a training job report: utilisation pinned near
 100 % with data-loader dips and checkpoint pauses, bursts on idle GPUs, DCGM activity ratios that
 follow utilisation (3 decimals), power in mW with load-dependent noise, temperature as a
@@ -338,7 +344,7 @@ def main() -> None:
         n = ours["samples"]
         rows.append(
             [
-                "gpuscope DuckDBStore, all files (raw + rollups)",
+                "gpuscope DuckDBStore, all on disk (raw + rollups)",
                 f"{ours['disk_bytes'] / n:.3f}",
                 f"{ours['disk_bytes']:,}",
                 f"{ours['append_samples_per_s']:,.0f}",
@@ -346,7 +352,7 @@ def main() -> None:
         )
         rows.append(
             [
-                "gpuscope DuckDBStore, raw telemetry (sealed chunks + db)",
+                "gpuscope DuckDBStore, raw telemetry (Parquet chunks + db)",
                 f"{ours['raw_bytes'] / n:.3f}",
                 f"{ours['raw_bytes']:,}",
                 "",
@@ -356,7 +362,7 @@ def main() -> None:
             plain = measure_duckdb(data, tmp, a.batch_seconds, seal=False)
             rows.append(
                 [
-                    "  same, never sealed (DuckDB table, time order)",
+                    "  same, never sealed (DuckDB table only)",
                     f"{plain['raw_bytes'] / n:.3f}",
                     f"{plain['raw_bytes']:,}",
                     f"{plain['append_samples_per_s']:,.0f}",

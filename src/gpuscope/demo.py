@@ -52,10 +52,11 @@ def _util_cell(util: float | None, alive: bool) -> Text:
 class DemoView:
     """Renders the hub's state, read over its HTTP API as any client would."""
 
-    def __init__(self, client: httpx.Client, scenario: Scenario, url: str) -> None:
+    def __init__(self, client: httpx.Client, scenario: Scenario, url: str, end: float) -> None:
         self.client = client
         self.scenario = scenario
         self.url = url
+        self.end = end
 
     def render(self, t: float, injected: list[str]) -> Group:
         snapshot = self.client.get(
@@ -104,7 +105,7 @@ class DemoView:
         header = Text.assemble(
             ("gpuscope demo  ", "bold"),
             (f"hub {self.url}  ", "cyan"),
-            f"t={t:.0f}s / {self.scenario.duration:.0f}s  ",
+            f"t={t:.0f}s / {self.end:.0f}s  ",
             f"faults injected: {', '.join(injected) or 'none yet'}",
         )
         return Group(Panel(header), fleet, table)
@@ -176,7 +177,7 @@ def run_demo(
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     sdk = httpx.Client(base_url=server.url, headers=headers, timeout=10)
     reader = httpx.Client(base_url=server.url, timeout=10)
-    view = DemoView(reader, scenario, server.url)
+    view = DemoView(reader, scenario, server.url, end)
     injected: list[str] = []
     interactive = console.is_terminal
     try:

@@ -128,6 +128,11 @@ def test_sealing_moves_closed_hours_to_parquet_ordered_by_entity(tmp_path: Path)
     assert rows == sorted(rows) and len(rows) == 3 * HOUR
     with DuckDBStore(str(path)) as again:
         assert again.aggregate("util", "gpu", 0, HOUR + 119)[2]["count"] == HOUR + 120
+        assert again.snapshot()[2] == {
+            "labels": gpu("n0", 2),
+            "ts": HOUR + 119.0,
+            "values": {"util": HOUR + 121.0},
+        }
 
 
 def test_late_rows_for_a_sealed_hour_are_sealed_again(tmp_path: Path) -> None:

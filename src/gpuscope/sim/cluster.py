@@ -186,16 +186,27 @@ class Simulator:
         out: list[Batch] = []
         for job in self._workloads:
             records = job.records if isinstance(job, TrainingJob) else []
-            if not job.events and not records:
+            frames = job.frames if isinstance(job, InferenceService) else []
+            if not job.events and not records and not frames:
                 continue
             _shift(job.events, records, self.t0)
+            for f in frames:
+                f.ts += self.t0
             source = f"sdk:{job.spec.name}"
             out.append(
-                Batch(source=source, events=job.events, training=records, batch_id=f"{source}:{ts:.3f}")
+                Batch(
+                    source=source,
+                    frames=frames,
+                    events=job.events,
+                    training=records,
+                    batch_id=f"{source}:{ts:.3f}",
+                )
             )
             job.events = []
             if isinstance(job, TrainingJob):
                 job.records = []
+            else:
+                job.frames = []
         return out
 
 

@@ -10,14 +10,15 @@ queueing system; the KV cache fills with the requests in flight (Little's law).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuscope.model import Event, FloatArray
+from gpuscope.model import Event, FloatArray, Frame
 from gpuscope.signals import SERVICE_METRICS
 from gpuscope.sim.gpus import Demand, GpuFleet
 from gpuscope.sim.nodes import NodeFleet
+from gpuscope.sim.quality import QualityConditions, ServiceQuality
 from gpuscope.sim.scenario import JobSpec
 
 SERVICE_COLUMNS: tuple[str, ...] = tuple(SERVICE_METRICS)
@@ -39,6 +40,7 @@ class ServiceConditions:
     kv_usage: float | None = None
     idle: bool = False
     version: str | None = None
+    quality: QualityConditions = field(default_factory=QualityConditions)
 
 
 class InferenceService:
@@ -63,6 +65,9 @@ class InferenceService:
         self.demand_rps = spec.rps
         self.rho = 0.0
         self.events: list[Event] = []
+        self.frames: list[Frame] = []  # what the service's SDK reports (business metrics)
+        # its own stream, so the model-quality draws leave the serving noise as it was
+        self.quality = ServiceQuality(rng.spawn(1)[0], spec.peak_at, spec.start)
 
     @property
     def name(self) -> str:
@@ -90,6 +95,7 @@ class InferenceService:
         self.events.append(Event(t, "job_started", {"job": self.name}, data))
         self.state = "running"
         self.backlog = 0.0
+        self.quality.restart(t)
 
     def restart(self, t: float) -> None:
         if self.state == "failed" and t < self.spec.end:
@@ -171,6 +177,10 @@ class InferenceService:
         slots = MAX_RUNNING_PER_REPLICA * max(n_alive, 1)
         running = min(served / dt * min(p50, 30.0), float(slots))
         kv = 0.1 + 0.85 * running / slots + 0.01 * z[5]
+        ok = served * (1.0 - p_err) if n_alive else 0.0
+        events, frames = self.quality.step(t, ok, self._labels() | {"node": self.spec.nodes[0]}, c.quality)
+        self.events += events
+        self.frames += frames
         if c.kv_usage is not None:
             kv = c.kv_usage + 0.006 * z[5]
         kv = float(np.clip(kv, 0.0, 1.0))
