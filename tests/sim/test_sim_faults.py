@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gpuscope.quality.sketch import CategorySketch, NumericSketch, Sketch, sketch_from_json
 from sim.simtrace import Trace, run, small
 
 AT = 300.0
@@ -461,13 +462,73 @@ def test_bad_version_promotes_regresses_and_rolls_back() -> None:
     assert svc_ratio(trace, "inference_latency_p95_seconds") > 1.4
 
 
-@pytest.mark.parametrize("kind", ["prediction_drift", "confidence_shift", "input_drift", "business_drop"])
-def test_unsimulated_kinds_are_accepted_and_leave_the_run_healthy(
-    kind: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    trace = fault(f"- {{at: 300, kind: {kind}, target: {{service: chat}}}}", duration=400)
-    assert trace.scenario.warnings and "not simulated yet" in caplog.text
-    assert not trace.events("job_failed") and trace.service("inference_requests_per_second", AT + 1).sum() > 0
+def quality(trace: Trace, signal: str, feature: str, t0: float, t1: float) -> Sketch:
+    """The sketches of one signal and feature sent in ``[t0, t1)``, merged."""
+    sketches = [
+        sketch_from_json(e.data["sketch"])
+        for e in trace.events("quality_sketch", service="chat", signal=signal, feature=feature)
+        if t0 <= e.ts < t1
+    ]
+    assert sketches, (signal, feature, t0, t1)
+    merged = sketches[0]
+    for sk in sketches[1:]:
+        merged.merge(sk)  # type: ignore[arg-type]
+    return merged
+
+
+def business(trace: Trace, t0: float, t1: float) -> float:
+    values = [
+        float(f.values[0, 0])
+        for b in trace.batches
+        if b.source == "sdk:chat"
+        for f in b.frames
+        if t0 <= f.ts < t1 and f.metrics == ["model_business_metric"]
+    ]
+    assert values
+    return float(np.mean(values))
+
+
+def test_prediction_drift_moves_predictions_to_one_class() -> None:
+    trace = fault("- {at: 300, kind: prediction_drift, target: {service: chat}, params: {shift: 0.4}}")
+    before_, after = (
+        quality(trace, "prediction", "prediction", 0, AT),
+        quality(trace, "prediction", "prediction", AT + 30, 900),
+    )
+    assert isinstance(before_, CategorySketch) and isinstance(after, CategorySketch)
+    share = [sk.counts["escalate"] / sk.count for sk in (before_, after)]
+    assert share[0] < 0.12 and share[1] == pytest.approx(0.08 * 0.6 + 0.4, abs=0.05)
+
+
+def test_confidence_shift_lowers_confidence() -> None:
+    trace = fault("- {at: 300, kind: confidence_shift, target: {service: chat}, params: {shift: -1.0}}")
+    before_, after = (
+        quality(trace, "confidence", "confidence", 0, AT),
+        quality(trace, "confidence", "confidence", AT + 30, 900),
+    )
+    assert isinstance(before_, NumericSketch) and isinstance(after, NumericSketch)
+    assert 0.8 < before_.mean < 0.9 and after.mean < before_.mean - 0.08
+
+
+def test_input_drift_lengthens_prompts_and_leaves_languages() -> None:
+    trace = fault("- {at: 300, kind: input_drift, target: {service: chat}, params: {factor: 2}}")
+    before_, after = (
+        quality(trace, "input", "prompt_tokens", 0, AT),
+        quality(trace, "input", "prompt_tokens", AT + 30, 900),
+    )
+    assert isinstance(before_, NumericSketch) and isinstance(after, NumericSketch)
+    assert after.quantile(0.5) / before_.quantile(0.5) == pytest.approx(2.0, rel=0.1)
+    lang = [quality(trace, "input", "language", t0, t1) for t0, t1 in ((0, AT), (AT + 30, 900))]
+    assert all(isinstance(sk, CategorySketch) and 0.55 < sk.counts["en"] / sk.count < 0.65 for sk in lang)
+
+
+def test_business_drop_lowers_the_business_metric_until_it_ends() -> None:
+    trace = fault("- {at: 300, kind: business_drop, target: {service: chat}, duration: 300}", duration=900)
+    base, low, back = (
+        business(trace, 0, AT),
+        business(trace, AT + 60, AT + 300),
+        business(trace, AT + 360, 900),
+    )
+    assert low / base == pytest.approx(0.7, abs=0.05) and back / base == pytest.approx(1.0, abs=0.05)
 
 
 def test_faults_work_on_any_cluster_shape() -> None:

@@ -38,6 +38,18 @@ def test_series_over_several_entities_is_their_mean(store: DuckDBStore) -> None:
     assert store.series("no_such_metric", {}, 0, 9) == []
 
 
+def test_series_over_thousands_of_entities(store: DuckDBStore) -> None:
+    ents = [gpu("big", i) for i in range(2_500)]  # more than fit inline in the SQL
+    for t in range(3):
+        store.append(
+            Batch("s", frames=[frame(float(t), ["util"], ents, [[t + i % 2] for i in range(2_500)])])
+        )
+    assert [p.value for p in store.series("util", {"node": "big"}, 0, 2)] == [0.5, 1.5, 2.5]
+    assert store.aggregate("util", "node", 0, 2) == [
+        {"group": "big", "mean": 1.5, "min": 0.0, "max": 3.0, "count": 7_500}
+    ]
+
+
 def test_attribution_labels_are_per_row_and_keep_one_series(store: DuckDBStore) -> None:
     for t in range(20):
         job = "a" if t < 10 else "b"

@@ -237,10 +237,30 @@ _KINDS = (
         latency_factor=Param(1.6, 1.0, 100.0),
         error_rate=Param(0.02, 0.0, 1.0, help="extra fraction of requests that fail"),
     ),
-    _k("prediction_drift", "prediction_drift", SERVICE_TARGET, simulated=False),
-    _k("confidence_shift", "confidence_shift", SERVICE_TARGET, simulated=False),
-    _k("input_drift", "input_drift", SERVICE_TARGET, simulated=False),
-    _k("business_drop", "business_metric_drop", SERVICE_TARGET, simulated=False),
+    _k(
+        "prediction_drift",
+        "prediction_drift",
+        SERVICE_TARGET,
+        shift=Param(0.3, 0.05, 1.0, help="share of predictions moved to one class"),
+    ),
+    _k(
+        "confidence_shift",
+        "confidence_shift",
+        SERVICE_TARGET,
+        shift=Param(-0.8, -5.0, 5.0, help="change of the confidence logit (negative: less sure)"),
+    ),
+    _k(
+        "input_drift",
+        "input_drift",
+        SERVICE_TARGET,
+        factor=Param(1.6, 0.05, 20.0, help="prompt length multiplier"),
+    ),
+    _k(
+        "business_drop",
+        "business_metric_drop",
+        SERVICE_TARGET,
+        factor=Param(0.7, 0.0, 0.95, help="business metric multiplier"),
+    ),
 )
 
 FAULT_KINDS: dict[str, FaultKind] = {k.name: k for k in _KINDS}

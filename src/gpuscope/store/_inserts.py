@@ -1,4 +1,4 @@
-"""Bulk inserts of prepared column arrays through DuckDB's scan of registered numpy dicts.
+"""Bulk inserts of prepared column arrays through DuckDB's replacement scan of numpy dicts.
 
 One INSERT per distinct metric-column set per transaction: the statement overhead (~2 ms) is
 paid once for thousands of rows, and DuckDB reads the arrays without a Python loop per value.

@@ -1,4 +1,4 @@
-"""Inference-service faults: slow or failing requests, queues, KV-cache pressure, bad versions."""
+"""Inference-service faults: slow or failing requests, queues, KV cache, bad versions, model quality."""
 
 from __future__ import annotations
 
@@ -84,11 +84,40 @@ class BadVersion(Effect):
 
 
 @register
-class NotSimulated(Effect):
-    """Accepted as ground truth for scoring; the simulator has no signal for these kinds yet."""
+class PredictionDrift(Effect):
+    """The model starts predicting one intent far more often (a data or upstream change)."""
 
-    kinds = ("prediction_drift", "confidence_shift", "input_drift", "business_drop")
+    kinds = ("prediction_drift",)
 
-    def begin(self, t: float) -> None:
-        # the parser already warned on stderr; count it so a run's summary shows it too
-        self.world.counters.inc(f"faults_not_simulated_{self.fault.kind}")
+    def apply(self) -> None:
+        self.service.cond.quality.prediction_shift += self.param("shift")
+
+
+@register
+class ConfidenceShift(Effect):
+    """The model grows less (or more) sure of itself: its confidence logit moves by ``shift``."""
+
+    kinds = ("confidence_shift",)
+
+    def apply(self) -> None:
+        self.service.cond.quality.confidence_shift += self.param("shift")
+
+
+@register
+class InputDrift(Effect):
+    """Users send different inputs: prompts ``factor`` times as long."""
+
+    kinds = ("input_drift",)
+
+    def apply(self) -> None:
+        self.service.cond.quality.input_factor *= self.param("factor")
+
+
+@register
+class BusinessDrop(Effect):
+    """A downstream business metric of the service falls to ``factor`` of what it was."""
+
+    kinds = ("business_drop",)
+
+    def apply(self) -> None:
+        self.service.cond.quality.business_factor *= self.param("factor")

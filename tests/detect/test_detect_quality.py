@@ -1,0 +1,99 @@
+"""The model-quality rules on the quality monitor's series: drift per signal, business metric drops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpuscope.detect.business import BusinessDetector
+from gpuscope.detect.drift import DriftDetector
+from gpuscope.model import Batch, Frame
+from gpuscope.quality.monitor import QualityMonitor
+
+LABELS = {"service": "chat", "model": "chat", "version": "v7", "node": "node-0"}
+
+
+def drift_frame(ts: float, signal: str, feature: str, score: float, drifted: float) -> Frame:
+    return Frame(
+        ts,
+        [f"model_{signal}_drift_score", f"model_{signal}_drifted"],
+        [LABELS | {"feature": feature}],
+        np.array([[score, drifted]]),
+    )
+
+
+def test_drift_fires_when_material_and_sustained_and_clears() -> None:
+    det = DriftDetector(min_score=0.2, sustain=300.0)
+    fired = []
+    for k in range(1, 40):
+        ts = 30.0 * k
+        score = 0.35 if 300 <= ts < 900 else 0.04
+        det.on_frame(drift_frame(ts, "input", "prompt_tokens", score, float(score > 0.1)))
+        det.on_frame(drift_frame(ts, "input", "language", 0.15, 1.0))  # drifted, but not material
+        fired.append((ts, [f.rule for f in det.evaluate(ts)]))
+    firing = [ts for ts, rules in fired if rules]
+    assert firing == [ts for ts in range(600, 900, 30)]
+    (finding,) = det.evaluate(600.0)
+    assert finding.entity == {"service": "chat", "model": "chat", "version": "v7"}
+    assert (
+        finding.details["features"] == {"prompt_tokens": 0.35} and "prompt_tokens (0.35)" in finding.summary
+    )
+
+
+def test_each_signal_has_its_rule_and_silence_resolves() -> None:
+    det = DriftDetector(sustain=0.0, stale=120.0)
+    det.on_frame(drift_frame(10.0, "prediction", "prediction", 0.3, 1.0))
+    det.on_frame(drift_frame(10.0, "confidence", "confidence", 0.5, 1.0))
+    assert sorted(f.rule for f in det.evaluate(10.0)) == ["confidence_shift", "prediction_drift"]
+    assert det.evaluate(200.0) == []  # the service stopped sending sketches
+
+
+def test_drift_rows_without_service_or_values_are_counted() -> None:
+    det = DriftDetector()
+    det.on_frame(Frame(1.0, ["model_input_drift_score"], [{"feature": "x"}], np.array([[0.5]])))
+    det.on_frame(drift_frame(1.0, "input", "x", float("nan"), 1.0))
+    assert det.counters.get("drift_rows_refused") == 2 and det.evaluate(1.0) == []
+    with pytest.raises(ValueError):
+        DriftDetector(min_score=0.0)
+
+
+def business_run(values: list[float], det: BusinessDetector, every: float = 60.0) -> list[float]:
+    """Feed reports through the real quality monitor; the times at which the rule holds."""
+    monitor = QualityMonitor()
+    firing = []
+    for k, value in enumerate(values, start=1):
+        ts = every * k
+        frame = Frame(ts, ["model_business_metric"], [LABELS | {"metric": "ctr"}], np.array([[value]]))
+        derived = monitor.observe(Batch("sdk:chat", frames=[frame]))
+        assert derived is not None
+        for f in derived.frames:
+            det.on_frame(f)
+        if det.evaluate(ts):
+            firing.append(ts)
+    return firing
+
+
+def test_business_drop_fires_on_a_lasting_drop_against_a_frozen_baseline() -> None:
+    rng = np.random.default_rng(1)
+    values = [0.1 * (1 + 0.02 * rng.standard_normal()) * (0.7 if 30 <= k < 90 else 1.0) for k in range(120)]
+    firing = business_run(values, BusinessDetector())
+    # onset at report 30 (t = 1860 s): two reports to move the 3-report mean, then 90 s held
+    assert firing[0] <= 1860 + 240 and firing[-1] < 91 * 60 + 240
+    assert len(firing) > 50  # the monitor's baseline learns the drop; the frozen reference does not
+    assert BusinessDetector().evaluate(0.0) == []  # a fresh detector has nothing to say
+
+
+def test_business_noise_raises_the_bar_and_healthy_noise_stays_quiet() -> None:
+    rng = np.random.default_rng(2)
+    noisy = [0.1 * (1 + 0.1 * rng.standard_normal()) for _ in range(600)]
+    assert business_run(noisy, BusinessDetector()) == []
+    det = BusinessDetector()
+    det.on_frame(
+        Frame(
+            1.0,
+            ["model_business_metric_baseline", "model_business_metric_ratio"],
+            [LABELS],
+            np.array([[0.0, 1.0]]),
+        )
+    )
+    assert det.counters.get("business_rows_refused") == 1
