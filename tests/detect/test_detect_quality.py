@@ -30,10 +30,11 @@ def test_drift_fires_when_material_and_sustained_and_clears() -> None:
         score = 0.35 if 300 <= ts < 900 else 0.04
         det.on_frame(drift_frame(ts, "input", "prompt_tokens", score, float(score > 0.1)))
         det.on_frame(drift_frame(ts, "input", "language", 0.15, 1.0))  # drifted, but not material
-        fired.append((ts, [f.rule for f in det.evaluate(ts)]))
-    firing = [ts for ts, rules in fired if rules]
+        fired.append((ts, det.evaluate(ts)))
+    firing = [ts for ts, found in fired if found]
     assert firing == [ts for ts in range(600, 900, 30)]
-    (finding,) = det.evaluate(600.0)
+    (finding,) = dict(fired)[600.0]
+    assert finding.rule == "input_drift"
     assert finding.entity == {"service": "chat", "model": "chat", "version": "v7"}
     assert (
         finding.details["features"] == {"prompt_tokens": 0.35} and "prompt_tokens (0.35)" in finding.summary

@@ -100,7 +100,7 @@ def test_every_fault_kind_of_design_is_accepted_with_its_target() -> None:
     )
     sc = parse_scenario(text)
     assert [f.kind for f in sc.faults] == list(FAULT_KINDS)
-    assert sc.warnings == []  # every kind is simulated
+    assert not sc.warnings  # every kind is simulated
 
 
 def test_every_fault_kind_has_an_effect() -> None:

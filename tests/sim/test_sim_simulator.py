@@ -30,6 +30,7 @@ def test_healthy_has_no_hardware_events_or_failures(healthy: Trace) -> None:
         "checkpoint_started",
         "checkpoint_completed",
         "checkpoint_verified",
+        "quality_sketch",  # what the inference SDK sends about model outputs and inputs
     }
     assert all(e.data["ok"] for e in healthy.events("checkpoint_verified"))
     assert len(healthy.events("job_started")) == len(healthy.events("job_ended")) == 6

@@ -241,3 +241,16 @@ def test_non_loopback_bind_needs_a_token() -> None:
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert not is_loopback("10.0.0.1")
     hub.store.close()
+
+
+def test_openapi_documents_every_api_route(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()["paths"]
+    app = client.app
+    mounted = {
+        (route.path.replace(":path}", "}"), method.lower())  # a converter is not part of the template
+        for route in app.routes  # type: ignore[attr-defined]
+        if getattr(route, "path", "").startswith("/api/")
+        for method in (getattr(route, "methods", None) or ()) - {"HEAD"}
+    }
+    missing = sorted(f"{m.upper()} {p}" for p, m in mounted if m not in doc.get(p, {}))
+    assert not missing, f"routes missing from /openapi.json: {missing}"

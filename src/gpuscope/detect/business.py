@@ -5,9 +5,8 @@ of the earlier reports) and ``model_business_metric_ratio`` (this report over th
 baseline keeps learning, so a lasting drop would soon look normal: this detector keeps its own
 reference, the monitor's baseline, frozen while a drop is pending or firing. The recent level is
 the mean of the last ``reports`` values; it must sit below the reference by ``min_drop`` and by
-four standard errors of the metric's own report-to-report noise (learned while healthy,
-each report's share capped), for
-``sustain`` seconds. The first ``warmup`` seconds of a series only learn.
+four standard errors of the metric's own report-to-report noise (learned while healthy, each
+report's share capped), for ``sustain`` seconds. The first ``warmup`` seconds of a series only learn.
 """
 
 from __future__ import annotations
@@ -113,8 +112,9 @@ class BusinessDetector(Detector):
         return Finding(
             RULE,
             entity,
-            f"Service {service} ({lb.get('model', '?')} {lb.get('version', '?')}): {metric or 'business metric'} "
-            f"at {s.level:.3g}, {1.0 - ratio:.0%} below its baseline of {s.reference:.3g}",
+            f"Service {service} ({lb.get('model', '?')} {lb.get('version', '?')}): "
+            f"{metric or 'business metric'} at {s.level:.3g}, "
+            f"{1.0 - ratio:.0%} below its baseline of {s.reference:.3g}",
             value=ratio,
             details={"metric": metric, "level": s.level, "baseline": s.reference, "limit": s.limit},
         )

@@ -92,7 +92,7 @@ class DriftDetector(Detector):
 
     def _finding(self, rule: str, signal: str, service: str, live: list[tuple[str, _Feature]]) -> Finding:
         live.sort(key=lambda nf: -nf[1].score)
-        name, worst = live[0]
+        worst = live[0][1]
         labels = worst.labels
         entity = {"service": service} | {k: labels[k] for k in ("model", "version") if k in labels}
         drifting = ", ".join(f"{n} ({f.score:.2f})" for n, f in live)

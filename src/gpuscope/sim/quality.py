@@ -114,9 +114,7 @@ class ServiceQuality:
                 frames = [self._business(t, n, day, labels, cond)]
         return events, frames
 
-    def _sketches(
-        self, t: float, n: int, day: float, labels: Labels, cond: QualityConditions
-    ) -> list[Event]:
+    def _sketches(self, t: float, n: int, day: float, labels: Labels, cond: QualityConditions) -> list[Event]:
         rng = self.rng
         intents = INTENT_SHARE + 0.015 * day * np.array([1.0, -1.0, 0.0, 0.0])
         s = min(max(cond.prediction_shift, 0.0), 1.0)
@@ -125,14 +123,18 @@ class ServiceQuality:
         confidence = np.clip(1.0 / (1.0 + np.exp(-logit)), 1e-6, 1.0 - 1e-6)
         mu = math.log(PROMPT_TOKENS * cond.input_factor) + 0.02 * day
         prompt = np.maximum(np.round(rng.lognormal(mu, PROMPT_SIGMA, n)), 1.0)
-        sketches = {
-            ("prediction", "prediction"): category_sketch(INTENTS, rng.multinomial(n, intents / intents.sum())),
+        sketches: dict[tuple[str, str], CategorySketch | NumericSketch] = {
+            ("prediction", "prediction"): category_sketch(
+                INTENTS, rng.multinomial(n, intents / intents.sum())
+            ),
             ("confidence", "confidence"): numeric_sketch(confidence),
             ("input", "prompt_tokens"): numeric_sketch(prompt),
             ("input", "language"): category_sketch(LANGUAGES, rng.multinomial(n, LANGUAGE_SHARE)),
         }
         return [
-            Event(t, "quality_sketch", labels | {"signal": signal, "feature": feature}, {"sketch": sk.to_json()})
+            Event(
+                t, "quality_sketch", labels | {"signal": signal, "feature": feature}, {"sketch": sk.to_json()}
+            )
             for (signal, feature), sk in sketches.items()
         ]
 

@@ -89,6 +89,90 @@ BATCH_SCHEMA: dict[str, Any] = {
 }
 
 
+def _op(
+    summary: str, *, params: list[dict[str, Any]] | None = None, body: bool = False, write: bool = False
+) -> dict[str, Any]:
+    """A plain operation: JSON in (when ``body``), JSON out, refusals naming the field."""
+    out: dict[str, Any] = {"summary": summary, "responses": {"200": _OK_JSON, "400": _ERROR, "404": _ERROR}}
+    if write:
+        out["responses"] |= {"401": _ERROR, "403": _ERROR, "413": _ERROR}
+    if params:
+        out["parameters"] = params
+    if body:
+        out["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"type": "object"}}},
+        }
+    return out
+
+
+def _path(name: str) -> dict[str, Any]:
+    return {"name": name, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+
+
+_ALERTING_PATHS: dict[str, Any] = {
+    "/api/v1/alerting/alerts": {"get": _op("Alerts ranked by cost of delay, with playbook results")},
+    "/api/v1/alerting/incidents": {"get": _op("Incidents ranked by cost, root cause first")},
+    "/api/v1/alerting/status": {"get": _op("Receivers, outbox backlog, silences, maintenance")},
+    "/api/v1/alerts/{id}/ack": {
+        "post": _op(
+            "Acknowledge an alert (al-N) or a whole incident (inc-N)",
+            params=[_path("id")],
+            body=True,
+            write=True,
+        )
+    },
+    "/api/v1/alerts/{id}/history": {
+        "get": _op("An alert's notifications and state changes", params=[_path("id")])
+    },
+    "/api/v1/silences": {
+        "get": _op("Active silences"),
+        "post": _op("Add a silence: matchers, expiry, author, comment", body=True, write=True),
+    },
+    "/api/v1/silences/{id}": {"delete": _op("Expire a silence", params=[_path("id")], write=True)},
+}
+
+_LINEAGE_PATHS: dict[str, Any] = {
+    "/api/v1/lineage/runs": {"post": _op("Register a training run", body=True, write=True)},
+    "/api/v1/lineage/checkpoints": {
+        "post": _op("Register a checkpoint (job, step, manifest hash)", body=True, write=True)
+    },
+    "/api/v1/lineage/versions": {
+        "post": _op("Register a model version from a checkpoint", body=True, write=True)
+    },
+    "/api/v1/lineage/promotions": {
+        "post": _op("Promote a version to a service (traffic share, alias)", body=True, write=True)
+    },
+    "/api/v1/lineage/versions/{model}/{version}": {
+        "get": _op(
+            "A version with its checkpoint, training run, aliases and deployments",
+            params=[_path("model"), _path("version")],
+        )
+    },
+    "/api/v1/lineage/deployments": {
+        "get": _op(
+            "Deployments, by service or model",
+            params=[_query("service", {"type": "string"}), _query("model", {"type": "string"})],
+        )
+    },
+    "/api/v1/lineage/changes": {
+        "get": _op(
+            "What changed on a service just before a time",
+            params=[
+                _query("service", {"type": "string"}, True),
+                _query("at", {"type": "number"}),
+                _query("window", {"type": "number", "minimum": 0}),
+            ],
+        )
+    },
+}
+
+_UI_PATHS: dict[str, Any] = {
+    f"/api/v1/ui/{page}": {"get": _op(f"Data behind the dashboard's {page} page")}
+    for page in ("fleet", "node", "jobs", "job", "services", "service", "reports", "capabilities")
+}
+
+
 def openapi_document(version: str) -> dict[str, Any]:
     errors = {"400": _ERROR, "401": _ERROR, "403": _ERROR}
     return {
@@ -180,5 +264,8 @@ def openapi_document(version: str) -> dict[str, Any]:
                 }
             },
             "/openapi.json": {"get": {"summary": "This document", "responses": {"200": _OK_JSON}}},
+            **_ALERTING_PATHS,
+            **_LINEAGE_PATHS,
+            **_UI_PATHS,
         },
     }
