@@ -58,6 +58,8 @@ class BusinessDetector(Detector):
         self._series: dict[tuple[str, str], _Series] = {}
 
     def on_frame(self, frame: Frame) -> None:
+        if RATIO not in frame.metrics:  # most frames: GPU and node telemetry
+            return
         ratios = frame.column(RATIO)
         baselines = frame.column(BASELINE)
         if ratios is None or baselines is None:

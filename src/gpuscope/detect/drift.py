@@ -22,6 +22,7 @@ from gpuscope.model import Finding, Frame, Labels
 RULES = {"prediction": "prediction_drift", "confidence": "confidence_shift", "input": "input_drift"}
 WHAT = {"prediction": "prediction", "confidence": "confidence", "input": "input feature"}
 _COLUMNS = {signal: (f"model_{signal}_drift_score", f"model_{signal}_drifted") for signal in RULES}
+_SCORES = frozenset(score for score, _ in _COLUMNS.values())
 
 
 @dataclass(slots=True)
@@ -50,6 +51,8 @@ class DriftDetector(Detector):
         self._services: dict[str, _Service] = {}
 
     def on_frame(self, frame: Frame) -> None:
+        if _SCORES.isdisjoint(frame.metrics):  # most frames: GPU and node telemetry
+            return
         for signal, (score_name, flag_name) in _COLUMNS.items():
             scores = frame.column(score_name)
             if scores is None:
