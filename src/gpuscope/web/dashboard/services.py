@@ -1,7 +1,7 @@
 """The services pages' data: each inference service's latest figures, versions and drift alerts.
 
 Drift scores come from the drift rules' alerts (their value is the score that crossed the
-threshold); the simulator does not model drift, so a service without such alerts shows none.
+threshold), so a service without such alerts shows none.
 """
 
 from __future__ import annotations
