@@ -30,7 +30,7 @@ from gpuscope.agent.sender import Backoff, Sender
 from gpuscope.agent.spool import Spool
 from gpuscope.collect.base import Collector, CollectorError, CollectorSet
 from gpuscope.counters import Counters
-from gpuscope.ingest.payload import encode_batch
+from gpuscope.ingest.payload import encode_batch, training_to_json
 from gpuscope.model import Batch, Event, Labels
 
 log = logging.getLogger("gpuscope.agent")
@@ -287,16 +287,6 @@ def collect_once_json(
         "samples": got.sample_count,
         "entities": entities,
         "events": [{"ts": e.ts, "kind": e.kind, "labels": e.labels, "data": e.data} for e in events],
-        "training": [
-            {
-                "ts": t.ts,
-                "job": t.job,
-                "rank": t.rank,
-                "step": t.step,
-                "metrics": {k: (None if math.isnan(v) else v) for k, v in t.metrics.items()},
-                "labels": t.labels,
-            }
-            for t in got.training
-        ],
+        "training": [training_to_json(t) for t in got.training],
         "errors": [{"collector": e.collector, "kind": e.kind, "message": e.message} for e in errors],
     }

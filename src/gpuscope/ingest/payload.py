@@ -255,6 +255,18 @@ def _values_json(values: np.ndarray[Any, np.dtype[np.float64]]) -> list[list[flo
     return as_objects.tolist()  # type: ignore[no-any-return]
 
 
+def training_to_json(record: TrainingRecord) -> dict[str, Any]:
+    """The wire form of one training record; NaN metrics (a NaN loss) travel as null."""
+    return {
+        "ts": record.ts,
+        "job": record.job,
+        "rank": record.rank,
+        "step": record.step,
+        "metrics": {k: (None if math.isnan(v) else v) for k, v in record.metrics.items()},
+        "labels": record.labels,
+    }
+
+
 def batch_to_json(batch: Batch) -> dict[str, Any]:
     """The wire form of a batch (inverse of :func:`parse_batch`); NaN values become null."""
     out: dict[str, Any] = {"source": batch.source}
@@ -270,17 +282,7 @@ def batch_to_json(batch: Batch) -> dict[str, Any]:
             {"ts": e.ts, "kind": e.kind, "labels": e.labels, "data": e.data} for e in batch.events
         ]
     if batch.training:
-        out["training"] = [
-            {
-                "ts": t.ts,
-                "job": t.job,
-                "rank": t.rank,
-                "step": t.step,
-                "metrics": {k: (None if math.isnan(v) else v) for k, v in t.metrics.items()},
-                "labels": t.labels,
-            }
-            for t in batch.training
-        ]
+        out["training"] = [training_to_json(t) for t in batch.training]
     return out
 
 

@@ -22,8 +22,8 @@ from starlette.routing import Route
 
 from gpuscope import __version__
 from gpuscope.hub import Hub
-from gpuscope.ingest.payload import Limits, PayloadError, decode_json, parse_batch
-from gpuscope.model import Alert, Event, TrainingRecord
+from gpuscope.ingest.payload import Limits, PayloadError, decode_json, parse_batch, training_to_json
+from gpuscope.model import Alert, Event
 from gpuscope.web.openapi import openapi_document
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -93,17 +93,6 @@ def _alert_json(alert: Alert) -> dict[str, Any]:
 
 def _event_json(event: Event) -> dict[str, Any]:
     return {"ts": event.ts, "kind": event.kind, "labels": event.labels, "data": _json_safe(event.data)}
-
-
-def _training_json(rec: TrainingRecord) -> dict[str, Any]:
-    return {
-        "ts": rec.ts,
-        "job": rec.job,
-        "rank": rec.rank,
-        "step": rec.step,
-        "metrics": _json_safe(rec.metrics),
-        "labels": rec.labels,
-    }
 
 
 class HubApi:
@@ -269,7 +258,7 @@ class HubApi:
         rank = int(rank_raw) if rank_raw is not None else None
         limit = _int_param(request, "limit", 10_000, 1, 1_000_000)
         rows = await run_in_threadpool(self.hub.store.training, job, start, end, rank, limit)
-        return JSONResponse({"job": job, "records": [_training_json(r) for r in rows]})
+        return JSONResponse({"job": job, "records": [training_to_json(r) for r in rows]})
 
     async def alerts(self, request: Request) -> Response:
         state = request.query_params.get("state", "firing")
