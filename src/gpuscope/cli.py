@@ -1,11 +1,11 @@
-"""The command line of DESIGN §5: ``demo``, ``hub``, ``agent``, ``sim-eval``."""
+"""gpuscope: watch GPU clusters and the training and inference running on them."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import orjson
@@ -13,6 +13,8 @@ from rich.console import Console
 
 from gpuscope import __version__
 from gpuscope.config import DEFAULT_PORT, ConfigError, load_config, parse_listen
+
+Command = Callable[[argparse.Namespace], int]
 
 err = Console(stderr=True)
 if not err.is_terminal:
@@ -63,12 +65,6 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     finally:
         alerting.stop()
     return 0
-
-
-def _cmd_agent(args: argparse.Namespace) -> int:
-    from gpuscope.agent.cli import run_agent
-
-    return run_agent(args)
 
 
 def _cmd_sim_eval(args: argparse.Namespace) -> int:
@@ -135,34 +131,40 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_argument("--db", default=None, help="DuckDB store file (default from config: gpuscope.duckdb)")
     hub.set_defaults(func=_cmd_hub)
 
-    agent = sub.add_parser("agent", help="run a node agent that collects and sends to a hub")
-    from gpuscope.agent.cli import add_agent_arguments
-
-    add_agent_arguments(agent)
-    agent.set_defaults(func=_cmd_agent)
-
+    # subcommands whose arguments and action live with the stage they drive
+    from gpuscope.agent.cli import add_agent_arguments, run_agent
     from gpuscope.cli_alerts import add_alerts_arguments, add_incidents_arguments, run_alerts, run_incidents
-
-    alerts = sub.add_parser("alerts", help="list, acknowledge and silence a hub's alerts")
-    add_alerts_arguments(alerts)
-    alerts.set_defaults(func=run_alerts)
-    incidents = sub.add_parser("incidents", help="a hub's incidents, root cause first, costliest first")
-    add_incidents_arguments(incidents)
-    incidents.set_defaults(func=run_incidents)
-
-    lineage = sub.add_parser("lineage", help="training run -> checkpoint -> model version -> deployment")
     from gpuscope.lineage.cli import add_arguments as add_lineage_arguments
     from gpuscope.lineage.cli import run as run_lineage
-
-    add_lineage_arguments(lineage)
-    lineage.set_defaults(func=run_lineage)
-
-    verify = sub.add_parser("verify-checkpoint", help="re-check a checkpoint against its content manifest")
     from gpuscope.sdk.verify import add_arguments as add_verify_arguments
     from gpuscope.sdk.verify import run as run_verify
 
-    add_verify_arguments(verify)
-    verify.set_defaults(func=run_verify)
+    delegated: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Command]] = [
+        ("agent", "run a node agent that collects and sends to a hub", add_agent_arguments, run_agent),
+        ("alerts", "list, acknowledge and silence a hub's alerts", add_alerts_arguments, run_alerts),
+        (
+            "incidents",
+            "a hub's incidents, root cause first, costliest first",
+            add_incidents_arguments,
+            run_incidents,
+        ),
+        (
+            "lineage",
+            "training run -> checkpoint -> model version -> deployment",
+            add_lineage_arguments,
+            run_lineage,
+        ),
+        (
+            "verify-checkpoint",
+            "re-check a checkpoint against its content manifest",
+            add_verify_arguments,
+            run_verify,
+        ),
+    ]
+    for name, text, add_arguments, run in delegated:
+        command = sub.add_parser(name, help=text)
+        add_arguments(command)
+        command.set_defaults(func=run)
 
     sim = sub.add_parser("sim-eval", help="run a scenario in virtual time and print its alerts")
     sim.add_argument("scenario", help="scenario YAML (DESIGN §4)")
