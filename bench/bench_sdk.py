@@ -20,11 +20,11 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from common import gpuscope_hub, print_table
+from common import gpuscope_hub, per_call_us, print_table
 
 LOG_BUDGET_US = 2.0
 SLOWDOWN_BUDGET = 0.01
@@ -35,16 +35,6 @@ def hub_process(tmp: Path) -> Iterator[str]:
     """A real hub in its own process, as in production (not competing for this process's GIL)."""
     with gpuscope_hub(tmp / "hub.duckdb") as (url, _):
         yield url
-
-
-def per_call_us(fn: Callable[[int], None], calls: int, repeats: int = 5) -> float:
-    """Median over ``repeats`` of the mean cost of one call, in microseconds."""
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(calls)
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(samples)
 
 
 def bench_gpuscope(hub: str, tmp: Path, calls: int) -> float:

@@ -15,14 +15,13 @@ import contextlib
 import csv
 import importlib.util
 import json
-import statistics
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from common import SHARED_DATA, free_port, print_table
+from common import SHARED_DATA, free_port, per_call_us, print_table
 
 BUDGET_US = 3.0
 TRACE = SHARED_DATA / "azure_llm_inference_2023" / "AzureLLMInferenceTrace_conv.csv"
@@ -41,15 +40,6 @@ def local_hub(tmp: Path) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
-
-
-def per_call_us(fn: Callable[[int], None], calls: int, repeats: int = 5) -> float:
-    samples = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn(calls)
-        samples.append((time.perf_counter() - t0) / calls * 1e6)
-    return statistics.median(samples)
 
 
 def bench_gpuscope(hub: str, tmp: Path, calls: int) -> tuple[float, float, dict[str, int]]:

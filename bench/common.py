@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -193,3 +194,13 @@ def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
     for r in rows:
         table.add_row(*r)
     Console().print(table)
+
+
+def per_call_us(fn: Callable[[int], None], calls: int, repeats: int = 5) -> float:
+    """Median over ``repeats`` of the mean cost of one call, in microseconds."""
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn(calls)
+        samples.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(samples)
