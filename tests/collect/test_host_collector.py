@@ -6,6 +6,7 @@ import shutil
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from gpuscope.collect.base import CollectorSet
@@ -117,7 +118,12 @@ def test_missing_files_in_a_custom_root_are_errors_not_the_real_host(tmp_path: P
 def test_psutil_readings_stand_in_for_procfs() -> None:
     host = HostCollector("node-7", use_psutil=True)
     host.collect(0.0)
-    time.sleep(0.05)  # CPU times advance in 10 ms ticks
+    # CPU times advance in clock ticks; a quiet CI container may not tick in a short sleep, so spin
+    # until one has passed (bounded) rather than hoping a fixed sleep is enough.
+    deadline = time.monotonic() + 5.0
+    start = sum(psutil.cpu_times())
+    while sum(psutil.cpu_times()) == start and time.monotonic() < deadline:
+        sum(i * i for i in range(10_000))
     got = host.collect(1.0)
     assert got.errors == []
     v = values(got.frames[0])

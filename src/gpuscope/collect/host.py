@@ -136,8 +136,10 @@ def _rates(prev_ts: float, prev: HostReading, now: float, cur: HostReading) -> d
     out: dict[str, float] = {}
     if prev.cpu is not None and cur.cpu is not None:
         d_total = cur.cpu.total - prev.cpu.total
-        d_busy = cur.cpu.busy - prev.cpu.busy
-        if d_total > 0 and d_busy >= 0:
+        # busy is a difference of float sums (and iowait may step back), so an idle interval can
+        # show a hair below zero: clamp rather than lose the reading.
+        d_busy = max(0.0, cur.cpu.busy - prev.cpu.busy)
+        if d_total > 0:
             out["node_cpu_percent"] = min(100.0, 100.0 * d_busy / d_total)
     dt = now - prev_ts
     if prev.net is not None and cur.net is not None and dt > 0:
