@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from pgserver import PostgresServer, postgres_bin_dir
 from support import HubProcess
 
 
@@ -24,3 +26,22 @@ def hub_factory(tmp_path: Path) -> Iterator[type[HubProcess]]:
     yield Factory
     for hub in started:
         hub.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    """One real PostgreSQL server for the session (Debian package ``postgresql``)."""
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("PostgreSQL is not installed: scripts/system-deps.sh should have installed it")
+        pytest.skip("PostgreSQL (Debian package postgresql) is not installed")
+    server = PostgresServer(bin_dir).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: PostgresServer) -> str:
+    """A DSN to a fresh, empty database of its own for each test."""
+    return postgres_server.create_database()
