@@ -8,7 +8,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +18,8 @@ import httpx
 import numpy as np
 from rich.console import Console
 from rich.table import Table
+
+from gpuscope.store.remote.local import start_victoria_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -135,26 +136,11 @@ def victoria_metrics() -> Iterator[tuple[str, Path] | None]:
         console.print("[yellow]victoria-metrics not installed: anchor skipped[/yellow]")
         yield None
         return
-    data = Path(tempfile.mkdtemp(prefix="bench-vm-"))
-    port = free_port()
-    proc = subprocess.Popen(
-        [
-            binary,
-            f"-storageDataPath={data}",
-            f"-httpListenAddr=127.0.0.1:{port}",
-            "-retentionPeriod=100y",
-            "-search.disableCache",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    db = start_victoria_metrics(binary)
     try:
-        wait_http(f"http://127.0.0.1:{port}/health")
-        yield f"http://127.0.0.1:{port}", data
+        yield db.url, db.data
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-        shutil.rmtree(data, ignore_errors=True)
+        db.stop()
 
 
 @contextmanager

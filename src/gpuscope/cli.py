@@ -10,6 +10,7 @@ from pathlib import Path
 
 import orjson
 from rich.console import Console
+from rich.markup import escape
 
 from gpuscope import __version__
 from gpuscope.config import DEFAULT_PORT, ConfigError, load_config, parse_listen
@@ -22,24 +23,35 @@ if not err.is_terminal:
 
 
 def _cmd_hub(args: argparse.Namespace) -> int:
-    from gpuscope.hub import Hub
     from gpuscope.ingest.payload import Limits
-    from gpuscope.store.duckdb_store import DuckDBStore
+    from gpuscope.store.errors import StoreError
+    from gpuscope.store.settings import StorageConfigError, open_store, store_label
     from gpuscope.web.server import HubServer
 
     cfg = load_config(args.config)
+    from gpuscope.web.auth import default_audit_path, install_redaction, secret_strings
+
+    install_redaction(secret_strings(cfg.tokens, cfg.raw))
     if args.listen:
         cfg.host, cfg.port = parse_listen(args.listen)
     if args.db:
         cfg.storage_path = args.db
-    store = DuckDBStore(
-        cfg.storage_path,
-        max_entities=cfg.max_entities,
-        max_metrics=cfg.max_metrics,
-        raw_retention_s=cfg.raw_retention_s,
-    )
-    hub = Hub(store, price_per_gpu_hour=cfg.price_per_gpu_hour)
+    cfg.auth.audit_log = cfg.auth.audit_log or default_audit_path(cfg.storage_path)
+    try:
+        store = open_store(cfg)  # storage.backend: the embedded DuckDB file or a remote TSDB
+    except StorageConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    except StoreError as exc:  # refused, not reset: the files are left as they were
+        err.print(
+            f"[red]gpuscope hub: {escape(str(exc))}\nThe store was not modified. Restore it (and its .chunks "
+            "directory) from a backup, or start with a new file (--db or storage.path).[/red]",
+            soft_wrap=True,
+        )
+        return 2
+    from gpuscope.cluster import build_hub, join_cluster
     from gpuscope.services import attach_services
+
+    hub = build_hub(store, cfg)  # a plain Hub unless the config has a cluster: section
 
     try:
         alerting = attach_services(hub, cfg)
@@ -48,7 +60,12 @@ def _cmd_hub(args: argparse.Namespace) -> int:
         raise
     try:
         server = HubServer(
-            hub, cfg.host, cfg.port, tokens=cfg.tokens, limits=Limits(max_body_bytes=cfg.max_body_bytes)
+            hub,
+            cfg.host,
+            cfg.port,
+            auth=cfg.auth,
+            tls=cfg.tls,
+            limits=Limits(max_body_bytes=cfg.max_body_bytes, max_past_s=cfg.raw_retention_s),
         )
     except (ValueError, OSError) as exc:
         store.close()
@@ -56,10 +73,11 @@ def _cmd_hub(args: argparse.Namespace) -> int:
         err.print(f"[red]gpuscope hub: {exc}[/red]")
         return 2
     err.print(
-        f"gpuscope hub {__version__} listening on {server.url} (store: {cfg.storage_path}, "
-        f"write auth: {'token' if cfg.tokens else 'none, loopback only'})"
+        f"gpuscope hub {__version__} listening on {server.url} (store: {store_label(cfg)}, "
+        f"auth: {len(cfg.auth.tokens)} token(s), audit log {server.api.audit.path or 'in memory'})"
     )
     alerting.start()
+    join_cluster(hub)  # leaves again when the server closes the hub's store
     try:
         server.run()
     finally:
@@ -112,6 +130,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def _token_cli() -> tuple[Callable[[argparse.ArgumentParser], None], Command]:
+    from gpuscope.web.auth import add_token_arguments, run_token
+
+    return add_token_arguments, run_token
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuscope", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
@@ -136,11 +160,14 @@ def build_parser() -> argparse.ArgumentParser:
     from gpuscope.cli_alerts import add_alerts_arguments, add_incidents_arguments, run_alerts, run_incidents
     from gpuscope.lineage.cli import add_arguments as add_lineage_arguments
     from gpuscope.lineage.cli import run as run_lineage
+    from gpuscope.loadgen.cli import add_arguments as add_loadgen_arguments
+    from gpuscope.loadgen.cli import run as run_loadgen
     from gpuscope.sdk.verify import add_arguments as add_verify_arguments
     from gpuscope.sdk.verify import run as run_verify
 
     delegated: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Command]] = [
         ("agent", "run a node agent that collects and sends to a hub", add_agent_arguments, run_agent),
+        ("token", "create a scoped hub token (printed once) and its hashed config line", *_token_cli()),
         ("alerts", "list, acknowledge and silence a hub's alerts", add_alerts_arguments, run_alerts),
         (
             "incidents",
@@ -153,6 +180,12 @@ def build_parser() -> argparse.ArgumentParser:
             "training run -> checkpoint -> model version -> deployment",
             add_lineage_arguments,
             run_lineage,
+        ),
+        (
+            "loadgen",
+            "play a simulated fleet's agents and SDKs into hubs and measure them",
+            add_loadgen_arguments,
+            run_loadgen,
         ),
         (
             "verify-checkpoint",

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuscope.config import DEFAULT_PORT
+from gpuscope.tls import client_context
 
 SEVERITY_STYLE = {"P1": "bold red", "P2": "yellow", "P3": "cyan"}
 
@@ -72,7 +73,8 @@ def add_incidents_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _client(args: argparse.Namespace) -> httpx.Client:
     headers = {"authorization": f"Bearer {args.token}"} if args.token else {}
-    return httpx.Client(base_url=args.hub, headers=headers, timeout=10)
+    verify = client_context() if str(args.hub).startswith("https://") else True  # GPUSCOPE_CA_FILE
+    return httpx.Client(base_url=args.hub, headers=headers, timeout=10, verify=verify)
 
 
 def _call(args: argparse.Namespace, method: str, path: str, **kw: Any) -> Any:

@@ -6,6 +6,7 @@ type is refused with a message naming it, so a typo never silently falls back to
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,12 +14,18 @@ from typing import Any
 
 import yaml
 
+from gpuscope.store.settings import StorageConfigError, StorageSettings, parse_storage
+from gpuscope.tls import TlsSettings, parse_tls
+from gpuscope.web.auth import AuthSettings, parse_auth
+
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7470
 
 KNOWN_KEYS = {"listen", "storage", "state", "auth", "pricing", "limits", "receivers", "routes", "retention"}
 KNOWN_KEYS |= {"alerting"}  # silences, maintenance, escalation, pending, outbox: gpuscope.alert.settings
 KNOWN_KEYS |= {"slos"}  # per-service objectives for error-budget burn rates: gpuscope.quality.slo
+KNOWN_KEYS |= {"tls"}  # certificate files of the hub: gpuscope.tls
+KNOWN_KEYS |= {"cluster"}  # sharded hubs sharing state in PostgreSQL: gpuscope.cluster.config
 
 
 class ConfigError(ValueError):
@@ -31,19 +38,22 @@ class HubConfig:
     port: int = DEFAULT_PORT
     storage_backend: str = "duckdb"
     storage_path: str = "gpuscope.duckdb"
-    tokens: list[str] = field(default_factory=list)
+    storage: StorageSettings = field(default_factory=StorageSettings)  # the whole storage: section
+    tokens: list[str] = field(default_factory=list, repr=False)  # plain ones; every token is in auth
+    auth: AuthSettings = field(default_factory=AuthSettings, repr=False)
+    tls: TlsSettings | None = None
     price_per_gpu_hour: float = 2.5
     max_body_bytes: int = 64 * 1024 * 1024
     max_entities: int = 100_000
     max_metrics: int = 512
     raw_retention_s: float = 7 * 86400
-    raw: dict[str, Any] = field(default_factory=dict)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)  # holds receivers' URLs, keys, DSNs
 
 
 def parse_listen(value: str) -> tuple[str, int]:
     """``HOST:PORT`` (``[::1]:PORT`` for IPv6) into its parts."""
     host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+    if not sep or not (port.isascii() and port.isdigit()) or not 0 < int(port) < 65536:
         raise ConfigError(f"listen: {value!r} is not HOST:PORT")
     return (host.strip("[]") or DEFAULT_HOST), int(port)
 
@@ -59,7 +69,7 @@ def _section(raw: dict[str, Any], key: str) -> dict[str, Any]:
 
 def _number(section: dict[str, Any], key: str, where: str, default: float) -> float:
     value = section.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
         raise ConfigError(f"{where}.{key}: must be a non-negative number")
     return float(value)
 
@@ -71,36 +81,42 @@ def load_config(path: str | os.PathLike[str] | None = None) -> HubConfig:
     env_token = os.environ.get("GPUSCOPE_TOKEN")
     if env_token:
         cfg.tokens.append(env_token)
+    cfg.auth = parse_auth({}, env_token)
     if not path:
         return cfg
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    except (ValueError, RecursionError) as exc:  # scalars the resolver accepts but cannot build (0b_)
+        raise ConfigError(f"{path}: not valid YAML: {exc or 'nested too deeply'}") from None
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: must be a mapping of sections")
     unknown = set(raw) - KNOWN_KEYS
     if unknown:
         raise ConfigError(
-            f"{path}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(KNOWN_KEYS))})"
+            f"{path}: unknown key {sorted(unknown, key=str)[0]!r} (known: {', '.join(sorted(KNOWN_KEYS))})"
         )
     cfg.raw = raw
     if "listen" in raw:
         cfg.host, cfg.port = parse_listen(str(raw["listen"]))
     storage = _section(raw, "storage")
-    cfg.storage_backend = str(storage.get("backend", "duckdb"))
-    if cfg.storage_backend != "duckdb":
-        raise ConfigError(
-            f"storage.backend: {cfg.storage_backend!r} is not available in this version (duckdb)"
-        )
-    cfg.storage_path = str(storage.get("path", cfg.storage_path))
+    try:
+        cfg.storage = parse_storage(storage)
+    except StorageConfigError as exc:
+        raise ConfigError(str(exc)) from None
+    cfg.storage_backend, cfg.storage_path = cfg.storage.backend, cfg.storage.path
     auth = _section(raw, "auth")
-    tokens = auth.get("tokens", [])
-    if not isinstance(tokens, list) or not all(isinstance(t, str) and len(t) >= 16 for t in tokens):
-        raise ConfigError("auth.tokens: must be a list of strings of at least 16 characters")
-    cfg.tokens.extend(tokens)
+    try:  # token entries, scopes, rate limits, audit log: gpuscope.web.auth
+        cfg.auth = parse_auth(auth, env_token)
+        cfg.tls = parse_tls(_section(raw, "tls"))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    cfg.tokens.extend(t for t in auth.get("tokens") or [] if isinstance(t, str))
     pricing = _section(raw, "pricing")
     cfg.price_per_gpu_hour = _number(pricing, "price_per_gpu_hour", "pricing", cfg.price_per_gpu_hour)
     limits = _section(raw, "limits")
@@ -109,4 +125,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> HubConfig:
     cfg.max_metrics = int(_number(limits, "max_metrics", "limits", cfg.max_metrics))
     retention = _section(raw, "retention")
     cfg.raw_retention_s = _number(retention, "raw_seconds", "retention", cfg.raw_retention_s)
+    from gpuscope.cluster.config import parse_cluster  # imports this module: refused here, used later
+
+    parse_cluster(raw, cfg.host, cfg.port)
     return cfg

@@ -34,7 +34,8 @@ from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import Scenario, ScenarioError, builtin_scenario, load_scenario
 from gpuscope.simeval.render import print_report
 from gpuscope.simeval.report import evaluate
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.errors import StoreError
+from gpuscope.store.settings import StorageConfigError, open_store, store_label
 from gpuscope.web.server import HubServer
 
 SEVERITY_STYLE = {"P1": "bold red", "P2": "yellow", "P3": "cyan"}
@@ -129,7 +130,13 @@ def run_demo(
         return 2
     end = min(duration, scenario.duration) if duration is not None else scenario.duration
     workdir = Path(tempfile.mkdtemp(prefix="gpuscope-demo-"))
-    store = DuckDBStore(str(workdir / "demo.duckdb"))
+    # the config's storage backend (a remote TSDB too); local files stay in the demo's own directory
+    cfg.storage_path = str(workdir / "demo.duckdb")
+    try:
+        store = open_store(cfg)
+    except (StorageConfigError, StoreError) as exc:
+        console.print(f"[red]storage: {exc}[/red]")
+        return 2
     hub = Hub(store, price_per_gpu_hour=scenario.cluster.price_per_gpu_hour)
 
     def on_change(change: AlertChange) -> None:
@@ -145,18 +152,17 @@ def run_demo(
         )
 
     hub.add_listener(on_change)
-    cfg.storage_path = str(workdir / "demo.duckdb")  # alerting state (acks, silences) lives beside it
     alerting = attach_services(hub, cfg)
     try:
-        server = HubServer(hub, "127.0.0.1", port, tokens=cfg.tokens)
+        server = HubServer(hub, "127.0.0.1", port, auth=cfg.auth)
     except OSError:
-        server = HubServer(hub, "127.0.0.1", 0, tokens=cfg.tokens)  # the usual port is taken
+        server = HubServer(hub, "127.0.0.1", 0, auth=cfg.auth)  # the usual port is taken
     server.start()
     alerting.start()
     console.print(f"[bold]dashboard[/bold]: {server.url}/ui/")
     console.print(
         f"[bold]gpuscope demo[/bold]: hub API at {server.url} (health: {server.url}/api/v1/health), "
-        f"store {workdir / 'demo.duckdb'}; scenario {scenario.name}, {end:.0f} s, "
+        f"store {store_label(cfg)}; scenario {scenario.name}, {end:.0f} s, "
         f"{len(scenario.faults)} faults"
     )
     t0 = time.time()

@@ -64,11 +64,15 @@ class Hub:
         self.counters.inc("ingest_events", result.events)
         self.counters.inc("ingest_training_records", result.training)
         self.counters.inc("ingest_refused_samples", result.refused_samples)
-        with self._detect_lock:
-            self.detection.observe(batch)
+        self.detect(batch)
         for observer in self._observers:
             observer(batch)
         return result
+
+    def detect(self, batch: Batch) -> None:
+        """Let the detectors see a stored batch (a sharded hub routes it to the owners instead)."""
+        with self._detect_lock:
+            self.detection.observe(batch)
 
     def evaluate(self, now: float) -> list[AlertChange]:
         """Run every detector at ``now`` and apply the findings to the alert state."""

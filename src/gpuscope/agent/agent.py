@@ -86,6 +86,7 @@ class Agent:
         backoff: Backoff | None = None,
         counters: Counters | None = None,
         fsync: bool = True,
+        ca_file: str | None = None,
     ) -> None:
         if not (interval > 0 and math.isfinite(interval)):
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
@@ -113,6 +114,7 @@ class Agent:
                 counters=self.counters,
                 clock=clock,
                 backoff=backoff,
+                ca_file=ca_file,
             )
         except Exception:
             self.spool.close()

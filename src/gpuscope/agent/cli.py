@@ -28,6 +28,7 @@ from gpuscope.collect.base import (
     build_collectors,
     enabled_collectors,
 )
+from gpuscope.tls import TlsSettings
 
 log = logging.getLogger("gpuscope.agent")
 
@@ -42,6 +43,15 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--node", default=None, help="this node's name (default: the short host name)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between rounds (default 1)")
     parser.add_argument("--token", default=None, help="bearer token for the hub (default: $GPUSCOPE_TOKEN)")
+    parser.add_argument(
+        "--ca-file",
+        default=None,
+        help="CA file for an https:// hub (default: $GPUSCOPE_CA_FILE, else the system's)",
+    )
+    parser.add_argument(
+        "--metrics-tls-cert", default=None, help="serve --metrics-listen over TLS: cert (PEM)"
+    )
+    parser.add_argument("--metrics-tls-key", default=None, help="and its private key (PEM)")
     parser.add_argument(
         "--spool-dir", default=None, help="where batches wait while the hub is away (default: ~/.local/state)"
     )
@@ -123,7 +133,13 @@ def run_agent(args: argparse.Namespace) -> int:
     endpoint = None
     if getattr(args, "metrics_listen", None):
         try:
-            endpoint = MetricsEndpoint(*parse_listen(args.metrics_listen)).start()
+            tls = None
+            cert, key = getattr(args, "metrics_tls_cert", None), getattr(args, "metrics_tls_key", None)
+            if cert or key:
+                if not (cert and key):
+                    raise ValueError("--metrics-tls-cert and --metrics-tls-key go together")
+                tls = TlsSettings(cert, key)
+            endpoint = MetricsEndpoint(*parse_listen(args.metrics_listen), tls=tls).start()
         except (ValueError, OSError) as exc:
             for c in collectors:
                 c.close()
@@ -145,6 +161,7 @@ def run_agent(args: argparse.Namespace) -> int:
             token=args.token or os.environ.get("GPUSCOPE_TOKEN") or None,
             spool_dir=args.spool_dir,
             spool_max_bytes=int(args.spool_max_mb * 1024 * 1024),
+            ca_file=getattr(args, "ca_file", None),
         )
     except (ValueError, SpoolError) as exc:
         for c in collectors:
@@ -175,7 +192,8 @@ def _serve_metrics_only(collectors: list[Collector], endpoint: MetricsEndpoint, 
     previous = {s: signal.signal(s, lambda *_: stop.set()) for s in (signal.SIGINT, signal.SIGTERM)}
     cs = PublishingCollectorSet(collectors, endpoint)
     host, port = endpoint.address
-    print(f"gpuscope agent: serving http://{host}:{port}/metrics every {interval:g} s", file=sys.stderr)
+    scheme = "https" if endpoint.tls else "http"
+    print(f"gpuscope agent: serving {scheme}://{host}:{port}/metrics every {interval:g} s", file=sys.stderr)
     try:
         serve_only(cs, interval, stop)
     finally:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import re
+import ssl
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -20,6 +22,7 @@ from gpuscope.collect.base import Collected, Collector, CollectorSet
 from gpuscope.counters import Counters
 from gpuscope.model import Frame
 from gpuscope.signals import ALL_METRICS
+from gpuscope.tls import TlsSettings
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _VALID = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
@@ -41,7 +44,7 @@ def render_exposition(frames: Sequence[Frame]) -> str:
     for f in frames:
         keys = [tuple(sorted(labels.items())) for labels in f.entities]
         for j, metric in enumerate(f.metrics):
-            if not _VALID.match(metric):
+            if not _VALID.fullmatch(metric):
                 continue
             col = f.values[:, j]
             by_labels = series.setdefault(metric, {})
@@ -58,21 +61,30 @@ def render_exposition(frames: Sequence[Frame]) -> str:
         lines.append(f"# HELP {metric} {_escape(spec.help) if spec else 'gpuscope metric.'}")
         lines.append(f"# TYPE {metric} {kind}")
         for key, v in sorted(series[metric].items()):
-            label_text = ",".join(f'{k}="{_escape(val)}"' for k, val in key if _VALID.match(k))
+            label_text = ",".join(f'{k}="{_escape(val)}"' for k, val in key if _VALID.fullmatch(k))
             lines.append(f"{metric}{{{label_text}}} {_number(v)}" if label_text else f"{metric} {_number(v)}")
     return "\n".join(lines) + "\n"
+
+
+class _Server(ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        if isinstance(sys.exc_info()[1], ssl.SSLError | ConnectionError | TimeoutError):
+            return  # a client that failed the TLS handshake (plain HTTP, unknown CA) or went away
+        super().handle_error(request, client_address)
 
 
 class MetricsEndpoint:
     """A small HTTP server on ``host:port`` answering ``GET /metrics`` with the latest round."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0, tls: TlsSettings | None = None) -> None:
         self._lock = threading.Lock()
         self._body = b""
         self.rounds = 0
         endpoint = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = 30  # a connection that never finishes its request (or handshake) is dropped
+
             def do_GET(self) -> None:
                 if self.path.split("?")[0] != "/metrics":
                     self.send_error(404, "only /metrics is served here")
@@ -87,8 +99,15 @@ class MetricsEndpoint:
             def log_message(self, format: str, *args: Any) -> None:
                 return  # scrapes every few seconds would flood the agent's log
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        context = tls.server_context() if tls is not None else None  # before binding: ValueError
+        self.server = _Server((host, port), Handler)
         self.server.daemon_threads = True
+        if context is not None:
+            # the handshake runs in each connection's own thread, so a slow client cannot stall accept
+            self.server.socket = context.wrap_socket(
+                self.server.socket, server_side=True, do_handshake_on_connect=False
+            )
+        self.tls = tls
         self._thread = threading.Thread(
             target=self.server.serve_forever, name="gpuscope-metrics", daemon=True
         )

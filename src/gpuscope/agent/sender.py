@@ -24,6 +24,7 @@ import orjson
 from gpuscope import __version__
 from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
+from gpuscope.tls import client_context
 
 log = logging.getLogger("gpuscope.agent.sender")
 
@@ -74,6 +75,7 @@ class Sender:
         clock: Callable[[], float] = time.monotonic,
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
+        ca_file: str | None = None,
     ) -> None:
         if not hub_url.startswith(("http://", "https://")):
             raise ValueError(f"hub URL must start with http:// or https://, got {hub_url!r}")
@@ -86,7 +88,9 @@ class Sender:
         headers = {"Content-Type": "application/json", "User-Agent": f"gpuscope-agent/{__version__}"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._client = httpx.Client(headers=headers, timeout=timeout, transport=transport)
+        # https: the hub's certificate is verified, against ``ca_file`` / GPUSCOPE_CA_FILE if set
+        verify = client_context(ca_file) if hub_url.startswith("https://") else True
+        self._client = httpx.Client(headers=headers, timeout=timeout, transport=transport, verify=verify)
         self._failures = 0  # consecutive failed attempts
         self._next_attempt = float("-inf")
         self._logged_refusals: set[tuple[int, str]] = set()

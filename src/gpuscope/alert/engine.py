@@ -121,7 +121,7 @@ class AlertEngine:
     def _fire(self, now: float, finding: Finding) -> Alert:
         spec = RULES[finding.rule]
         alert = Alert(
-            id=f"al-{len(self._alerts) + 1}",
+            id=self.next_id(),
             rule=finding.rule,
             severity=spec.tier,
             owner=spec.owner,
@@ -133,11 +133,19 @@ class AlertEngine:
         )
         self._refresh(alert, now, finding)
         self._alerts.append(alert)
-        places = None
-        if self.places is not None and not finding.details.get("links") and "node" not in alert.entity:
-            places = self.places(alert.entity)
-        self._incidents.add(alert, places)
+        self._incidents.add(alert, self.places_of(alert))
         return alert
+
+    def places_of(self, alert: Alert) -> list[Labels] | None:
+        """Where a job or service alert runs, linking it to hardware alerts there (None: it names
+        its node, or lists its own links)."""
+        if self.places is None or alert.details.get("links") or "node" in alert.entity:
+            return None
+        return self.places(alert.entity)
+
+    def next_id(self) -> str:
+        """The id of the next alert (sharded hubs draw ids from a cluster-wide sequence)."""
+        return f"al-{len(self._alerts) + 1}"
 
     def _refresh(self, alert: Alert, now: float, finding: Finding) -> None:
         alert.last_seen = now

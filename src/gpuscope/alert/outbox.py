@@ -21,10 +21,12 @@ import httpx
 import orjson
 
 from gpuscope.alert.notify.base import Request
-from gpuscope.alert.statedb import StateDB
+from gpuscope.alert.statedb import StateBackend
 from gpuscope.counters import Counters
+from gpuscope.web.auth import scrub_client_logs
 
 log = logging.getLogger("gpuscope.alert.outbox")
+scrub_client_logs()  # receivers' URLs hold secrets; httpx logs each request's URL at INFO
 
 Sender = Callable[[Request], int]  # returns the HTTP status; raises httpx.HTTPError when unreachable
 
@@ -57,7 +59,7 @@ class Outbox:
 
     def __init__(
         self,
-        db: StateDB,
+        db: StateBackend,
         *,
         sender: Sender | None = None,
         counters: Counters | None = None,

@@ -24,7 +24,7 @@ from gpuscope.alert.labels import Matcher, alert_labels, fingerprint
 from gpuscope.alert.outbox import Outbox, Sender
 from gpuscope.alert.settings import AlertingSettings, parse_alerting
 from gpuscope.alert.silences import Silence, Silences, new_silence, parse_config_silences
-from gpuscope.alert.statedb import StateDB
+from gpuscope.alert.statedb import StateBackend, StateDB
 from gpuscope.alert.triage import run_playbook
 from gpuscope.model import Alert
 
@@ -55,7 +55,7 @@ class AlertingService:
         hub: Hub,
         settings: AlertingSettings,
         *,
-        db: StateDB | None = None,
+        db: StateBackend | None = None,
         sender: Sender | None = None,
         clock: Callable[[], float] = time.time,
         tick_interval: float = 1.0,
@@ -64,7 +64,7 @@ class AlertingService:
         self.settings = settings
         self.clock = clock
         self.tick_interval = tick_interval
-        self.db = db or StateDB(settings.state_path or ":memory:")
+        self.db: StateBackend = db or StateDB(settings.state_path or ":memory:")
         self.counters = hub.counters
         self.silences = Silences(self.db)
         for silence in parse_config_silences(settings.silences, clock()):
@@ -109,13 +109,14 @@ class AlertingService:
         with self._lock:
             if change.kind == "fired":
                 self.record(alert.id, "fired", alert.summary)
-                self._triage(alert)
+                self.triage(alert)
                 self.dispatcher.fired(alert, now)
             else:
                 self.record(alert.id, "resolved", alert.summary)
                 self.dispatcher.resolved(alert, now)
 
-    def _triage(self, alert: Alert) -> None:
+    def triage(self, alert: Alert) -> None:
+        """Run the alert's playbook and attach (and save) the results; a failure is counted."""
         try:
             alert.details["playbook"] = run_playbook(
                 alert, self.hub.store, alert.started_at, self.hub.firing(), self.counters
@@ -134,8 +135,16 @@ class AlertingService:
 
     # -- acknowledgement, silences, history ---------------------------------------------------
 
+    def _ack_of(self, alert: Alert) -> dict[str, Any] | None:
+        """The acknowledgement of an alert; re-read when other hubs may have written it."""
+        fp = fingerprint(alert)
+        if self.db.shared:
+            rows = self.db.query("SELECT doc FROM acks WHERE alert_id = ?", (fp,))
+            return dict(orjson.loads(rows[0][0])) if rows else None
+        return self._acks.get(fp)
+
     def acked(self, alert: Alert) -> bool:
-        return fingerprint(alert) in self._acks
+        return self._ack_of(alert) is not None
 
     def ack(self, target: str, by: str, comment: str = "") -> list[Alert]:
         """Acknowledge an alert (``al-N``) or every firing alert of an incident (``inc-N``)."""
@@ -207,7 +216,7 @@ class AlertingService:
         return {
             "labels": alert_labels(alert),
             "muted": self.dispatcher.mute_reason(alert, now) if alert.firing else None,
-            "ack": self._acks.get(fingerprint(alert)),
+            "ack": self._ack_of(alert),
         }
 
     # -- running ------------------------------------------------------------------------------
@@ -250,4 +259,8 @@ def attach_alerting(hub: Hub, cfg: HubConfig, **kw: Any) -> AlertingService:
         settings.state_path = default_state_path(cfg.storage_path)
     if settings.pending_for:
         hub.alerts.pending_for = dict(settings.pending_for)
+    from gpuscope.cluster.hub import ClusterHub  # imports this module: only once it is loaded
+
+    if isinstance(hub, ClusterHub) and "db" not in kw:
+        kw["db"] = hub.state_db()  # silences, acknowledgements, history shared by every hub
     return AlertingService(hub, settings, **kw)

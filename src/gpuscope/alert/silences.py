@@ -16,7 +16,7 @@ import orjson
 
 from gpuscope.alert.durations import parse_duration
 from gpuscope.alert.labels import Matcher, matches_all, parse_matchers
-from gpuscope.alert.statedb import StateDB
+from gpuscope.alert.statedb import StateBackend
 from gpuscope.model import Labels
 
 
@@ -72,12 +72,21 @@ def new_silence(
 class Silences:
     """The set of silences, persisted in the state database."""
 
-    def __init__(self, db: StateDB) -> None:
+    def __init__(self, db: StateBackend) -> None:
         self.db = db
-        self._items: dict[str, Silence] = {
+        self._items: dict[str, Silence] = self._load()
+
+    def _load(self) -> dict[str, Silence]:
+        return {
             str(sid): Silence.from_dict(orjson.loads(doc))
-            for sid, doc in db.query("SELECT id, doc FROM silences")
+            for sid, doc in self.db.query("SELECT id, doc FROM silences")
         }
+
+    def _current(self) -> dict[str, Silence]:
+        """The silences now: re-read when other hubs (sharing the database) may have added some."""
+        if self.db.shared:
+            self._items = self._load()
+        return self._items
 
     def add(self, silence: Silence) -> Silence:
         with self.db.tx() as con:
@@ -90,7 +99,7 @@ class Silences:
 
     def expire(self, silence_id: str, now: float) -> Silence:
         """End a silence now (it stays listed as expired)."""
-        silence = self._items.get(silence_id)
+        silence = self._current().get(silence_id)
         if silence is None:
             raise KeyError(silence_id)
         silence.ends_at = min(silence.ends_at, now)
@@ -98,10 +107,10 @@ class Silences:
 
     def muting(self, labels: Labels, now: float) -> Silence | None:
         """The first active silence that mutes these labels."""
-        return next((s for s in self._items.values() if s.mutes(labels, now)), None)
+        return next((s for s in self._current().values() if s.mutes(labels, now)), None)
 
     def list(self, now: float, include_expired: bool = False) -> list[Silence]:
-        items = sorted(self._items.values(), key=lambda s: (s.starts_at, s.id))
+        items = sorted(self._current().values(), key=lambda s: (s.starts_at, s.id))
         return [s for s in items if include_expired or s.ends_at > now]
 
 

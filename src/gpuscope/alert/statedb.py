@@ -3,6 +3,10 @@
 SQLite (standard library) in WAL mode: every row is committed before the call returns, so a hub
 that crashes loses no queued notification, silence or acknowledgement. ``:memory:`` serves tests
 and ``sim-eval``. One connection behind a lock: the writers are the evaluator and HTTP threads.
+
+The alert layer speaks to it through :class:`StateBackend` only (SQLite's dialect: ``?``
+placeholders, ``INSERT OR REPLACE``), so sharded hubs run the same code on PostgreSQL
+(:mod:`gpuscope.cluster.sql`), where every hub sees the same silences, acknowledgements and history.
 """
 
 from __future__ import annotations
@@ -10,9 +14,9 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any, Protocol
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -49,8 +53,33 @@ CREATE INDEX IF NOT EXISTS history_alert ON history (alert_id, seq);
 """
 
 
+class Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+    @property
+    def lastrowid(self) -> int | None: ...
+    def fetchall(self) -> list[Any]: ...
+
+
+class Connection(Protocol):
+    def execute(self, sql: str, parameters: Sequence[Any] = ..., /) -> Cursor: ...
+
+
+class StateBackend(Protocol):
+    """What the alert layer needs of its state database (SQLite here, PostgreSQL in a cluster)."""
+
+    #: True when other hubs write the same tables: cached copies must be re-read, not trusted
+    shared: bool
+
+    def tx(self) -> AbstractContextManager[Connection]: ...
+    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]: ...
+    def close(self) -> None: ...
+
+
 class StateDB:
     """A thread-safe SQLite handle with the alert layer's schema."""
+
+    shared = False
 
     def __init__(self, path: str = ":memory:") -> None:
         self.path = path

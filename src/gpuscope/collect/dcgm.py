@@ -137,7 +137,7 @@ def map_samples(samples: list[Sample], node: str) -> DcgmReading:
             g.values[metric] = s.value * factor
     for g in out.gpus.values():
         mask = g.values.get("gpu_clock_event_reasons")
-        if mask is not None:
+        if mask is not None and 0 <= mask < 2**64:  # a bit mask; NaN or Inf says nothing
             for bit, flag in REASON_FLAGS:
                 g.values[flag] = 1.0 if int(mask) & bit else 0.0
     return out
@@ -198,7 +198,7 @@ class DcgmCollector(Collector):
                 continue
             before = self._last_xid.get(key)
             self._last_xid[key] = g.xid
-            if before is not None and g.xid != before and g.xid > 0:
+            if before is not None and g.xid != before and 0 < g.xid < 2**31:
                 out.events.append(Event(now, "xid", dict(g.labels), {"code": int(g.xid), "source": "dcgm"}))
         f = frame(now, GPU_METRICS, [(g.labels, g.values) for g in reading.gpus.values() if g.values])
         if f is not None:

@@ -42,7 +42,7 @@ NODE_TOTALS = {
     "ib_port_rcv_errors_total": "node_ib_rcv_errors_total",
     "ib_port_link_downed_total": "node_ib_link_downed_total",
 }
-_RATE = re.compile(r"^\s*([0-9.]+)\s*Gb/sec")
+_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*Gb/sec")
 
 
 @dataclass(slots=True)
@@ -91,7 +91,7 @@ def _number(path: str, errors: list[CollectorError]) -> float | None:
         return None
     try:
         return float(int(text))
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: more digits than any counter has
         errors.append(CollectorError("ib_format", f"{path}: {text[:40]!r} is not a counter"))
         return None
 

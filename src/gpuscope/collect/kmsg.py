@@ -22,7 +22,7 @@ from gpuscope.model import Event
 
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-9a-fA-F])?\): "
-    r"(?P<code>\d+)(?:, pid=(?P<pid>[^,]*), name=(?P<name>[^,]*))?,? ?(?P<message>.*)$"
+    r"(?P<code>[0-9]{1,9})(?![0-9])(?:, pid=(?P<pid>[^,]*), name=(?P<name>[^,]*))?,? ?(?P<message>.*)$"
 )
 _UUID = re.compile(r"^GPU UUID:\s*(\S+)", re.MULTILINE)
 

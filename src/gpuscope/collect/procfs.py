@@ -6,6 +6,7 @@ so a broken or unexpected file is reported precisely instead of yielding wrong n
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 
@@ -101,9 +102,12 @@ def parse_loadavg(text: str, path: str = "loadavg") -> float:
     if not fields:
         raise ProcFormatError(path, "is empty")
     try:
-        return float(fields[0])
+        load = float(fields[0])
     except ValueError:
-        raise ProcFormatError(path, f"{fields[0]!r} is not a load average") from None
+        load = math.nan
+    if not 0 <= load < math.inf:
+        raise ProcFormatError(path, f"{fields[0]!r} is not a load average")
+    return load
 
 
 def parse_meminfo(text: str, path: str = "meminfo") -> tuple[float, float]:

@@ -46,7 +46,8 @@ def _value(token: str, line_no: int) -> float:
 def parse_exposition(text: str) -> list[Sample]:
     """Every sample in ``text``; comments and ``# HELP``/``# TYPE`` lines are skipped."""
     out: list[Sample] = []
-    for no, raw in enumerate(text.splitlines(), 1):
+    # lines end at \n only: splitlines() would also split a label value at \x0b, \x1c or \u2028
+    for no, raw in enumerate(text.split("\n"), 1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

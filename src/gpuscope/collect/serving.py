@@ -67,7 +67,8 @@ def split_target(url: str) -> tuple[str, dict[str, str]]:
     unknown = sorted(set(options) - {*_FRAGMENT_LABELS, "kv_block_bytes"})
     if unknown:
         raise ValueError(f"{url}: unknown fragment option(s) {', '.join(unknown)}")
-    if "kv_block_bytes" in options and not options["kv_block_bytes"].isdigit():
+    block = options.get("kv_block_bytes", "0")
+    if not (block.isascii() and block.isdigit() and len(block) <= 15):
         raise ValueError(f"{url}: kv_block_bytes must be a whole number of bytes")
     return parts._replace(fragment="").geturl(), options
 
@@ -174,7 +175,7 @@ def _vllm_blocks(samples: list[Sample]) -> float | None:
     for s in samples:
         if s.name == "vllm:cache_config_info":
             blocks = s.labels.get("num_gpu_blocks", "")
-            if blocks.isdigit():
+            if blocks.isascii() and blocks.isdigit() and len(blocks) <= 15:
                 return float(blocks)
     return None
 

@@ -94,6 +94,7 @@ class ErrorRateDetector(Detector):
                 col = np.where(np.isfinite(col), col, self.table.column(FALLBACK[m]))
             total = col.copy() if total is None else total + col
         assert total is not None
+        total[total < 0] = np.nan  # a counter cannot be negative: a bogus reading, not a reset
         return total
 
     def evaluate(self, now: float) -> list[Finding]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from itertools import chain
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +50,11 @@ class Limits:
     max_label_value_len: int = 256
     max_data_bytes: int = 16_384
     max_source_len: int = 128
+    #: How far a timestamp may lie ahead of the hub's clock (agents' clocks drift by seconds, not
+    #: minutes); None turns the check off. Checked by :func:`check_time_window`.
+    max_future_s: float | None = 600.0
+    #: How old a timestamp may be (the raw retention: older rows would be dropped at once).
+    max_past_s: float | None = None
 
 
 DEFAULT_LIMITS = Limits()
@@ -75,16 +81,22 @@ def decode_json(body: bytes, limits: Limits = DEFAULT_LIMITS) -> Any:
 def _finite(value: Any, field: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise PayloadError(field, f"must be a number, got {type(value).__name__}")
-    f = float(value)
+    f = float(value) if isinstance(value, float) or abs(value) < 2**1023 else math.inf
     if not math.isfinite(f):
         raise PayloadError(field, "must be finite")
     return f
+
+
+#: 9999-12-31T23:59:59Z: anything later is milliseconds sent as seconds, or garbage.
+MAX_TIMESTAMP = 253_402_300_799.0
 
 
 def _timestamp(value: Any, field: str) -> float:
     ts = _finite(value, field)
     if ts < 0:
         raise PayloadError(field, "must not be negative (seconds since the epoch)")
+    if ts > MAX_TIMESTAMP:
+        raise PayloadError(field, f"{ts:.6g} is after the year 9999: send seconds since the epoch, not ms")
     return ts
 
 
@@ -98,7 +110,7 @@ def _str(value: Any, field: str, max_len: int) -> str:
 
 def _name(value: Any, field: str) -> str:
     name = _str(value, field, 128)
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         raise PayloadError(field, f"{name!r} is not a valid name (letters, digits, underscores)")
     return name
 
@@ -118,7 +130,7 @@ def parse_labels(value: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Lab
         raise PayloadError(field, f"{len(value)} labels is over the limit of {limits.max_labels}")
     out: Labels = {}
     for k, v in value.items():
-        if not LABEL_KEY_RE.match(k):
+        if not LABEL_KEY_RE.fullmatch(k):
             raise PayloadError(f"{field}.{k}", "is not a valid label name")
         if isinstance(v, bool) or not isinstance(v, str | int):
             raise PayloadError(f"{field}.{k}", f"label values are strings, got {type(v).__name__}")
@@ -127,6 +139,16 @@ def parse_labels(value: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Lab
             raise PayloadError(f"{field}.{k}", f"longer than {limits.max_label_value_len} characters")
         out[k] = s
     return out
+
+
+_NUMBER_OR_NULL = frozenset({int, float, type(None)})
+
+
+def _numbers_or_nulls(raw: list[Any], cols: int) -> bool:
+    """Every row a list of ``cols`` numbers or nulls (bools, strings and the rest are refused)."""
+    return all(type(r) is list and len(r) == cols for r in raw) and _NUMBER_OR_NULL.issuperset(
+        map(type, chain.from_iterable(raw))
+    )
 
 
 def _values(value: Any, field: str, rows: int, cols: int) -> np.ndarray[Any, np.dtype[np.float64]]:
@@ -142,6 +164,15 @@ def _values(value: Any, field: str, rows: int, cols: int) -> np.ndarray[Any, np.
         if not np.isfinite(out).all():
             raise PayloadError(field, "values must be finite numbers or null")
         return out
+    if arr.dtype == object and _numbers_or_nulls(raw, cols):
+        # nulls (missing metrics) make an object array: convert at once instead of value by value
+        try:
+            out = np.array(raw, dtype=np.float64)  # null -> NaN
+        except (OverflowError, ValueError):
+            pass  # an integer beyond float range: named below
+        else:
+            if not np.isinf(out).any():
+                return out
     out = np.full((rows, cols), np.nan)
     for i, row in enumerate(raw):
         row = _list(row, f"{field}[{i}]", cols)
@@ -176,7 +207,11 @@ def parse_event(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Event:
     data = obj.get("data", {})
     if not isinstance(data, dict):
         raise PayloadError(f"{field}.data", "must be an object")
-    if len(orjson.dumps(data)) > limits.max_data_bytes:
+    try:
+        size = len(orjson.dumps(data))
+    except TypeError as exc:  # callers in Python may pass what JSON cannot hold (ints over 64 bits)
+        raise PayloadError(f"{field}.data", f"is not JSON ({exc})") from None
+    if size > limits.max_data_bytes:
         raise PayloadError(f"{field}.data", f"is over the limit of {limits.max_data_bytes} bytes")
     return Event(
         ts=_timestamp(obj.get("ts"), f"{field}.ts"),
@@ -206,6 +241,8 @@ def parse_training(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Tra
             metrics[name] = math.nan
         elif isinstance(v, bool) or not isinstance(v, int | float):
             raise PayloadError(f"{field}.metrics.{k}", f"must be a number or null, got {type(v).__name__}")
+        elif isinstance(v, int) and abs(v) >= 2**1023:
+            raise PayloadError(f"{field}.metrics.{k}", "is beyond the range of a float")
         else:
             metrics[name] = float(v)  # NaN/Inf loss is a signal (loss_nan), kept as sent
     return TrainingRecord(
@@ -224,7 +261,8 @@ def parse_batch(obj: Any, limits: Limits = DEFAULT_LIMITS) -> Batch:
         raise PayloadError("body", "must be a JSON object")
     unknown = set(obj) - {"source", "batch_id", "frames", "events", "training"}
     if unknown:
-        raise PayloadError(sorted(unknown)[0], "is not a field of a batch")
+        first = sorted(unknown)[0]
+        raise PayloadError(first or "body", f"{first!r} is not a field of a batch")
     batch_id = obj.get("batch_id")
     if batch_id is not None:
         batch_id = _str(batch_id, "batch_id", 128)
@@ -244,6 +282,31 @@ def parse_batch(obj: Any, limits: Limits = DEFAULT_LIMITS) -> Batch:
             for i, t in enumerate(_list(obj.get("training", []), "training", limits.max_training))
         ],
     )
+
+
+def check_time_window(batch: Batch, now: float, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Refuse a batch with a timestamp beyond ``limits.max_future_s`` ahead of ``now`` or older
+    than ``limits.max_past_s``, naming the first such field.
+
+    Refused rather than clamped: a clamped sample would be stored at a time it was not measured,
+    in the wrong hour's chunk and rollup. Skew of seconds between agents stays well inside.
+    """
+    lo = -math.inf if limits.max_past_s is None else now - limits.max_past_s
+    hi = math.inf if limits.max_future_s is None else now + limits.max_future_s
+    stamped = [
+        *((f"frames[{i}].ts", f.ts) for i, f in enumerate(batch.frames)),
+        *((f"events[{i}].ts", e.ts) for i, e in enumerate(batch.events)),
+        *((f"training[{i}].ts", t.ts) for i, t in enumerate(batch.training)),
+    ]
+    for field, ts in stamped:
+        if ts > hi:
+            raise PayloadError(
+                field, f"{ts - now:.0f} s ahead of the hub's clock (limit {limits.max_future_s:.0f} s)"
+            )
+        if ts < lo:
+            raise PayloadError(
+                field, f"{now - ts:.0f} s old, older than the hub keeps raw data ({limits.max_past_s:.0f} s)"
+            )
 
 
 def _values_json(values: np.ndarray[Any, np.dtype[np.float64]]) -> list[list[float | None]]:

@@ -19,4 +19,9 @@ def for_hub(hub: Hub) -> LineageRegistry:
     def emit(events: list[Event]) -> None:
         hub.ingest(Batch("lineage", events=events))
 
+    from gpuscope.cluster.hub import ClusterHub
+    from gpuscope.cluster.sql import PgSql
+
+    if isinstance(hub, ClusterHub):  # sharded hubs share one registry in PostgreSQL
+        return LineageRegistry(emit=emit, con=PgSql(hub.cfg.postgres_dsn))
     return LineageRegistry(lineage_path(str(getattr(hub.store, "path", ":memory:"))), emit=emit)

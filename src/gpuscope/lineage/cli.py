@@ -15,6 +15,8 @@ from typing import Any
 import httpx
 import orjson
 
+from gpuscope.tls import client_context
+
 BASE = "/api/v1/lineage"
 
 
@@ -112,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
             params=params,
             headers=headers | {"Content-Type": "application/json"},
             timeout=10.0,
+            verify=client_context() if hub.startswith("https://") else True,  # GPUSCOPE_CA_FILE
         )
     except httpx.HTTPError as exc:
         print(f"gpuscope lineage: cannot reach {hub}: {exc}", file=sys.stderr)

@@ -1,7 +1,9 @@
 """The lineage registry: training run → checkpoint → model version → deployment, with aliases.
 
 It lives in its own DuckDB file beside the hub's store (``<store>.lineage.duckdb``; in memory
-for an in-memory store), so the store's schema and writer stay untouched. Registering a version
+for an in-memory store), so the store's schema and writer stay untouched. Sharded hubs hand it a
+PostgreSQL connection speaking the same SQL instead (:class:`gpuscope.cluster.sql.PgSql`), so
+every hub answers the same. Registering a version
 and promoting one are also *events* (``model_version_registered`` / ``model_version_promoted``),
 handed to ``emit`` (the hub's ingest), so detectors and the timeline see them like any other
 fact. :meth:`LineageRegistry.changes_before` answers "what changed just before this regression".
@@ -13,7 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import duckdb
 import orjson
@@ -36,6 +38,17 @@ CREATE TABLE IF NOT EXISTS lineage_deployments (service VARCHAR, model VARCHAR, 
 """
 
 
+class Rows(Protocol):
+    def fetchall(self) -> list[Any]: ...
+
+
+class Sql(Protocol):
+    """A connection in DuckDB's dialect: DuckDB itself, or PostgreSQL behind a translating seam."""
+
+    def execute(self, sql: str, parameters: Any = ..., /) -> Rows: ...
+    def close(self) -> None: ...
+
+
 class LineageError(ValueError):
     """A request the registry refuses; ``field`` names what was wrong (for the API's 4xx)."""
 
@@ -47,6 +60,13 @@ class LineageError(ValueError):
 def _name(value: Any, field: str) -> str:
     if not isinstance(value, str) or not NAME.match(value):
         raise LineageError(field, f"must be a name of 1-128 letters, digits and _.:/@+- (got {value!r})")
+    return value
+
+
+def _step(value: Any) -> int:
+    """A training step as the tables store it (BIGINT)."""
+    if type(value) is not int or not 0 <= value < 2**63:
+        raise LineageError("step", f"must be an integer in 0..2^63-1, got {value!r}")
     return value
 
 
@@ -62,9 +82,12 @@ class LineageRegistry:
         *,
         emit: Callable[[list[Event]], None] | None = None,
         clock: Callable[[], float] = time.time,
+        con: Sql | None = None,
     ) -> None:
-        self._con = duckdb.connect(path)
-        self._con.execute(_SCHEMA)
+        if con is None:
+            con = duckdb.connect(path)
+            con.execute(_SCHEMA)
+        self._con: Sql = con  # one given is already set up (its tables exist)
         self._lock = threading.Lock()
         self.emit = emit
         self.clock = clock
@@ -94,8 +117,7 @@ class LineageRegistry:
         self, job: str, step: int, manifest_hash: str, path: str = "", at: float | None = None
     ) -> None:
         _name(job, "job")
-        if type(step) is not int or step < 0:
-            raise LineageError("step", f"must be a non-negative integer, got {step!r}")
+        _step(step)
         if not isinstance(manifest_hash, str) or not re.fullmatch(r"[0-9a-fA-F]{8,128}", manifest_hash):
             raise LineageError("manifest_hash", "must be 8-128 hex digits")
         if not self._rows("SELECT 1 FROM lineage_runs WHERE job = ?", [job]):
@@ -119,6 +141,8 @@ class LineageRegistry:
         _name(version, "version")
         if version.startswith("@"):
             raise LineageError("version", "a version may not start with '@' (that names an alias)")
+        _name(job, "job")
+        _step(step)
         if not self._rows("SELECT 1 FROM lineage_checkpoints WHERE job = ? AND step = ?", [job, step]):
             raise LineageError("checkpoint", f"no checkpoint of job {job!r} at step {step}", 404)
         if self._rows("SELECT 1 FROM lineage_versions WHERE model = ? AND version = ?", [model, version]):

@@ -22,7 +22,7 @@ from typing import Any
 
 from gpuscope.agent.sender import Sender
 from gpuscope.counters import Counters
-from gpuscope.ingest.payload import encode_batch
+from gpuscope.ingest.payload import NAME_RE, encode_batch
 from gpuscope.model import Batch, Event, TrainingRecord
 from gpuscope.sdk.env import Placement
 from gpuscope.sdk.goodput import Goodput
@@ -54,6 +54,25 @@ class Queues:
             self.events.append(event)
         else:
             self.dropped_events += 1
+
+
+def clean_metrics(metrics: dict[str, Any], counters: Counters) -> dict[str, float]:
+    """The metrics the hub will accept, as floats; the rest are counted (``sdk_invalid_metrics``).
+
+    Dropped one by one here because the hub refuses a whole batch for one bad name or value,
+    which would lose every other record in it.
+    """
+    out: dict[str, float] = {}
+    for name, value in metrics.items():
+        try:
+            if not isinstance(name, str) or not NAME_RE.fullmatch(name):
+                raise ValueError(name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                value = float(value)  # tensors and numpy scalars
+            out[name] = float(value)
+        except (TypeError, ValueError, OverflowError):
+            counters.inc("sdk_invalid_metrics")
+    return out
 
 
 @dataclass(slots=True)
@@ -170,18 +189,11 @@ class Shipper(threading.Thread):
                 slot.touched = now
 
     def _clean(self, metrics: dict[str, Any]) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for name, value in metrics.items():
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                try:
-                    value = float(value)  # tensors and numpy scalars
-                except (TypeError, ValueError):
-                    self.counters.inc("sdk_invalid_metrics")
-                    if not self._invalid_logged:
-                        self._invalid_logged = True
-                        log.error("gpuscope: metric %r=%r is not a number; dropped (counted)", name, value)
-                    continue
-            out[name] = float(value)
+        out = clean_metrics(metrics, self.counters)
+        if len(out) < len(metrics) and not self._invalid_logged:
+            self._invalid_logged = True
+            bad = {k: v for k, v in metrics.items() if k not in out}
+            log.error("gpuscope: metrics %r are not snake_case names with numbers; dropped (counted)", bad)
         return out
 
     def _ready(self, now: float, final: bool) -> list[TrainingRecord]:

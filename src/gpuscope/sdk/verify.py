@@ -23,6 +23,7 @@ from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Batch, Event
 from gpuscope.sdk.checkpoint import verification_data
 from gpuscope.sdk.manifest import ManifestError, Verification, find_manifests, verify_manifest
+from gpuscope.tls import client_context
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,7 +56,8 @@ def _report(hub: str, token: str | None, results: list[Verification]) -> None:
     if token:
         headers["Authorization"] = f"Bearer {token}"
     body = encode_batch(Batch(source="gpuscope-verify", events=events))
-    resp = httpx.post(hub.rstrip("/") + INGEST_PATH, content=body, headers=headers, timeout=10)
+    verify = client_context() if hub.startswith("https://") else True  # GPUSCOPE_CA_FILE
+    resp = httpx.post(hub.rstrip("/") + INGEST_PATH, content=body, headers=headers, timeout=10, verify=verify)
     resp.raise_for_status()
 
 

@@ -50,6 +50,8 @@ def compose(text: str, file: str) -> yaml.Node | None:
         raise ScenarioError(file, line, "", f"not valid YAML: {exc.problem or exc}") from None
     except yaml.YAMLError as exc:
         raise ScenarioError(file, None, "", f"not valid YAML: {exc}") from None
+    except RecursionError:
+        raise ScenarioError(file, None, "", "not valid YAML: nested too deeply") from None
 
 
 class Src:
@@ -149,7 +151,10 @@ class Src:
         node = self._scalar()
         value: Any = None
         if node.tag in (_INT, _FLOAT):
-            value = yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+            try:  # an explicit tag (!!int x) or a resolver-only form (0b_) does not construct
+                value = yaml.constructor.SafeConstructor().construct_object(node, deep=True)
+            except (ValueError, OverflowError):
+                value = None
         if isinstance(value, float) and math.isfinite(value) and value.is_integer():
             value = int(value)
         if not isinstance(value, int):
@@ -167,7 +172,7 @@ class Src:
                 value = float(text)  # YAML 1.1 reads a plain 1e3 as a string; it is meant as a number
             else:
                 raise ValueError(text)
-        except ValueError:
+        except (ValueError, OverflowError):  # OverflowError: an integer beyond any float
             self.fail(f"must be a number, got {node.value!r}")
         if not math.isfinite(value):
             self.fail(f"must be a finite number, got {node.value!r}")

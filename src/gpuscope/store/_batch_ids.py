@@ -65,3 +65,8 @@ class BatchIds:
 
     def __len__(self) -> int:
         return len(self._seen)
+
+    def __contains__(self, bid: object) -> bool:
+        """Whether ``bid`` was stored (and is still remembered)."""
+        with self._lock:
+            return bid in self._seen

@@ -59,6 +59,28 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
+def _check_chunk_file(path: Path, size: int) -> None:
+    """A sealed file must still be what was sealed: its size, and Parquet's magic at both ends.
+
+    Caught at open, a damaged chunk stops the hub with its name instead of failing queries later.
+    """
+    actual = path.stat().st_size
+    why = None
+    if actual != size:
+        why = f"{actual} bytes where {size} were written"
+    else:
+        with path.open("rb") as f:
+            head = f.read(4)
+            f.seek(-4, os.SEEK_END)
+            if head != b"PAR1" or f.read(4) != b"PAR1":
+                why = "not a Parquet file any more"
+    if why is not None:
+        raise StoreError(
+            f"gpuscope store is damaged: chunk file {path} is {why}. Nothing was changed; restore "
+            f"the store and its chunk directory from a backup"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class ChunkView:
     """A frozen list of chunk files and the SQL that reads them together with the hot table."""
@@ -132,6 +154,8 @@ class ChunkSet:
             raise StoreError(
                 f"gpuscope store is damaged: chunk file(s) {missing[:3]} are missing from {self.directory}"
             )
+        for c in chunks:
+            _check_chunk_file(self.directory / c.file, c.bytes)
         if self.directory.is_dir():
             for entry in self.directory.iterdir():
                 if FILE_RE.match(entry.name) and entry.name not in registered:

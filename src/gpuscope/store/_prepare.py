@@ -6,13 +6,13 @@ parallel with a commit (validation, id lookup, float32 conversion) happens here.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 import orjson
 
+from gpuscope.ingest.payload import MAX_TIMESTAMP
 from gpuscope.model import Batch, Event, Frame, TrainingRecord
 from gpuscope.store._registry import REFUSED, ColumnRegistry, EntityRegistry
 from gpuscope.store.base import AppendResult
@@ -107,8 +107,8 @@ def _check_name(name: object, where: str) -> str:
 
 
 def _check_ts(ts: object, where: str) -> float:
-    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts) or ts < 0:
-        raise ValueError(f"{where}: timestamps are finite non-negative seconds, got {ts!r}")
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not 0 <= ts <= MAX_TIMESTAMP:
+        raise ValueError(f"{where}: timestamps are seconds in 0..{MAX_TIMESTAMP:.0f}, got {ts!r}")
     return float(ts)
 
 

@@ -42,7 +42,7 @@ from gpuscope.store._state import Watermarks
 from gpuscope.store._upkeep import Retention, Upkeep
 from gpuscope.store._writer import GroupCommitter, WriterClosed
 from gpuscope.store.base import AppendResult, SeriesPoint
-from gpuscope.store.errors import StoreError
+from gpuscope.store.errors import StoreError, write_error
 
 DAY = 86_400.0
 CHECKPOINT_TRIES = 10
@@ -228,7 +228,7 @@ class DuckDBStore:
                 except WriterClosed:
                     raise StoreError("the store is closed") from None
                 except duckdb.Error as exc:
-                    raise StoreError(f"append failed: {exc}") from None
+                    raise write_error("append failed", exc) from None
             else:
                 result = self._buffer_append(prepared)
             stored = True
@@ -236,6 +236,10 @@ class DuckDBStore:
         finally:
             if bid is not None:
                 self.batch_ids.finish(bid, stored, time.time())
+
+    def has_batch(self, batch_id: str) -> bool:
+        """Whether a batch with this id was stored (a remote store asks before writing telemetry)."""
+        return batch_id in self.batch_ids
 
     def _buffer_append(self, prepared: Prepared) -> AppendResult:
         with self._buffer_lock:
@@ -259,7 +263,7 @@ class DuckDBStore:
                 self._commit(items)
             except duckdb.Error as exc:
                 self.counters.inc("store.lost_buffered_batches", len(items))
-                raise StoreError(f"flushing {len(items)} buffered batches failed: {exc}") from None
+                raise write_error(f"flushing {len(items)} buffered batches failed", exc) from None
 
     def _commit(self, items: list[Prepared]) -> list[AppendResult]:
         """One transaction for all ``items`` (on the writer thread, or the flushing thread)."""

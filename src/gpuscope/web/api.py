@@ -7,8 +7,6 @@ commit, which must not block the event loop). Every refusal is a 4xx whose JSON 
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -22,8 +20,20 @@ from starlette.routing import Route
 
 from gpuscope import __version__
 from gpuscope.hub import Hub
-from gpuscope.ingest.payload import Limits, PayloadError, decode_json, parse_batch, training_to_json
+from gpuscope.ingest.payload import (
+    LABEL_KEY_RE,
+    MAX_TIMESTAMP,
+    Limits,
+    PayloadError,
+    check_time_window,
+    decode_json,
+    parse_batch,
+    training_to_json,
+)
 from gpuscope.model import Alert, Event
+from gpuscope.store.errors import StoreError, StoreFull
+from gpuscope.web.auth import AuditLog, AuthSettings
+from gpuscope.web.guard import PRINCIPAL_KEY, AuthMiddleware
 from gpuscope.web.openapi import openapi_document
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -69,11 +79,39 @@ def _float_param(request: Request, name: str, default: float | None = None) -> f
     return value
 
 
+def _is_count(raw: str) -> bool:
+    """ASCII digits only: ``str.isdigit`` also passes '²', which ``int`` refuses."""
+    return raw.isascii() and raw.isdigit() and len(raw) <= 18
+
+
+def _time_range(request: Request, now: float) -> tuple[float, float]:
+    """``start``/``end`` (default: the hour before now), within the timestamps a batch may carry."""
+    end = _float_param(request, "end", now)
+    start = _float_param(request, "start", end - 3600)
+    for name, value in (("start", start), ("end", end)):
+        if abs(value) > MAX_TIMESTAMP:
+            raise ApiError(400, name, f"must be seconds since the epoch, within ±{MAX_TIMESTAMP:.0f}")
+    if start > end:
+        raise ApiError(400, "start", "must not be after end")
+    return start, end
+
+
+def _label_params(request: Request, reserved: set[str]) -> dict[str, str]:
+    """Query parameters other than ``reserved`` are label matchers; their names must be label names."""
+    labels = {k: v for k, v in request.query_params.items() if k not in reserved}
+    for key, value in labels.items():
+        if not LABEL_KEY_RE.fullmatch(key):
+            raise ApiError(400, key or "query", f"{key!r} is neither a parameter nor a label name")
+        if len(value) > 256:
+            raise ApiError(400, key, "a label value is at most 256 characters")
+    return labels
+
+
 def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> int:
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not raw.isdigit() or not lo <= int(raw) <= hi:
+    if not _is_count(raw) or not lo <= int(raw) <= hi:
         raise ApiError(400, name, f"must be an integer in {lo}..{hi}")
     return int(raw)
 
@@ -87,6 +125,14 @@ def _str_param(request: Request, name: str, required: bool = True) -> str | None
     return raw
 
 
+async def _no_route(request: Request, exc: Exception) -> Response:
+    """Unknown paths and methods answer JSON naming what was wrong, like every other refusal."""
+    status = getattr(exc, "status_code", 404)
+    if status == 405:
+        return _error(405, "method", f"{request.method} is not allowed on {request.url.path}")
+    return _error(404, "path", f"no such endpoint: {request.url.path}")
+
+
 def _alert_json(alert: Alert) -> dict[str, Any]:
     return _json_safe(alert.to_dict())  # type: ignore[no-any-return]
 
@@ -96,7 +142,11 @@ def _event_json(event: Event) -> dict[str, Any]:
 
 
 class HubApi:
-    """Builds the Starlette app around a hub; ``tokens`` guard every write."""
+    """Builds the Starlette app around a hub, behind :class:`~gpuscope.web.guard.AuthMiddleware`.
+
+    ``auth`` holds the scoped tokens (or ``tokens``: plain ones with every scope); ``open_reads``
+    lets reads through without a token (a loopback listener).
+    """
 
     def __init__(
         self,
@@ -105,12 +155,18 @@ class HubApi:
         tokens: list[str] | None = None,
         limits: Limits | None = None,
         clock: Callable[[], float] = time.time,
+        auth: AuthSettings | None = None,
+        open_reads: bool = True,
+        audit: AuditLog | None = None,
     ) -> None:
         self.hub = hub
         self.limits = limits or Limits()
         self.clock = clock
         self.started = clock()
-        self._token_digests = [hashlib.sha256(t.encode()).digest() for t in tokens or []]
+        #: (first failure, message) while ingest cannot store; cleared by the next stored batch
+        self.storage_error: tuple[float, str] | None = None
+        self.auth = auth if auth is not None else AuthSettings.from_plain(tokens or [])
+        self.audit = audit if audit is not None else AuditLog(self.auth.audit_log)
         routes = [
             Route("/api/v1/ingest", self._guard(self.ingest), methods=["POST"]),
             Route("/api/v1/series", self._guard(self.series), methods=["GET"]),
@@ -122,6 +178,7 @@ class HubApi:
             Route("/api/v1/incidents", self._guard(self.incidents), methods=["GET"]),
             Route("/api/v1/health", self._guard(self.health), methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
+            Route("/api/v1/audit", self._guard(self.audit_log), methods=["GET"]),
         ]
         from gpuscope.alert.http import AlertingApi  # imports this module: only once it is loaded
 
@@ -132,8 +189,22 @@ class HubApi:
         from gpuscope.web.lineage_api import LineageApi
 
         routes += LineageApi(for_hub(hub), self._authorize_write).routes()
+        from gpuscope.cluster.http import cluster_routes
 
-        self.app = Starlette(routes=[*routes, *dashboard_routes(hub)])
+        routes += cluster_routes(hub, self._guard, self.limits)  # none unless the hub is a cluster member
+
+        self.app = Starlette(
+            routes=[*routes, *dashboard_routes(hub)],
+            exception_handlers={404: _no_route, 405: _no_route},
+        )
+        self.app.add_middleware(
+            AuthMiddleware,
+            settings=self.auth,
+            routes=lambda: self.app.routes,
+            open_reads=open_reads,
+            counters=hub.counters,
+            audit=self.audit,
+        )
 
     # -- plumbing -----------------------------------------------------------------------------
 
@@ -148,21 +219,16 @@ class HubApi:
         return wrapped
 
     def _authorize_write(self, request: Request) -> None:
-        if not self._token_digests:
-            return
-        header = request.headers.get("authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise ApiError(401, "authorization", "a bearer token is required to write")
-        digest = hashlib.sha256(token.strip().encode()).digest()
-        if not any(hmac.compare_digest(digest, known) for known in self._token_digests):
-            raise ApiError(403, "authorization", "the token is not valid")
+        """The middleware authorised the request for its route's scope; a handler reached any
+        other way (mounted outside it) refuses rather than writing unauthenticated."""
+        if PRINCIPAL_KEY not in request.scope:
+            raise ApiError(401, "authorization", "this request was not authenticated")
 
     async def _read_body(self, request: Request) -> bytes:
         limit = self.limits.max_body_bytes
         declared = request.headers.get("content-length")
         if declared is not None:
-            if not declared.isdigit():
+            if not _is_count(declared):
                 raise ApiError(400, "content-length", "must be an integer")
             if int(declared) > limit:
                 self.hub.counters.inc("ingest_refused_too_large")
@@ -189,10 +255,21 @@ class HubApi:
         def work() -> dict[str, Any]:
             try:
                 batch = parse_batch(decode_json(body, self.limits), self.limits)
+                check_time_window(batch, self.clock(), self.limits)
             except PayloadError as exc:
                 self.hub.counters.inc("ingest_rejected_batches")
                 raise ApiError(400, exc.field, exc.message) from None
-            result = self.hub.ingest(batch)
+            try:
+                result = self.hub.ingest(batch)
+            except StoreError as exc:
+                # Not acknowledged, so the sender keeps the batch and retries (5xx): 507 when the
+                # disk is full, 503 for any other storage failure.
+                self.hub.counters.inc("ingest_storage_failures")
+                since = self.storage_error[0] if self.storage_error else self.clock()
+                self.storage_error = (since, str(exc))
+                status = 507 if isinstance(exc, StoreFull) else 503
+                raise ApiError(status, "storage", f"the batch was not stored, retry later: {exc}") from None
+            self.storage_error = None
             return {
                 "accepted": {"samples": result.samples, "events": result.events, "training": result.training},
                 "refused": {"entities": result.refused_entities, "samples": result.refused_samples},
@@ -205,15 +282,9 @@ class HubApi:
     async def series(self, request: Request) -> Response:
         metric = _str_param(request, "metric")
         assert metric is not None
-        now = self.clock()
-        end = _float_param(request, "end", now)
-        start = _float_param(request, "start", end - 3600)
-        if start > end:
-            raise ApiError(400, "start", "must not be after end")
+        start, end = _time_range(request, self.clock())
         points = _int_param(request, "points", 300, 1, 10_000)
-        labels = {
-            k: v for k, v in request.query_params.items() if k not in {"metric", "start", "end", "points"}
-        }
+        labels = _label_params(request, {"metric", "start", "end", "points"})
         rows = await run_in_threadpool(self.hub.store.series, metric, labels, start, end, points)
         return JSONResponse(
             {"metric": metric, "labels": labels, "points": [[p.ts, _json_safe(p.value)] for p in rows]}
@@ -230,30 +301,24 @@ class HubApi:
         metric = _str_param(request, "metric")
         by = _str_param(request, "by")
         assert metric is not None and by is not None
-        now = self.clock()
-        end = _float_param(request, "end", now)
-        start = _float_param(request, "start", end - 3600)
+        start, end = _time_range(request, self.clock())
         rows = await run_in_threadpool(self.hub.store.aggregate, metric, by, start, end)
         return JSONResponse({"metric": metric, "by": by, "groups": _json_safe(rows)})
 
     async def events(self, request: Request) -> Response:
-        now = self.clock()
-        end = _float_param(request, "end", now)
-        start = _float_param(request, "start", end - 3600)
+        start, end = _time_range(request, self.clock())
         kind = _str_param(request, "kind", required=False)
         limit = _int_param(request, "limit", 1000, 1, 100_000)
-        labels = {k: v for k, v in request.query_params.items() if k not in {"start", "end", "kind", "limit"}}
+        labels = _label_params(request, {"start", "end", "kind", "limit"})
         rows = await run_in_threadpool(self.hub.store.events, start, end, kind, labels or None, limit)
         return JSONResponse({"events": [_event_json(e) for e in rows]})
 
     async def training(self, request: Request) -> Response:
         job = _str_param(request, "job")
         assert job is not None
-        now = self.clock()
-        end = _float_param(request, "end", now)
-        start = _float_param(request, "start", end - 3600)
+        start, end = _time_range(request, self.clock())
         rank_raw = request.query_params.get("rank")
-        if rank_raw is not None and not rank_raw.isdigit():
+        if rank_raw is not None and not _is_count(rank_raw):
             raise ApiError(400, "rank", "must be a non-negative integer")
         rank = int(rank_raw) if rank_raw is not None else None
         limit = _int_param(request, "limit", 10_000, 1, 1_000_000)
@@ -273,20 +338,35 @@ class HubApi:
         return JSONResponse({"incidents": _json_safe(rows)})
 
     async def health(self, request: Request) -> Response:
+        from gpuscope.cluster.http import cluster_health
+
         stats = await run_in_threadpool(self.hub.store.stats)
+        failing = self.storage_error
         return JSONResponse(
             _json_safe(
                 {
-                    "status": "ok",
+                    "status": "ok" if failing is None else "degraded",
+                    "storage": {
+                        "ok": failing is None,
+                        "failing_since": failing[0] if failing else None,
+                        "error": failing[1] if failing else None,
+                    },
                     "version": __version__,
                     "uptime_seconds": self.clock() - self.started,
                     "counters": self.hub.counters.snapshot(),
                     "detection": self.hub.detection_stats(),
                     "store": stats,
                     "firing_alerts": len(self.hub.firing()),
+                    **cluster_health(self.hub),
                 }
             )
         )
+
+    async def audit_log(self, request: Request) -> Response:
+        limit = _int_param(request, "limit", 1000, 1, 10_000)
+        since = _float_param(request, "since", 0.0)
+        rows = await run_in_threadpool(self.audit.entries, limit, since)
+        return JSONResponse({"entries": rows})
 
     async def openapi(self, request: Request) -> Response:
         return JSONResponse(openapi_document(__version__))

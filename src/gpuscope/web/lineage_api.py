@@ -8,6 +8,7 @@ the rest of the API.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -88,7 +89,12 @@ class LineageApi:
         meta = self._get(d, "meta", {})
         if not isinstance(meta, dict):
             raise LineageError("meta", "must be an object")
-        await run_in_threadpool(self.registry.add_run, self._get(d, "job"), meta, d.get("started_at"))
+        started = d.get("started_at")
+        if started is not None and (
+            isinstance(started, bool) or not isinstance(started, int | float) or not math.isfinite(started)
+        ):
+            raise LineageError("started_at", "must be a Unix time in seconds")
+        await run_in_threadpool(self.registry.add_run, self._get(d, "job"), meta, started)
         return {"ok": True}
 
     async def add_checkpoint(self, request: Request) -> dict[str, Any]:

@@ -28,6 +28,32 @@ _ERROR = {
     },
 }
 _OK_JSON = {"description": "OK", "content": {"application/json": {"schema": {"type": "object"}}}}
+_INT = {"type": "integer", "minimum": 0}
+_INGESTED = {
+    "description": "Stored (durable); what was accepted, refused (over the store's bounds) or a duplicate",
+    "content": {
+        "application/json": {
+            "schema": {
+                "type": "object",
+                "required": ["accepted", "refused", "duplicate", "notes"],
+                "properties": {
+                    "accepted": {
+                        "type": "object",
+                        "required": ["samples", "events", "training"],
+                        "properties": {"samples": _INT, "events": _INT, "training": _INT},
+                    },
+                    "refused": {
+                        "type": "object",
+                        "required": ["entities", "samples"],
+                        "properties": {"entities": _INT, "samples": _INT},
+                    },
+                    "duplicate": {"type": "boolean"},
+                    "notes": {"type": "array", "items": {"type": "string"}},
+                },
+            }
+        }
+    },
+}
 
 
 def _query(name: str, schema: dict[str, Any], required: bool = False, text: str = "") -> dict[str, Any]:
@@ -89,20 +115,79 @@ BATCH_SCHEMA: dict[str, Any] = {
 }
 
 
+def _obj(required: list[str], **props: Any) -> dict[str, Any]:
+    return {"type": "object", "required": required, "properties": props}
+
+
+_STR = {"type": "string", "minLength": 1, "maxLength": 128}
+_LINEAGE_NAME = {"type": "string", "pattern": "^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,127}$"}
+_COUNT = {"type": "integer", "minimum": 0, "maximum": 2**63 - 1}
+_MATCHER = {
+    "oneOf": [
+        {"type": "string", "minLength": 1},
+        _obj(["name", "value"], name=_NAME, op={"enum": ["=", "!=", "=~", "!~"]}, value={"type": "string"}),
+    ]
+}
+#: what each write operation reads from its JSON body (other keys are ignored)
+BODIES: dict[str, dict[str, Any]] = {
+    "ack": _obj([], by=_STR, comment={"type": "string", "maxLength": 1024}),
+    "silence": _obj(
+        ["matchers"],
+        matchers={
+            "oneOf": [
+                {"type": "object", "additionalProperties": {"type": "string"}},
+                {"type": "array", "items": _MATCHER},
+            ]
+        },
+        duration={"oneOf": [{"type": "string", "pattern": "^([0-9.]+[smhdw])+$"}, {"type": "number"}]},
+        starts_at={"type": "number", "minimum": 0},
+        created_by=_STR,
+        comment={"type": "string", "maxLength": 1024},
+    ),
+    "run": _obj(["job"], job=_LINEAGE_NAME, meta={"type": "object"}, started_at={"type": "number"}),
+    "checkpoint": _obj(
+        ["job", "step", "manifest_hash"],
+        job=_LINEAGE_NAME,
+        step=_COUNT,
+        manifest_hash={"type": "string", "pattern": "^[0-9a-fA-F]{8,128}$"},
+        path={"type": "string"},
+    ),
+    "version": _obj(
+        ["model", "version", "job", "step"],
+        model=_LINEAGE_NAME,
+        version=_LINEAGE_NAME,
+        job=_LINEAGE_NAME,
+        step=_COUNT,
+        metrics={"type": "object", "additionalProperties": {"type": "number"}},
+    ),
+    "promotion": _obj(
+        ["service", "model", "version"],
+        service=_LINEAGE_NAME,
+        model=_LINEAGE_NAME,
+        version=_LINEAGE_NAME,
+        traffic_share={"type": "number", "exclusiveMinimum": 0, "maximum": 1},
+        alias={"type": "string", "pattern": "^@?[a-z][a-z0-9_-]{0,31}$"},
+    ),
+}
+
+
 def _op(
-    summary: str, *, params: list[dict[str, Any]] | None = None, body: bool = False, write: bool = False
+    summary: str,
+    *,
+    params: list[dict[str, Any]] | None = None,
+    body: str | None = None,
+    write: bool = False,
+    created: bool = False,
 ) -> dict[str, Any]:
-    """A plain operation: JSON in (when ``body``), JSON out, refusals naming the field."""
-    out: dict[str, Any] = {"summary": summary, "responses": {"200": _OK_JSON, "400": _ERROR, "404": _ERROR}}
+    """A plain operation: JSON in (the schema ``BODIES[body]``), JSON out, refusals naming the field."""
+    ok = {"201" if created else "200": _OK_JSON}
+    out: dict[str, Any] = {"summary": summary, "responses": {**ok, "400": _ERROR, "404": _ERROR}}
     if write:
-        out["responses"] |= {"401": _ERROR, "403": _ERROR, "413": _ERROR}
+        out["responses"] |= {"401": _ERROR, "403": _ERROR, "409": _ERROR, "413": _ERROR}
     if params:
         out["parameters"] = params
     if body:
-        out["requestBody"] = {
-            "required": True,
-            "content": {"application/json": {"schema": {"type": "object"}}},
-        }
+        out["requestBody"] = {"required": True, "content": {"application/json": {"schema": BODIES[body]}}}
     return out
 
 
@@ -111,14 +196,24 @@ def _path(name: str) -> dict[str, Any]:
 
 
 _ALERTING_PATHS: dict[str, Any] = {
-    "/api/v1/alerting/alerts": {"get": _op("Alerts ranked by cost of delay, with playbook results")},
-    "/api/v1/alerting/incidents": {"get": _op("Incidents ranked by cost, root cause first")},
+    "/api/v1/alerting/alerts": {
+        "get": _op(
+            "Alerts ranked by cost of delay, with playbook results",
+            params=[_query("state", {"type": "string", "enum": ["firing", "all"]})],
+        )
+    },
+    "/api/v1/alerting/incidents": {
+        "get": _op(
+            "Incidents ranked by cost, root cause first",
+            params=[_query("state", {"type": "string", "enum": ["open", "all"]})],
+        )
+    },
     "/api/v1/alerting/status": {"get": _op("Receivers, outbox backlog, silences, maintenance")},
     "/api/v1/alerts/{id}/ack": {
         "post": _op(
             "Acknowledge an alert (al-N) or a whole incident (inc-N)",
             params=[_path("id")],
-            body=True,
+            body="ack",
             write=True,
         )
     },
@@ -126,22 +221,26 @@ _ALERTING_PATHS: dict[str, Any] = {
         "get": _op("An alert's notifications and state changes", params=[_path("id")])
     },
     "/api/v1/silences": {
-        "get": _op("Active silences"),
-        "post": _op("Add a silence: matchers, expiry, author, comment", body=True, write=True),
+        "get": _op(
+            "Active silences", params=[_query("expired", {"type": "string", "enum": ["true", "false"]})]
+        ),
+        "post": _op(
+            "Add a silence: matchers, expiry, author, comment", body="silence", write=True, created=True
+        ),
     },
     "/api/v1/silences/{id}": {"delete": _op("Expire a silence", params=[_path("id")], write=True)},
 }
 
 _LINEAGE_PATHS: dict[str, Any] = {
-    "/api/v1/lineage/runs": {"post": _op("Register a training run", body=True, write=True)},
+    "/api/v1/lineage/runs": {"post": _op("Register a training run", body="run", write=True)},
     "/api/v1/lineage/checkpoints": {
-        "post": _op("Register a checkpoint (job, step, manifest hash)", body=True, write=True)
+        "post": _op("Register a checkpoint (job, step, manifest hash)", body="checkpoint", write=True)
     },
     "/api/v1/lineage/versions": {
-        "post": _op("Register a model version from a checkpoint", body=True, write=True)
+        "post": _op("Register a model version from a checkpoint", body="version", write=True)
     },
     "/api/v1/lineage/promotions": {
-        "post": _op("Promote a version to a service (traffic share, alias)", body=True, write=True)
+        "post": _op("Promote a version to a service (traffic share, alias)", body="promotion", write=True)
     },
     "/api/v1/lineage/versions/{model}/{version}": {
         "get": _op(
@@ -167,105 +266,149 @@ _LINEAGE_PATHS: dict[str, Any] = {
     },
 }
 
+_STALE = _query("stale_after", {"type": "number", "minimum": 1, "maximum": 86400})
+_UI_TS = {"type": "number", "minimum": 0, "maximum": 1e11}
+_UI_PARAMS: dict[str, list[dict[str, Any]]] = {
+    "fleet": [_query("metric", {"type": "string"}, text="A per-GPU gauge"), _STALE],
+    "node": [_query("node", {"type": "string", "minLength": 1, "maxLength": 256}, True), _STALE],
+    "job": [
+        _query("job", {"type": "string", "minLength": 1, "maxLength": 256}, True),
+        _query("start", _UI_TS),
+        _query("end", _UI_TS),
+        _query("points", {"type": "integer", "minimum": 10, "maximum": 2000}),
+    ],
+    "service": [_query("service", {"type": "string", "minLength": 1, "maxLength": 256}, True)],
+    "reports": [_query("days", {"type": "integer", "minimum": 1, "maximum": 366})],
+}
 _UI_PATHS: dict[str, Any] = {
-    f"/api/v1/ui/{page}": {"get": _op(f"Data behind the dashboard's {page} page")}
+    f"/api/v1/ui/{page}": {
+        "get": _op(f"Data behind the dashboard's {page} page", params=_UI_PARAMS.get(page))
+    }
     for page in ("fleet", "node", "jobs", "job", "services", "service", "reports", "capabilities")
 }
 
 
 def openapi_document(version: str) -> dict[str, Any]:
+    from gpuscope.web.guard import document_security
+
     errors = {"400": _ERROR, "401": _ERROR, "403": _ERROR}
-    return {
-        "openapi": "3.1.0",
-        "info": {
-            "title": "gpuscope hub",
-            "version": version,
-            "description": "Ingest GPU, training and inference telemetry; query series, alerts.",
-        },
-        "paths": {
-            "/api/v1/ingest": {
-                "post": {
-                    "summary": "Ingest one batch; answered once the batch is durable",
-                    "requestBody": {
-                        "required": True,
-                        "content": {"application/json": {"schema": BATCH_SCHEMA}},
-                    },
-                    "responses": {"200": _OK_JSON, **errors, "413": _ERROR, "415": _ERROR},
-                }
+    return document_security(
+        {
+            "openapi": "3.1.0",
+            "info": {
+                "title": "gpuscope hub",
+                "version": version,
+                "description": "Ingest GPU, training and inference telemetry; query series, alerts.",
             },
-            "/api/v1/series": {
-                "get": {
-                    "summary": "One series over a range, downsampled to at most `points` points",
-                    "parameters": [
-                        _query("metric", _NAME, True),
-                        *_RANGE,
-                        _query("points", {"type": "integer", "minimum": 1, "maximum": 10000}),
-                    ],
-                    "responses": {"200": _OK_JSON, **errors},
-                }
+            "paths": {
+                "/api/v1/ingest": {
+                    "post": {
+                        "summary": "Ingest one batch; answered once the batch is durable",
+                        "requestBody": {
+                            "required": True,
+                            "content": {"application/json": {"schema": BATCH_SCHEMA}},
+                        },
+                        "responses": {
+                            "200": _INGESTED,
+                            **errors,
+                            "413": _ERROR,
+                            "415": _ERROR,
+                            "503": _ERROR,  # not stored (field "storage"): retry later
+                            "507": _ERROR,  # the hub's disk is full: retry later
+                        },
+                    }
+                },
+                "/api/v1/series": {
+                    "get": {
+                        "summary": "One series over a range, downsampled to at most `points` points",
+                        "parameters": [
+                            _query("metric", _NAME, True),
+                            *_RANGE,
+                            _query("points", {"type": "integer", "minimum": 1, "maximum": 10000}),
+                        ],
+                        "responses": {"200": _OK_JSON, **errors},
+                    }
+                },
+                "/api/v1/snapshot": {
+                    "get": {
+                        "summary": "Latest value of each metric for every entity (fleet view)",
+                        "parameters": [
+                            _query("metrics", {"type": "string"}, text="Comma-separated metric names"),
+                            _query("max_age", {"type": "number", "minimum": 0}),
+                        ],
+                        "responses": {"200": _OK_JSON, **errors},
+                    }
+                },
+                "/api/v1/aggregate": {
+                    "get": {
+                        "summary": "Mean/min/max/count of a metric grouped by a label (node, job, ...)",
+                        "parameters": [_query("metric", _NAME, True), _query("by", _NAME, True), *_RANGE],
+                        "responses": {"200": _OK_JSON, **errors},
+                    }
+                },
+                "/api/v1/events": {
+                    "get": {
+                        "summary": "Events in a range",
+                        "parameters": [
+                            *_RANGE,
+                            _query("kind", _NAME),
+                            _query("limit", {"type": "integer", "minimum": 1, "maximum": 100000}),
+                        ],
+                        "responses": {"200": _OK_JSON, **errors},
+                    }
+                },
+                "/api/v1/training": {
+                    "get": {
+                        "summary": "Training records of a job",
+                        "parameters": [
+                            _query("job", {"type": "string", "minLength": 1, "maxLength": 256}, True),
+                            *_RANGE,
+                            _query("rank", {"type": "integer", "minimum": 0}),
+                            _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000000}),
+                        ],
+                        "responses": {"200": _OK_JSON, **errors},
+                    }
+                },
+                "/api/v1/alerts": {
+                    "get": {
+                        "summary": "Alerts, firing or all",
+                        "parameters": [
+                            _query("state", {"type": "string", "enum": ["firing", "all"]}),
+                            _query("limit", {"type": "integer", "minimum": 1, "maximum": 100000}),
+                        ],
+                        "responses": {"200": _OK_JSON, **errors},
+                    }
+                },
+                "/api/v1/incidents": {
+                    "get": {"summary": "Incidents, root cause first", "responses": {"200": _OK_JSON}}
+                },
+                "/api/v1/health": {
+                    "get": {
+                        "summary": "Liveness, counters of refusals and drops, store stats; on a sharded "
+                        "hub also `cluster`: hub_id, live members, owned shards",
+                        "responses": {"200": _OK_JSON},
+                    }
+                },
+                "/api/v1/cluster/forward": {
+                    "post": _op(
+                        "Sharded hubs only: a peer passes on the parts of a batch this hub detects for "
+                        "(body as /api/v1/ingest; cluster.peer_token as bearer; header x-gpuscope-hops)",
+                        write=True,
+                    )
+                },
+                "/openapi.json": {"get": {"summary": "This document", "responses": {"200": _OK_JSON}}},
+                **_ALERTING_PATHS,
+                **_LINEAGE_PATHS,
+                **_UI_PATHS,
+                "/api/v1/audit": {
+                    "get": _op(
+                        "Admin actions, most recent first: token name, action, target, time, source",
+                        params=[
+                            _query("limit", {"type": "integer", "minimum": 1, "maximum": 10000}),
+                            _query("since", {"type": "number"}),
+                        ],
+                    )
+                },
             },
-            "/api/v1/snapshot": {
-                "get": {
-                    "summary": "Latest value of each metric for every entity (fleet view)",
-                    "parameters": [
-                        _query("metrics", {"type": "string"}, text="Comma-separated metric names"),
-                        _query("max_age", {"type": "number", "minimum": 0}),
-                    ],
-                    "responses": {"200": _OK_JSON, **errors},
-                }
-            },
-            "/api/v1/aggregate": {
-                "get": {
-                    "summary": "Mean/min/max/count of a metric grouped by a label (node, job, ...)",
-                    "parameters": [_query("metric", _NAME, True), _query("by", _NAME, True), *_RANGE],
-                    "responses": {"200": _OK_JSON, **errors},
-                }
-            },
-            "/api/v1/events": {
-                "get": {
-                    "summary": "Events in a range",
-                    "parameters": [
-                        *_RANGE,
-                        _query("kind", _NAME),
-                        _query("limit", {"type": "integer", "minimum": 1, "maximum": 100000}),
-                    ],
-                    "responses": {"200": _OK_JSON, **errors},
-                }
-            },
-            "/api/v1/training": {
-                "get": {
-                    "summary": "Training records of a job",
-                    "parameters": [
-                        _query("job", {"type": "string", "minLength": 1, "maxLength": 256}, True),
-                        *_RANGE,
-                        _query("rank", {"type": "integer", "minimum": 0}),
-                        _query("limit", {"type": "integer", "minimum": 1, "maximum": 1000000}),
-                    ],
-                    "responses": {"200": _OK_JSON, **errors},
-                }
-            },
-            "/api/v1/alerts": {
-                "get": {
-                    "summary": "Alerts, firing or all",
-                    "parameters": [
-                        _query("state", {"type": "string", "enum": ["firing", "all"]}),
-                        _query("limit", {"type": "integer", "minimum": 1, "maximum": 100000}),
-                    ],
-                    "responses": {"200": _OK_JSON, **errors},
-                }
-            },
-            "/api/v1/incidents": {
-                "get": {"summary": "Incidents, root cause first", "responses": {"200": _OK_JSON}}
-            },
-            "/api/v1/health": {
-                "get": {
-                    "summary": "Liveness, counters of refusals and drops, store stats",
-                    "responses": {"200": _OK_JSON},
-                }
-            },
-            "/openapi.json": {"get": {"summary": "This document", "responses": {"200": _OK_JSON}}},
-            **_ALERTING_PATHS,
-            **_LINEAGE_PATHS,
-            **_UI_PATHS,
-        },
-    }
+        }
+    )

@@ -13,7 +13,9 @@ import uvicorn
 
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import Limits
+from gpuscope.tls import TlsSettings
 from gpuscope.web.api import HubApi
+from gpuscope.web.auth import AuthSettings
 
 log = logging.getLogger("gpuscope.hub")
 
@@ -55,7 +57,11 @@ class Evaluator(threading.Thread):
 
 
 class HubServer:
-    """A hub listening on HOST:PORT, in the current thread (:meth:`run`) or a background one."""
+    """A hub listening on HOST:PORT, in the current thread (:meth:`run`) or a background one.
+
+    ``auth`` (scoped tokens; or ``tokens``, plain ones with every scope) guards the API: off
+    loopback a token is required for reads too. ``tls`` serves HTTPS from its certificate files.
+    """
 
     def __init__(
         self,
@@ -66,14 +72,19 @@ class HubServer:
         tokens: list[str] | None = None,
         limits: Limits | None = None,
         evaluate_interval: float = 1.0,
+        auth: AuthSettings | None = None,
+        tls: TlsSettings | None = None,
     ) -> None:
-        if not is_loopback(host) and not tokens:
+        auth = auth if auth is not None else AuthSettings.from_plain(tokens or [])
+        if not is_loopback(host) and not auth.tokens:
             raise ValueError(
                 f"refusing to listen on {host} without an auth token: set auth.tokens in the "
                 "config or GPUSCOPE_TOKEN, or listen on 127.0.0.1"
             )
+        ssl_context = tls.server_context() if tls is not None else None  # bad files: ValueError now
         self.hub = hub
-        self.api = HubApi(hub, tokens=tokens, limits=limits)
+        self.tls = tls
+        self.api = HubApi(hub, auth=auth, limits=limits, open_reads=is_loopback(host))
         # proto must say TCP: asyncio only sets TCP_NODELAY on sockets that do, and without it
         # every small response waits out the client's delayed ACK (about 40 ms).
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -83,7 +94,13 @@ class HubServer:
         self.sock.bind((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
         self.server = uvicorn.Server(
-            uvicorn.Config(self.api.app, log_level="warning", access_log=False, timeout_keep_alive=30)
+            uvicorn.Config(
+                self.api.app,
+                log_level="warning",
+                access_log=False,
+                timeout_keep_alive=30,
+                ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None,
+            )
         )
         self.evaluator = Evaluator(hub, evaluate_interval)
         self._thread: threading.Thread | None = None
@@ -91,7 +108,7 @@ class HubServer:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
 
     def run(self) -> None:
         """Serve until interrupted (SIGINT/SIGTERM), then flush the store."""

@@ -100,7 +100,9 @@ class Notifier(ABC):
     def _url(self, key: str = "url") -> str:
         url = self.settings.get(key)
         if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise ValueError(f"receiver {self.name}: {self.kind}.{key} must be an http(s) URL, got {url!r}")
+            # the value itself is not echoed: receivers' URLs carry secrets
+            got = f"scheme {url.split(':', 1)[0][:16]!r}" if isinstance(url, str) else type(url).__name__
+            raise ValueError(f"receiver {self.name}: {self.kind}.{key} must be an http(s) URL, got {got}")
         return url
 
 

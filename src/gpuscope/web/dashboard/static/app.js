@@ -38,19 +38,28 @@ GS.window = () => {
   return { start: end - GS.range(), end };
 };
 
+// The token (kept for this tab in sessionStorage) goes with reads too: a hub off loopback
+// answers reads only with a read-scoped token.
+GS.auth = () => {
+  const token = document.getElementById("token").value.trim();
+  return token ? { Authorization: `Bearer ${token}` } : {};
+};
+
 GS.api = async (path, params) => {
   const url = new URL(path, location.origin);
   for (const [k, v] of Object.entries(params || {})) if (v !== undefined && v !== null) url.searchParams.set(k, v);
-  const res = await fetch(url);
+  const res = await fetch(url, { headers: GS.auth() });
   const body = await res.json();
+  if (res.status === 401) {
+    document.getElementById("token").placeholder = "needed";
+    throw new Error("this hub needs a token to read: enter a read token in the token box");
+  }
   if (!res.ok) throw new Error(`${path}: ${body.error || res.status}`);
   return body;
 };
 
 GS.post = async (path, doc) => {
-  const headers = { "Content-Type": "application/json" };
-  const token = document.getElementById("token").value.trim();
-  if (token) headers.Authorization = `Bearer ${token}`;
+  const headers = { "Content-Type": "application/json", ...GS.auth() };
   const res = await fetch(path, { method: "POST", headers, body: JSON.stringify(doc) });
   const body = await res.json().catch(() => ({}));
   if (!res.ok) throw new Error(body.error || `HTTP ${res.status}`);
@@ -188,7 +197,10 @@ function init() {
   user.addEventListener("change", () => localStorage.setItem("gs.user", user.value.trim()));
   const token = document.getElementById("token");
   token.value = sessionStorage.getItem("gs.token") || "";
-  token.addEventListener("change", () => sessionStorage.setItem("gs.token", token.value.trim()));
+  token.addEventListener("change", () => {
+    sessionStorage.setItem("gs.token", token.value.trim());
+    update();
+  });
   window.addEventListener("hashchange", route);
   setInterval(() => {
     if (document.getElementById("live").checked && !document.hidden) update();

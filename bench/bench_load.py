@@ -1,0 +1,294 @@
+"""A fleet under load: 1,024 agents (8 GPUs each, full metric set, 1 Hz) plus training SDK traffic.
+
+(a) one ``gpuscope hub`` process on the embedded DuckDB store; (b) two sharded hubs on
+VictoriaMetrics (remote write) + PostgreSQL (cluster state, meta store), when those backends are
+in this version. The load generator (``gpuscope loadgen``) plays a simulated cluster in real time
+over HTTP, one in-order stream per agent and SDK process, retrying until acknowledged, and injects
+faults during the run (DESIGN §4 kinds) whose time to detect is read from ``/api/v1/alerts``.
+
+Anchor, same run: VictoriaMetrics ingesting the same samples at the same pace (one request per
+node per second, Prometheus text through its import API): the cores it needs for what the hub
+does, beside the hub's cores.
+
+usage: python bench/bench_load.py [--duration 600] [--nodes 1024] [--only a|b] [--anchor-seconds 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import orjson
+import yaml
+
+from common import (
+    ROOT,
+    console,
+    free_port,
+    gpuscope_hub,
+    print_table,
+    victoria_metrics,
+    victoria_metrics_binary,
+    wait_http,
+)
+from gpuscope.loadgen import FleetShape, LoadOptions, LoadReport, run_load
+from gpuscope.loadgen.run import ResourceMonitor
+from gpuscope.sim.cluster import Simulator
+
+sys.path.insert(0, str(ROOT / "tests"))
+from pgserver import PostgresServer, postgres_bin_dir
+
+PEER_TOKEN = "bench-load-peer-token-0123456789"
+
+
+def print_report(title: str, report: LoadReport, extra: list[list[str]] | None = None) -> None:
+    print_table(title, ["figure", "value", "budget / note"], [*report.rows(), *(extra or [])])
+
+
+def run_single(args: argparse.Namespace, shape: FleetShape) -> LoadReport:
+    with tempfile.TemporaryDirectory() as tmp, gpuscope_hub(Path(tmp) / "load.duckdb") as (url, proc):
+        console.print(f"(a) one hub on DuckDB at {url}: {shape.nodes} agents for {args.duration:g} s")
+        report = run_load(_options(args, shape, [url], [proc.pid]), say=console.print)
+    print_report(f"(a) one hub, DuckDB: {shape.nodes} nodes × {shape.gpus_per_node} GPUs at 1 Hz", report)
+    return report
+
+
+def _options(args: argparse.Namespace, shape: FleetShape, hubs: list[str], pids: list[int]) -> LoadOptions:
+    return LoadOptions(
+        hubs=hubs,
+        shape=shape,
+        duration=args.duration,
+        workers=args.workers,
+        connections=args.connections,
+        hub_pids=pids,
+        faults=[] if args.no_faults else None,
+    )
+
+
+def cluster_unavailable() -> str | None:
+    """Why (b) cannot run here, or None when the remote backend, the cluster mode and the servers exist."""
+    for module in ("gpuscope.cluster", "gpuscope.store.remote"):
+        if importlib.util.find_spec(module) is None:
+            return f"{module} is not in this version"
+    from gpuscope.config import ConfigError, load_config
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "probe.yaml"
+        path.write_text(
+            yaml.safe_dump(_hub_config(7470, "http://127.0.0.1:8428", "postgresql://x@127.0.0.1/x", 0))
+        )
+        try:
+            load_config(path)
+        except ConfigError as exc:
+            return f"the config of (b) is refused: {exc}"
+    if victoria_metrics_binary() is None:
+        return "victoria-metrics (Debian package) is not installed"
+    if postgres_bin_dir() is None:
+        return "PostgreSQL (Debian package postgresql) is not installed"
+    return None
+
+
+def _hub_config(port: int, vm: str, dsn: str, index: int) -> dict[str, object]:
+    return {
+        "listen": f"127.0.0.1:{port}",
+        "storage": {
+            "backend": "prometheus",
+            "remote_write_url": f"{vm}/api/v1/write",
+            "query_url": vm,
+            "meta": "postgres",
+            "postgres_dsn": dsn,
+        },
+        "cluster": {
+            "postgres_dsn": dsn,
+            "hub_id": f"hub-{index}",
+            "advertise_url": f"http://127.0.0.1:{port}",
+            "peer_token": PEER_TOKEN,
+        },
+    }
+
+
+@contextmanager
+def cluster_hubs(vm: str, dsn: str, tmp: Path, count: int) -> Iterator[list[tuple[str, int]]]:
+    """``count`` hub processes, each with its own config file, sharing VictoriaMetrics and PostgreSQL."""
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        hubs = []
+        for i in range(count):
+            port = free_port()
+            cfg = tmp / f"hub-{i}.yaml"
+            cfg.write_text(yaml.safe_dump(_hub_config(port, vm, dsn, i)))
+            log = (tmp / f"hub-{i}.log").open("wb")
+            cmd = [
+                sys.executable,
+                "-m",
+                "gpuscope.cli",
+                "hub",
+                "--config",
+                str(cfg),
+                "--db",
+                str(tmp / f"h{i}.db"),
+            ]
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+            hubs.append((f"http://127.0.0.1:{port}", procs[-1].pid))
+        for url, _ in hubs:
+            wait_http(f"{url}/api/v1/health", timeout=60)
+        yield hubs
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=60)
+
+
+def run_cluster(args: argparse.Namespace, shape: FleetShape) -> LoadReport | None:
+    why = cluster_unavailable()
+    if why is not None:
+        console.print(f"[yellow](b) skipped: backend not available ({why})[/yellow]")
+        return None
+    pg = PostgresServer(postgres_bin_dir() or Path()).start()
+    try:
+        with victoria_metrics() as vm, tempfile.TemporaryDirectory() as tmp:
+            assert vm is not None
+            dsn = pg.create_database("bench_load")
+            with cluster_hubs(vm[0], dsn, Path(tmp), 2) as hubs:
+                backends = ResourceMonitor(_pids_named(("victoria-metrics", "postgres")))
+                backends.start()
+                console.print(f"(b) two hubs on VictoriaMetrics + PostgreSQL: {[u for u, _ in hubs]}")
+                report = run_load(
+                    _options(args, shape, [u for u, _ in hubs], [p for _, p in hubs]), say=console.print
+                )
+                backends.stop()
+        extra = [["VictoriaMetrics + PostgreSQL CPU, cores", f"{backends.mean_cores:.2f}", "beside the hubs"]]
+        print_report(f"(b) two hubs, VictoriaMetrics + PostgreSQL: {shape.nodes} nodes", report, extra)
+        return report
+    finally:
+        pg.stop()
+
+
+def _pids_named(names: tuple[str, ...]) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["name"]) if (p.info["name"] or "").startswith(names)]
+
+
+def prometheus_bodies(shape: FleetShape, ticks: int) -> list[list[bytes]]:
+    """Per tick, one Prometheus-text body per node (no timestamps: VictoriaMetrics stamps them)."""
+    from gpuscope.loadgen.traffic import build_scenario
+
+    sim = Simulator(build_scenario(shape, ticks, faults=[]))
+    out = []
+    for tick in sim.ticks():
+        bodies = []
+        for batch in tick.node_batches.values():
+            lines = []
+            for frame in batch.frames:
+                for labels, row in zip(frame.entities, frame.values.tolist(), strict=True):
+                    sel = ",".join(f'{k}="{v}"' for k, v in labels.items())
+                    lines += [
+                        f"{m}{{{sel}}} {v:.6g}" for m, v in zip(frame.metrics, row, strict=True) if v == v
+                    ]
+            bodies.append(("\n".join(lines) + "\n").encode())
+        out.append(bodies)
+    return out
+
+
+def run_anchor(shape: FleetShape, seconds: float, ticks: int = 10) -> list[list[str]]:
+    """VictoriaMetrics ingesting the same node samples at 1 Hz per node: its cores and latency."""
+    console.print(f"anchor: encoding {ticks} s of the fleet's samples as Prometheus text")
+    bodies = prometheus_bodies(shape, ticks)
+    samples_per_tick = sum(b.count(b"\n") for b in bodies[0])
+    with victoria_metrics() as vm:
+        if vm is None:
+            return [["VictoriaMetrics anchor", "skipped", "victoria-metrics not installed"]]
+        monitor = ResourceMonitor(_pids_named(("victoria-metrics",)))
+        monitor.start()
+        latencies, errors = asyncio.run(_pace(vm[0] + "/api/v1/import/prometheus", bodies, seconds))
+        monitor.stop()
+    latencies.sort()
+    p95 = latencies[int(0.95 * (len(latencies) - 1))] * 1000 if latencies else float("nan")
+    return [
+        [
+            "anchor: VictoriaMetrics, same node samples at 1 Hz",
+            f"{samples_per_tick:,} samples/s",
+            f"{seconds:g} s",
+        ],
+        ["anchor: VictoriaMetrics CPU, cores", f"{monitor.mean_cores:.2f}", "vs hub CPU above"],
+        [
+            "anchor: VictoriaMetrics samples/s per core",
+            f"{samples_per_tick / max(monitor.mean_cores, 1e-9):,.0f}",
+            f"p95 request {p95:.1f} ms, errors {errors}",
+        ],
+    ]
+
+
+async def _pace(url: str, ticks: list[list[bytes]], seconds: float) -> tuple[list[float], int]:
+    latencies: list[float] = []
+    errors = 0
+    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+
+        async def post(body: bytes) -> None:
+            nonlocal errors
+            started = time.perf_counter()
+            try:
+                resp = await client.post(url, content=body)
+                errors += resp.status_code >= 300
+            except httpx.HTTPError:
+                errors += 1
+            latencies.append(time.perf_counter() - started)
+
+        t0 = time.time()
+        pending: set[asyncio.Task[None]] = set()
+        for k in range(int(seconds)):
+            await asyncio.sleep(max(0.0, t0 + k - time.time()))
+            pending |= {asyncio.create_task(post(b)) for b in ticks[k % len(ticks)]}
+            pending = {t for t in pending if not t.done()}
+        if pending:
+            await asyncio.wait(pending)
+    return latencies, errors
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--duration", type=float, default=600, help="seconds of load per setup (600)")
+    ap.add_argument("--nodes", type=int, default=1024)
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--workers", type=int, default=2, help="sender processes of the load generator")
+    ap.add_argument("--connections", type=int, default=64, help="connections per hub per sender")
+    ap.add_argument("--only", choices=["a", "b"], default=None, help="run one setup only")
+    ap.add_argument("--anchor-seconds", type=float, default=60, help="VictoriaMetrics anchor; 0 skips it")
+    ap.add_argument("--no-faults", action="store_true")
+    ap.add_argument("--json-out", type=Path, default=None, help="also write the figures as JSON here")
+    args = ap.parse_args()
+    shape = FleetShape(nodes=args.nodes, gpus_per_node=args.gpus_per_node)
+    load = os.getloadavg()
+    console.print(f"machine: {os.cpu_count()} cores, load average {load[0]:.1f} (others compete for them)")
+    results: dict[str, object] = {}
+    if args.only in (None, "a"):
+        results["a"] = run_single(args, shape).to_dict()
+        if args.anchor_seconds > 0:
+            rows = run_anchor(shape, args.anchor_seconds)
+            print_table("anchor, same samples, same pace", ["figure", "value", "note"], rows)
+            results["anchor"] = rows
+    if args.only in (None, "b"):
+        report = run_cluster(args, shape)
+        results["b"] = report.to_dict() if report is not None else "skipped: backend not available"
+    results["load_average_end"] = os.getloadavg()
+    if args.json_out:
+        args.json_out.write_bytes(
+            orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""The cluster's HTTP surface: the internal observe endpoint peers forward batch parts to, and
+the cluster's part of ``/api/v1/health``. A hub outside a cluster has neither."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from gpuscope.cluster.forward import HOPS_HEADER, OBSERVE_PATH
+from gpuscope.cluster.hub import MAX_HOPS, ClusterHub
+from gpuscope.hub import Hub
+from gpuscope.ingest.payload import Limits, PayloadError, decode_json, parse_batch
+
+Handler = Callable[[Request], Awaitable[Response]]
+Guard = Callable[[Handler], Handler]
+
+
+def cluster_routes(hub: Hub, guard: Guard, limits: Limits) -> list[Route]:
+    """``POST /api/v1/cluster/forward`` on a cluster member; nothing on a single hub."""
+    if not isinstance(hub, ClusterHub):
+        return []
+    from gpuscope.web.api import ApiError
+
+    digest = hashlib.sha256(hub.cfg.peer_token.encode()).digest()
+
+    async def observe(request: Request) -> Response:
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        given = hashlib.sha256(token.strip().encode()).digest()
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given, digest):
+            raise ApiError(403, "authorization", "the cluster's peer token is required")
+        hops_raw = request.headers.get(HOPS_HEADER, "1")
+        if not hops_raw.isdigit() or int(hops_raw) > MAX_HOPS:
+            raise ApiError(400, HOPS_HEADER, f"must be an integer in 0..{MAX_HOPS}")
+        body = await request.body()
+        if len(body) > limits.max_body_bytes:
+            raise ApiError(413, "body", f"over the limit of {limits.max_body_bytes} bytes")
+
+        def work() -> dict[str, Any]:
+            try:
+                batch = parse_batch(decode_json(body, limits), limits)
+            except PayloadError as exc:
+                hub.counters.inc("cluster_observe_rejected")
+                raise ApiError(400, exc.field, exc.message) from None
+            return hub.route(batch, int(hops_raw))
+
+        return JSONResponse(await run_in_threadpool(work))
+
+    return [Route(OBSERVE_PATH, guard(observe), methods=["POST"])]
+
+
+def cluster_health(hub: Hub) -> dict[str, Any]:
+    """Membership and owned shards, for ``/api/v1/health`` (empty outside a cluster)."""
+    if not isinstance(hub, ClusterHub):
+        return {}
+    return {"cluster": hub.cluster_status()}

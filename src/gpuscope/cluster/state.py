@@ -1,0 +1,203 @@
+"""Alert state shared by every hub of a cluster, in PostgreSQL.
+
+An alert's transitions (fired, resolved) are written by the owner of its shard in one transaction
+with the notification rows they cause. Both are keyed so that a repeat is a no-op: at most one
+firing alert per rule and entity (a partial unique index), and one outbox row per alert,
+transition and receiver (``ON CONFLICT DO NOTHING``). The writes go over the session that holds
+the owner's shard locks: if that session is gone, so are the locks, and the write fails.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import orjson
+import psycopg
+
+from gpuscope.alert.engine import KEPT_DETAILS
+from gpuscope.alert.incidents import Incident, IncidentTracker
+from gpuscope.alert.notify.base import Request
+from gpuscope.cluster.membership import ClusterNode, connect
+from gpuscope.cluster.ring import entity_shard
+from gpuscope.model import Alert, Labels
+
+
+def entity_key(entity: dict[str, str]) -> str:
+    return orjson.dumps(dict(sorted(entity.items()))).decode()
+
+
+def _keep_stored(alert: Alert, stored: str) -> None:
+    """Keep what other hubs attached to the stored alert (an acknowledgement, the playbook) when
+    this hub writes its own copy of it."""
+    details = orjson.loads(stored).get("details") or {}
+    for key in KEPT_DETAILS:
+        if key in details and (key == "ack" or key not in alert.details):
+            alert.details[key] = details[key]
+
+
+def _doc(alert: Alert) -> str:
+    return orjson.dumps(
+        alert.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS, default=str
+    ).decode()
+
+
+def _outbox_rows(
+    con: psycopg.Connection[tuple[Any, ...]],
+    dedup: str,
+    notes: list[tuple[str, str, list[Request]]],
+    now: float,
+) -> int:
+    added = 0
+    for receiver, kind, requests in notes:
+        for i, req in enumerate(requests):
+            payload = orjson.dumps({"url": req.url, "body": req.body, "headers": req.headers}).decode()
+            cur = con.execute(
+                "INSERT INTO cluster_outbox (dedup, receiver, kind, payload, created_at, next_attempt_at) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (dedup) DO NOTHING",
+                (f"{dedup}/{receiver}/{i}", receiver, kind, payload, now, now),
+            )
+            added += cur.rowcount
+    if added:
+        con.execute("SELECT pg_notify('gpuscope_outbox', '')")
+    return added
+
+
+class ClusterState:
+    """The cluster's alerts and outbox; writes on the owner's locked session, reads on their own."""
+
+    def __init__(self, node: ClusterNode) -> None:
+        self.node = node
+        self.shards = node.cfg.shards
+        self._read = connect(node.cfg.postgres_dsn)
+        self._read_lock = threading.Lock()
+        #: how incidents group (the alert engine's defaults)
+        self.incident_window, self.reopen_within = 600.0, 120.0
+
+    def shard(self, alert: Alert) -> int:
+        return entity_shard(alert.entity, self.shards)
+
+    def next_id(self) -> str:
+        """A cluster-wide alert id (``al-N``), from a sequence: ids never collide across hubs."""
+        with self.node.lock:
+            row = self.node.con.execute("SELECT nextval('cluster_alert_seq')").fetchone()
+        return f"al-{int(row[0]) if row else 0}"
+
+    def fired(
+        self,
+        alert: Alert,
+        notes: list[tuple[str, str, list[Request]]],
+        now: float,
+        places: list[Labels] | None = None,
+    ) -> Alert | None:
+        """Record a fired alert (with where it runs, for incidents) and its notifications; returns
+        the alert already firing on the same rule and entity instead when there is one (then nothing
+        is notified)."""
+        con = self.node.con
+        with self.node.lock, con.transaction():
+            cur = con.execute(
+                "INSERT INTO cluster_alerts (id, shard, rule, entity_key, started_at, doc, hub_id, places) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (rule, entity_key) WHERE resolved_at IS NULL DO NOTHING",
+                (
+                    alert.id,
+                    self.shard(alert),
+                    alert.rule,
+                    entity_key(alert.entity),
+                    alert.started_at,
+                    _doc(alert),
+                    self.node.hub_id,
+                    None if places is None else orjson.dumps(places).decode(),
+                ),
+            )
+            if cur.rowcount == 0:
+                row = con.execute(
+                    "SELECT doc FROM cluster_alerts "
+                    "WHERE rule = %s AND entity_key = %s AND resolved_at IS NULL",
+                    (alert.rule, entity_key(alert.entity)),
+                ).fetchone()
+                return Alert(**orjson.loads(row[0])) if row else None
+            _outbox_rows(con, f"{alert.id}/fired", notes, now)
+        return None
+
+    def resolved(self, alert: Alert, notes: list[tuple[str, str, list[Request]]], now: float) -> bool:
+        """Record a resolution and its notifications; False when it was already resolved."""
+        con = self.node.con
+        with self.node.lock, con.transaction():
+            row = con.execute(
+                "SELECT doc FROM cluster_alerts WHERE id = %s AND resolved_at IS NULL FOR UPDATE", (alert.id,)
+            ).fetchone()
+            if row is None:
+                return False
+            _keep_stored(alert, str(row[0]))
+            cur = con.execute(
+                "UPDATE cluster_alerts SET resolved_at = %s, doc = %s, hub_id = %s "
+                "WHERE id = %s AND resolved_at IS NULL",
+                (alert.resolved_at, _doc(alert), self.node.hub_id, alert.id),
+            )
+            if cur.rowcount == 0:
+                return False
+            told = {
+                str(r[0])
+                for r in con.execute(
+                    "SELECT DISTINCT receiver FROM cluster_outbox WHERE dedup LIKE %s",
+                    (f"{alert.id}/fired/%",),
+                ).fetchall()
+            }  # a receiver never told of the alert (it was muted) is not told it resolved
+            _outbox_rows(con, f"{alert.id}/resolved", [n for n in notes if n[0] in told], now)
+        return True
+
+    def save(self, alert: Alert) -> None:
+        """Attach what the alert layer added to an alert (playbook results, acknowledgement) to its
+        stored document; the rest of the document (its state) is the owner's and stays."""
+        with self._read_lock, self._read.transaction():
+            row = self._read.execute(
+                "SELECT doc FROM cluster_alerts WHERE id = %s FOR UPDATE", (alert.id,)
+            ).fetchone()
+            if row is None:
+                return
+            doc = orjson.loads(row[0])
+            doc["details"] = {
+                **(doc.get("details") or {}),
+                **{k: alert.details[k] for k in KEPT_DETAILS if k in alert.details},
+            }
+            self._read.execute(
+                "UPDATE cluster_alerts SET doc = %s WHERE id = %s",
+                (orjson.dumps(doc, default=str).decode(), alert.id),
+            )
+
+    def firing_in(self, shards: set[int]) -> list[Alert]:
+        """The alerts firing on these shards: what a hub taking them over continues."""
+        with self.node.lock:
+            rows = self.node.con.execute(
+                "SELECT doc FROM cluster_alerts WHERE resolved_at IS NULL AND shard = ANY(%s) ORDER BY seq",
+                (sorted(shards),),
+            ).fetchall()
+        return [Alert(**orjson.loads(r[0])) for r in rows]
+
+    def view(self) -> tuple[list[Alert], list[Incident]]:
+        """Every alert of the cluster in the order they fired, and the incidents they form.
+
+        The incidents are grouped here, by the same code a single hub runs as alerts fire, over
+        the shared alerts and the places their owners recorded: every hub derives the same ones
+        (and numbers them the same), whichever hub fired what."""
+        with self._read_lock:
+            rows = self._read.execute(
+                "SELECT doc, places FROM cluster_alerts ORDER BY started_at, seq"
+            ).fetchall()
+        tracker = IncidentTracker(self.incident_window, self.reopen_within)
+        alerts = []
+        for doc, places in rows:
+            alert = Alert(**orjson.loads(doc))
+            tracker.add(alert, None if places is None else orjson.loads(places))
+            alerts.append(alert)
+        return alerts, tracker.incidents()
+
+    def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
+        """Alerts of the whole cluster, newest start first (what every hub's API answers)."""
+        alerts = [a for a in reversed(self.view()[0]) if a.firing or not firing_only]
+        return alerts[:limit]
+
+    def close(self) -> None:
+        with self._read_lock:
+            self._read.close()

@@ -1,0 +1,66 @@
+"""``gpuscope loadgen``: play a simulated fleet into running hubs and print what they sustained."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import orjson
+from rich.console import Console
+from rich.table import Table
+
+from gpuscope.loadgen.run import LoadOptions, LoadReport, run_load
+from gpuscope.loadgen.traffic import FleetShape
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hubs", required=True, help="hub URLs, comma-separated (any agent may send to any)")
+    parser.add_argument("--nodes", type=int, default=1024, help="simulated nodes, one agent each (1024)")
+    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--duration", type=float, default=600, help="seconds of load (600)")
+    parser.add_argument("--workers", type=int, default=2, help="sender processes (2)")
+    parser.add_argument("--connections", type=int, default=64, help="connections per hub per sender (64)")
+    parser.add_argument("--token", default=None, help="bearer token for writes (or GPUSCOPE_TOKEN)")
+    parser.add_argument(
+        "--hub-pid", type=int, action="append", default=[], help="a hub's PID, for its CPU and RSS (repeat)"
+    )
+    parser.add_argument("--no-faults", action="store_true", help="a healthy fleet: inject no faults")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON on stdout")
+
+
+def print_report(report: LoadReport, title: str, console: Console | None = None) -> None:
+    table = Table(title=title)
+    for column in ("figure", "value", "budget / note"):
+        table.add_column(column)
+    for row in report.rows():
+        table.add_row(*row)
+    (console or Console()).print(table)
+
+
+def run(args: argparse.Namespace) -> int:
+    err = Console(stderr=True)
+    hubs = [h.strip().rstrip("/") for h in args.hubs.split(",") if h.strip()]
+    bad = [h for h in hubs if not h.startswith(("http://", "https://"))]
+    if not hubs or bad:
+        err.print(f"[red]--hubs: {bad[0] if bad else args.hubs!r} is not an http(s) URL[/red]")
+        return 2
+    if args.nodes < 1 or args.gpus_per_node < 1 or args.workers < 1 or args.duration < 1:
+        err.print("[red]--nodes, --gpus-per-node, --workers and --duration must be at least 1[/red]")
+        return 2
+    opts = LoadOptions(
+        hubs=hubs,
+        shape=FleetShape(nodes=args.nodes, gpus_per_node=args.gpus_per_node),
+        duration=args.duration,
+        workers=args.workers,
+        connections=args.connections,
+        token=args.token or os.environ.get("GPUSCOPE_TOKEN"),
+        hub_pids=args.hub_pid,
+        faults=[] if args.no_faults else None,
+    )
+    report = run_load(opts, say=lambda line: err.print(line))
+    if args.json:
+        sys.stdout.write(orjson.dumps(report.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY).decode() + "\n")
+    else:
+        print_report(report, f"load: {args.nodes} agents at 1 Hz for {args.duration:g} s")
+    return 0 if report.drops == 0 else 1

@@ -1,0 +1,207 @@
+"""A sender process of the load generator: many agents' in-order streams over asyncio + httpx.
+
+Each sender (a node's agent, a job's SDK process) is one stream: its batches go out one at a
+time, in order, as a real agent's do; a batch that fails (connection error, 5xx, 408, 429) is
+retried with the agent's backoff, on the next hub when there are several, until it is
+acknowledged or the run's grace period ends, and batches behind it wait. What is still unacknowledged
+at the end is a drop. Connections are kept alive, a pool per hub per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from array import array
+from collections import deque
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from typing import Any
+
+import httpx
+import orjson
+
+from gpuscope import __version__
+from gpuscope.agent.sender import INGEST_PATH, Backoff, _retry_after
+from gpuscope.loadgen.traffic import shard_of
+
+#: (sender, body, rows, samples, events, training) as the main process ships them
+Item = tuple[str, bytes, int, int, int, int]
+
+
+@dataclass(slots=True)
+class SenderStats:
+    """What a sender process saw; merged over processes by :meth:`merge`."""
+
+    batches_offered: int = 0
+    batches_acked: int = 0
+    batches_refused: int = 0
+    batches_unacked: int = 0
+    duplicates: int = 0
+    retries: int = 0
+    connect_errors: int = 0
+    rows_acked: int = 0
+    samples_offered: int = 0
+    samples_acked: int = 0
+    events_acked: int = 0
+    training_acked: int = 0
+    http_errors: dict[int, int] = field(default_factory=dict)
+    refusal_messages: list[str] = field(default_factory=list)
+    latencies: array[float] = field(default_factory=lambda: array("d"))  # seconds per request
+    lags: array[float] = field(default_factory=lambda: array("d"))  # due time → acknowledged
+    acked_per_second: dict[int, int] = field(default_factory=dict)  # wall second → samples
+
+    def merge(self, other: SenderStats) -> None:
+        for name in (
+            "batches_offered",
+            "batches_acked",
+            "batches_refused",
+            "batches_unacked",
+            "duplicates",
+            "retries",
+            "connect_errors",
+            "rows_acked",
+            "samples_offered",
+            "samples_acked",
+            "events_acked",
+            "training_acked",
+        ):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for code, n in other.http_errors.items():
+            self.http_errors[code] = self.http_errors.get(code, 0) + n
+        self.refusal_messages.extend(other.refusal_messages[: 10 - len(self.refusal_messages)])
+        self.latencies.extend(other.latencies)
+        self.lags.extend(other.lags)
+        for sec, n in other.acked_per_second.items():
+            self.acked_per_second[sec] = self.acked_per_second.get(sec, 0) + n
+
+
+@dataclass(slots=True)
+class _Stream:
+    hub: int
+    queue: deque[tuple[float, Item]] = field(default_factory=deque)
+    task: asyncio.Task[None] | None = None
+
+
+class _Worker:
+    def __init__(self, hubs: list[str], token: str | None, connections: int, timeout: float) -> None:
+        headers = {"Content-Type": "application/json", "User-Agent": f"gpuscope-loadgen/{__version__}"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        self.clients = [
+            httpx.AsyncClient(base_url=h, headers=headers, limits=limits, timeout=timeout) for h in hubs
+        ]
+        self.streams: dict[str, _Stream] = {}
+        self.stats = SenderStats()
+        self.backoff = Backoff()
+        self.rng = random.Random()
+
+    def enqueue(self, due: float, items: list[Item]) -> None:
+        hubs = len(self.clients)
+        for item in items:
+            sender = item[0]
+            stream = self.streams.get(sender)
+            if stream is None:
+                stream = self.streams[sender] = _Stream(hub=shard_of(sender, hubs))
+            stream.queue.append((due, item))
+            self.stats.batches_offered += 1
+            self.stats.samples_offered += item[3]
+            if stream.task is None:
+                stream.task = asyncio.create_task(self._drain(stream))
+
+    async def _drain(self, stream: _Stream) -> None:
+        failures = 0
+        st = self.stats
+        while stream.queue:
+            due, (_, body, rows, samples, events, training) = stream.queue[0]
+            # a retry goes to the next hub: any hub takes any agent's batches
+            client = self.clients[(stream.hub + failures) % len(self.clients)]
+            retry_after: float | None = None
+            started = time.perf_counter()
+            try:
+                resp = await client.post(INGEST_PATH, content=body)
+            except httpx.RequestError:
+                st.connect_errors += 1
+            else:
+                st.latencies.append(time.perf_counter() - started)
+                status = resp.status_code
+                if 200 <= status < 300:
+                    stream.queue.popleft()
+                    failures = 0
+                    self._acked(resp, due, rows, samples, events, training)
+                    continue
+                st.http_errors[status] = st.http_errors.get(status, 0) + 1
+                if status not in (408, 429) and status < 500:
+                    stream.queue.popleft()  # a permanent refusal: never acknowledged, a drop
+                    st.batches_refused += 1
+                    if len(st.refusal_messages) < 10:
+                        st.refusal_messages.append(f"HTTP {status}: {resp.text[:300]}")
+                    continue
+                retry_after = _retry_after(resp)
+            failures += 1
+            st.retries += 1
+            delay = self.backoff.delay(failures, self.rng)
+            await asyncio.sleep(max(delay, retry_after or 0.0))
+        stream.task = None
+
+    def _acked(
+        self, resp: httpx.Response, due: float, rows: int, samples: int, events: int, training: int
+    ) -> None:
+        st = self.stats
+        now = time.time()
+        st.lags.append(now - due)
+        st.batches_acked += 1
+        st.rows_acked += rows
+        try:
+            answer: Any = orjson.loads(resp.content)
+        except orjson.JSONDecodeError:
+            answer = None
+        accepted = answer.get("accepted") if isinstance(answer, dict) else None
+        if isinstance(accepted, dict):
+            samples = int(accepted.get("samples", samples))
+            events = int(accepted.get("events", events))
+            training = int(accepted.get("training", training))
+        if isinstance(answer, dict) and answer.get("duplicate"):
+            st.duplicates += 1
+        st.samples_acked += samples
+        st.events_acked += events
+        st.training_acked += training
+        sec = int(now)
+        st.acked_per_second[sec] = st.acked_per_second.get(sec, 0) + samples
+
+    async def finish(self, grace: float) -> SenderStats:
+        """Wait up to ``grace`` seconds for every stream to drain; what is left is unacknowledged."""
+        tasks = [s.task for s in self.streams.values() if s.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=grace)
+        for stream in self.streams.values():
+            self.stats.batches_unacked += len(stream.queue)
+            if stream.task is not None:
+                stream.task.cancel()
+        for client in self.clients:
+            await client.aclose()
+        return self.stats
+
+
+async def _serve(conn: Connection, worker: _Worker) -> SenderStats:
+    loop = asyncio.get_running_loop()
+    while True:
+        message = await loop.run_in_executor(None, conn.recv)
+        if message[0] == "tick":
+            worker.enqueue(message[1], message[2])
+        else:
+            return await worker.finish(float(message[1]))
+
+
+def worker_main(
+    conn: Connection, hubs: list[str], token: str | None, connections: int, timeout: float
+) -> None:
+    """Entry point of a sender process: ``("tick", due, items)`` messages, then ``("stop", grace)``;
+    answers with its :class:`SenderStats`."""
+
+    async def main() -> SenderStats:
+        return await _serve(conn, _Worker(hubs, token, connections, timeout))
+
+    conn.send(asyncio.run(main()))
+    conn.close()

@@ -1,0 +1,453 @@
+""":class:`gpuscope.store.base.Store` on any Prometheus-compatible TSDB (VictoriaMetrics single or
+cluster, Mimir, Thanos Receive, Prometheus with its remote-write receiver).
+
+Write path: a batch is validated and converted exactly as the embedded store does it (the same
+:class:`~gpuscope.store._prepare.Preparer`: the same refusals, limits, float32 values and notes),
+its telemetry sent with remote-write (one series per metric and label set, attribution labels such
+as ``job`` included), and only once the TSDB answered 2xx are its events, training records and
+batch id committed to the meta store: a batch is acknowledged only when all of it is stored, and a
+retry after a failure writes the same samples again, which the TSDB keeps once (same timestamp,
+same value). 5xx, 429 and connection errors are retried with backoff for ``retry_s``, then
+:class:`StoreError` (the hub answers 503 and the sender keeps the batch); other 4xx mean the TSDB
+refused samples (too old, out of order, over its limits): counted, named in the notes, not retried.
+
+Read path: PromQL over HTTP. ``series`` is ``sum(sum_over_time)/sum(count_over_time)`` per step
+(the mean of all samples in each bucket, as the embedded store computes it), ``aggregate`` four
+instant queries over the whole range, ``snapshot`` the last value and its time per series within a
+window. Rollups, downsampling and retention of telemetry are the TSDB's job: :meth:`rollup` does
+nothing and :meth:`compact` only applies retention to the meta store.
+
+Differences a user can see: data becomes visible when the TSDB makes it searchable (VictoriaMetrics
+hides the newest ``-search.latencyOffset``, 30 s by default, and flushes within about a second);
+the entity and metric limits are counted per hub process; ``snapshot`` ages are measured from the
+wall clock, not from the newest sample.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import httpx
+import numpy as np
+
+from gpuscope.counters import Counters
+from gpuscope.model import ATTRIBUTION_LABELS, Alert, Batch, Event, Labels, TrainingRecord
+from gpuscope.store._batch_ids import BatchIds, Claim
+from gpuscope.store._prepare import Prepared, Preparer
+from gpuscope.store._reads import _ceil_div, _range
+from gpuscope.store._registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
+from gpuscope.store.base import AppendResult, SeriesPoint
+from gpuscope.store.errors import StoreError
+from gpuscope.store.remote import wire
+from gpuscope.store.remote.meta import MetaStore
+from gpuscope.store.remote.promql import (
+    LABEL_NAME_RE,
+    METRIC_NAME_RE,
+    PromQL,
+    duration,
+    selector,
+)
+
+DAY = 86_400.0
+MAX_NOTES = 20
+MAX_POINTS = 11_000  # Prometheus refuses range queries of more points per series
+
+
+def redact(url: str) -> str:
+    """A URL without user:password, for logs and stats."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _note(result: AppendResult, text: str) -> None:
+    if len(result.notes) < MAX_NOTES:
+        result.notes.append(text)
+
+
+class PromStore:
+    """Telemetry in a remote TSDB, everything else in a :class:`MetaStore`."""
+
+    def __init__(
+        self,
+        remote_write_url: str,
+        query_url: str,
+        meta: MetaStore,
+        *,
+        headers: dict[str, str] | None = None,
+        auth: tuple[str, str] | None = None,
+        timeout_s: float = 10.0,
+        retry_s: float = 30.0,
+        max_entities: int = 100_000,
+        max_metrics: int = 512,
+        snapshot_window_s: float = 3600.0,
+        max_request_samples: int = 100_000,
+        counters: Counters | None = None,
+        path: str | None = None,
+    ) -> None:
+        self.remote_write_url = remote_write_url
+        self.query_url = query_url
+        self.meta = meta
+        self.path = path or meta.path  # lineage and alerting state files go beside this path
+        self.retry_s = retry_s
+        self.snapshot_window_s = snapshot_window_s
+        self.max_request_samples = max_request_samples
+        self.counters = counters if counters is not None else Counters()
+        self.entities = EntityRegistry(max_entities)
+        self.columns = ColumnRegistry(max_metrics)
+        self._preparer = Preparer(self.entities, self.columns, ColumnRegistry(max_metrics))
+        self._ids = BatchIds(1_000_000, DAY)  # concurrent appends of one id: one writes, one waits
+        self._client = httpx.Client(
+            headers=headers or {}, auth=auth, timeout=timeout_s, follow_redirects=False
+        )
+        self.promql = PromQL(self._client, query_url)
+        self._wire_labels: dict[tuple[int, int, int], list[tuple[str, str]] | str] = {}
+        self._closed_windows: bool | None = None  # range selectors include their left edge
+        self._tlast: bool | None = None  # whether the TSDB has MetricsQL's tlast_over_time
+        self._closed = False
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ append
+
+    def append(self, batch: Batch) -> AppendResult:
+        """Store a batch: telemetry acknowledged by the TSDB, then the rest in the meta store."""
+        self._check_open()
+        bid = batch.batch_id
+        if bid is not None and self._claim(bid) is Claim.DUPLICATE:
+            self.counters.inc("store.duplicate_batches")
+            return AppendResult(duplicate=True)
+        stored = False
+        try:
+            telemetry = self._preparer.prepare(Batch(batch.source, frames=batch.frames))
+            # validate events and training now, so that a bad one refuses the batch before any write
+            self._preparer.prepare(Batch(batch.source, events=batch.events, training=batch.training))
+            self.columns.mark_persisted(telemetry.columns)  # no DDL here: names are series labels
+            self.entities.mark_persisted(telemetry.entities)
+            result = telemetry.result
+            self._write(telemetry, result)
+            rest = self.meta.append(
+                Batch(batch.source, events=batch.events, training=batch.training, batch_id=bid)
+            )
+            if rest.duplicate:  # another hub stored this id meanwhile: its telemetry is ours too
+                self.counters.inc("store.duplicate_batches")
+                stored = True
+                return rest
+            result.events, result.training = rest.events, rest.training
+            result.refused_samples += rest.refused_samples
+            result.notes.extend(rest.notes[: max(0, MAX_NOTES - len(result.notes))])
+            self.counters.inc("store.refused_entities", result.refused_entities)
+            self.counters.inc("store.refused_samples", result.refused_samples)
+            self.counters.inc("store.samples", result.samples)
+            stored = True
+            return result
+        finally:
+            if bid is not None:
+                self._ids.finish(bid, stored, time.time())
+
+    def _claim(self, bid: str) -> Claim:
+        """NEW when neither this hub nor the meta store (other hubs, earlier runs) has ``bid``."""
+        if self._ids.claim(bid) is Claim.DUPLICATE:
+            return Claim.DUPLICATE
+        try:
+            seen = self.meta.has_batch(bid)
+        except BaseException:
+            self._ids.finish(bid, False, time.time())
+            raise
+        if seen:
+            self._ids.finish(bid, True, time.time())
+            return Claim.DUPLICATE
+        return Claim.NEW
+
+    def _series_of(self, prepared: Prepared, result: AppendResult) -> Iterator[wire.Series]:
+        """One wire series per (metric, entity, attribution) with its samples in time order."""
+        samples: dict[tuple[int, int, int], list[tuple[int, float]]] = {}
+        for cols, block in prepared.blocks.items():
+            for ts, ent, attr, values in zip(block.ts, block.entity, block.attr, block.values, strict=True):
+                present = ~np.isnan(values)
+                for j, col in enumerate(cols):
+                    rows = np.flatnonzero(present[:, j])
+                    for i in rows.tolist():
+                        key = (col, int(ent[i]), int(attr[i]))
+                        samples.setdefault(key, []).append((int(ts[i]), float(values[i, j])))
+        refused: dict[str, int] = {}
+        for key, points in samples.items():
+            labels = self._wire_labels.get(key)
+            if labels is None:
+                labels = self._labels_of(*key)
+                if len(self._wire_labels) > 4 * self.entities.max_entities:
+                    self._wire_labels.clear()
+                self._wire_labels[key] = labels
+            if isinstance(labels, str):
+                refused[labels] = refused.get(labels, 0) + len(points)
+                continue
+            yield labels, points
+        for why, n in refused.items():
+            result.samples -= n
+            result.refused_samples += n
+            _note(result, f"refused {n} sample(s): {why}")
+
+    def _labels_of(self, col: int, eid: int, code: int) -> list[tuple[str, str]] | str:
+        """The sorted wire labels of a series, or why it cannot be sent (cached per series)."""
+        name = self.columns.name(col)
+        labels = {**self.entities.labels(eid)}
+        for k, v in zip(ATTR_COLUMNS, self.entities.attr_values(code), strict=True):
+            if v is not None:
+                labels[k] = v
+        if not METRIC_NAME_RE.match(name):
+            return f"metric name {name!r} is not a Prometheus name"
+        reserved = [k for k in labels if k.startswith("__")]
+        if reserved:
+            return f"label {reserved[0]!r} is reserved"
+        # an empty value means "no such label" to a TSDB: leave it out rather than send it
+        return sorted([("__name__", name), *((k, v) for k, v in labels.items() if v != "")])
+
+    def _write(self, prepared: Prepared, result: AppendResult) -> None:
+        chunk: list[wire.Series] = []
+        size = 0
+        for series in self._series_of(prepared, result):
+            chunk.append(series)
+            size += len(series[1])
+            if size >= self.max_request_samples:
+                self._send(chunk, result)
+                chunk, size = [], 0
+        if chunk:
+            self._send(chunk, result)
+
+    def _send(self, chunk: list[wire.Series], result: AppendResult) -> None:
+        """POST one WriteRequest; retry what may succeed later, until ``retry_s`` has passed."""
+        body = wire.encode(chunk)
+        n = sum(len(s[1]) for s in chunk)
+        url = self.remote_write_url
+        deadline = time.monotonic() + self.retry_s
+        delay, tries = 0.05, 0
+        while True:
+            tries += 1
+            self.counters.inc("store.remote_write_requests")
+            try:
+                r = self._client.post(url, content=body, headers=wire.HEADERS)
+                status, why = r.status_code, f"{r.status_code} {r.text.strip()[:300]}"
+            except httpx.HTTPError as exc:
+                status, why = 0, f"{type(exc).__name__}: {exc}"
+            if 200 <= status < 300:
+                return
+            if 400 <= status < 500 and status not in (408, 429):
+                result.samples -= n
+                result.refused_samples += n
+                self.counters.inc("store.remote_refused_samples", n)
+                _note(result, f"the TSDB refused (some of) {n} sample(s): {why}")
+                return
+            if time.monotonic() + delay > deadline:
+                self.counters.inc("store.remote_write_failures")
+                raise StoreError(
+                    f"remote write to {redact(url)} failed after {tries} tries in {self.retry_s:g} s: {why}"
+                )
+            self.counters.inc("store.remote_write_retries")
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    # ------------------------------------------------------------------ telemetry reads
+
+    def series(
+        self, metric: str, labels: Labels, start: float, end: float, points: int = 300
+    ) -> list[SeriesPoint]:
+        """Mean of all samples ``labels`` select per bucket, at most ``points`` buckets; a bucket
+        ``[s, s + step)`` is evaluated at ``s + step - 1 ms`` over ``[step]`` (left-open windows)."""
+        self._check_open()
+        if points < 1:
+            raise ValueError(f"points must be at least 1, got {points}")
+        a, b = _range(start, end)
+        if not METRIC_NAME_RE.match(metric) or not all(_selectable(k) for k in labels):
+            return []  # no such series can exist
+        step = max(1, _ceil_div(b - a, min(points, MAX_POINTS)))
+        n = _ceil_div(b - a, step)
+        sel = selector(metric, labels)
+        # a window of step ms ending at s + step - 1 holds exactly [s, s + step) if it is left-open
+        # (VictoriaMetrics, Prometheus 3); Prometheus 2 includes its left edge: one ms less there
+        win = duration(step - 1 if self._left_closed() else step)
+        query = f"sum(sum_over_time({sel}[{win}])) / sum(count_over_time({sel}[{win}]))"
+        rows = self.promql.range(query, (a + step - 1) / 1000, (a + n * step - 1) / 1000, step / 1000)
+        out = [
+            SeriesPoint((round(float(t) * 1000) - step + 1) / 1000, float(v))
+            for row in rows[:1]
+            for t, v in row["values"]
+        ]
+        return out
+
+    def _left_closed(self) -> bool:
+        """Whether range selectors include their left edge, asked once: a 2 s window over a
+        1 s subquery grid holds 3 points if so, 2 if not."""
+        if self._closed_windows is None:
+            rows = self.promql.instant("count_over_time(vector(1)[2s:1s])", 1000.0)
+            self._closed_windows = bool(rows) and float(rows[0]["value"][1]) > 2
+        return self._closed_windows
+
+    def aggregate(self, metric: str, by: str, start: float, end: float) -> list[dict[str, Any]]:
+        """Mean, min, max and count per value of ``by`` over [start, end]; series without it are
+        left out."""
+        self._check_open()
+        a, b = _range(start, end)
+        if not METRIC_NAME_RE.match(metric) or not _selectable(by):
+            return []
+        width = b - a - 1 if self._left_closed() else b - a  # see series
+        rng = f"{selector(metric, {})}[{duration(width)}]"
+        at = (b - 1) / 1000
+        parts: dict[str, dict[str, float]] = {}
+        for key, outer in (("sum", "sum"), ("count", "sum"), ("min", "min"), ("max", "max")):
+            for row in self.promql.instant(f"{outer} by ({by}) ({key}_over_time({rng}))", at):
+                group = row["metric"].get(by, "")
+                if group:
+                    parts.setdefault(group, {})[key] = float(row["value"][1])
+        return [
+            {
+                "group": g,
+                "mean": p["sum"] / p["count"],
+                "min": p["min"],
+                "max": p["max"],
+                "count": int(p["count"]),
+            }
+            for g, p in sorted(parts.items())
+            if p.get("count")
+        ]
+
+    def snapshot(
+        self, metrics: list[str] | None = None, max_age: float | None = None
+    ) -> list[dict[str, Any]]:
+        """Newest value of each metric per entity within ``max_age`` (default ``snapshot_window_s``)
+        of now. Series of one entity under several attribution labels (a GPU that changed jobs)
+        merge into one row whose attribution is the newest."""
+        self._check_open()
+        at = time.time()
+        window = self.snapshot_window_s if max_age is None else max_age
+        win = duration(round(window * 1000))
+        names = metrics if metrics is not None else self.promql.label_values("__name__", at - window, at)
+        rows: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        wanted = [n for n in dict.fromkeys(names) if METRIC_NAME_RE.match(n)]
+
+        def fetch(name: str) -> tuple[dict[tuple[tuple[str, str], ...], float], list[dict[str, Any]]]:
+            # one metric per query: PromQL functions drop the name, so several would collide
+            sel = selector(name, {})
+            stamps = self._last_times(sel, win, window, at)
+            return stamps, self.promql.instant(f"last_over_time({sel}[{win}])", at)
+
+        if self._tlast is None and wanted:
+            self._last_times(selector(wanted[0], {}), win, window, at)  # learn the dialect once
+        with ThreadPoolExecutor(max_workers=min(8, len(wanted) or 1)) as pool:
+            answers = list(pool.map(fetch, wanted))
+        for name, (stamps, values) in zip(wanted, answers, strict=True):
+            for r in values:
+                labels = {k: v for k, v in r["metric"].items() if k != "__name__"}
+                key = tuple(sorted((k, v) for k, v in labels.items() if k not in ATTRIBUTION_LABELS))
+                ts = stamps.get(tuple(sorted(labels.items())), float(r["value"][0]))
+                row = rows.setdefault(key, {"labels": labels, "ts": ts, "values": {}, "_at": {}})
+                if ts >= row["_at"].get(name, -math.inf):
+                    row["values"][name] = float(r["value"][1])
+                    row["_at"][name] = ts
+                if ts >= row["ts"]:
+                    row["ts"], row["labels"] = ts, labels
+        return [{"labels": r["labels"], "ts": r["ts"], "values": r["values"]} for r in rows.values()]
+
+    def _last_times(
+        self, sel: str, win: str, window: float, at: float
+    ) -> dict[tuple[tuple[str, str], ...], float]:
+        """Time of each series' newest sample: MetricsQL's ``tlast_over_time`` where the TSDB has it,
+        else PromQL's ``timestamp()`` (exact within the 5-minute lookback) over a subquery whose
+        resolution bounds the error for older samples."""
+        if self._tlast is not False:
+            try:
+                rows = self.promql.instant(f"tlast_over_time({sel}[{win}])", at)
+                self._tlast = True
+            except StoreError:
+                if self._tlast:
+                    raise
+                self._tlast = False
+        if self._tlast is False:
+            res = max(1, min(60, round(window / 60)))
+            rows = self.promql.instant(f"max_over_time(timestamp({sel})[{win}:{res}s])", at)
+            for r in self.promql.instant(f"timestamp({sel})", at):
+                rows.append(r)  # exact, and later in the list: wins below
+        return {
+            tuple(sorted((k, v) for k, v in r["metric"].items() if k != "__name__")): float(r["value"][1])
+            for r in rows
+        }
+
+    # ------------------------------------------------------------------ meta store
+
+    def events(
+        self,
+        start: float,
+        end: float,
+        kind: str | None = None,
+        labels: Labels | None = None,
+        limit: int = 1000,
+    ) -> list[Event]:
+        self._check_open()
+        return self.meta.events(start, end, kind, labels, limit)
+
+    def training(
+        self, job: str, start: float, end: float, rank: int | None = None, limit: int = 100_000
+    ) -> list[TrainingRecord]:
+        self._check_open()
+        return self.meta.training(job, start, end, rank, limit)
+
+    def save_alert(self, alert: Alert) -> None:
+        self._check_open()
+        self.meta.save_alert(alert)
+
+    def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
+        self._check_open()
+        return self.meta.alerts(firing_only, limit)
+
+    def rollup(self, now: float) -> dict[str, int]:
+        """Nothing to do: the TSDB downsamples (or queries raw data fast enough)."""
+        return {}
+
+    def compact(self, now: float) -> dict[str, int]:
+        """Retention of telemetry is the TSDB's (``-retentionPeriod``, ...); this applies the meta
+        store's to events, training records and batch ids."""
+        self._check_open()
+        return self.meta.compact(now)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "backend": "prometheus",
+            "remote_write_url": redact(self.remote_write_url),
+            "query_url": redact(self.query_url),
+            "entities": len(self.entities),
+            "metrics": len(self.columns),
+            "counters": {k: v for k, v in self.counters.snapshot().items() if k.startswith("store.")},
+            "meta": self.meta.stats(),
+        }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("the store is closed")
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._client.close()
+        self.meta.close()
+
+    def __enter__(self) -> PromStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _selectable(key: str) -> bool:
+    """A label a selector may name (anything else cannot match a stored series)."""
+    return bool(LABEL_NAME_RE.match(key)) and not key.startswith("__")
+
+
+__all__ = ["PromStore", "redact"]

@@ -1,0 +1,235 @@
+"""The remote backend's own contract: the wire format, PromQL escaping, what a failing or refusing
+TSDB does to a batch, the PostgreSQL meta store shared by hubs, the ``storage:`` config, and a
+real ``gpuscope hub --config`` process writing to VictoriaMetrics."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+
+from gpuscope.config import ConfigError, HubConfig, load_config
+from gpuscope.model import Alert, Batch, Event, Frame, TrainingRecord
+from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.errors import StoreError
+from gpuscope.store.remote import wire
+from gpuscope.store.remote.local import LocalTSDB, free_port
+from gpuscope.store.remote.meta import PostgresMeta
+from gpuscope.store.remote.prom_store import PromStore
+from gpuscope.store.remote.promql import quote, selector
+from gpuscope.store.settings import open_store
+from store_remote.tsdbs import ReadYourWrites
+from support import HubProcess, wait_until
+
+pytestmark = pytest.mark.integration
+
+NOW = float(int(time.time()) - 60)
+
+
+def frame(ts: float, value: float, node: str = "n0") -> Frame:
+    return Frame(ts, ["gpu_temp_celsius"], [{"node": node, "gpu": "0", "job": "j"}], np.array([[value]]))
+
+
+def test_write_request_round_trips_through_protobuf_and_snappy() -> None:
+    body = wire.encode([([("node", 'a"\n'), ("__name__", "m")], [(2000, 2.5), (1000, float("nan"))])])
+    [(labels, samples)] = wire.decode(body)
+    assert labels == [("__name__", "m"), ("node", 'a"\n')]  # sorted by name
+    assert samples[0] == (1000, pytest.approx(float("nan"), nan_ok=True)) and samples[1] == (2000, 2.5)
+    assert wire.HEADERS["Content-Encoding"] == "snappy"
+
+
+def test_promql_strings_cannot_be_escaped_from() -> None:
+    assert quote('x"} or vector(1) #') == '"x\\"} or vector(1) #"'
+    assert quote("a\\b\nc") == '"a\\\\b\\nc"'
+    assert selector("m", {"node": 'n"', "gpu": "1"}) == '{__name__="m", gpu="1", node="n\\""}'
+    for bad in ({"__name__": "x"}, {"a-b": "x"}):
+        with pytest.raises(ValueError, match="not a valid label name"):
+            selector("m", bad)
+    with pytest.raises(ValueError, match="not a valid Prometheus metric name"):
+        selector('m"}', {})
+
+
+class _Failing(http.server.BaseHTTPRequestHandler):
+    """A TSDB stand-in that answers every write with one status (fault injection)."""
+
+    status = 503
+    hits = 0
+
+    def do_POST(self) -> None:
+        type(self).hits += 1
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.send_response(self.status)
+        self.end_headers()
+        self.wfile.write(b"overloaded")
+
+    def log_message(self, *args: object) -> None:
+        return None
+
+
+@pytest.fixture
+def failing_tsdb() -> Iterator[str]:
+    _Failing.hits = 0
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_5xx_is_retried_then_a_store_error_and_the_batch_is_not_recorded(failing_tsdb: str) -> None:
+    meta = DuckDBStore(":memory:")
+    store = PromStore(f"{failing_tsdb}/api/v1/write", failing_tsdb, meta, retry_s=0.5)
+    batch = Batch("a", frames=[frame(NOW, 1.0)], events=[Event(NOW, "xid", {"node": "n0"})], batch_id="b1")
+    with pytest.raises(StoreError, match=r"remote write to http://127\.0\.0\.1:\d+/api/v1/write failed"):
+        store.append(batch)
+    assert _Failing.hits > 2  # retried with backoff
+    assert not meta.has_batch("b1") and meta.events(0, NOW + 10) == []  # the sender keeps and resends it
+    assert store.counters.get("store.remote_write_failures") == 1
+    store.close()
+
+
+def test_unreachable_tsdb_is_a_store_error() -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    store = PromStore(f"{url}/api/v1/write", url, DuckDBStore(":memory:"), retry_s=0.2)
+    with pytest.raises(StoreError, match="ConnectError"):
+        store.append(Batch("a", frames=[frame(NOW, 1.0)]))
+    store.close()
+
+
+@pytest.mark.parametrize("tsdb", ["prometheus"], indirect=True)
+def test_4xx_refusals_are_counted_and_named(tsdb: LocalTSDB) -> None:
+    store = ReadYourWrites(tsdb, DuckDBStore(":memory:"), retry_s=1)
+    assert store.append(Batch("a", frames=[frame(NOW, 1.0)])).samples == 1
+    late = store.append(Batch("a", frames=[frame(NOW - 30, 2.0)], events=[Event(NOW, "xid", {})]))
+    assert late.samples == 0 and late.refused_samples == 1 and late.events == 1  # the rest is kept
+    assert "the TSDB refused" in late.notes[0] and "out of order" in late.notes[0]
+    assert store.counters.get("store.remote_refused_samples") == 1
+    store.close()
+
+
+def test_postgres_meta_shared_by_two_hubs(postgres_dsn: str) -> None:
+    a, b = PostgresMeta(postgres_dsn), PostgresMeta(postgres_dsn)
+    hostile = {"node": 'n"0', "gpu": "\\1"}
+    batch = Batch(
+        "x",
+        events=[Event(NOW, "xid", hostile, {"code": 79, "msg": "nul\u0000byte"}), Event(NOW + 1, "xid", {})],
+        training=[TrainingRecord(NOW, "job", 0, 7, {"loss": float("nan"), "lr": 0.1}, {"node": "n"})],
+        batch_id="once",
+    )
+    assert a.append(batch).events == 2
+    assert b.has_batch("once") and b.append(batch).duplicate  # the other hub sees the id
+    [ev] = b.events(0, NOW + 10, "xid", hostile)
+    assert ev.labels == hostile and ev.data == {"code": 79, "msg": "nul\u0000byte"}
+    assert b.events(0, NOW + 10, "xid", {"node": 'n"'}) == []  # a prefix of the value is no match
+    [rec] = b.training("job", 0, NOW + 10)
+    assert rec.step == 7 and np.isnan(rec.metrics["loss"]) and rec.metrics["lr"] == 0.1
+    alert = Alert("al-1", "gpu_xid_fatal", "P1", "platform", hostile, NOW, "XID 79", 2.5)
+    a.save_alert(alert)
+    alert.resolved_at = NOW + 5
+    a.save_alert(alert)
+    assert [x.resolved_at for x in b.alerts()] == [NOW + 5] and b.alerts(firing_only=True) == []
+    assert b.stats()["rows"] == {"events": 2, "training": 1, "alerts": 1, "batch_ids": 1}
+    assert a.compact(NOW + 91 * 86400)["events"] == 2
+    a.close()
+    b.close()
+
+
+def write_config(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "gpuscope.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ("storage: {backend: influx}\n", "storage.backend"),
+        ("storage: {backend: prometheus, query_url: 'http://x'}\n", "storage.remote_write_url"),
+        (
+            "storage: {backend: prometheus, remote_write_url: 'ftp://x', query_url: 'http://x'}\n",
+            "storage.remote_write_url",
+        ),
+        ("storage: {remote_writ_url: 'http://x'}\n", "storage.remote_writ_url"),
+        ("storage: {timeout_s: fast}\n", "storage.timeout_s"),
+        ("storage: {headers: [a]}\n", "storage.headers"),
+        ("storage: {meta: postgres}\n", "storage.postgres_dsn"),
+        ("storage: {meta: sqlite}\n", "storage.meta"),
+        ("storage: {basic_auth: {username: u}}\n", "storage.basic_auth"),
+    ],
+)
+def test_bad_storage_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_config(write_config(tmp_path, text))
+
+
+@pytest.mark.parametrize("tsdb", ["victoriametrics"], indirect=True)
+def test_open_store_builds_the_remote_backend_with_credentials(
+    tmp_path: Path, tsdb: LocalTSDB, postgres_dsn: str
+) -> None:
+    (tmp_path / "token").write_text("s3cret-token\n")
+    cfg = load_config(
+        write_config(
+            tmp_path,
+            f"storage: {{backend: prometheus, remote_write_url: '{tsdb.write_url}', query_url: '{tsdb.url}', "
+            f"bearer_token_file: '{tmp_path / 'token'}', headers: {{X-Scope-OrgID: t1}}, meta: postgres, "
+            f"postgres_dsn: '{postgres_dsn}'}}\n",
+        )
+    )
+    assert "s3cret" not in repr(cfg) and postgres_dsn not in repr(cfg)
+    store = open_store(cfg)
+    assert isinstance(store, PromStore) and isinstance(store.meta, PostgresMeta)
+    assert store.append(Batch("a", frames=[frame(NOW, 3.0)], batch_id="z")).samples == 1
+    assert store.stats()["backend"] == "prometheus" and "s3cret" not in orjson.dumps(store.stats()).decode()
+    store.close()
+    assert isinstance(open_store(HubConfig(storage_path=str(tmp_path / "d.duckdb"))), DuckDBStore)
+
+
+@pytest.mark.parametrize("tsdb", ["victoriametrics"], indirect=True)
+def test_hub_process_with_remote_storage_ingests_and_answers_series(
+    tmp_path: Path, tsdb: LocalTSDB, hub_factory: type[HubProcess]
+) -> None:
+    config = write_config(
+        tmp_path,
+        f"storage: {{backend: prometheus, remote_write_url: '{tsdb.write_url}', query_url: '{tsdb.url}'}}\n",
+    )
+    hub = hub_factory(free_port(), tmp_path / "meta.duckdb", ["--config", config])
+    hub.wait_ready()
+    body = {
+        "source": "node-0",
+        "batch_id": "e2e-1",
+        "frames": [
+            {
+                "ts": NOW + k,
+                "metrics": ["gpu_temp_celsius"],
+                "entities": [{"node": "node-0", "gpu": "0"}],
+                "values": [[60.0 + k]],
+            }
+            for k in range(3)
+        ],
+    }
+    r = httpx.post(
+        f"{hub.url}/api/v1/ingest", content=orjson.dumps(body), headers={"Content-Type": "application/json"}
+    )
+    assert r.status_code == 200 and r.json()["accepted"]["samples"] == 3, r.text
+    # straight from the TSDB: the hub wrote it there
+    tsdb.flush()
+    raw = httpx.get(f"{tsdb.url}/api/v1/export", params={"match[]": "gpu_temp_celsius"}).text
+    assert '"node":"node-0"' in raw and "60,61,62" in raw
+    params = {"metric": "gpu_temp_celsius", "node": "node-0", "start": NOW - 1, "end": NOW + 5}
+
+    def answered() -> bool:
+        tsdb.flush()
+        points = httpx.get(f"{hub.url}/api/v1/series", params=params).json()["points"]
+        return [p[1] for p in points] == [60.0, 61.0, 62.0]
+
+    wait_until(answered, 15, "the hub to read the series back from VictoriaMetrics")
+    health = httpx.get(f"{hub.url}/api/v1/health").json()
+    assert health["store"]["backend"] == "prometheus"

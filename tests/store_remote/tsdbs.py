@@ -1,0 +1,49 @@
+"""Real TSDBs on loopback for the remote-backend tests (VictoriaMetrics and Prometheus, Debian packages)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from gpuscope.model import Batch
+from gpuscope.store.base import AppendResult, Store
+from gpuscope.store.remote.local import LocalTSDB, start_prometheus, start_victoria_metrics
+from gpuscope.store.remote.prom_store import PromStore
+
+BINARIES = {"victoriametrics": "victoria-metrics", "prometheus": "prometheus"}
+BACKENDS = ["duckdb", "victoriametrics", "prometheus"]
+
+
+def need(binary: str) -> str:
+    found = shutil.which(binary)
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{binary} must be installed in CI (scripts/system-deps.sh)")
+        pytest.skip(f"{binary} is not installed (apt-get install -y {binary})")
+    return found
+
+
+def start_tsdb(kind: str) -> LocalTSDB:
+    binary = need(BINARIES[kind])
+    return start_victoria_metrics(binary) if kind == "victoriametrics" else start_prometheus(binary)
+
+
+class ReadYourWrites(PromStore):
+    """A PromStore whose appends are searchable at once: VictoriaMetrics makes new samples
+    searchable within about a second; tests ask it to do so now instead of sleeping."""
+
+    def __init__(self, db: LocalTSDB, *args: Any, **kwargs: Any) -> None:
+        super().__init__(db.write_url, db.url, *args, **kwargs)
+        self.db = db
+
+    def append(self, batch: Batch) -> AppendResult:
+        result = super().append(batch)
+        self.db.flush()
+        return result
+
+
+StoreFactory = Callable[..., Store]
