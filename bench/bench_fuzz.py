@@ -12,6 +12,7 @@ usage: python bench/bench_fuzz.py [--api-examples 100] [--parser-examples 1000] 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 import time
@@ -23,7 +24,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from hypothesis import settings
 
 from common import print_table
-from fuzz import test_parsers_fuzz
 from fuzz.apifuzz import fuzz_api, hub_app
 from fuzz.budget import TRIED
 
@@ -32,6 +32,8 @@ def fuzz_parsers(examples: int) -> tuple[dict[str, float], list[str]]:
     """Every property test of the parsers with ``examples`` inputs each; (seconds per test, failures)."""
     settings.register_profile("bench", settings.get_profile("gpuscope-long"), max_examples=examples)
     settings.load_profile("bench")
+    # imported only now: @given reads the default settings when it decorates
+    test_parsers_fuzz = importlib.import_module("fuzz.test_parsers_fuzz")
     seconds: dict[str, float] = {}
     failures: list[str] = []
     for name in sorted(vars(test_parsers_fuzz)):

@@ -226,7 +226,7 @@ def run_anchor(shape: FleetShape, seconds: float, ticks: int = 10) -> list[list[
         [
             "anchor: VictoriaMetrics samples/s per core",
             f"{samples_per_tick / max(monitor.mean_cores, 1e-9):,.0f}",
-            f"p95 request {p95:.1f} ms, errors {errors}",
+            f"errors {errors}; p95 request {p95:.0f} ms as this one client process saw it",
         ],
     ]
 

@@ -513,7 +513,7 @@ def _print(run: LongRun) -> None:
     ]
     rows.append(
         [
-            "all senders",
+            "all (senders + derived)",
             f"{run.total('batches'):,}",
             f"{run.total('samples'):,}",
             f"{run.total('events'):,}",

@@ -91,3 +91,23 @@ def test_cluster_section_is_checked_naming_the_key(tmp_path: Path) -> None:
         path.write_text(yaml.safe_dump({"cluster": bad}))
         with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
             load_config(path)
+
+
+def test_state_postgres_dsn_is_the_cluster_database() -> None:
+    token = {"peer_token": "x" * 16}
+    dsn = "postgresql://db/gpuscope"
+    cfg = parse_cluster({"state": {"postgres_dsn": dsn}, "cluster": token}, "127.0.0.1", 7470)
+    assert cfg is not None and cfg.postgres_dsn == dsn
+    same = parse_cluster({"state": {"postgres_dsn": dsn}, "cluster": {**token, "postgres_dsn": dsn}}, "h", 1)
+    assert same is not None and same.postgres_dsn == dsn
+    for raw, field in [
+        (
+            {"state": {"postgres_dsn": dsn}, "cluster": {**token, "postgres_dsn": dsn + "2"}},
+            "cluster.postgres_dsn",
+        ),
+        ({"state": {"postgres_dsn": dsn}}, "cluster.peer_token"),
+        ({"state": {"dsn": dsn}}, "state.dsn"),
+        ({"state": "x"}, "state"),
+    ]:
+        with pytest.raises(ConfigError, match=f"^{field}:"):
+            parse_cluster(raw, "127.0.0.1", 7470)

@@ -57,8 +57,12 @@ def _start(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Member:
     config = {
         "cluster": {"hub_id": f"hub-{name}", "peer_token": "peer-token-for-the-test-0123", "shards": SHARDS},
         "state": {"postgres_dsn": dsn},  # DESIGN's key for the same database
-        "receivers": [{"name": "hook", "webhook": {"url": f"{sink.url}/hook"}}],
-        "routes": [{"receiver": "hook", "group_wait": "0s"}],
+        "receivers": [
+            {"name": "hook", "webhook": {"url": f"{sink.url}/hook"}},
+            {"name": "pager", "webhook": {"url": f"{sink.url}/pager"}},
+        ],
+        "routes": [{"receiver": "hook", "group_wait": "0s", "repeat_interval": "100s"}],
+        "alerting": {"escalation": [{"after": "60s", "receiver": "pager"}]},
     }
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -107,8 +111,12 @@ def _report(member: Member, node: str, ts: float, dbe: float) -> None:
     member.hub.ingest(parse_batch({"source": f"agent-{node}", "frames": [frame]}))
 
 
-def _notified_nodes(sink: Sink) -> list[str]:
-    return [a["labels"]["node"] for body in sink.bodies("/hook") for a in body["alerts"]]
+def _notified_nodes(sink: Sink, path: str = "/hook") -> list[str]:
+    return [a["labels"]["node"] for body in sink.bodies(path) for a in body["alerts"]]
+
+
+def _told(sink: Sink, path: str) -> list[tuple[str, str]]:
+    return sorted((a["labels"]["node"], a["status"]) for body in sink.bodies(path) for a in body["alerts"])
 
 
 def test_silence_ack_history_incidents_and_playbooks_are_the_same_on_every_hub(
@@ -177,3 +185,39 @@ def test_lineage_written_on_one_hub_is_read_on_the_other(pair: tuple[Member, Mem
     assert [
         d["service"] for d in a.get("/api/v1/lineage/deployments", service="chat-api")["deployments"]
     ] == ["chat-api"]
+
+
+def test_mutes_lifting_repeats_and_escalation_are_timed_from_postgresql_once_for_the_cluster(
+    pair: tuple[Member, Member, Sink],
+) -> None:
+    a, b, sink = pair
+    muted, loud = _nodes_of(b, 2)
+    silence = a.post("/api/v1/silences", {"matchers": {"node": muted}, "duration": "1h"})
+    t0 = time.time()
+    for node in (muted, loud):
+        _report(b, node, t0 - 1, 0.0)
+        _report(b, node, t0, 2.0)
+    ids = {c.alert.entity["node"]: c.alert.id for c in b.hub.evaluate(t0)}
+    assert a.hub.sweeper is not None and b.hub.sweeper is not None
+    for m in (a, b):  # rows are due at the test's times, up to two minutes ahead
+        assert m.hub.outbox is not None
+        m.hub.outbox.clock = lambda: time.time() + 200
+
+    # a P1 nobody acknowledged escalates once, whichever hubs sweep; a silenced one does not
+    assert b.hub.sweeper.sweep(t0 + 61) == 1 and a.hub.sweeper.sweep(t0 + 62) == 0
+    a.post(f"/api/v1/alerts/{ids[muted]}/ack", {"by": "alice"})  # acknowledged: it will not escalate
+    assert a.api.delete(f"/api/v1/silences/{silence['id']}", headers=AUTH).status_code == 200
+    assert a.hub.sweeper.sweep(t0 + 63) == 1  # the mute lifted: told now, once
+    assert b.hub.sweeper.sweep(t0 + 101) == 1  # loud is repeated; muted was told at t0 + 63
+    for node in (muted, loud):
+        _report(b, node, t0 + 120, 0.0)
+    assert len(b.hub.evaluate(t0 + 120)) == 2
+
+    hook = [(muted, "firing"), (muted, "resolved"), (loud, "firing"), (loud, "firing"), (loud, "resolved")]
+    wait_until(
+        lambda: len(_told(sink, "/hook")) == 5 and len(_told(sink, "/pager")) == 2, 10, "notifications"
+    )
+    time.sleep(1.0)  # anything sent twice would be here by now
+    assert _told(sink, "/hook") == sorted(hook)
+    assert _told(sink, "/pager") == [(loud, "firing"), (loud, "resolved")]
+    assert "escalated" in [h["what"] for h in a.get(f"/api/v1/alerts/{ids[loud]}/history")["history"]]

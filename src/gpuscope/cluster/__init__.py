@@ -4,8 +4,10 @@ Agents and SDKs may send to any hub. Detection for each node, job and service is
 one live hub at a time (rendezvous hashing over the live members, enforced by one PostgreSQL
 advisory lock per shard); alerts, their notifications and membership live in PostgreSQL, so every
 hub answers the same. A hub that dies loses its locks with its connection, and the survivors take
-its shards over, continuing its firing alerts. See :mod:`.membership`, :mod:`.state`,
-:mod:`.outbox` and :mod:`.hub`.
+its shards over, continuing its firing alerts. Silences, acknowledgements, alert history and the
+lineage registry run their single-hub code on PostgreSQL (:mod:`.sql`); incidents are grouped over
+the shared alerts; notification timing is kept in the shared outbox (:mod:`.notify`). See
+:mod:`.membership`, :mod:`.state`, :mod:`.outbox` and :mod:`.hub`.
 """
 
 from __future__ import annotations

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from gpuscope.alert.engine import AlertChange, AlertEngine
 from gpuscope.alert.incidents import Incident
-from gpuscope.alert.labels import alert_labels, fingerprint
-from gpuscope.alert.notify.base import AlertView, Notification, Request
-from gpuscope.alert.routing import find_routes
-from gpuscope.alert.service import alert_annotations
 from gpuscope.alert.topology import placements
 from gpuscope.cluster.config import ClusterConfig
 from gpuscope.cluster.forward import Forwarder
 from gpuscope.cluster.membership import ClusterNode
+from gpuscope.cluster.notify import Note, Sweeper, render
 from gpuscope.cluster.outbox import ClusterOutbox
 from gpuscope.cluster.ring import data_shards, entity_shard, shard_of
 from gpuscope.cluster.route import split
@@ -194,6 +192,7 @@ class ClusterHub(Hub):
         self.takeover_grace = 2 * cfg.lease_s
         self.forwarder = Forwarder(cfg, lambda hub: self.node.members.get(hub), self.route, self.counters)
         self.outbox: ClusterOutbox | None = None
+        self.sweeper: Sweeper | None = None
         self._state_db: PgSql | None = None
         self._joined = False
 
@@ -216,9 +215,11 @@ class ClusterHub(Hub):
             max_backoff=settings.max_backoff if settings else 30.0,
             max_age=settings.max_age if settings else 86400.0,
         )
+        self.sweeper = Sweeper(self.cfg.postgres_dsn, lambda: self.alerting, self.counters)
         self.node.join()
         self.forwarder.start()
         self.outbox.start()
+        self.sweeper.start()
         self._joined = True
 
     def leave(self) -> None:
@@ -228,6 +229,8 @@ class ClusterHub(Hub):
         self.forwarder.stop()
         if self.outbox is not None:
             self.outbox.stop()
+        if self.sweeper is not None:
+            self.sweeper.stop()
         self.node.leave()
         self.state.close()
 
@@ -296,7 +299,7 @@ class ClusterHub(Hub):
                         self.alerts.replace(alert, theirs, now, self.takeover_grace)
                         self.counters.inc("cluster_alerts_continued")
                         continue
-                elif not self.state.resolved(alert, notes, now):
+                elif not self.state.resolved(alert, notes, now, self._escalation_resolved(alert, now)):
                     continue
                 done.append(change)
         for change in done:
@@ -305,40 +308,22 @@ class ClusterHub(Hub):
                 self.alerting.record(change.alert.id, change.kind, change.alert.summary)
         return done
 
-    def _notifications(self, change: AlertChange, now: float) -> list[tuple[str, str, list[Request]]]:
-        """One notification per routed receiver for this transition, rendered now."""
+    def _notifications(self, change: AlertChange, now: float) -> list[Note]:
+        """One notification per routed receiver for this transition, rendered now (none for an
+        alert muted as it fires: the sweep tells receivers once the mute lifts)."""
         service = self.alerting
         if service is None:
             return []
-        alert = change.alert
-        if change.kind == "fired" and service.dispatcher.mute_reason(alert, now) is not None:
+        if change.kind == "fired" and service.dispatcher.mute_reason(change.alert, now) is not None:
             self.counters.inc("notifications_muted")
             return []
-        labels = alert_labels(alert)
-        view = AlertView(
-            id=alert.id,
-            fingerprint=fingerprint(alert),
-            status="firing" if alert.firing else "resolved",
-            labels=labels,
-            annotations=alert_annotations(alert),
-            starts_at=alert.started_at,
-            ends_at=alert.resolved_at,
-            cost_per_hour=alert.cost_per_hour,
-        )
-        notes: list[tuple[str, str, list[Request]]] = []
-        for route in find_routes(service.settings.routes, labels):
-            notifier = service.settings.notifiers[route.receiver]
-            names = sorted(labels) if "..." in route.group_by else route.group_by
-            group = {n: labels.get(n, "") for n in names}
-            note = Notification(
-                route.receiver, route.group_key(labels), group, [view], service.settings.external_url, 0, now
-            )
-            try:
-                notes.append((route.receiver, notifier.kind, notifier.render(note)))
-            except (ValueError, TypeError, KeyError):
-                self.counters.inc("notifications_render_failed")
-                log.exception("rendering %s for %s failed", alert.id, route.receiver)
-        return notes
+        return render(service, change.alert, now, self.counters)
+
+    def _escalation_resolved(self, alert: Alert, now: float) -> Callable[[int], list[Note]]:
+        service = self.alerting
+        if service is None:
+            return lambda _level: []
+        return lambda level: render(service, alert, now, self.counters, escalation=level + 1)
 
     def firing(self) -> list[Alert]:
         """Every alert firing in the cluster, whichever hub owns it."""

@@ -13,6 +13,7 @@ NS_SCHEMA = 0x6770_0001
 NS_MEMBER = 0x6770_0002
 NS_SHARD = 0x6770_0003
 NS_OUTBOX = 0x6770_0004
+NS_SWEEP = 0x6770_0005
 
 #: The NOTIFY channel on which members announce joins, leaves and released shards.
 CHANNEL = "gpuscope_cluster"

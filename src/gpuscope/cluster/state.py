@@ -10,15 +10,14 @@ the owner's shard locks: if that session is gone, so are the locks, and the writ
 from __future__ import annotations
 
 import threading
-from typing import Any
+from collections.abc import Callable
 
 import orjson
-import psycopg
 
 from gpuscope.alert.engine import KEPT_DETAILS
 from gpuscope.alert.incidents import Incident, IncidentTracker
-from gpuscope.alert.notify.base import Request
 from gpuscope.cluster.membership import ClusterNode, connect
+from gpuscope.cluster.notify import Note, add_rows, escalated_levels
 from gpuscope.cluster.ring import entity_shard
 from gpuscope.model import Alert, Labels
 
@@ -40,27 +39,6 @@ def _doc(alert: Alert) -> str:
     return orjson.dumps(
         alert.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS, default=str
     ).decode()
-
-
-def _outbox_rows(
-    con: psycopg.Connection[tuple[Any, ...]],
-    dedup: str,
-    notes: list[tuple[str, str, list[Request]]],
-    now: float,
-) -> int:
-    added = 0
-    for receiver, kind, requests in notes:
-        for i, req in enumerate(requests):
-            payload = orjson.dumps({"url": req.url, "body": req.body, "headers": req.headers}).decode()
-            cur = con.execute(
-                "INSERT INTO cluster_outbox (dedup, receiver, kind, payload, created_at, next_attempt_at) "
-                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (dedup) DO NOTHING",
-                (f"{dedup}/{receiver}/{i}", receiver, kind, payload, now, now),
-            )
-            added += cur.rowcount
-    if added:
-        con.execute("SELECT pg_notify('gpuscope_outbox', '')")
-    return added
 
 
 class ClusterState:
@@ -86,7 +64,7 @@ class ClusterState:
     def fired(
         self,
         alert: Alert,
-        notes: list[tuple[str, str, list[Request]]],
+        notes: list[Note],
         now: float,
         places: list[Labels] | None = None,
     ) -> Alert | None:
@@ -117,11 +95,18 @@ class ClusterState:
                     (alert.rule, entity_key(alert.entity)),
                 ).fetchone()
                 return Alert(**orjson.loads(row[0])) if row else None
-            _outbox_rows(con, f"{alert.id}/fired", notes, now)
+            add_rows(con, f"{alert.id}/fired", notes, now)
         return None
 
-    def resolved(self, alert: Alert, notes: list[tuple[str, str, list[Request]]], now: float) -> bool:
-        """Record a resolution and its notifications; False when it was already resolved."""
+    def resolved(
+        self,
+        alert: Alert,
+        notes: list[Note],
+        now: float,
+        escalated: Callable[[int], list[Note]] = lambda _level: [],
+    ) -> bool:
+        """Record a resolution and its notifications (``escalated``: the resolution for the receiver
+        of an escalation level the alert reached); False when it was already resolved."""
         con = self.node.con
         with self.node.lock, con.transaction():
             row = con.execute(
@@ -144,7 +129,9 @@ class ClusterState:
                     (f"{alert.id}/fired/%",),
                 ).fetchall()
             }  # a receiver never told of the alert (it was muted) is not told it resolved
-            _outbox_rows(con, f"{alert.id}/resolved", [n for n in notes if n[0] in told], now)
+            add_rows(con, f"{alert.id}/resolved", [n for n in notes if n[0] in told], now)
+            for level in escalated_levels(con, alert.id):
+                add_rows(con, f"{alert.id}/resolved-escalation/{level}", escalated(level), now)
         return True
 
     def save(self, alert: Alert) -> None:

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import math
 import re
-from itertools import chain
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
 import numpy as np

@@ -37,6 +37,7 @@ class SenderStats:
     batches_acked: int = 0
     batches_refused: int = 0
     batches_unacked: int = 0
+    batches_overflowed: int = 0  # dropped oldest-first when a stream's backlog was full
     duplicates: int = 0
     retries: int = 0
     connect_errors: int = 0
@@ -57,6 +58,7 @@ class SenderStats:
             "batches_acked",
             "batches_refused",
             "batches_unacked",
+            "batches_overflowed",
             "duplicates",
             "retries",
             "connect_errors",
@@ -84,7 +86,10 @@ class _Stream:
 
 
 class _Worker:
-    def __init__(self, hubs: list[str], token: str | None, connections: int, timeout: float) -> None:
+    def __init__(
+        self, hubs: list[str], token: str | None, connections: int, timeout: float, max_backlog: int
+    ) -> None:
+        self.max_backlog = max_backlog
         headers = {"Content-Type": "application/json", "User-Agent": f"gpuscope-loadgen/{__version__}"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
@@ -104,6 +109,10 @@ class _Worker:
             stream = self.streams.get(sender)
             if stream is None:
                 stream = self.streams[sender] = _Stream(hub=shard_of(sender, hubs))
+            if len(stream.queue) >= self.max_backlog:
+                # a real agent's spool is bounded too: the oldest batch waiting (not the one in flight) goes
+                del stream.queue[1]
+                self.stats.batches_overflowed += 1
             stream.queue.append((due, item))
             self.stats.batches_offered += 1
             self.stats.samples_offered += item[3]
@@ -195,13 +204,13 @@ async def _serve(conn: Connection, worker: _Worker) -> SenderStats:
 
 
 def worker_main(
-    conn: Connection, hubs: list[str], token: str | None, connections: int, timeout: float
+    conn: Connection, hubs: list[str], token: str | None, connections: int, timeout: float, max_backlog: int
 ) -> None:
     """Entry point of a sender process: ``("tick", due, items)`` messages, then ``("stop", grace)``;
     answers with its :class:`SenderStats`."""
 
     async def main() -> SenderStats:
-        return await _serve(conn, _Worker(hubs, token, connections, timeout))
+        return await _serve(conn, _Worker(hubs, token, connections, timeout, max_backlog))
 
     conn.send(asyncio.run(main()))
     conn.close()
