@@ -106,14 +106,24 @@ class Sender:
         return self._failures == 0
 
     def submit(self, body: bytes, samples: int = 0, *, deadline: float | None = None) -> None:
-        """Deliver one encoded batch, or queue it behind earlier ones; then drain the spool."""
+        """Deliver one encoded batch, or queue it behind earlier ones; then drain the spool.
+
+        The batch is written ahead to the spool before it is posted, so an agent killed while a
+        send is in flight replays it after a restart (the hub keeps one copy by batch id)."""
+        record = _ENVELOPE.pack(min(samples, 0xFFFFFFFF)) + body
         if not len(self.spool) and self.clock() >= self._next_attempt:
+            written_ahead = self.spool.append(record)
             outcome = self._post(body)
-            if outcome is Outcome.DELIVERED:
-                self._delivered(samples)
             if outcome is not Outcome.RETRY:
+                if written_ahead:
+                    self.spool.ack()  # the spool held only this batch: it is the oldest record
+                if outcome is Outcome.DELIVERED:
+                    self._delivered(samples)
                 return
-        if self.spool.append(_ENVELOPE.pack(min(samples, 0xFFFFFFFF)) + body):
+            if written_ahead:
+                self.counters.inc("batches_spooled")
+            return  # the failure set the backoff: nothing more to try now
+        if self.spool.append(record):
             self.counters.inc("batches_spooled")
         self.flush(deadline)
 

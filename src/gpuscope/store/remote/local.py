@@ -18,8 +18,15 @@ from pathlib import Path
 import httpx
 
 #: VictoriaMetrics hides points newer than ``-search.latencyOffset`` (30 s by default) from range
-#: queries; a hub that reads back what it has just written wants them at once.
-VM_FLAGS = ("-retentionPeriod=100y", "-search.disableCache", "-search.latencyOffset=0s")
+#: queries; a hub that reads back what it has just written wants them at once. It also keeps every
+#: copy of a sample written twice (a batch retried after its meta commit failed) unless
+#: deduplication is on: 1 ms keeps one sample per series and millisecond, so nothing else merges.
+VM_FLAGS = (
+    "-retentionPeriod=100y",
+    "-search.disableCache",
+    "-search.latencyOffset=0s",
+    "-dedup.minScrapeInterval=1ms",
+)
 
 
 def free_port() -> int:

@@ -4,12 +4,15 @@ cluster, Mimir, Thanos Receive, Prometheus with its remote-write receiver).
 Write path: a batch is validated and converted exactly as the embedded store does it (the same
 :class:`~gpuscope.store._prepare.Preparer`: the same refusals, limits, float32 values and notes),
 its telemetry sent with remote-write (one series per metric and label set, attribution labels such
-as ``job`` included), and only once the TSDB answered 2xx are its events, training records and
-batch id committed to the meta store: a batch is acknowledged only when all of it is stored, and a
-retry after a failure writes the same samples again, which the TSDB keeps once (same timestamp,
-same value). 5xx, 429 and connection errors are retried with backoff for ``retry_s``, then
-:class:`StoreError` (the hub answers 503 and the sender keeps the batch); other 4xx mean the TSDB
-refused samples (too old, out of order, over its limits): counted, named in the notes, not retried.
+as ``job`` included; requests of at most ``max_request_samples`` samples, ``parallel_requests`` at
+a time; series heads cached, see :mod:`~gpuscope.store.remote.wire`), and only once the TSDB
+answered 2xx are its events, training records and batch id committed to the meta store: a batch is
+acknowledged only when all of it is stored, and a retry after a failure writes the same samples
+again, which the TSDB keeps once (same timestamp, same value: Prometheus drops the repeat,
+VictoriaMetrics does with ``-dedup.minScrapeInterval=1ms``). 5xx, 429 and connection errors are
+retried with backoff for ``retry_s``, then :class:`StoreError` (the hub answers 503 and the sender
+keeps the batch); other 4xx mean the TSDB refused samples (too old, out of order, over its
+limits): counted, named in the notes, not retried.
 
 Read path: PromQL over HTTP. ``series`` is ``sum(sum_over_time)/sum(count_over_time)`` per step
 (the mean of all samples in each bucket, as the embedded store computes it), ``aggregate`` four
@@ -25,16 +28,17 @@ wall clock, not from the newest sample.
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 import numpy as np
+import numpy.typing as npt
 
 from gpuscope.counters import Counters
 from gpuscope.model import ATTRIBUTION_LABELS, Alert, Batch, Event, Labels, TrainingRecord
@@ -57,6 +61,10 @@ from gpuscope.store.remote.promql import (
 DAY = 86_400.0
 MAX_NOTES = 20
 MAX_POINTS = 11_000  # Prometheus refuses range queries of more points per series
+
+#: One entity's series heads for a set of metric columns (an object array of bytes, None where
+#: refused) and the refused columns with the reason.
+_Row = tuple[npt.NDArray[np.object_], tuple[tuple[int, str], ...]]
 
 
 def redact(url: str) -> str:
@@ -89,7 +97,9 @@ class PromStore:
         max_entities: int = 100_000,
         max_metrics: int = 512,
         snapshot_window_s: float = 3600.0,
-        max_request_samples: int = 100_000,
+        max_request_samples: int = 10_000,
+        parallel_requests: int = 4,
+        label_cache_series: int = 1_000_000,
         counters: Counters | None = None,
         path: str | None = None,
     ) -> None:
@@ -100,6 +110,8 @@ class PromStore:
         self.retry_s = retry_s
         self.snapshot_window_s = snapshot_window_s
         self.max_request_samples = max_request_samples
+        self.parallel_requests = parallel_requests
+        self.label_cache_series = label_cache_series
         self.counters = counters if counters is not None else Counters()
         self.entities = EntityRegistry(max_entities)
         self.columns = ColumnRegistry(max_metrics)
@@ -109,7 +121,11 @@ class PromStore:
             headers=headers or {}, auth=auth, timeout=timeout_s, follow_redirects=False
         )
         self.promql = PromQL(self._client, query_url)
-        self._wire_labels: dict[tuple[int, int, int], list[tuple[str, str]] | str] = {}
+        # series heads per (metric columns, sample size, entity, attribution); see _row
+        self._heads: dict[tuple[tuple[int, ...], int, int, int], _Row] = {}
+        self._cached = 0  # series in _heads
+        self._cache_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None  # senders of a batch's requests, made on need
         self._closed_windows: bool | None = None  # range selectors include their left edge
         self._tlast: bool | None = None  # whether the TSDB has MetricsQL's tlast_over_time
         self._closed = False
@@ -166,36 +182,67 @@ class PromStore:
             return Claim.DUPLICATE
         return Claim.NEW
 
-    def _series_of(self, prepared: Prepared, result: AppendResult) -> Iterator[wire.Series]:
-        """One wire series per (metric, entity, attribution) with its samples in time order."""
-        samples: dict[tuple[int, int, int], list[tuple[int, float]]] = {}
-        for cols, block in prepared.blocks.items():
-            for ts, ent, attr, values in zip(block.ts, block.entity, block.attr, block.values, strict=True):
-                present = ~np.isnan(values)
-                for j, col in enumerate(cols):
-                    rows = np.flatnonzero(present[:, j])
-                    for i in rows.tolist():
-                        key = (col, int(ent[i]), int(attr[i]))
-                        samples.setdefault(key, []).append((int(ts[i]), float(values[i, j])))
+    def _row(self, cols: tuple[int, ...], size: int, eid: int, code: int) -> _Row:
+        """The series heads of one entity (and attribution) for the metric columns ``cols``, for
+        samples of ``size`` bytes; cached, the oldest half dropped when the cache is full."""
+        key = (cols, size, eid, code)
+        row = self._heads.get(key)
+        if row is not None:
+            return row
+        heads = np.empty(len(cols), dtype=object)
+        refused: list[tuple[int, str]] = []
+        for j, col in enumerate(cols):
+            labels = self._labels_of(col, eid, code)
+            if not isinstance(labels, str):
+                try:
+                    heads[j] = wire.series_head(labels, size)
+                    continue
+                except ValueError as exc:  # a label the protobuf library cannot write as UTF-8
+                    labels = f"a label is not valid UTF-8 ({exc})"
+            refused.append((j, labels))
+        row = (heads, tuple(refused))
+        with self._cache_lock:
+            if self._cached + len(cols) > self.label_cache_series:
+                for old in list(itertools.islice(self._heads, len(self._heads) // 2 + 1)):
+                    self._cached -= len(self._heads.pop(old)[0])
+            self._heads[key] = row
+            self._cached += len(cols)
+        return row
+
+    def _encode(self, prepared: Prepared, result: AppendResult) -> tuple[list[bytes], list[bytes]]:
+        """Per sample to send, in time order: the head of its series and its ``samples`` field."""
+        chunks = sorted(
+            (
+                (int(ts[0]), cols, ent, attr, values)
+                for cols, block in prepared.blocks.items()
+                for ts, ent, attr, values in zip(
+                    block.ts, block.entity, block.attr, block.values, strict=True
+                )
+            ),
+            key=lambda chunk: chunk[0],
+        )
+        heads: list[bytes] = []
+        fields: list[bytes] = []
         refused: dict[str, int] = {}
-        for key, points in samples.items():
-            labels = self._wire_labels.get(key)
-            if labels is None:
-                labels = self._labels_of(*key)
-                if len(self._wire_labels) > 4 * self.entities.max_entities:
-                    self._wire_labels.clear()
-                self._wire_labels[key] = labels
-            if isinstance(labels, str):
-                refused[labels] = refused.get(labels, 0) + len(points)
-                continue
-            yield labels, points
+        for t, cols, ent, attr, values in chunks:
+            size = wire.sample_size(t)
+            rows = [self._row(cols, size, e, a) for e, a in zip(ent.tolist(), attr.tolist(), strict=True)]
+            present = ~np.isnan(values)
+            for i, (_, bad) in enumerate(rows):
+                for j, why in bad:
+                    if present[i, j]:
+                        present[i, j] = False
+                        refused[why] = refused.get(why, 0) + 1
+            heads += np.stack([heads_ for heads_, _ in rows])[present].tolist()
+            fields += wire.samples(t, values[present])
         for why, n in refused.items():
             result.samples -= n
             result.refused_samples += n
             _note(result, f"refused {n} sample(s): {why}")
+        return heads, fields
 
     def _labels_of(self, col: int, eid: int, code: int) -> list[tuple[str, str]] | str:
-        """The sorted wire labels of a series, or why it cannot be sent (cached per series)."""
+        """The wire labels of a series, or why it cannot be sent."""
         name = self.columns.name(col)
         labels = {**self.entities.labels(eid)}
         for k, v in zip(ATTR_COLUMNS, self.entities.attr_values(code), strict=True):
@@ -207,24 +254,44 @@ class PromStore:
         if reserved:
             return f"label {reserved[0]!r} is reserved"
         # an empty value means "no such label" to a TSDB: leave it out rather than send it
-        return sorted([("__name__", name), *((k, v) for k, v in labels.items() if v != "")])
+        return [("__name__", name), *((k, v) for k, v in labels.items() if v != "")]
 
     def _write(self, prepared: Prepared, result: AppendResult) -> None:
-        chunk: list[wire.Series] = []
-        size = 0
-        for series in self._series_of(prepared, result):
-            chunk.append(series)
-            size += len(series[1])
-            if size >= self.max_request_samples:
-                self._send(chunk, result)
-                chunk, size = [], 0
-        if chunk:
-            self._send(chunk, result)
+        """Send the telemetry in requests of at most ``max_request_samples``, several at a time;
+        every request is tried (and refusals counted) before a failure is raised."""
+        heads, fields = self._encode(prepared, result)
+        step = self.max_request_samples
+        parts = [(heads[a : a + step], fields[a : a + step]) for a in range(0, len(heads), step)]
+        if len(parts) <= 1 or self.parallel_requests <= 1:
+            outcomes = [self._outcome(h, f) for h, f in parts]
+        else:
+            with self._lock:
+                self._check_open()
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.parallel_requests, "gpuscope-remote-write")
+                pool = self._pool
+            outcomes = list(pool.map(lambda part: self._outcome(*part), parts))
+        for outcome in outcomes:
+            if isinstance(outcome, tuple):
+                n, why = outcome
+                result.samples -= n
+                result.refused_samples += n
+                _note(result, f"the TSDB refused (some of) {n} sample(s): {why}")
+        for outcome in outcomes:
+            if isinstance(outcome, StoreError):
+                raise outcome
 
-    def _send(self, chunk: list[wire.Series], result: AppendResult) -> None:
-        """POST one WriteRequest; retry what may succeed later, until ``retry_s`` has passed."""
-        body = wire.encode(chunk)
-        n = sum(len(s[1]) for s in chunk)
+    def _outcome(self, heads: list[bytes], fields: list[bytes]) -> tuple[int, str] | StoreError | None:
+        try:
+            return self._send(heads, fields)
+        except StoreError as exc:
+            return exc
+
+    def _send(self, heads: list[bytes], fields: list[bytes]) -> tuple[int, str] | None:
+        """POST one WriteRequest; retry what may succeed later, until ``retry_s`` has passed. The
+        number of samples the TSDB refused and its answer, or None when it took them."""
+        body = wire.write_request(heads, fields)
+        n = len(heads)
         url = self.remote_write_url
         deadline = time.monotonic() + self.retry_s
         delay, tries = 0.05, 0
@@ -237,13 +304,10 @@ class PromStore:
             except httpx.HTTPError as exc:
                 status, why = 0, f"{type(exc).__name__}: {exc}"
             if 200 <= status < 300:
-                return
+                return None
             if 400 <= status < 500 and status not in (408, 429):
-                result.samples -= n
-                result.refused_samples += n
                 self.counters.inc("store.remote_refused_samples", n)
-                _note(result, f"the TSDB refused (some of) {n} sample(s): {why}")
-                return
+                return n, why
             if time.monotonic() + delay > deadline:
                 self.counters.inc("store.remote_write_failures")
                 raise StoreError(
@@ -435,6 +499,9 @@ class PromStore:
             if self._closed:
                 return
             self._closed = True
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown()
         self._client.close()
         self.meta.close()
 

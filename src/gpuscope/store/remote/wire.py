@@ -100,7 +100,7 @@ def series_head(labels: Sequence[tuple[str, str]], size: int) -> bytes:
     series = TimeSeries()
     for name, value in sorted(labels):
         series.labels.add(name=name, value=value)
-    body = series.SerializeToString()
+    body: bytes = series.SerializeToString()
     return _TIMESERIES_TAG + varint(len(body) + size) + body
 
 

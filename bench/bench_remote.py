@@ -1,0 +1,186 @@
+"""Remote-write path of the prometheus storage backend (DESIGN §6; issue 9): samples/s.
+
+A fleet of N nodes x 8 GPUs x the full metric set (``bench/common.py``), in two batch shapes: one
+node's tick per batch (what agents send) and the whole fleet's tick per batch. Measured in one run:
+
+1. encode + snappy per core: :class:`PromStore` turning prepared batches into compressed
+   WriteRequests (CPU seconds of this process, one thread), beside the same requests built with
+   the protobuf library one message per series (how it was done before cached series heads);
+2. ``PromStore.append`` into a real VictoriaMetrics started here (wall clock; per-node batches from
+   several appender threads, as a hub's request threads call it);
+3. anchor: VictoriaMetrics' own ingest of the same samples as Prometheus text through
+   ``/api/v1/import/prometheus`` from as many client threads.
+
+Target: >= 500,000 samples/s per core for encode + snappy; a 1,024-node fleet at 1 Hz is 245,760
+samples/s.
+
+usage: python bench/bench_remote.py [--nodes 1024] [--ticks 5] [--seconds 10] [--appenders 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from collections.abc import Callable
+
+import cramjam
+
+from bench_ingest import blast, vm_bodies
+from common import TELEMETRY, Fleet, console, print_table, telemetry_ticks, victoria_metrics
+from gpuscope.model import Batch, Frame
+from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.remote import wire
+from gpuscope.store.remote.prom_store import PromStore
+
+
+def batches(fleet: Fleet, ticks: int, per_node: bool) -> list[Batch]:
+    entities = fleet.entities
+    g = fleet.gpus_per_node
+    out = []
+    for ts, names, values in telemetry_ticks(fleet, ticks):
+        if not per_node:
+            out.append(Batch("fleet", frames=[Frame(ts, names, entities, values)]))
+            continue
+        for n in range(fleet.nodes):
+            rows = slice(n * g, (n + 1) * g)
+            out.append(Batch(f"node-{n}", frames=[Frame(ts, names, entities[rows], values[rows])]))
+    return out
+
+
+def cpu_rate(work: Callable[[], int], min_s: float = 2.0) -> float:
+    """Samples per CPU second of ``work`` (repeated for at least ``min_s`` CPU seconds)."""
+    done, t0 = 0, time.process_time()
+    while (spent := time.process_time() - t0) < min_s or done == 0:
+        done += work()
+    return done / spent
+
+
+def encode_rates(store: PromStore, shape: list[Batch]) -> tuple[float, float]:
+    """(ours, protobuf library) samples per CPU second, prepare excluded (the embedded store does it
+    too), for the same prepared batches."""
+    prepared = [store._preparer.prepare(b) for b in shape]
+    step = store.max_request_samples
+
+    def ours() -> int:
+        n = 0
+        for p in prepared:
+            heads, fields = store._encode(p, p.result)
+            for a in range(0, len(heads), step):
+                wire.write_request(heads[a : a + step], fields[a : a + step])
+            n += len(heads)
+        return n
+
+    # the series of the first batch with their labels: the library builds every message anew
+    series = []
+    for p in prepared:
+        per = []
+        for cols, block in p.blocks.items():
+            for ts, ent, attr, values in zip(block.ts, block.entity, block.attr, block.values, strict=True):
+                for i, (e, a) in enumerate(zip(ent.tolist(), attr.tolist(), strict=True)):
+                    for j, col in enumerate(cols):
+                        labels = store._labels_of(col, e, a)
+                        assert not isinstance(labels, str), labels
+                        per.append((sorted(labels), int(ts[i]), float(values[i, j])))
+        series.append(per)
+
+    def library() -> int:
+        n = 0
+        for per in series:
+            for a in range(0, len(per), step):
+                req = wire.WriteRequest()
+                for labels, t, v in per[a : a + step]:
+                    ts = req.timeseries.add()
+                    for name, value in labels:
+                        ts.labels.add(name=name, value=value)
+                    ts.samples.add(timestamp=t, value=v)
+                cramjam.snappy.compress_raw(req.SerializeToString())
+            n += len(per)
+        return n
+
+    return cpu_rate(ours), cpu_rate(library)
+
+
+def append_rate(store: PromStore, shape: list[Batch], threads: int, seconds: float) -> tuple[float, int]:
+    """Samples/s (wall) of ``threads`` appenders cycling through ``shape`` for ``seconds``."""
+    lock = threading.Lock()
+    cursor = iter(range(10**12))
+    stored = [0] * threads
+    errors = [0] * threads
+    deadline = time.perf_counter() + seconds
+
+    def worker(i: int) -> None:
+        while time.perf_counter() < deadline:
+            with lock:
+                k = next(cursor)
+            try:
+                stored[i] += store.append(shape[k % len(shape)]).samples
+            except Exception:
+                errors[i] += 1
+
+    started = time.perf_counter()
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return sum(stored) / (time.perf_counter() - started), sum(errors)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--nodes", type=int, default=1024)
+    ap.add_argument("--gpus-per-node", type=int, default=8)
+    ap.add_argument("--ticks", type=int, default=5, help="seconds of telemetry generated (then re-sent)")
+    ap.add_argument("--seconds", type=float, default=10, help="seconds per end-to-end measurement")
+    ap.add_argument("--appenders", type=int, default=8, help="threads calling append (per-node batches)")
+    a = ap.parse_args()
+    fleet = Fleet(a.nodes, a.gpus_per_node)
+    gpus = fleet.nodes * fleet.gpus_per_node
+    console.print(f"generating {a.ticks} s of telemetry for {gpus} GPUs")
+    shapes = {
+        "1 node / batch": batches(fleet, a.ticks, True),
+        "fleet / batch": batches(fleet, a.ticks, False),
+    }
+    rows = []
+    with victoria_metrics() as vm:
+        if vm is None:
+            return
+        url = vm[0]
+        with PromStore(f"{url}/api/v1/write", url, DuckDBStore(":memory:")) as store:
+            for b in shapes["1 node / batch"][: fleet.nodes]:
+                store.append(b)  # registries and series heads warm, as in a running hub
+            for name, shape in shapes.items():
+                console.print(f"encoding ({name})")
+                ours, library = encode_rates(store, shape)
+                rows.append(["encode + snappy, per core", name, f"{ours:,.0f}", "gpuscope (cached heads)"])
+                rows.append(["encode + snappy, per core", name, f"{library:,.0f}", "protobuf library"])
+            for name, shape in shapes.items():
+                threads = a.appenders if name.startswith("1 node") else 1
+                console.print(f"PromStore.append ({name}, {threads} thread(s))")
+                rate, errs = append_rate(store, shape, threads, a.seconds)
+                rows.append(
+                    [f"PromStore.append, {threads} thread(s)", name, f"{rate:,.0f}", f"errors {errs}"]
+                )
+        console.print("anchor: VictoriaMetrics import of the same samples (Prometheus text)")
+        rate, _, errs = blast(
+            f"{url}/api/v1/import/prometheus", vm_bodies(fleet, a.ticks, True), a.appenders, a.seconds, {}
+        )
+        rows.append(
+            [
+                f"VictoriaMetrics import, {a.appenders} clients (anchor)",
+                "1 node / request",
+                f"{rate:,.0f}",
+                "",
+            ]
+        )
+    print_table(
+        f"remote write, {gpus} GPUs x {len(TELEMETRY)} metrics "
+        f"(1 Hz = {gpus * len(TELEMETRY):,} samples/s; target encode >= 500,000 samples/s per core)",
+        ["what", "batch shape", "samples/s", "note"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
