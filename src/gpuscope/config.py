@@ -16,7 +16,7 @@ import yaml
 
 from gpuscope.store.settings import StorageConfigError, StorageSettings, parse_storage
 from gpuscope.tls import TlsSettings, parse_tls
-from gpuscope.web.auth import AuthSettings, parse_auth
+from gpuscope.web.auth import AuthSettings, Token, digest, parse_auth
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7470
@@ -127,5 +127,8 @@ def load_config(path: str | os.PathLike[str] | None = None) -> HubConfig:
     cfg.raw_retention_s = _number(retention, "raw_seconds", "retention", cfg.raw_retention_s)
     from gpuscope.cluster.config import parse_cluster  # imports this module: refused here, used later
 
-    parse_cluster(raw, cfg.host, cfg.port)
+    cluster = parse_cluster(raw, cfg.host, cfg.port)
+    if cluster is not None and cfg.auth.tokens:
+        # hubs forward batches to each other with the peer token: it may ingest, nothing more
+        cfg.auth.tokens.append(Token("cluster-peer", frozenset({"ingest"}), digest(cluster.peer_token)))
     return cfg

@@ -36,6 +36,7 @@ from gpuscope.simeval.render import print_report
 from gpuscope.simeval.report import evaluate
 from gpuscope.store.errors import StoreError
 from gpuscope.store.settings import StorageConfigError, open_store, store_label
+from gpuscope.web.auth import Token, digest, new_token
 from gpuscope.web.server import HubServer
 
 SEVERITY_STYLE = {"P1": "bold red", "P2": "yellow", "P3": "cyan"}
@@ -153,6 +154,10 @@ def run_demo(
 
     hub.add_listener(on_change)
     alerting = attach_services(hub, cfg)
+    token = cfg.tokens[0] if cfg.tokens else None
+    if token is None and cfg.auth.tokens:  # only hashed tokens configured: mint one for our agents
+        token = new_token()
+        cfg.auth.tokens.append(Token("demo-agents", frozenset({"ingest", "read"}), digest(token)))
     try:
         server = HubServer(hub, "127.0.0.1", port, auth=cfg.auth)
     except OSError:
@@ -166,7 +171,6 @@ def run_demo(
         f"{len(scenario.faults)} faults"
     )
     t0 = time.time()
-    token = cfg.tokens[0] if cfg.tokens else None
     sim = Simulator(scenario, t0=t0)
     nodes = sim_nvml_nodes(sim, workdir / "proc")
     agents = {
@@ -182,7 +186,7 @@ def run_demo(
     }
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     sdk = httpx.Client(base_url=server.url, headers=headers, timeout=10)
-    reader = httpx.Client(base_url=server.url, timeout=10)
+    reader = httpx.Client(base_url=server.url, headers=headers, timeout=10)
     view = DemoView(reader, scenario, server.url, end)
     injected: list[str] = []
     interactive = console.is_terminal

@@ -111,3 +111,18 @@ def test_state_postgres_dsn_is_the_cluster_database() -> None:
     ]:
         with pytest.raises(ConfigError, match=f"^{field}:"):
             parse_cluster(raw, "127.0.0.1", 7470)
+
+
+def test_peer_token_may_ingest_and_nothing_more_when_auth_is_on(tmp_path: Path) -> None:
+    peer = "p" * 20
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "auth": {"tokens": [{"name": "ops", "scopes": ["admin", "read"], "token": "o" * 20}]},
+                "cluster": {"postgres_dsn": "postgresql://h/db", "peer_token": peer},
+            }
+        )
+    )
+    found = load_config(path).auth.match(peer)
+    assert found is not None and found.name == "cluster-peer" and found.scopes == {"ingest"}
