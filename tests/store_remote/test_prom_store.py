@@ -17,9 +17,9 @@ import pytest
 
 from gpuscope.config import ConfigError, HubConfig, load_config
 from gpuscope.model import Alert, Batch, Event, Frame, TrainingRecord
+from gpuscope.store.base import AppendResult
 from gpuscope.store.duckdb_store import DuckDBStore
 from gpuscope.store.errors import StoreError
-from gpuscope.store.remote import wire
 from gpuscope.store.remote.local import LocalTSDB, free_port
 from gpuscope.store.remote.meta import PostgresMeta
 from gpuscope.store.remote.prom_store import PromStore
@@ -35,14 +35,6 @@ NOW = float(int(time.time()) - 60)
 
 def frame(ts: float, value: float, node: str = "n0") -> Frame:
     return Frame(ts, ["gpu_temp_celsius"], [{"node": node, "gpu": "0", "job": "j"}], np.array([[value]]))
-
-
-def test_write_request_round_trips_through_protobuf_and_snappy() -> None:
-    body = wire.encode([([("node", 'a"\n'), ("__name__", "m")], [(2000, 2.5), (1000, float("nan"))])])
-    [(labels, samples)] = wire.decode(body)
-    assert labels == [("__name__", "m"), ("node", 'a"\n')]  # sorted by name
-    assert samples[0] == (1000, pytest.approx(float("nan"), nan_ok=True)) and samples[1] == (2000, 2.5)
-    assert wire.HEADERS["Content-Encoding"] == "snappy"
 
 
 def test_promql_strings_cannot_be_escaped_from() -> None:
@@ -112,6 +104,76 @@ def test_4xx_refusals_are_counted_and_named(tsdb: LocalTSDB) -> None:
     assert late.samples == 0 and late.refused_samples == 1 and late.events == 1  # the rest is kept
     assert "the TSDB refused" in late.notes[0] and "out of order" in late.notes[0]
     assert store.counters.get("store.remote_refused_samples") == 1
+    store.close()
+
+
+@pytest.mark.parametrize("tsdb", ["victoriametrics", "prometheus"], indirect=True)
+def test_a_big_batch_goes_in_parallel_lanes_and_reads_back_whole(tsdb: LocalTSDB) -> None:
+    # tiny requests, lanes and series-head cache: 9 requests in 3 lanes of 2 entities each, heads
+    # evicted as it goes
+    store = ReadYourWrites(
+        tsdb, DuckDBStore(":memory:"), max_request_samples=5, parallel_requests=3, label_cache_series=8
+    )
+    entities = [{"node": "n", "gpu": str(g)} for g in range(6)]
+
+    def tick(k: int) -> Frame:
+        values = np.array([[k * 100 + g * 10 + j for j in range(2)] for g in range(6)], dtype=np.float64)
+        return Frame(NOW + k, ["m_a", "m_b"], entities, values)
+
+    # out of time order: a series' samples must still go in time order (Prometheus refuses older)
+    result = store.append(Batch("s", frames=[tick(2), tick(0), tick(1)]))
+    assert (result.samples, result.refused_samples, result.notes) == (36, 0, [])
+    assert store.counters.get("store.remote_write_requests") == 9
+    assert store.append(Batch("s", frames=[tick(3)])).samples == 12  # one time: 3 shares of 4
+    assert store.counters.get("store.remote_write_requests") == 12
+    assert store._cached <= 8
+    for j, metric in enumerate(["m_a", "m_b"]):
+        for g in range(6):
+            points = store.series(metric, {"gpu": str(g)}, NOW - 1, NOW + 4, points=100)
+            assert [p.value for p in points] == [k * 100 + g * 10 + j for k in range(4)], (metric, g)
+    store.close()
+
+
+@pytest.mark.parametrize("tsdb", ["victoriametrics"], indirect=True)
+def test_series_a_tsdb_cannot_hold_are_refused_and_named(tsdb: LocalTSDB) -> None:
+    store = ReadYourWrites(tsdb, DuckDBStore(":memory:"))
+    entities = [{"node": "a"}, {"node": "b", "__x": "1"}, {"node": "c\ud800"}]
+    frame = Frame(NOW, ["gpu_temp_celsius", "bad-name"], entities, np.arange(6.0).reshape(3, 2))
+    result = store.append(Batch("s", frames=[frame]))
+    assert result.samples == 1 and result.refused_samples == 5
+    assert sorted(result.notes) == [
+        "refused 1 sample(s): label '__x' is reserved",
+        "refused 1 sample(s): label 'node' is not valid UTF-8",
+        "refused 3 sample(s): metric name 'bad-name' is not a Prometheus name",
+    ]
+    rows = store.snapshot(["gpu_temp_celsius"])
+    assert [(r["labels"], r["values"]) for r in rows] == [({"node": "a"}, {"gpu_temp_celsius": 0.0})]
+    store.close()
+
+
+class _MetaFailingOnce(DuckDBStore):
+    """A meta store whose first commit fails (fault injection): the hub answers 503, the sender
+    retries the whole batch, and its telemetry reaches the TSDB a second time."""
+
+    failures = 1
+
+    def append(self, batch: Batch) -> AppendResult:
+        if self.failures:
+            self.failures -= 1
+            raise StoreError("meta store unavailable")
+        return super().append(batch)
+
+
+@pytest.mark.parametrize("tsdb", ["victoriametrics"], indirect=True)
+def test_a_batch_retried_after_its_meta_commit_failed_is_stored_once(tsdb: LocalTSDB) -> None:
+    store = ReadYourWrites(tsdb, _MetaFailingOnce(":memory:"))
+    batch = Batch("a", frames=[frame(NOW, 7.0)], events=[Event(NOW, "xid", {})], batch_id="b-1")
+    with pytest.raises(StoreError, match="meta store unavailable"):
+        store.append(batch)
+    assert store.append(batch).samples == 1
+    tsdb.flush()
+    [group] = store.aggregate("gpu_temp_celsius", "node", NOW - 1, NOW + 1)
+    assert (group["count"], group["mean"]) == (1, 7.0)  # -dedup.minScrapeInterval=1ms keeps one
     store.close()
 
 

@@ -18,6 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hubs", required=True, help="hub URLs, comma-separated (any agent may send to any)")
     parser.add_argument("--nodes", type=int, default=1024, help="simulated nodes, one agent each (1024)")
     parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--job-nodes", type=int, default=16, help="nodes per training job (16)")
     parser.add_argument("--duration", type=float, default=600, help="seconds of load (600)")
     parser.add_argument("--workers", type=int, default=2, help="sender processes (2)")
     parser.add_argument("--connections", type=int, default=64, help="connections per hub per sender (64)")
@@ -45,12 +46,14 @@ def run(args: argparse.Namespace) -> int:
     if not hubs or bad:
         err.print(f"[red]--hubs: {bad[0] if bad else args.hubs!r} is not an http(s) URL[/red]")
         return 2
-    if args.nodes < 1 or args.gpus_per_node < 1 or args.workers < 1 or args.duration < 1:
-        err.print("[red]--nodes, --gpus-per-node, --workers and --duration must be at least 1[/red]")
+    if min(args.nodes, args.gpus_per_node, args.job_nodes, args.workers, args.duration) < 1:
+        err.print(
+            "[red]--nodes, --gpus-per-node, --job-nodes, --workers and --duration must be at least 1[/red]"
+        )
         return 2
     opts = LoadOptions(
         hubs=hubs,
-        shape=FleetShape(nodes=args.nodes, gpus_per_node=args.gpus_per_node),
+        shape=FleetShape(nodes=args.nodes, gpus_per_node=args.gpus_per_node, job_nodes=args.job_nodes),
         duration=args.duration,
         workers=args.workers,
         connections=args.connections,

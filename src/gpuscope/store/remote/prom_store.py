@@ -193,15 +193,14 @@ class PromStore:
         refused: list[tuple[int, str]] = []
         for j, col in enumerate(cols):
             labels = self._labels_of(col, eid, code)
-            if not isinstance(labels, str):
-                try:
-                    heads[j] = wire.series_head(labels, size)
-                    continue
-                except ValueError as exc:  # a label the protobuf library cannot write as UTF-8
-                    labels = f"a label is not valid UTF-8 ({exc})"
-            refused.append((j, labels))
+            if isinstance(labels, str):
+                refused.append((j, labels))
+            else:
+                heads[j] = wire.series_head(labels, size)
         row = (heads, tuple(refused))
         with self._cache_lock:
+            if key in self._heads:  # another append built it meanwhile
+                return self._heads[key]
             if self._cached + len(cols) > self.label_cache_series:
                 for old in list(itertools.islice(self._heads, len(self._heads) // 2 + 1)):
                     self._cached -= len(self._heads.pop(old)[0])
@@ -209,8 +208,12 @@ class PromStore:
             self._cached += len(cols)
         return row
 
-    def _encode(self, prepared: Prepared, result: AppendResult) -> tuple[list[bytes], list[bytes]]:
-        """Per sample to send, in time order: the head of its series and its ``samples`` field."""
+    def _encode(
+        self, prepared: Prepared, result: AppendResult
+    ) -> tuple[list[bytes], list[bytes], npt.NDArray[np.int64], bool]:
+        """Per sample to send, in time order: the head of its series, its ``samples`` field, and its
+        entity id; and whether all have one timestamp (then any split keeps each series in time
+        order)."""
         chunks = sorted(
             (
                 (int(ts[0]), cols, ent, attr, values)
@@ -223,6 +226,7 @@ class PromStore:
         )
         heads: list[bytes] = []
         fields: list[bytes] = []
+        entities: list[npt.NDArray[np.int64]] = []
         refused: dict[str, int] = {}
         for t, cols, ent, attr, values in chunks:
             size = wire.sample_size(t)
@@ -235,11 +239,13 @@ class PromStore:
                         refused[why] = refused.get(why, 0) + 1
             heads += np.stack([heads_ for heads_, _ in rows])[present].tolist()
             fields += wire.samples(t, values[present])
+            entities.append(np.broadcast_to(ent.astype(np.int64)[:, None], present.shape)[present])
         for why, n in refused.items():
             result.samples -= n
             result.refused_samples += n
             _note(result, f"refused {n} sample(s): {why}")
-        return heads, fields
+        one_time = len({chunk[0] for chunk in chunks}) <= 1
+        return heads, fields, np.concatenate(entities) if entities else np.empty(0, np.int64), one_time
 
     def _labels_of(self, col: int, eid: int, code: int) -> list[tuple[str, str]] | str:
         """The wire labels of a series, or why it cannot be sent."""
@@ -253,24 +259,31 @@ class PromStore:
         reserved = [k for k in labels if k.startswith("__")]
         if reserved:
             return f"label {reserved[0]!r} is reserved"
+        for k, v in labels.items():
+            try:
+                k.encode(), v.encode()
+            except UnicodeEncodeError:  # a lone surrogate: protobuf strings are UTF-8
+                return f"label {k!r} is not valid UTF-8"
         # an empty value means "no such label" to a TSDB: leave it out rather than send it
         return [("__name__", name), *((k, v) for k, v in labels.items() if v != "")]
 
     def _write(self, prepared: Prepared, result: AppendResult) -> None:
-        """Send the telemetry in requests of at most ``max_request_samples``, several at a time;
-        every request is tried (and refusals counted) before a failure is raised."""
-        heads, fields = self._encode(prepared, result)
-        step = self.max_request_samples
-        parts = [(heads[a : a + step], fields[a : a + step]) for a in range(0, len(heads), step)]
-        if len(parts) <= 1 or self.parallel_requests <= 1:
-            outcomes = [self._outcome(h, f) for h, f in parts]
+        """Send the telemetry in requests of at most ``max_request_samples``. A batch of more goes
+        in ``parallel_requests`` lanes sent at the same time, each sent one request after the
+        other. A TSDB may refuse a series' sample older than one it already has, so when the batch
+        spans several times a lane holds the samples of a share of the entities, in time order,
+        and a series is in one lane only. Every lane is sent (and refusals counted) before a
+        failure is raised."""
+        parts = self._lanes(prepared, result)
+        if len(parts) <= 1:
+            outcomes = [o for part in parts for o in self._send_lane(*part)]
         else:
             with self._lock:
                 self._check_open()
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(self.parallel_requests, "gpuscope-remote-write")
                 pool = self._pool
-            outcomes = list(pool.map(lambda part: self._outcome(*part), parts))
+            outcomes = [o for done in pool.map(lambda part: self._send_lane(*part), parts) for o in done]
         for outcome in outcomes:
             if isinstance(outcome, tuple):
                 n, why = outcome
@@ -281,11 +294,38 @@ class PromStore:
             if isinstance(outcome, StoreError):
                 raise outcome
 
-    def _outcome(self, heads: list[bytes], fields: list[bytes]) -> tuple[int, str] | StoreError | None:
-        try:
-            return self._send(heads, fields)
-        except StoreError as exc:
-            return exc
+    def _lanes(self, prepared: Prepared, result: AppendResult) -> list[tuple[list[bytes], list[bytes]]]:
+        """The heads and sample fields of each lane (see _write): one lane unless the batch holds
+        more than one request's samples; consecutive shares when it holds one time only."""
+        heads, fields, entities, one_time = self._encode(prepared, result)
+        lanes = self.parallel_requests
+        if len(heads) <= self.max_request_samples or lanes <= 1:
+            return [(heads, fields)] if heads else []
+        if one_time:
+            share = -(-len(heads) // lanes)
+            return [(heads[a : a + share], fields[a : a + share]) for a in range(0, len(heads), share)]
+        lane = entities % lanes
+        order = np.argsort(lane, kind="stable")
+        bounds = np.searchsorted(lane[order], np.arange(lanes + 1)).tolist()
+        head_arr, field_arr = _objects(heads)[order], _objects(fields)[order]
+        return [
+            (head_arr[a:b].tolist(), field_arr[a:b].tolist()) for a, b in itertools.pairwise(bounds) if b > a
+        ]
+
+    def _send_lane(
+        self, heads: list[bytes], fields: list[bytes]
+    ) -> list[tuple[int, str] | StoreError | None]:
+        """Requests of at most ``max_request_samples`` one after the other, up to the first that
+        fails (the batch is then retried whole)."""
+        step = self.max_request_samples
+        outcomes: list[tuple[int, str] | StoreError | None] = []
+        for a in range(0, len(heads), step):
+            try:
+                outcomes.append(self._send(heads[a : a + step], fields[a : a + step]))
+            except StoreError as exc:
+                outcomes.append(exc)
+                break
+        return outcomes
 
     def _send(self, heads: list[bytes], fields: list[bytes]) -> tuple[int, str] | None:
         """POST one WriteRequest; retry what may succeed later, until ``retry_s`` has passed. The
@@ -510,6 +550,13 @@ class PromStore:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _objects(items: list[bytes]) -> npt.NDArray[np.object_]:
+    """A list as a 1-d object array (``np.array`` would make a bytes-string array of it)."""
+    out = np.empty(len(items), dtype=object)
+    out[:] = items
+    return out
 
 
 def _selectable(key: str) -> bool:
