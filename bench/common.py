@@ -179,7 +179,7 @@ def print_table(title: str, columns: list[str], rows: list[list[str]]) -> None:
         table.add_column(c)
     for r in rows:
         table.add_row(*r)
-    Console().print(table)
+    Console(width=max(160, Console().width)).print(table)
 
 
 def per_call_us(fn: Callable[[int], None], calls: int, repeats: int = 5) -> float:
