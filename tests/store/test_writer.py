@@ -76,3 +76,41 @@ def test_a_failing_item_fails_alone() -> None:
         bad.result(5)
     writer.close()
     assert seen == [[1], [2, 13, 3], [2], [13], [3]]
+
+
+def test_linger_gathers_a_wave_of_concurrent_senders() -> None:
+    gate = threading.Event()
+    groups: list[list[int]] = []
+
+    def commit(items: list[int]) -> list[int]:
+        groups.append(list(items))
+        if len(groups) == 1:
+            gate.wait(5)
+        return items
+
+    writer: GroupCommitter[int, int] = GroupCommitter(commit, lambda i: 1, max_group_rows=100, linger_s=60)
+    futures = [writer.submit(0)]
+    while not groups:
+        threading.Event().wait(0.001)
+    futures += [writer.submit(1), writer.submit(2)]  # concurrent senders: a group of two
+    gate.set()
+    futures[-1].result(30)
+    futures.append(writer.submit(3))  # the writer now waits for a second batch of the wave
+    threading.Event().wait(0.05)
+    futures.append(writer.submit(4))
+    assert [f.result(30) for f in futures] == [0, 1, 2, 3, 4]
+    assert groups == [[0], [1, 2], [3, 4]]
+    writer.close()
+
+
+def test_a_lone_sender_never_lingers() -> None:
+    groups: list[list[int]] = []
+
+    def commit(items: list[int]) -> list[int]:
+        groups.append(list(items))
+        return items
+
+    writer: GroupCommitter[int, int] = GroupCommitter(commit, lambda i: 1, max_group_rows=100, linger_s=600)
+    assert [writer.submit(i).result(60) for i in range(3)] == [0, 1, 2]  # a linger would take 600 s
+    assert groups == [[0], [1], [2]]
+    writer.close()

@@ -8,6 +8,7 @@ their own future; the writer takes everything queued (up to a row budget) and co
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -34,10 +35,13 @@ class GroupCommitter(Generic[T, R]):
         size: Callable[[T], int],
         max_group_rows: int,
         name: str = "gpuscope-store-writer",
+        linger_s: float = 0.0,
     ) -> None:
         self._commit = commit
         self._size = size
         self._max_rows = max_group_rows
+        self._linger_s = linger_s
+        self._last_group = 1
         self._cond = threading.Condition()
         self._queue: deque[tuple[T, Future[R]]] = deque()
         self._closing = False
@@ -61,12 +65,23 @@ class GroupCommitter(Generic[T, R]):
                 self._cond.wait()
             if not self._queue:
                 return None
+            if self._linger_s > 0 and self._last_group > 1 and len(self._queue) < self._last_group:
+                # Concurrent senders: each commit's statements and fsync cost about as much CPU
+                # for one batch as for dozens, so wait briefly for the rest of the wave. A lone
+                # sender (groups of one) never waits.
+                deadline = time.monotonic() + self._linger_s
+                while not self._closing and len(self._queue) < self._last_group:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
             group = [self._queue.popleft()]
             rows = self._size(group[0][0])
             while self._queue and rows + self._size(self._queue[0][0]) <= self._max_rows:
                 item = self._queue.popleft()
                 rows += self._size(item[0])
                 group.append(item)
+            self._last_group = len(group)
             return group
 
     def _run(self) -> None:

@@ -75,6 +75,7 @@ class DuckDBStore:
         rollup_lag_s: float = 10.0,
         flush_rows: int = 200_000,
         max_group_rows: int = 2_000_000,
+        group_linger_s: float = 0.01,
         checkpoint_bytes: int = 128 * 1024 * 1024,
         batch_id_capacity: int = 1_000_000,
         batch_id_ttl_s: float = DAY,
@@ -150,7 +151,9 @@ class DuckDBStore:
         )
         self._writer: GroupCommitter[Prepared, AppendResult] | None = None
         if self.durable:
-            self._writer = GroupCommitter(self._commit, lambda p: p.rows, max_group_rows)
+            self._writer = GroupCommitter(
+                self._commit, lambda p: p.rows, max_group_rows, linger_s=group_linger_s
+            )
 
     # ------------------------------------------------------------------ opening
 

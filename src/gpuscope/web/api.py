@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -235,13 +235,19 @@ class HubApi:
                 raise ApiError(413, "body", f"{declared} bytes is over the limit of {limit}")
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                self.hub.counters.inc("ingest_refused_too_large")
-                raise ApiError(413, "body", f"over the limit of {limit} bytes")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limit:
+                    self.hub.counters.inc("ingest_refused_too_large")
+                    raise ApiError(413, "body", f"over the limit of {limit} bytes")
+                chunks.append(chunk)
+        except ClientDisconnect:
+            # The sender went away mid-body (it keeps the batch and retries): nothing to store,
+            # nobody to answer; uvicorn drops the reply instead of logging a traceback.
+            self.hub.counters.inc("ingest_client_disconnects")
+            raise ApiError(499, "body", "the client disconnected before sending the whole body") from None
+        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
     # -- handlers -----------------------------------------------------------------------------
 

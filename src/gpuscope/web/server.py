@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import ipaddress
 import logging
 import socket
@@ -18,6 +19,20 @@ from gpuscope.web.api import HubApi
 from gpuscope.web.auth import AuthSettings
 
 log = logging.getLogger("gpuscope.hub")
+
+
+def _fast_http() -> dict[str, str]:
+    """uvicorn's C HTTP parser and event loop when installed (pinned dependencies), else its
+    pure-Python defaults: h11 and asyncio cost the hub several times the CPU per request."""
+    chosen: dict[str, str] = {}
+    for option, value, module in (("http", "httptools", "httptools"), ("loop", "uvloop", "uvloop")):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            log.info("%s is not installed: uvicorn's default %s is used", module, option)
+        else:
+            chosen[option] = value
+    return chosen
 
 
 def is_loopback(host: str) -> bool:
@@ -98,6 +113,8 @@ class HubServer:
                 self.api.app,
                 log_level="warning",
                 access_log=False,
+                server_header=False,
+                **_fast_http(),  # type: ignore[arg-type]
                 timeout_keep_alive=30,
                 ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None,
             )

@@ -1,0 +1,130 @@
+"""Hub CPU per node batch: a real ``gpuscope hub`` process fed agent-shaped batches over HTTP.
+
+The load generator's node batches (8 GPUs × the full metric set, about 375 samples, one POST per
+node per second) are sent as fast as the hub acknowledges them by ``--agents`` concurrent
+connections; the figure is the hub process's CPU seconds (psutil, all threads) per acknowledged
+batch and samples per hub CPU-second. Issue 9's target: ≥ 300,000 samples per CPU-second.
+Anchor, same run: the same batches through the same hub code in process, without HTTP
+(decode, validate, store durably, detect): the difference is what the HTTP layer costs.
+
+usage: python bench/bench_hub_cpu.py [--nodes 64] [--ticks 30] [--agents 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import psutil
+
+from common import console, gpuscope_hub, print_table
+from gpuscope.hub import Hub
+from gpuscope.ingest.payload import Limits, check_time_window, decode_json, parse_batch
+from gpuscope.loadgen.traffic import FleetShape, Outgoing, build_scenario, tick_bodies
+from gpuscope.store.duckdb_store import DuckDBStore
+
+WARM_TICKS = 3
+
+
+def node_ticks(nodes: int, ticks: int) -> list[list[Outgoing]]:
+    """Per tick, the agents' batches (SDK batches left out: this is the per-node figure)."""
+    scenario = build_scenario(FleetShape(nodes=nodes), ticks + 5, faults=[])
+    out = []
+    for _, batches in tick_bodies(scenario, time.time() - ticks - 5):
+        out.append([b for b in batches if b.sender.startswith("node-")])
+        if len(out) == ticks:
+            break
+    return out
+
+
+def over_http(ticks: list[list[Outgoing]], agents: int) -> tuple[float, int, int]:
+    """Hub CPU seconds, batches and samples acknowledged after the warm-up ticks."""
+    with tempfile.TemporaryDirectory() as tmp, gpuscope_hub(Path(tmp) / "hub.duckdb") as (url, proc):
+        hub = psutil.Process(proc.pid)
+        clients = [httpx.Client(base_url=url, timeout=60) for _ in range(agents)]
+        headers = {"Content-Type": "application/json"}
+
+        def send(item: tuple[int, Outgoing]) -> int:
+            reply = clients[item[0] % agents].post("/api/v1/ingest", content=item[1].body, headers=headers)
+            reply.raise_for_status()
+            return item[1].samples
+
+        cpu0, batches, samples = 0.0, 0, 0
+        with ThreadPoolExecutor(agents) as pool:
+            for k, tick in enumerate(ticks):
+                if k == WARM_TICKS:
+                    t = hub.cpu_times()
+                    cpu0 = t.user + t.system
+                acked = sum(pool.map(send, enumerate(tick)))
+                if k >= WARM_TICKS:
+                    batches += len(tick)
+                    samples += acked
+        t = hub.cpu_times()
+        for c in clients:
+            c.close()
+        return t.user + t.system - cpu0, batches, samples
+
+
+def in_process(ticks: list[list[Outgoing]], agents: int) -> tuple[float, int, int]:
+    """The same batches without HTTP: decode, validate, store (durable group commit), detect."""
+    limits = Limits()
+    with tempfile.TemporaryDirectory() as tmp:
+        hub = Hub(DuckDBStore(str(Path(tmp) / "hub.duckdb")))
+
+        def ingest(o: Outgoing) -> int:
+            batch = parse_batch(decode_json(o.body, limits), limits)
+            check_time_window(batch, time.time(), limits)
+            hub.ingest(batch)
+            return o.samples
+
+        cpu0, batches, samples = 0.0, 0, 0
+        with ThreadPoolExecutor(agents) as pool:
+            for k, tick in enumerate(ticks):
+                if k == WARM_TICKS:
+                    cpu0 = time.process_time()
+                acked = sum(pool.map(ingest, tick))
+                hub.evaluate(time.time())
+                if k >= WARM_TICKS:
+                    batches += len(tick)
+                    samples += acked
+        cpu = time.process_time() - cpu0
+        hub.store.close()
+        return cpu, batches, samples
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=64)
+    ap.add_argument("--ticks", type=int, default=30)
+    ap.add_argument("--agents", type=int, default=32, help="concurrent connections")
+    a = ap.parse_args()
+    console.print(f"encoding {a.ticks} ticks of {a.nodes} agents' batches")
+    ticks = node_ticks(a.nodes, a.ticks)
+    rows = []
+    for name, run in (
+        ("gpuscope hub over HTTP", over_http),
+        ("anchor: same work in process, no HTTP", in_process),
+    ):
+        cpu, batches, samples = run(ticks, a.agents)
+        rows.append(
+            [
+                name,
+                f"{batches:,}",
+                f"{cpu * 1e3 / batches:.2f}",
+                f"{samples / cpu:,.0f}",
+                "≥ 300,000 (issue 9)",
+            ]
+        )
+    print_table(
+        f"hub CPU per node batch ({a.nodes} agents, {samples // batches} samples per batch)",
+        ["path", "batches", "CPU ms/batch", "samples per CPU-s", "target"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
