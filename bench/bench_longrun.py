@@ -290,16 +290,24 @@ def count_store(path: Path) -> Stored:
         chunk_dir = Path(str(path) + ".chunks")
         metrics = [f"m{c}" for c in cols]
         src, params = ChunkView(chunk_dir, chunks).source(["ts", "entity", *metrics], "true", [], None, None)
-        # per (entity, ts): its rows, its values, and values of a metric beyond the first (a
-        # sample stored twice); a value is a non-null, non-NaN cell
-        present = [f"sum(({m} IS NOT NULL AND NOT isnan({m}))::BIGINT)" for m in metrics] or ["0"]
-        per_key = (
-            f"SELECT count(*) AS n, {' + '.join(present)} AS s, "
-            f"{' + '.join(f'greatest({p} - 1, 0)' for p in present)} AS d FROM ({src}) GROUP BY entity, ts"
+        # a sample is a non-null, non-NaN cell; a sample stored twice is a second value of one
+        # metric for one (entity, ts), looked for only among keys with more than one row
+        present = [f"({m} IS NOT NULL AND NOT isnan({m}))::BIGINT" for m in metrics] or ["0"]
+        rows, distinct_rows, samples = _one(
+            con,
+            f"SELECT count(*), count(DISTINCT (entity, ts)), sum({' + '.join(present)}) FROM ({src})",
+            params,
         )
-        distinct_rows, rows, samples, twice = _one(
-            con, f"SELECT count(*), sum(n), sum(s), sum(d) FROM ({per_key})", params
-        )
+        twice = 0
+        if rows != distinct_rows:
+            excess = " + ".join(f"greatest(sum({p}) - 1, 0)" for p in present)
+            (twice,) = _one(
+                con,
+                f"WITH raw AS ({src}), keys AS (SELECT entity, ts FROM raw GROUP BY entity, ts "
+                f"HAVING count(*) > 1) SELECT sum(d) FROM (SELECT {excess} AS d FROM raw "
+                "JOIN keys USING (entity, ts) GROUP BY entity, ts)",
+                params,
+            )
         (hot_rows,) = _one(con, "SELECT count(*) FROM samples")
         events, distinct_events = _one(
             con, "SELECT count(*), count(DISTINCT (ts, kind, labels, data)) FROM events"
@@ -477,6 +485,11 @@ def run_longrun(
         alerting.stop()
         server.stop()  # closes the store: everything committed, the WAL checkpointed
     wall = time.perf_counter() - started
+    sent = ledger.by_source()
+    # the senders' side, kept on disk: a failure while counting the store must not lose it
+    (workdir / "sent.json").write_bytes(
+        orjson.dumps({"sent": {k: dataclasses.asdict(v) for k, v in sent.items()}, "agents": agent_stats})
+    )
     shifted = [
         dataclasses.replace(
             a, started_at=a.started_at - t0, resolved_at=None if a.resolved_at is None else a.resolved_at - t0
@@ -489,7 +502,7 @@ def run_longrun(
         t0=t0,
         wall_s=wall,
         ledger=ledger,
-        sent=ledger.by_source(),
+        sent=sent,
         agent_stats=agent_stats,
         hub_counters=hub.counters.snapshot(),
         stored=count_store(db),

@@ -31,7 +31,7 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     cfg = load_config(args.config)
     from gpuscope.web.auth import default_audit_path, install_redaction, secret_strings
 
-    install_redaction(secret_strings(cfg.tokens, cfg.raw))
+    redaction = install_redaction(secret_strings(cfg.tokens, cfg.raw))
     if args.listen:
         cfg.host, cfg.port = parse_listen(args.listen)
     if args.db:
@@ -48,10 +48,20 @@ def _cmd_hub(args: argparse.Namespace) -> int:
             soft_wrap=True,
         )
         return 2
+    import psycopg
+
     from gpuscope.cluster import build_hub, join_cluster
     from gpuscope.services import attach_services
 
-    hub = build_hub(store, cfg)  # a plain Hub unless the config has a cluster: section
+    try:
+        hub = build_hub(store, cfg)  # a plain Hub unless the config has a cluster: section
+    except psycopg.Error as exc:
+        store.close()
+        reason = redaction.redact(str(exc).strip())
+        err.print(
+            f"[red]gpuscope hub: cannot use the cluster database (cluster.postgres_dsn): {escape(reason)}[/red]"
+        )
+        return 2
 
     try:
         alerting = attach_services(hub, cfg)

@@ -29,7 +29,8 @@ WRONG = "planted-wrong-token-b81d44"
 HOOK_PATH = "/hook/planted-webhook-secret-9e2b"
 ROUTING_KEY = "planted-routing-key-51ac0d"
 DSN_PASSWORD = "planted-dsn-password-77e1"
-SECRETS = (TOKEN, WRONG, HOOK_PATH, ROUTING_KEY, DSN_PASSWORD)
+PEER_TOKEN = "planted-peer-token-0c4f19"
+SECRETS = (TOKEN, WRONG, HOOK_PATH, ROUTING_KEY, DSN_PASSWORD, PEER_TOKEN)
 
 
 def leaks(*texts: str) -> list[str]:
@@ -85,6 +86,7 @@ def test_config_errors_and_repr_leak_nothing(
     good = (
         f"auth: {{tokens: ['{TOKEN}']}}\n"
         f"state: {{postgres_dsn: 'postgresql://gpuscope:{DSN_PASSWORD}@db.example/gpuscope'}}\n"
+        f"cluster: {{peer_token: {PEER_TOKEN}}}\n"
         f"receivers:\n  - {{name: pager, pagerduty: {{routing_key: {ROUTING_KEY}}}}}\n"
     )
     config.write_text(good)
@@ -92,9 +94,16 @@ def test_config_errors_and_repr_leak_nothing(
     assert not leaks(repr(cfg), str(cfg))
     assert set(SECRETS) - {WRONG, HOOK_PATH} <= set(secret_strings(cfg.tokens, cfg.raw))
 
-    # a receiver URL with a wrong scheme, as a user might paste it: the error names the key only
-    config.write_text(good + f"  - {{name: hook, webhook: {{url: 'ftp://h.example{HOOK_PATH}'}}}}\n")
+    # a cluster database that cannot be reached: a clear refusal, the DSN's password not in it
     listen = f"127.0.0.1:{free_port()}"
+    assert main(["hub", "--config", str(config), "--db", str(tmp_path / "c.duckdb"), "--listen", listen]) == 2
+    out = capsys.readouterr()
+    assert "cannot use the cluster database (cluster.postgres_dsn)" in out.err
+    assert not leaks(out.out, out.err, caplog.text)
+
+    # a receiver URL with a wrong scheme, as a user might paste it: the error names the key only
+    single = "\n".join(line for line in good.splitlines() if not line.startswith(("state:", "cluster:")))
+    config.write_text(single + f"\n  - {{name: hook, webhook: {{url: 'ftp://h.example{HOOK_PATH}'}}}}\n")
     assert main(["hub", "--config", str(config), "--db", str(tmp_path / "h.duckdb"), "--listen", listen]) == 2
     out = capsys.readouterr()
     assert "webhook.url must be an http(s) URL" in out.err

@@ -180,14 +180,16 @@ def test_downsampling_means_per_bucket(make_store: StoreFactory) -> None:
 
 def test_snapshot_newest_per_entity_and_max_age(make_store: StoreFactory) -> None:
     store = make_store()
+    # max_age counts back from now on a remote TSDB: take the times now, not at import
+    t0 = float(int(time.time()) - 300)
     gpu = {"node": "n", "gpu": "0"}
-    first = Frame(T0, ["m_a", "m_b"], [{**gpu, "job": "a"}], np.array([[1.0, 2.0]]))
+    first = Frame(t0, ["m_a", "m_b"], [{**gpu, "job": "a"}], np.array([[1.0, 2.0]]))
     store.append(Batch("s", frames=[first]))
-    store.append(Batch("s", frames=[Frame(T0 + 290, ["m_a"], [{**gpu, "job": "b"}], np.array([[3.0]]))]))
+    store.append(Batch("s", frames=[Frame(t0 + 290, ["m_a"], [{**gpu, "job": "b"}], np.array([[3.0]]))]))
     rows = store.snapshot(["m_a", "m_b"])
     assert len(rows) == 1  # one GPU, whatever jobs it ran
     assert rows[0]["labels"] == {**gpu, "job": "b"} and rows[0]["values"] == {"m_a": 3.0, "m_b": 2.0}
-    assert rows[0]["ts"] == T0 + 290
+    assert rows[0]["ts"] == t0 + 290
     recent = store.snapshot(["m_a", "m_b"], max_age=60)
     assert [r["values"] for r in recent] == [{"m_a": 3.0}]
 
