@@ -58,9 +58,8 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     except psycopg.Error as exc:
         store.close()
         reason = redaction.redact(str(exc).strip())
-        err.print(
-            f"[red]gpuscope hub: cannot use the cluster database (cluster.postgres_dsn): {escape(reason)}[/red]"
-        )
+        where = "cannot use the cluster database (cluster.postgres_dsn)"
+        err.print(f"[red]gpuscope hub: {where}: {escape(reason)}[/red]")
         return 2
 
     try:
