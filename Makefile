@@ -4,6 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?= --duration 180
+# tests wait on real processes (hubs, databases, browsers) as much as they compute: two workers
+TEST_WORKERS ?= 2
 
 .PHONY: demo test lint typecheck unit bench clean system-deps
 
@@ -26,7 +28,7 @@ system-deps:
 	./scripts/system-deps.sh
 
 unit: $(STAMP) system-deps
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 test: lint typecheck unit
 

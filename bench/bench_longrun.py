@@ -555,7 +555,7 @@ def _print(run: LongRun) -> None:
             ["samples sent / stored", f"{run.total('samples'):,} / {st.samples:,}"],
             ["events sent / stored", f"{run.total('events'):,} / {st.events:,}"],
             ["training records sent / stored", f"{run.total('training'):,} / {st.training:,}"],
-            ["batches acknowledged / batch ids stored", f"{run.total('batches'):,} / {len(st.batch_ids):,}"],
+            ["batches acknowledged / batch ids stored", f"{len(run.ledger.acked):,} / {len(st.batch_ids):,}"],
             [
                 "refused batches / refused samples",
                 f"{run.total('refused_batches')} / {run.total('refused_samples')}",

@@ -43,6 +43,8 @@ def test_healthy_run_reports_everything_and_raises_nothing(tmp_path: Path, sdk_h
     finally:
         job.kill()
     wait_until(lambda: job.events("job_ended"), 10, "the job's end")
+    # every rank ships its last records as it exits, which may be after rank 0's job_ended
+    wait_until(lambda: len(job.records()) >= 24 * len(PLACEMENT), 15, "every rank's last records")
     records = job.records()
     steps = {rank: sorted(int(r["step"]) for r in records if r["rank"] == rank) for rank in PLACEMENT}
     assert all(s == list(range(24)) for s in steps.values()), steps  # one record per rank per step

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import random
 import struct
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -81,6 +82,7 @@ class Sender:
             raise ValueError(f"hub URL must start with http:// or https://, got {hub_url!r}")
         self.url = hub_url.rstrip("/") + INGEST_PATH
         self.spool = spool
+        self._lock = threading.RLock()
         self.counters = counters if counters is not None else Counters()
         self.clock = clock
         self.backoff = backoff if backoff is not None else Backoff()
@@ -110,6 +112,10 @@ class Sender:
 
         The batch is written ahead to the spool before it is posted, so an agent killed while a
         send is in flight replays it after a restart (the hub keeps one copy by batch id)."""
+        with self._lock:  # acks name "the oldest record": one sender at a time keeps them right
+            self._submit(body, samples, deadline)
+
+    def _submit(self, body: bytes, samples: int, deadline: float | None) -> None:
         record = _ENVELOPE.pack(min(samples, 0xFFFFFFFF)) + body
         if not len(self.spool) and self.clock() >= self._next_attempt:
             written_ahead = self.spool.append(record)
@@ -125,11 +131,15 @@ class Sender:
             return  # the failure set the backoff: nothing more to try now
         if self.spool.append(record):
             self.counters.inc("batches_spooled")
-        self.flush(deadline)
+        self._flush(deadline)
 
     def flush(self, deadline: float | None = None) -> int:
         """Deliver spooled batches in order until the spool is empty, the hub fails again, or the
         ``deadline`` (on the sender's clock) passes. Returns how many were delivered."""
+        with self._lock:
+            return self._flush(deadline)
+
+    def _flush(self, deadline: float | None) -> int:
         delivered = 0
         while len(self.spool) and self.clock() >= self._next_attempt:
             if deadline is not None and self.clock() >= deadline:
