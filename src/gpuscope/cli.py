@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -67,6 +68,10 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     except ConfigError:
         store.close()
         raise
+    try:  # firing alerts continue; detectors see recent history
+        hub.resume(time.time(), cfg.warmup_s)
+    except StoreError as exc:  # a hub that cannot read its history still serves (and warms up live)
+        err.print(f"[yellow]gpuscope hub: warm-up skipped: {escape(str(exc))}[/yellow]")
     try:
         server = HubServer(
             hub,

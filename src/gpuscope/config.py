@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gpuscope.store._replay import WARMUP_S
 from gpuscope.store.settings import StorageConfigError, StorageSettings, parse_storage
 from gpuscope.tls import TlsSettings, parse_tls
 from gpuscope.web.auth import AuthSettings, Token, digest, parse_auth
@@ -26,6 +27,7 @@ KNOWN_KEYS |= {"alerting"}  # silences, maintenance, escalation, pending, outbox
 KNOWN_KEYS |= {"slos"}  # per-service objectives for error-budget burn rates: gpuscope.quality.slo
 KNOWN_KEYS |= {"tls"}  # certificate files of the hub: gpuscope.tls
 KNOWN_KEYS |= {"cluster"}  # sharded hubs sharing state in PostgreSQL: gpuscope.cluster.config
+KNOWN_KEYS |= {"detection"}  # warmup_s: stored history replayed to the detectors at start/takeover
 
 
 class ConfigError(ValueError):
@@ -47,6 +49,7 @@ class HubConfig:
     max_entities: int = 100_000
     max_metrics: int = 512
     raw_retention_s: float = 7 * 86400
+    warmup_s: float = WARMUP_S
     raw: dict[str, Any] = field(default_factory=dict, repr=False)  # holds receivers' URLs, keys, DSNs
 
 
@@ -125,6 +128,7 @@ def load_config(path: str | os.PathLike[str] | None = None) -> HubConfig:
     cfg.max_metrics = int(_number(limits, "max_metrics", "limits", cfg.max_metrics))
     retention = _section(raw, "retention")
     cfg.raw_retention_s = _number(retention, "raw_seconds", "retention", cfg.raw_retention_s)
+    cfg.warmup_s = _number(_section(raw, "detection"), "warmup_s", "detection", cfg.warmup_s)
     from gpuscope.cluster.config import parse_cluster  # imports this module: refused here, used later
 
     cluster = parse_cluster(raw, cfg.host, cfg.port)

@@ -7,7 +7,7 @@ and the demo all drive this one object, so what ``sim-eval`` measures is what a 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from gpuscope.alert.engine import AlertChange, AlertEngine
@@ -15,12 +15,16 @@ from gpuscope.alert.topology import placements
 from gpuscope.counters import Counters
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.model import Alert, Batch
+from gpuscope.store._replay import WARMUP_S
 from gpuscope.store.base import AppendResult, Store
 
 if TYPE_CHECKING:
     from gpuscope.alert.service import AlertingService
 
 AlertListener = Callable[[AlertChange], None]
+#: how long a resumed alert may go unconfirmed by the warmed-up detectors before it can resolve
+RESUME_GRACE_S = 30.0
+_ALL = 1_000_000
 
 
 class Hub:
@@ -73,6 +77,38 @@ class Hub:
         """Let the detectors see a stored batch (a sharded hub routes it to the owners instead)."""
         with self._detect_lock:
             self.detection.observe(batch)
+
+    def warm_up(
+        self,
+        now: float,
+        window: float = WARMUP_S,
+        nodes: Iterable[str] | None = None,
+        jobs: Iterable[str] | None = None,
+    ) -> int:
+        """Feed the detectors what the store holds of the last ``window`` seconds (only the given
+        nodes/jobs when named), so that history, baselines and silences are known at once. Only the
+        detectors see it: nothing is stored again and no observer runs. Returns batches replayed."""
+        if window <= 0:
+            return 0
+        replayed = 0
+        with self._detect_lock:
+            for batch in self.store.replay(now - window, now, nodes, jobs):
+                self.detection.observe(batch)
+                replayed += 1
+        self.counters.inc("warmup_batches", replayed)
+        return replayed
+
+    def resume(self, now: float, window: float = WARMUP_S) -> None:
+        """At start: continue the alerts that were firing when the hub stopped (without notifying
+        them again, and with new alert ids after the stored ones), then warm the detectors up."""
+        stored = self.store.alerts(limit=_ALL)
+        numbers = [int(a.id[3:]) for a in stored if a.id.startswith("al-") and a.id[3:].isdecimal()]
+        firing = [a for a in stored if a.firing]
+        with self._detect_lock:
+            adopted = self.alerts.adopt(firing, now, RESUME_GRACE_S)
+            self.alerts.id_offset = max(numbers, default=0) - len(self.alerts.all())
+        self.counters.inc("alerts_resumed", adopted)
+        self.warm_up(now, window)
 
     def evaluate(self, now: float) -> list[AlertChange]:
         """Run every detector at ``now`` and apply the findings to the alert state."""

@@ -82,6 +82,8 @@ class AlertEngine:
         self._alerts: list[Alert] = []
         self._active: dict[FindingKey, Alert] = {}
         self._incidents = IncidentTracker(incident_window)
+        #: alert numbers used before this engine started (a restarted hub continues after them)
+        self.id_offset = 0
 
     def update(self, now: float, findings: list[Finding]) -> list[AlertChange]:
         """Apply the findings of the evaluation at ``now``; returns what fired and what resolved."""
@@ -145,7 +147,23 @@ class AlertEngine:
 
     def next_id(self) -> str:
         """The id of the next alert (sharded hubs draw ids from a cluster-wide sequence)."""
-        return f"al-{len(self._alerts) + 1}"
+        return f"al-{self.id_offset + len(self._alerts) + 1}"
+
+    def adopt(self, alerts: list[Alert], now: float, grace: float) -> int:
+        """Continue alerts fired earlier (by this hub before a restart, or by another hub): they
+        are not fired again, and resolve only if their condition stays absent for ``grace`` +
+        ``resolve_after`` seconds (time for the detectors to see the data)."""
+        adopted = 0
+        for alert in alerts:
+            key = (alert.rule, tuple(sorted(alert.entity.items())))
+            if key in self._active:
+                continue
+            alert.last_seen = max(alert.last_seen, now + grace)
+            self._active[key] = alert
+            self._alerts.append(alert)
+            self._incidents.add(alert, None)
+            adopted += 1
+        return adopted
 
     def _refresh(self, alert: Alert, now: float, finding: Finding) -> None:
         alert.last_seen = now

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from gpuscope.alert.engine import AlertChange, AlertEngine
@@ -29,9 +29,11 @@ from gpuscope.cluster.state import ClusterState
 from gpuscope.counters import Counters
 from gpuscope.hub import Hub
 from gpuscope.model import Alert, Batch, Event, Labels, TrainingRecord
+from gpuscope.store._replay import WARMUP_S
 from gpuscope.store.base import AppendResult, SeriesPoint, Store
 
 log = logging.getLogger("gpuscope.cluster")
+_EVENTS = 1_000_000  # events of one warm-up window read for their node and job names
 
 LOCAL = ""
 #: how many times a part may be passed on between hubs while ownership moves
@@ -69,21 +71,6 @@ class ClusterAlertEngine(AlertEngine):
 
     def incidents(self) -> list[Incident]:
         return self.state.view()[1]
-
-    def adopt(self, alerts: list[Alert], now: float, grace: float) -> int:
-        """Continue alerts another hub fired: they resolve only if their condition stays absent
-        for ``grace`` + ``resolve_after`` seconds (time for this hub's detectors to see the data)."""
-        adopted = 0
-        for alert in alerts:
-            key = (alert.rule, tuple(sorted(alert.entity.items())))
-            if key in self._active:
-                continue
-            alert.last_seen = max(alert.last_seen, now + grace)
-            self._active[key] = alert
-            self._alerts.append(alert)
-            self._incidents.add(alert, None)
-            adopted += 1
-        return adopted
 
     def replace(self, mine: Alert, theirs: Alert, now: float, grace: float) -> None:
         """Another hub already fires this alert: continue theirs instead of the one just fired."""
@@ -142,6 +129,15 @@ class ClusterStore:
     ) -> list[TrainingRecord]:
         return self.inner.training(job, start, end, rank, limit)
 
+    def replay(
+        self,
+        start: float,
+        end: float,
+        nodes: Iterable[str] | None = None,
+        jobs: Iterable[str] | None = None,
+    ) -> Iterator[Batch]:
+        return self.inner.replay(start, end, nodes, jobs)
+
     def save_alert(self, alert: Alert) -> None:
         self.state.save(alert)
 
@@ -190,6 +186,8 @@ class ClusterHub(Hub):
         )
         #: how long a taken-over alert waits for this hub's detectors before it may resolve
         self.takeover_grace = 2 * cfg.lease_s
+        #: seconds of stored history replayed to the detectors for the shards this hub takes
+        self.warmup_s = WARMUP_S
         self.forwarder = Forwarder(cfg, lambda hub: self.node.members.get(hub), self.route, self.counters)
         self.outbox: ClusterOutbox | None = None
         self.sweeper: Sweeper | None = None
@@ -237,11 +235,36 @@ class ClusterHub(Hub):
     # -- ownership changes (called by the node, under its lock) --------------------------------
 
     def _acquired(self, shards: set[int]) -> None:
+        now = time.time()
         alerts = self.state.firing_in(shards)
         with self._detect_lock:
-            n = self.alerts.adopt(alerts, time.time(), self.takeover_grace)
+            n = self.alerts.adopt(alerts, now, self.takeover_grace)
         self.counters.inc("cluster_alerts_adopted", n)
-        log.info("took %d shards, continuing %d firing alerts", len(shards), n)
+        nodes, jobs = self._keys_in(shards, now)
+        replayed = self.warm_up(now, self.warmup_s, nodes, jobs) if nodes or jobs else 0
+        log.info(
+            "took %d shards, continuing %d firing alerts, %d batches replayed for %d nodes, %d jobs",
+            *(len(shards), n, replayed, len(nodes), len(jobs)),
+        )
+
+    def _keys_in(self, shards: set[int], now: float) -> tuple[set[str], set[str]]:
+        """The nodes and jobs the store saw in the warm-up window that fall in ``shards``: entities
+        of the telemetry snapshot and labels of events (heartbeats, job events, XIDs)."""
+        if self.warmup_s <= 0:
+            return set(), set()
+        seen = [row["labels"] for row in self.store.snapshot(max_age=self.warmup_s)]
+        seen += [e.labels for e in self.store.events(now - self.warmup_s, now, limit=_EVENTS)]
+        keys: dict[str, set[str]] = {"node": set(), "job": set()}
+        for labels in seen:
+            for kind, names in keys.items():
+                name = labels.get(kind)
+                if name is not None and shard_of(kind, name, self.cfg.shards) in shards:
+                    names.add(name)
+        return keys["node"], keys["job"]
+
+    def resume(self, now: float, window: float = WARMUP_S) -> None:
+        """Alerts continue from PostgreSQL, and detectors warm up as this hub takes its shards."""
+        self.warmup_s = window
 
     def _released(self, shards: set[int]) -> None:
         with self._detect_lock:

@@ -19,19 +19,21 @@ import duckdb
 import numpy as np
 import orjson
 
-from gpuscope.model import ATTRIBUTION_LABELS, Alert, Event, Labels, TrainingRecord
+from gpuscope.model import ATTRIBUTION_LABELS, Alert, Batch, Event, Labels, TrainingRecord
 from gpuscope.store._chunks import ChunkSet, ChunkView
 from gpuscope.store._latest import LatestCache
 from gpuscope.store._planner import Tier, plan
 from gpuscope.store._prepare import to_ms
 from gpuscope.store._queries import Filter, aggregate_sql, series_sql
 from gpuscope.store._registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
+from gpuscope.store._replay import Row, Scope, batches
 from gpuscope.store._state import Watermarks
 from gpuscope.store.base import SeriesPoint
 from gpuscope.store.errors import StoreError
 
 LABEL_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 GROUPS = "gpuscope_groups"
+REPLAY_LIMIT = 10_000_000  # training records of one replay window: bounded by the window, not by this
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -217,7 +219,12 @@ class Reader:
         self, job: str, start: float, end: float, rank: int | None, limit: int
     ) -> list[TrainingRecord]:
         where = "job = ? AND ts >= ? AND ts <= ?" + (" AND rank = ?" if rank is not None else "")
-        params: list[Any] = [job, start, end, *([rank] if rank is not None else []), int(limit)]
+        params: list[Any] = [job, start, end, *([rank] if rank is not None else [])]
+        return self._training(where, params, limit)
+
+    def _training(self, where: str, params: list[Any], limit: int) -> list[TrainingRecord]:
+        """The newest ``limit`` training records matching ``where``, oldest first."""
+        params = [*params, int(limit)]
         cols = self.train_columns.persisted()
         names = [self.train_columns.name(c) for c in cols]
         select = ", ".join(["ts", "job", "rank", "step", "labels", *(f"t{c}" for c in cols)])
@@ -244,3 +251,46 @@ class Reader:
                 f"SELECT doc FROM alerts {where} ORDER BY started_at DESC, id LIMIT ?", [int(limit)]
             ).fetchall()
         return [Alert(**orjson.loads(r[0])) for r in rows]
+
+    def replay(self, start: float, end: float, scope: Scope) -> Iterator[Batch]:
+        """What was stored in [start, end] (raw telemetry: hot table and chunk files), as batches."""
+        a, b = _range(start, end)
+        cols = self.columns.persisted()
+        names = [self.columns.name(c) for c in cols]
+        where, params = "ts >= ? AND ts < ?", list[Any]([a, b])
+        if not scope.everything:
+            ids = sorted({e for node in scope.nodes or () for e in self.entities.match({"node": node})})
+            jobs = sorted(scope.jobs or ())
+            keys = [f"entity IN ({', '.join(map(str, ids))})"] if ids else []
+            keys += [f"job IN ({', '.join('?' * len(jobs))})"] if jobs else []
+            where += f" AND ({' OR '.join(keys) or 'FALSE'})"
+            params += jobs
+        with self.snapshot_of_now() as snap:
+            src, src_params = snap.chunks.source(
+                ["ts", "entity", *ATTR_COLUMNS, *(f"m{c}" for c in cols)], where, params, a, b
+            )
+            telemetry = snap.cur.execute(f"SELECT * FROM ({src}) ORDER BY ts, entity", src_params).fetchall()
+            stored = snap.cur.execute(
+                "SELECT ts, kind, labels, data FROM events WHERE ts >= ? AND ts <= ? ORDER BY ts",
+                [start, end],
+            ).fetchall()
+        rows: list[Row] = []
+        first = 2 + len(ATTR_COLUMNS)
+        for r in telemetry:
+            labels = {**self.entities.labels(int(r[1]))}
+            labels.update((k, v) for k, v in zip(ATTR_COLUMNS, r[2:first], strict=True) if v is not None)
+            values = {n: float(v) for n, v in zip(names, r[first:], strict=True) if v is not None}
+            rows.append((int(r[0]) / 1000.0, labels, values))
+        events = [Event(float(ts), str(k), orjson.loads(lbl), orjson.loads(d)) for ts, k, lbl, d in stored]
+        return batches(rows, events, self.replay_training(start, end, scope), scope)
+
+    def replay_training(self, start: float, end: float, scope: Scope) -> list[TrainingRecord]:
+        """Training records of [start, end] of the jobs in ``scope`` (all jobs for everything)."""
+        where, params = "ts >= ? AND ts <= ?", list[Any]([start, end])
+        if not scope.everything:
+            jobs = sorted(scope.jobs or ())
+            if not jobs:
+                return []
+            where += f" AND job IN ({', '.join('?' * len(jobs))})"
+            params += jobs
+        return self._training(where, params, REPLAY_LIMIT)

@@ -6,6 +6,7 @@ interface, so a remote TSDB backend can stand in without changing them.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -67,6 +68,18 @@ class Store(Protocol):
     def training(
         self, job: str, start: float, end: float, rank: int | None = None, limit: int = 100_000
     ) -> list[TrainingRecord]: ...
+
+    def replay(
+        self,
+        start: float,
+        end: float,
+        nodes: Iterable[str] | None = None,
+        jobs: Iterable[str] | None = None,
+    ) -> Iterator[Batch]:
+        """Stored telemetry frames, events and training records of [start, end] in time order, one
+        batch per timestamp, for detector warm-up. With ``nodes`` or ``jobs``, only what names one
+        of them (a ``node`` or ``job`` label, a training record's job)."""
+        ...
 
     def save_alert(self, alert: Alert) -> None:
         """Insert or update an alert (keyed by its id)."""

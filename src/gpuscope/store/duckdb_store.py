@@ -20,7 +20,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,7 @@ from gpuscope.store._latest import LatestCache
 from gpuscope.store._prepare import Prepared, Preparer, RowBlock, to_ms
 from gpuscope.store._reads import Reader
 from gpuscope.store._registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
+from gpuscope.store._replay import Scope, check_window
 from gpuscope.store._schema import metric_column_ddl, one, open_database, training_column_ddl
 from gpuscope.store._state import Watermarks
 from gpuscope.store._upkeep import Retention, Upkeep
@@ -428,6 +429,17 @@ class DuckDBStore:
         """A job's training records in [start, end], oldest first; the newest ``limit`` when
         there are more."""
         return self._ready().training(job, start, end, rank, limit)
+
+    def replay(
+        self,
+        start: float,
+        end: float,
+        nodes: Iterable[str] | None = None,
+        jobs: Iterable[str] | None = None,
+    ) -> Iterator[Batch]:
+        """Raw telemetry, events and training records of [start, end] as time-ordered batches."""
+        check_window(start, end)
+        return self._ready().replay(start, end, Scope.of(nodes, jobs))
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
         """Alerts, newest start first."""

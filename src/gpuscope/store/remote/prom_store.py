@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 import threading
 import time
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -42,10 +44,12 @@ import numpy.typing as npt
 
 from gpuscope.counters import Counters
 from gpuscope.model import ATTRIBUTION_LABELS, Alert, Batch, Event, Labels, TrainingRecord
+from gpuscope.signals import ALL_METRICS
 from gpuscope.store._batch_ids import BatchIds, Claim
 from gpuscope.store._prepare import Prepared, Preparer
-from gpuscope.store._reads import _ceil_div, _range
+from gpuscope.store._reads import REPLAY_LIMIT, _ceil_div, _range
 from gpuscope.store._registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
+from gpuscope.store._replay import Row, Scope, batches, check_window
 from gpuscope.store.base import AppendResult, SeriesPoint
 from gpuscope.store.errors import StoreError
 from gpuscope.store.remote import wire
@@ -55,6 +59,8 @@ from gpuscope.store.remote.promql import (
     METRIC_NAME_RE,
     PromQL,
     duration,
+    names_selector,
+    quote,
     selector,
 )
 
@@ -481,6 +487,52 @@ class PromStore:
             tuple(sorted((k, v) for k, v in r["metric"].items() if k != "__name__")): float(r["value"][1])
             for r in rows
         }
+
+    def replay(
+        self,
+        start: float,
+        end: float,
+        nodes: Iterable[str] | None = None,
+        jobs: Iterable[str] | None = None,
+    ) -> Iterator[Batch]:
+        """The raw samples of [start, end] (a range selector read at ``end`` returns them with
+        their own timestamps, not resampled to a step) of the known signals and of the metrics
+        this process has seen, with events and training records from the meta store."""
+        self._check_open()
+        check_window(start, end)
+        scope = Scope.of(nodes, jobs)
+        a, b = _range(start, end)
+        names = sorted({*ALL_METRICS, *(n for n in self.columns.names() if METRIC_NAME_RE.match(n))})
+        win = duration(b - a - 1 if self._left_closed() else b - a)  # see series
+        matchers = [""] if scope.everything else []
+        for label, values in (("node", scope.nodes), ("job", scope.jobs)):
+            if values:
+                matchers.append(f", {label}=~{quote('|'.join(re.escape(v) for v in sorted(values)))}")
+        series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
+        for extra in matchers:
+            query = f"{names_selector(names)[:-1]}{extra}}}[{win}]"
+            for r in self.promql.instant(query, (b - 1) / 1000):
+                series[tuple(sorted(r["metric"].items()))] = r
+        rows: dict[tuple[float, tuple[tuple[str, str], ...]], Row] = {}
+        for key, r in series.items():
+            labels = {k: v for k, v in key if k != "__name__"}
+            entity = tuple(sorted(labels.items()))
+            name = r["metric"]["__name__"]
+            for t, v in r.get("values") or []:
+                ts = round(float(t) * 1000) / 1000
+                rows.setdefault((ts, entity), (ts, labels, {}))[2][name] = float(v)
+        events = self.meta.events(start, end, limit=REPLAY_LIMIT)
+        found = {lb.get("job") for _, lb, _ in rows.values()} | {e.labels.get("job") for e in events}
+        wanted = scope.jobs if not scope.everything else {j for j in found if j}
+        training = sorted(
+            (
+                rec
+                for job in sorted(wanted or ())
+                for rec in self.meta.training(job, start, end, limit=REPLAY_LIMIT)
+            ),
+            key=lambda rec: rec.ts,
+        )
+        return batches(sorted(rows.values(), key=lambda row: row[0]), events, training, scope)
 
     # ------------------------------------------------------------------ meta store
 
