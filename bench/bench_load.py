@@ -146,8 +146,16 @@ def cluster_hubs(vm: str, dsn: str, tmp: Path, count: int) -> Iterator[list[tupl
     finally:
         for proc in procs:
             proc.terminate()
-        for proc in procs:
-            proc.wait(timeout=60)
+        for i, proc in enumerate(procs):
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:  # a finding to report, not a reason to lose the figures
+                proc.kill()
+                proc.wait()
+                tail = (tmp / f"hub-{i}.log").read_text(errors="replace")[-2000:]
+                console.print(
+                    f"[red]hub {i} did not stop within 60 s of SIGTERM; killed. Log tail:[/red]\n{tail}"
+                )
 
 
 def run_cluster(args: argparse.Namespace, shape: FleetShape) -> LoadReport | None:
@@ -170,8 +178,17 @@ def run_cluster(args: argparse.Namespace, shape: FleetShape) -> LoadReport | Non
                     _options(args, shape, [u for u, _ in hubs], [p for _, p in hubs]), say=console.print
                 )
                 backends.stop()
-        extra = [["VictoriaMetrics + PostgreSQL CPU, cores", f"{backends.mean_cores:.2f}", "beside the hubs"]]
-        print_report(f"(b) two hubs, VictoriaMetrics + PostgreSQL: {shape.nodes} nodes", report, extra)
+                extra = [
+                    [
+                        "VictoriaMetrics + PostgreSQL CPU, cores",
+                        f"{backends.mean_cores:.2f}",
+                        "beside the hubs",
+                    ]
+                ]
+                # printed before the hubs stop: a slow shutdown must not cost the figures
+                print_report(
+                    f"(b) two hubs, VictoriaMetrics + PostgreSQL: {shape.nodes} nodes", report, extra
+                )
         return report
     finally:
         pg.stop()

@@ -116,6 +116,9 @@ class HubServer:
                 server_header=False,
                 **_fast_http(),  # type: ignore[arg-type]
                 timeout_keep_alive=30,
+                # on SIGTERM, requests still queued behind a backlog are dropped after 10 s rather
+                # than served for minutes: none of them was acknowledged, so the senders retry them
+                timeout_graceful_shutdown=10,
                 ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None,
             )
         )
