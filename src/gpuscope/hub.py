@@ -95,6 +95,7 @@ class Hub:
             for batch in self.store.replay(now - window, now, nodes, jobs):
                 self.detection.observe(batch)
                 replayed += 1
+            self.detection.replayed(now)  # senders silent before now stay silent from their last report
         self.counters.inc("warmup_batches", replayed)
         return replayed
 

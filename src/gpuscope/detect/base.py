@@ -36,6 +36,10 @@ class Detector:
         """Findings whose condition holds at ``now``."""
         return []
 
+    def replayed(self, now: float) -> None:
+        """What arrived since the last evaluation was stored history replayed at ``now`` (hub
+        start, shard takeover), not live traffic: judge its arrival by its own timestamps."""
+
 
 DETECTORS: dict[str, type[Detector]] = {}
 

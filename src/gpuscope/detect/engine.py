@@ -107,6 +107,14 @@ class DetectionEngine:
                 self._failed(detector, "evaluate")
         return findings
 
+    def replayed(self, now: float) -> None:
+        """Tell every detector that what it just saw was replayed history (see Detector.replayed)."""
+        for detector in self.detectors:
+            try:
+                detector.replayed(now)
+            except Exception:
+                self._failed(detector, "replayed")
+
     def _failed(self, detector: Detector, hook: str) -> None:
         counter = f"detect_errors_{type(detector).__name__}_{hook}"
         self.counters.inc(counter)

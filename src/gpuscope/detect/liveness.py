@@ -126,6 +126,18 @@ class Liveness(Generic[K]):
         elif self._last_traffic is not None and not self.in_gap:
             self.in_gap = self._hub_gap(now - self._last_traffic)
 
+    def replayed(self, now: float) -> None:
+        """What was beaten since the last update is replayed history: stamp each sender at its own
+        last timestamp (capped at ``now``), so a sender silent before the replay stays silent
+        from then, not from the next evaluation."""
+        for sender in self._fresh:
+            last = sender.clock.last
+            stamp = now if last is None else min(last, now)
+            sender.heard_at = max(sender.heard_at, stamp)
+            sender.fresh = False
+            sender.down = False
+        self._fresh.clear()
+
     def _hub_gap(self, silence: float) -> bool:
         live = [t for s in self._senders.values() if not s.down and (t := self._threshold(s)) is not None]
         return len(live) >= self.gap_min_senders and silence >= min(live)

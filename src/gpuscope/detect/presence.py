@@ -133,6 +133,9 @@ class NodeUnreachableDetector(Detector):
             for node, n in counts.items():
                 self._gpus[node] = max(self._gpus.get(node, 0), n)
 
+    def replayed(self, now: float) -> None:
+        self._live.replayed(now)
+
     def evaluate(self, now: float) -> list[Finding]:
         out = []
         for late in self._live.overdue(now):

@@ -203,6 +203,9 @@ class TrainingLivenessDetector(Detector):
 
     # -- verdicts --------------------------------------------------------------------------------
 
+    def replayed(self, now: float) -> None:
+        self._ranks.replayed(now)
+
     def evaluate(self, now: float) -> list[Finding]:
         overdue = self._ranks.overdue(now)
         for run in self._fresh:

@@ -167,12 +167,15 @@ class _Worker:
         except orjson.JSONDecodeError:
             answer = None
         accepted = answer.get("accepted") if isinstance(answer, dict) else None
-        if isinstance(accepted, dict):
+        duplicate = isinstance(answer, dict) and bool(answer.get("duplicate"))
+        if duplicate:
+            # a retry of a batch whose first reply was lost: the hub stored it then, in full, and
+            # answers with zero counts now, so what it holds of this batch is what was offered
+            st.duplicates += 1
+        elif isinstance(accepted, dict):
             samples = int(accepted.get("samples", samples))
             events = int(accepted.get("events", events))
             training = int(accepted.get("training", training))
-        if isinstance(answer, dict) and answer.get("duplicate"):
-            st.duplicates += 1
         st.samples_acked += samples
         st.events_acked += events
         st.training_acked += training

@@ -1,0 +1,154 @@
+"""Shard takeover warms the new owner's detectors up from its own store (issue 9): when the hub
+owning a silent node dies, the survivor still raises node_unreachable for it (once, continuing the
+dead hub's alert when that had already fired), and no node that kept reporting is blamed for the
+handover.
+
+Two in-process members share a real PostgreSQL. Every batch lands in both stores, as round-robin
+agents leave it: the owner of the node's shard ingests it (its detectors see it), the other hub
+stores it without detecting, as it would before forwarding the part to the owner."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from detect.rig import FakeCluster
+from gpuscope.alert.engine import AlertChange
+from gpuscope.cluster.config import ClusterConfig
+from gpuscope.cluster.hub import ClusterHub
+from gpuscope.cluster.ring import shard_of
+from gpuscope.model import Batch
+from gpuscope.store.duckdb_store import DuckDBStore
+from support import wait_until
+
+SHARDS = 16
+RULE = "node_unreachable"
+SILENT_AT = 30  # the tick from which the silent node sends nothing
+
+
+def _member(dsn: str, name: str) -> ClusterHub:
+    cfg = ClusterConfig(
+        dsn, f"hub-{name}", f"http://hub-{name}.invalid", "peer-token-0123456789", SHARDS, 1.0
+    )
+    hub = ClusterHub(DuckDBStore(":memory:", durable=False), cfg)
+    hub.join()
+    return hub
+
+
+def _kill(hub: ClusterHub) -> None:
+    """What SIGKILL does to a member: its sessions close without a word, nothing is handed over."""
+    node = hub.node
+    node._stop.set()
+    node.con.close()
+    if node._listen_con is not None:
+        node._listen_con.close()
+    hub._joined = False  # its threads and connections are gone with it; close() must not leave
+    hub.forwarder.stop()
+    for worker in (hub.outbox, hub.sweeper):
+        if worker is not None:
+            worker.stop()
+    hub.state.close()
+
+
+@pytest.fixture
+def pair(postgres_dsn: str) -> Iterator[tuple[ClusterHub, ClusterHub]]:
+    hubs = [_member(postgres_dsn, name) for name in "ab"]
+    try:
+        wait_until(
+            lambda: sum(len(h.node.owned) for h in hubs) == SHARDS and all(h.node.owned for h in hubs),
+            10,
+            "both hubs to own shards",
+        )
+        yield hubs[0], hubs[1]
+    finally:
+        for hub in hubs:
+            hub.store.close()  # leaves the cluster (a no-op for a killed member)
+
+
+class Agents:
+    """Nodes reporting once a tick; each batch is stored by both hubs and detected by its owner."""
+
+    def __init__(self, a: ClusterHub, b: ClusterHub) -> None:
+        owned_a = [n for n in (f"node-{i}" for i in range(64)) if self._shard(n) in a.node.owned]
+        owned_b = [n for n in (f"node-{i}" for i in range(64)) if self._shard(n) in b.node.owned]
+        self.silent, self.steady = owned_a[:2]  # both on hub a: one goes quiet, one keeps on
+        self.others = owned_b[:2]
+        self.fleet = FakeCluster(nodes=64, gpus=1)
+        self.names = [self.silent, self.steady, *self.others]
+        self.hubs = [a, b]
+
+    @staticmethod
+    def _shard(node: str) -> int:
+        return shard_of("node", node, SHARDS)
+
+    def _deliver(self, batch: Batch, node: str) -> None:
+        for hub in self.hubs:
+            if self._shard(node) in hub.node.owned:
+                hub.ingest(batch)
+            else:
+                hub.store.append(batch)
+
+    def run(self, t0: float, start: int, stop: int) -> dict[str, list[tuple[float, AlertChange]]]:
+        """Ticks ``start..stop-1`` (virtual time ``t0 + tick``): report, then every live hub evaluates."""
+        changes: dict[str, list[tuple[float, AlertChange]]] = {h.cfg.hub_id: [] for h in self.hubs}
+        for tick in range(start, stop):
+            now = t0 + tick
+            for node in self.names:
+                if not (node == self.silent and tick >= SILENT_AT):
+                    self._deliver(self.fleet.batch(now, node), node)
+            for hub in self.hubs:
+                changes[hub.cfg.hub_id].extend((now, c) for c in hub.evaluate(now))
+        return changes
+
+
+def _owns_all(hub: ClusterHub) -> bool:
+    with hub.node.lock:  # held while shards are taken, until their warm-up is done
+        return hub.node.owned == set(range(SHARDS))
+
+
+def _of(changes: list[tuple[float, AlertChange]], node: str, kind: str) -> list[tuple[float, AlertChange]]:
+    return [
+        (t, c)
+        for t, c in changes
+        if c.alert.rule == RULE and c.alert.entity["node"] == node and c.kind == kind
+    ]
+
+
+@pytest.mark.parametrize("fired_first", [False, True], ids=["dies-before-firing", "dies-after-firing"])
+def test_survivor_raises_node_unreachable_for_the_dead_hubs_silent_node_once(
+    pair: tuple[ClusterHub, ClusterHub], fired_first: bool
+) -> None:
+    a, b = pair
+    agents = Agents(a, b)
+    t0 = math.floor(time.time()) - 40  # the takeover warm-up reads the last minutes before the wall clock
+    died_at = SILENT_AT + (8 if fired_first else 2)
+    before = agents.run(t0, 0, died_at)
+    fired_on_a = _of(before["hub-a"], agents.silent, "fired")
+    assert len(fired_on_a) == (1 if fired_first else 0)
+    assert not [
+        c for changes in before.values() for _, c in changes if c.alert.entity["node"] != agents.silent
+    ]
+
+    orphaned = set(a.node.owned)
+    _kill(a)
+    agents.hubs = [b]  # the agents move on to the hub that answers
+    wait_until(lambda: _owns_all(b), 10, "hub b to take every shard")
+    assert b.counters.get("warmup_batches") > 0 and orphaned <= b.node.owned
+
+    after = agents.run(t0, died_at, died_at + 20)["hub-b"]
+    fired_on_b = _of(after, agents.silent, "fired")
+    firing = [x for x in b.firing() if x.rule == RULE]
+    assert [x.entity["node"] for x in firing] == [agents.silent]  # nobody else blamed for the handover
+    assert not _of(after, agents.silent, "resolved")
+    if fired_first:
+        assert not fired_on_b  # continued, not fired (nor notified) again
+        assert firing[0].id == fired_on_a[0][1].alert.id
+        assert b.counters.get("cluster_alerts_adopted") == 1
+    else:
+        (fired,) = fired_on_b
+        # within the detector's budget (4 x the 1 s period) of its last report, not of the takeover
+        assert fired[0] <= t0 + SILENT_AT + 5
+    assert not [c for _, c in after if c.alert.entity["node"] != agents.silent]
