@@ -50,6 +50,21 @@ def test_one_record_per_step_with_merged_metrics(tmp_path: Path, local_hub: HubS
         run.log(-1, loss=1.0)
 
 
+def test_a_step_is_not_split_when_its_log_comes_late(tmp_path: Path, local_hub: HubServer) -> None:
+    """The training thread descheduled between the step's timing and its ``log``: still one record."""
+    run = gpuscope.init(job="late-log", hub=local_hub.url, state_dir=tmp_path / "s", flush_interval=30)
+    time.sleep(0.2)  # the background thread's first round has run; the next is 30 s away
+    with run.step(0):
+        pass
+    t = time.monotonic()
+    run.shipper.tick(t)
+    run.shipper.tick(t + 1.0)  # quiet for longer than settle, but no later step has begun
+    run.log(0, loss=1.5)
+    run.finish()
+    (record,) = records(local_hub.url, "late-log")
+    assert record["step"] == 0 and record["metrics"]["loss"] == 1.5 and "step_seconds" in record["metrics"]
+
+
 def test_bad_metric_values_are_counted_not_sent(tmp_path: Path, local_hub: HubServer) -> None:
     run = _init(local_hub.url, tmp_path)
     run.log(0, loss=1.5, note="text")  # type: ignore[arg-type]

@@ -5,7 +5,10 @@ The training thread only appends to bounded deques (:class:`Queues`); everything
 :class:`~gpuscope.agent.sender.Sender` and :class:`~gpuscope.agent.spool.Spool`, so the SDK
 retries, spools and replays exactly like an agent. Reports of one step from several places (the
 user's ``log``, step timing, collectives, memory) are merged into one training record per step,
-once that step has been quiet for ``settle`` seconds.
+once that step has been quiet for ``settle`` seconds and a later step has begun (the loop has moved
+on, so nothing more is coming for it), or quiet for ``settle_max`` seconds (the last step before a
+pause or a hang). Waiting only for quiet split a step in two when the training thread was
+descheduled between its step timing and its ``log`` call.
 """
 
 from __future__ import annotations
@@ -99,6 +102,7 @@ class Shipper(threading.Thread):
         flush_interval: float = 0.25,
         heartbeat_interval: float = 1.0,
         settle: float = 0.3,
+        settle_max: float = 2.0,
         goodput_interval: float = 10.0,
         max_batch: int = 5000,
     ) -> None:
@@ -114,6 +118,8 @@ class Shipper(threading.Thread):
         self.flush_interval = flush_interval
         self.heartbeat_interval = heartbeat_interval
         self.settle = settle
+        self.settle_max = max(settle, settle_max)
+        self._newest_step = -1  # the highest step any report named
         self.goodput_interval = goodput_interval
         self.max_batch = max_batch
         self.source = f"sdk:{placement.job}:{placement.rank}"
@@ -179,6 +185,7 @@ class Shipper(threading.Thread):
         records, pending = self.queues.records, self._pending
         while records:
             ts, step, metrics = records.popleft()
+            self._newest_step = max(self._newest_step, step)
             clean = self._clean(metrics)
             slot = pending.get(step)
             if slot is None:
@@ -197,7 +204,12 @@ class Shipper(threading.Thread):
         return out
 
     def _ready(self, now: float, final: bool) -> list[TrainingRecord]:
-        ready = [s for s, p in self._pending.items() if final or now - p.touched >= self.settle]
+        def done(step: int, quiet: float) -> bool:
+            if final or quiet >= self.settle_max:
+                return True
+            return quiet >= self.settle and step < self._newest_step
+
+        ready = [s for s, p in self._pending.items() if done(s, now - p.touched)]
         out = []
         for step in ready:
             slot = self._pending.pop(step)
