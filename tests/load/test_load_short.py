@@ -34,7 +34,10 @@ def test_every_batch_is_acknowledged_and_stored_once_and_the_fault_is_detected(
     # every agent and SDK batch acknowledged, none refused, none left behind
     assert report.drops == 0, report.to_dict()["batches"]
     assert st.batches_acked == st.batches_offered >= 10 * shape.nodes
-    assert st.samples_acked == st.samples_offered > 10 * shape.nodes * shape.gpus_per_node * 40
+    # every value offered is stored or refused by the hub with a reason (counted, never silent)
+    assert st.samples_acked + st.samples_refused == st.samples_offered, st.refusal_messages
+    assert st.samples_acked > 10 * shape.nodes * shape.gpus_per_node * 40
+    assert st.samples_refused <= st.samples_offered // 10_000, st.refusal_messages
     assert st.events_acked > 5 * 31 * 8  # the SDKs' rank heartbeats (jobs still start up: no steps yet)
     # stored exactly once: the hub holds as many rows, events and training records as were acknowledged
     assert report.stored() == {

@@ -44,6 +44,7 @@ class SenderStats:
     rows_acked: int = 0
     samples_offered: int = 0
     samples_acked: int = 0
+    samples_refused: int = 0  # values the hub refused inside accepted batches (counted, named in notes)
     events_acked: int = 0
     training_acked: int = 0
     http_errors: dict[int, int] = field(default_factory=dict)
@@ -65,6 +66,7 @@ class SenderStats:
             "rows_acked",
             "samples_offered",
             "samples_acked",
+            "samples_refused",
             "events_acked",
             "training_acked",
         ):
@@ -176,6 +178,11 @@ class _Worker:
             samples = int(accepted.get("samples", samples))
             events = int(accepted.get("events", events))
             training = int(accepted.get("training", training))
+            refused = answer.get("refused")
+            if isinstance(refused, dict) and refused.get("samples"):
+                st.samples_refused += int(refused["samples"])
+                if len(st.refusal_messages) < 10:
+                    st.refusal_messages.append(f"refused samples: {answer.get('notes')}"[:300])
         st.samples_acked += samples
         st.events_acked += events
         st.training_acked += training
