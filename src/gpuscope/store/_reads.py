@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ import duckdb
 import numpy as np
 import orjson
 
+from gpuscope.ingest.payload import LABEL_KEY_RE
 from gpuscope.model import ATTRIBUTION_LABELS, Alert, Batch, Event, Labels, TrainingRecord
 from gpuscope.store._chunks import ChunkSet, ChunkView
 from gpuscope.store._latest import LatestCache
@@ -31,7 +31,6 @@ from gpuscope.store._state import Watermarks
 from gpuscope.store.base import SeriesPoint
 from gpuscope.store.errors import StoreError
 
-LABEL_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 GROUPS = "gpuscope_groups"
 REPLAY_LIMIT = 10_000_000  # training records of one replay window: bounded by the window, not by this
 
@@ -200,7 +199,7 @@ class Reader:
             where.append("kind = ?")
             params.append(kind)
         for key, value in (labels or {}).items():
-            if not LABEL_KEY_RE.match(key):
+            if not LABEL_KEY_RE.fullmatch(key):
                 raise ValueError(f"label key {key!r} is not a valid label name")
             where.append(f"json_extract_string(labels, '$.{key}') = ?")
             params.append(value)

@@ -18,12 +18,12 @@ from typing import Any, Protocol
 import orjson
 import psycopg
 
+from gpuscope.ingest.payload import LABEL_KEY_RE
 from gpuscope.model import Alert, Batch, Event, Labels, TrainingRecord
 from gpuscope.store._prepare import Preparer
 from gpuscope.store._registry import ColumnRegistry, EntityRegistry
 from gpuscope.store.base import AppendResult
 from gpuscope.store.errors import StoreError
-from gpuscope.store.remote.promql import LABEL_NAME_RE
 
 DAY = 86_400.0
 
@@ -191,7 +191,7 @@ class PostgresMeta:
             where.append("kind = %s")
             params.append(kind)
         for key, value in (labels or {}).items():
-            if not LABEL_NAME_RE.match(key):
+            if not LABEL_KEY_RE.fullmatch(key):
                 raise ValueError(f"label key {key!r} is not a valid label name")
             where.append("strpos(labels, %s) > 0")
             params.append(_label_fragment(key, value))

@@ -260,7 +260,7 @@ class PromStore:
         for k, v in zip(ATTR_COLUMNS, self.entities.attr_values(code), strict=True):
             if v is not None:
                 labels[k] = v
-        if not METRIC_NAME_RE.match(name):
+        if not METRIC_NAME_RE.fullmatch(name):
             return f"metric name {name!r} is not a Prometheus name"
         reserved = [k for k in labels if k.startswith("__")]
         if reserved:
@@ -374,7 +374,7 @@ class PromStore:
         if points < 1:
             raise ValueError(f"points must be at least 1, got {points}")
         a, b = _range(start, end)
-        if not METRIC_NAME_RE.match(metric) or not all(_selectable(k) for k in labels):
+        if not METRIC_NAME_RE.fullmatch(metric) or not all(_selectable(k) for k in labels):
             return []  # no such series can exist
         step = max(1, _ceil_div(b - a, min(points, MAX_POINTS)))
         n = _ceil_div(b - a, step)
@@ -404,7 +404,7 @@ class PromStore:
         left out."""
         self._check_open()
         a, b = _range(start, end)
-        if not METRIC_NAME_RE.match(metric) or not _selectable(by):
+        if not METRIC_NAME_RE.fullmatch(metric) or not _selectable(by):
             return []
         width = b - a - 1 if self._left_closed() else b - a  # see series
         rng = f"{selector(metric, {})}[{duration(width)}]"
@@ -439,7 +439,7 @@ class PromStore:
         win = duration(round(window * 1000))
         names = metrics if metrics is not None else self.promql.label_values("__name__", at - window, at)
         rows: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
-        wanted = [n for n in dict.fromkeys(names) if METRIC_NAME_RE.match(n)]
+        wanted = [n for n in dict.fromkeys(names) if METRIC_NAME_RE.fullmatch(n)]
 
         def fetch(name: str) -> tuple[dict[tuple[tuple[str, str], ...], float], list[dict[str, Any]]]:
             # one metric per query: PromQL functions drop the name, so several would collide
@@ -502,7 +502,7 @@ class PromStore:
         check_window(start, end)
         scope = Scope.of(nodes, jobs)
         a, b = _range(start, end)
-        names = sorted({*ALL_METRICS, *(n for n in self.columns.names() if METRIC_NAME_RE.match(n))})
+        names = sorted({*ALL_METRICS, *(n for n in self.columns.names() if METRIC_NAME_RE.fullmatch(n))})
         win = duration(b - a - 1 if self._left_closed() else b - a)  # see series
         matchers = [""] if scope.everything else []
         for label, values in (("node", scope.nodes), ("job", scope.jobs)):
@@ -613,7 +613,7 @@ def _objects(items: list[bytes]) -> npt.NDArray[np.object_]:
 
 def _selectable(key: str) -> bool:
     """A label a selector may name (anything else cannot match a stored series)."""
-    return bool(LABEL_NAME_RE.match(key)) and not key.startswith("__")
+    return bool(LABEL_NAME_RE.fullmatch(key)) and not key.startswith("__")
 
 
 __all__ = ["PromStore", "redact"]

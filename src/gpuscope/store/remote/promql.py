@@ -28,14 +28,14 @@ def quote(value: str) -> str:
 
 
 def check_label_name(name: str) -> str:
-    if not LABEL_NAME_RE.match(name) or name.startswith("__"):
+    if not LABEL_NAME_RE.fullmatch(name) or name.startswith("__"):
         raise ValueError(f"label {name!r} is not a valid label name")
     return name
 
 
 def selector(metric: str, labels: Mapping[str, str]) -> str:
     """``{__name__="metric", k="v", ...}``: equality matchers only, every value quoted."""
-    if not METRIC_NAME_RE.match(metric):
+    if not METRIC_NAME_RE.fullmatch(metric):
         raise ValueError(f"metric {metric!r} is not a valid Prometheus metric name")
     parts = [f"__name__={quote(metric)}"]
     parts += [f"{check_label_name(k)}={quote(v)}" for k, v in sorted(labels.items())]
@@ -45,7 +45,7 @@ def selector(metric: str, labels: Mapping[str, str]) -> str:
 def names_selector(metrics: list[str]) -> str:
     """Any of several metrics (names already checked: no regex metacharacters but ``:``)."""
     for m in metrics:
-        if not METRIC_NAME_RE.match(m):
+        if not METRIC_NAME_RE.fullmatch(m):
             raise ValueError(f"metric {m!r} is not a valid Prometheus metric name")
     return "{__name__=~" + quote("|".join(metrics)) + "}"
 
