@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
+from gpuscope.cli import main
 from gpuscope.config import DEFAULT_PORT, ConfigError, load_config, parse_listen
 
 
@@ -54,12 +56,19 @@ def test_env_token_is_added(monkeypatch: pytest.MonkeyPatch) -> None:
         ("limits: []\n", "limits"),
         ("- just a list\n", "mapping"),
         ("key: [unclosed\n", "not valid YAML"),
+        ("slos: [{service: chat, availability: 1.5}]\n", "slos[0]"),
+        ("slos: {chat: 0.99}\n", "slos"),
+        ("receivers: [{name: hook}]\n", "receivers[0]"),
+        ("alerting: {flap: {threshold: 1}}\n", "alerting.flap.threshold"),
+        ("routes: [{receiver: nobody}]\n", "routes"),
+        ("cluster: {peer_token: short}\n", "cluster.postgres_dsn"),
+        ("detection: {warmup_s: -5}\n", "detection.warmup_s"),
     ],
 )
 def test_bad_files_name_the_key(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(text)
-    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(key)):
         load_config(path)
 
 
@@ -72,3 +81,38 @@ def test_parse_listen_ipv6() -> None:
     assert parse_listen("[::1]:7470") == ("::1", 7470)
     with pytest.raises(ConfigError):
         parse_listen("host:99999")
+
+
+def test_every_section_is_parsed_once_into_its_typed_field(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("GPUSCOPE_TOKEN", raising=False)
+    path = tmp_path / "c.yaml"
+    path.write_text(
+        "listen: 127.0.0.1:7000\n"
+        "slos: [{service: chat, availability: 0.99}]\n"
+        "receivers: [{name: hook, webhook: {url: 'http://127.0.0.1:9/x'}}]\n"
+        "alerting: {pending: {gpu_thermal_throttle: 2m}}\n"
+        "detection: {warmup_s: 60}\n"
+        "cluster: {postgres_dsn: 'postgresql://h/db', peer_token: 'a-long-peer-token-123'}\n"
+    )
+    cfg = load_config(path, listen="127.0.0.1:7100")
+    assert [(s.service, s.kind, s.objective) for s in cfg.slos] == [("chat", "availability", 0.99)]
+    assert set(cfg.alerting.notifiers) == {"hook"}
+    assert cfg.alerting.pending_for == {"gpu_thermal_throttle": 120.0}
+    assert cfg.warmup_s == 60.0
+    # the cluster's defaults follow --listen, which overrides the file before the sections are read
+    assert cfg.cluster is not None and cfg.cluster.advertise_url == "http://127.0.0.1:7100"
+    assert cfg.port == 7100
+
+
+def test_a_bad_section_is_a_config_error_with_exit_2_not_a_traceback(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("slos: [{service: chat, availabilty: 0.99}]\n")
+    code = main(["hub", "--config", str(path), "--db", str(tmp_path / "h.duckdb")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "config: slos[0]: unknown key(s) availabilty" in err and "Traceback" not in err
+    assert not (tmp_path / "h.duckdb").exists()  # refused before anything was opened

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpuscope import __version__
-from gpuscope.config import DEFAULT_PORT, ConfigError, load_config, parse_listen
+from gpuscope.config import DEFAULT_PORT, ConfigError, load_config
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -29,17 +29,16 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     from gpuscope.store.settings import StorageConfigError, open_store, store_label
     from gpuscope.web.server import HubServer
 
-    cfg = load_config(args.config)
-    from gpuscope.web.auth import default_audit_path, install_redaction, secret_strings
+    cfg = load_config(args.config, listen=args.listen)
+    from gpuscope.redact import install_redaction, secret_strings
+    from gpuscope.web.auth import default_audit_path
 
     redaction = install_redaction(secret_strings(cfg.tokens, cfg.raw))
-    if args.listen:
-        cfg.host, cfg.port = parse_listen(args.listen)
     if args.db:
         cfg.storage_path = args.db
     cfg.auth.audit_log = cfg.auth.audit_log or default_audit_path(cfg.storage_path)
     try:
-        store = open_store(cfg)  # storage.backend: the embedded DuckDB file or a remote TSDB
+        store = open_store(cfg.storage_settings(), cfg.store_limits())  # DuckDB or a remote TSDB
     except StorageConfigError as exc:
         raise ConfigError(str(exc)) from None
     except StoreError as exc:  # refused, not reset: the files are left as they were
@@ -51,8 +50,7 @@ def _cmd_hub(args: argparse.Namespace) -> int:
         return 2
     import psycopg
 
-    from gpuscope.cluster import build_hub, join_cluster
-    from gpuscope.services import attach_services
+    from gpuscope.services import attach_services, build_hub, join_cluster
 
     try:
         hub = build_hub(store, cfg)  # a plain Hub unless the config has a cluster: section
@@ -87,7 +85,8 @@ def _cmd_hub(args: argparse.Namespace) -> int:
         err.print(f"[red]gpuscope hub: {exc}[/red]")
         return 2
     err.print(
-        f"gpuscope hub {__version__} listening on {server.url} (store: {store_label(cfg)}, "
+        f"gpuscope hub {__version__} listening on {server.url} "
+        f"(store: {store_label(cfg.storage_settings())}, "
         f"auth: {len(cfg.auth.tokens)} token(s), audit log {server.api.audit.path or 'in memory'})"
     )
     alerting.start()

@@ -8,14 +8,17 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from gpuscope.store._replay import WARMUP_S
-from gpuscope.store.settings import StorageConfigError, StorageSettings, parse_storage
+from gpuscope.alert.settings import AlertingSettings, parse_alerting
+from gpuscope.cluster.config import ClusterConfig, parse_cluster
+from gpuscope.detect.settings import WARMUP_S, parse_detection
+from gpuscope.quality.slo import Slo, slos_from_config
+from gpuscope.store.settings import StorageSettings, StoreLimits, parse_storage
 from gpuscope.tls import TlsSettings, parse_tls
 from gpuscope.web.auth import AuthSettings, Token, digest, parse_auth
 
@@ -31,7 +34,8 @@ KNOWN_KEYS |= {"detection"}  # warmup_s: stored history replayed to the detector
 
 
 class ConfigError(ValueError):
-    """The configuration file is unusable; the message names the key."""
+    """The configuration file is unusable; the message names the key. Each section's parser raises
+    its own ``ValueError`` subclass (naming the key); :func:`load_config` turns it into this one."""
 
 
 @dataclass(slots=True)
@@ -50,7 +54,18 @@ class HubConfig:
     max_metrics: int = 512
     raw_retention_s: float = 7 * 86400
     warmup_s: float = WARMUP_S
-    raw: dict[str, Any] = field(default_factory=dict, repr=False)  # holds receivers' URLs, keys, DSNs
+    #: receivers, routes and the alerting: section (the notifiers hold receivers' URLs and keys)
+    alerting: AlertingSettings = field(default_factory=AlertingSettings, repr=False)
+    slos: list[Slo] = field(default_factory=list)
+    cluster: ClusterConfig | None = field(default=None, repr=False)  # cluster: and state: (a DSN)
+    raw: dict[str, Any] = field(default_factory=dict, repr=False)  # for log redaction: every secret
+
+    def storage_settings(self) -> StorageSettings:
+        """The ``storage:`` section with the store path in force (``--db`` overrides the file)."""
+        return replace(self.storage, path=self.storage_path)
+
+    def store_limits(self) -> StoreLimits:
+        return StoreLimits(self.max_entities, self.max_metrics, self.raw_retention_s)
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -77,16 +92,31 @@ def _number(section: dict[str, Any], key: str, where: str, default: float) -> fl
     return float(value)
 
 
-def load_config(path: str | os.PathLike[str] | None = None) -> HubConfig:
-    """Read the config file named, or ``$GPUSCOPE_CONFIG``, or return the defaults."""
+def load_config(path: str | os.PathLike[str] | None = None, *, listen: str | None = None) -> HubConfig:
+    """Read the config file named, or ``$GPUSCOPE_CONFIG``, or return the defaults. ``listen``
+    (``--listen``) overrides the file's ``listen:`` before the sections that depend on it."""
     path = path or os.environ.get("GPUSCOPE_CONFIG")
     cfg = HubConfig()
     env_token = os.environ.get("GPUSCOPE_TOKEN")
     if env_token:
         cfg.tokens.append(env_token)
     cfg.auth = parse_auth({}, env_token)
-    if not path:
-        return cfg
+    raw = _read(path) if path else {}
+    cfg.raw = raw
+    if "listen" in raw:
+        cfg.host, cfg.port = parse_listen(str(raw["listen"]))
+    if listen:
+        cfg.host, cfg.port = parse_listen(listen)
+    try:
+        _parse_sections(cfg, raw, env_token)
+    except ConfigError:
+        raise
+    except ValueError as exc:  # each section's own error, naming its key
+        raise ConfigError(str(exc)) from None
+    return cfg
+
+
+def _read(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
     except OSError as exc:
@@ -104,21 +134,16 @@ def load_config(path: str | os.PathLike[str] | None = None) -> HubConfig:
         raise ConfigError(
             f"{path}: unknown key {sorted(unknown, key=str)[0]!r} (known: {', '.join(sorted(KNOWN_KEYS))})"
         )
-    cfg.raw = raw
-    if "listen" in raw:
-        cfg.host, cfg.port = parse_listen(str(raw["listen"]))
-    storage = _section(raw, "storage")
-    try:
-        cfg.storage = parse_storage(storage)
-    except StorageConfigError as exc:
-        raise ConfigError(str(exc)) from None
+    return raw
+
+
+def _parse_sections(cfg: HubConfig, raw: dict[str, Any], env_token: str | None) -> None:
+    """Every section, once, into its typed field of ``cfg``."""
+    cfg.storage = parse_storage(_section(raw, "storage"))
     cfg.storage_backend, cfg.storage_path = cfg.storage.backend, cfg.storage.path
     auth = _section(raw, "auth")
-    try:  # token entries, scopes, rate limits, audit log: gpuscope.web.auth
-        cfg.auth = parse_auth(auth, env_token)
-        cfg.tls = parse_tls(_section(raw, "tls"))
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+    cfg.auth = parse_auth(auth, env_token)  # token entries, scopes, rate limits, audit log
+    cfg.tls = parse_tls(_section(raw, "tls"))
     cfg.tokens.extend(t for t in auth.get("tokens") or [] if isinstance(t, str))
     pricing = _section(raw, "pricing")
     cfg.price_per_gpu_hour = _number(pricing, "price_per_gpu_hour", "pricing", cfg.price_per_gpu_hour)
@@ -128,11 +153,10 @@ def load_config(path: str | os.PathLike[str] | None = None) -> HubConfig:
     cfg.max_metrics = int(_number(limits, "max_metrics", "limits", cfg.max_metrics))
     retention = _section(raw, "retention")
     cfg.raw_retention_s = _number(retention, "raw_seconds", "retention", cfg.raw_retention_s)
-    cfg.warmup_s = _number(_section(raw, "detection"), "warmup_s", "detection", cfg.warmup_s)
-    from gpuscope.cluster.config import parse_cluster  # imports this module: refused here, used later
-
-    cluster = parse_cluster(raw, cfg.host, cfg.port)
-    if cluster is not None and cfg.auth.tokens:
+    cfg.warmup_s = parse_detection(_section(raw, "detection")).warmup_s
+    cfg.alerting = parse_alerting(raw)  # receivers, routes and alerting:
+    cfg.slos = slos_from_config(raw.get("slos"))
+    cfg.cluster = parse_cluster(raw, cfg.host, cfg.port)
+    if cfg.cluster is not None and cfg.auth.tokens:
         # hubs forward batches to each other with the peer token: it may ingest, nothing more
-        cfg.auth.tokens.append(Token("cluster-peer", frozenset({"ingest"}), digest(cluster.peer_token)))
-    return cfg
+        cfg.auth.tokens.append(Token("cluster-peer", frozenset({"ingest"}), digest(cfg.cluster.peer_token)))

@@ -134,7 +134,7 @@ def run_demo(
     # the config's storage backend (a remote TSDB too); local files stay in the demo's own directory
     cfg.storage_path = str(workdir / "demo.duckdb")
     try:
-        store = open_store(cfg)
+        store = open_store(cfg.storage_settings(), cfg.store_limits())
     except (StorageConfigError, StoreError) as exc:
         console.print(f"[red]storage: {exc}[/red]")
         return 2
@@ -167,7 +167,7 @@ def run_demo(
     console.print(f"[bold]dashboard[/bold]: {server.url}/ui/")
     console.print(
         f"[bold]gpuscope demo[/bold]: hub API at {server.url} (health: {server.url}/api/v1/health), "
-        f"store {store_label(cfg)}; scenario {scenario.name}, {end:.0f} s, "
+        f"store {store_label(cfg.storage_settings())}; scenario {scenario.name}, {end:.0f} s, "
         f"{len(scenario.faults)} faults"
     )
     t0 = time.time()

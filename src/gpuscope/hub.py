@@ -14,8 +14,8 @@ from gpuscope.alert.engine import AlertChange, AlertEngine
 from gpuscope.alert.topology import placements
 from gpuscope.counters import Counters
 from gpuscope.detect.engine import DetectionEngine
+from gpuscope.detect.settings import WARMUP_S
 from gpuscope.model import Alert, Batch
-from gpuscope.store._replay import WARMUP_S
 from gpuscope.store.base import AppendResult, Store
 
 if TYPE_CHECKING:

@@ -6,6 +6,7 @@ detectors stay independent of each other (the seams of DESIGN §1).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +19,10 @@ FloatArray = npt.NDArray[np.float64]
 #: Label keys that say *who uses* an entity rather than *which* entity it is. They are stored per
 #: row, not as part of the entity's identity, so a GPU keeps one series while jobs come and go.
 ATTRIBUTION_LABELS: frozenset[str] = frozenset({"job", "pod", "container", "namespace"})
+#: what a label key may be (as in Prometheus, and at most 64 characters)
+LABEL_KEY_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")
+#: 9999-12-31T23:59:59Z: anything later is milliseconds sent as seconds, or garbage.
+MAX_TIMESTAMP = 253_402_300_799.0
 
 
 def entity_key(labels: Labels) -> tuple[tuple[str, str], ...]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import yaml
 
-from gpuscope.cluster.config import parse_cluster
+from gpuscope.cluster.config import ClusterConfigError, parse_cluster
 from gpuscope.cluster.ring import assign, data_shards, entity_shard, shard_of
 from gpuscope.cluster.route import split
 from gpuscope.config import ConfigError, load_config
@@ -109,7 +109,7 @@ def test_state_postgres_dsn_is_the_cluster_database() -> None:
         ({"state": {"dsn": dsn}}, "state.dsn"),
         ({"state": "x"}, "state"),
     ]:
-        with pytest.raises(ConfigError, match=f"^{field}:"):
+        with pytest.raises(ClusterConfigError, match=f"^{field}:"):
             parse_cluster(raw, "127.0.0.1", 7470)
 
 

@@ -20,12 +20,11 @@ with warnings.catch_warnings():  # starlette prefers httpx2 for its test client;
 
 from alert.sink import Sink
 from gpuscope.alert.service import AlertingService
-from gpuscope.cluster import build_hub, join_cluster
 from gpuscope.cluster.hub import ClusterHub
 from gpuscope.cluster.ring import shard_of
 from gpuscope.config import load_config
 from gpuscope.ingest.payload import parse_batch
-from gpuscope.services import attach_services
+from gpuscope.services import attach_services, build_hub, join_cluster
 from gpuscope.store.duckdb_store import DuckDBStore
 from gpuscope.web.api import HubApi
 from support import wait_until

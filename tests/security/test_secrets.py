@@ -19,8 +19,8 @@ from gpuscope.cli import main
 from gpuscope.config import load_config
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.hub import Hub
+from gpuscope.redact import RedactingFilter, secret_strings
 from gpuscope.store.duckdb_store import DuckDBStore
-from gpuscope.web.auth import RedactingFilter, secret_strings
 from gpuscope.web.server import HubServer
 from support import free_port
 

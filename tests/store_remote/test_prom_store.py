@@ -246,12 +246,13 @@ def test_open_store_builds_the_remote_backend_with_credentials(
         )
     )
     assert "s3cret" not in repr(cfg) and postgres_dsn not in repr(cfg)
-    store = open_store(cfg)
+    store = open_store(cfg.storage_settings(), cfg.store_limits())
     assert isinstance(store, PromStore) and isinstance(store.meta, PostgresMeta)
     assert store.append(Batch("a", frames=[frame(NOW, 3.0)], batch_id="z")).samples == 1
     assert store.stats()["backend"] == "prometheus" and "s3cret" not in orjson.dumps(store.stats()).decode()
     store.close()
-    assert isinstance(open_store(HubConfig(storage_path=str(tmp_path / "d.duckdb"))), DuckDBStore)
+    local = HubConfig(storage_path=str(tmp_path / "d.duckdb")).storage_settings()
+    assert isinstance(open_store(local), DuckDBStore)
 
 
 @pytest.mark.parametrize("tsdb", ["victoriametrics"], indirect=True)

@@ -23,7 +23,7 @@ import orjson
 from gpuscope.alert.notify.base import Request
 from gpuscope.alert.statedb import StateBackend
 from gpuscope.counters import Counters
-from gpuscope.web.auth import scrub_client_logs
+from gpuscope.redact import scrub_client_logs
 
 log = logging.getLogger("gpuscope.alert.outbox")
 scrub_client_logs()  # receivers' URLs hold secrets; httpx logs each request's URL at INFO

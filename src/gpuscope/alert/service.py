@@ -22,14 +22,13 @@ from gpuscope.alert.engine import AlertChange
 from gpuscope.alert.flap import FlapDetector
 from gpuscope.alert.labels import Matcher, alert_labels, fingerprint
 from gpuscope.alert.outbox import Outbox, Sender
-from gpuscope.alert.settings import AlertingSettings, parse_alerting
+from gpuscope.alert.settings import AlertingSettings
 from gpuscope.alert.silences import Silence, Silences, new_silence, parse_config_silences
 from gpuscope.alert.statedb import StateBackend, StateDB
 from gpuscope.alert.triage import run_playbook
 from gpuscope.model import Alert
 
 if TYPE_CHECKING:
-    from gpuscope.config import HubConfig
     from gpuscope.hub import Hub
 
 log = logging.getLogger("gpuscope.alert.service")
@@ -245,22 +244,3 @@ class AlertingService:
 
 def default_state_path(storage_path: str) -> str:
     return ":memory:" if storage_path == ":memory:" else str(Path(storage_path).with_suffix(".alerts.sqlite"))
-
-
-def attach_alerting(hub: Hub, cfg: HubConfig, **kw: Any) -> AlertingService:
-    """Build the alerting service from the config file and hook it to the hub (not started)."""
-    from gpuscope.config import ConfigError
-
-    try:
-        settings = parse_alerting(cfg.raw)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    if settings.state_path is None:
-        settings.state_path = default_state_path(cfg.storage_path)
-    if settings.pending_for:
-        hub.alerts.pending_for = dict(settings.pending_for)
-    from gpuscope.cluster.hub import ClusterHub  # imports this module: only once it is loaded
-
-    if isinstance(hub, ClusterHub) and "db" not in kw:
-        kw["db"] = hub.state_db()  # silences, acknowledgements, history shared by every hub
-    return AlertingService(hub, settings, **kw)

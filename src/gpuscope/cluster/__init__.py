@@ -7,32 +7,6 @@ hub answers the same. A hub that dies loses its locks with its connection, and t
 its shards over, continuing its firing alerts. Silences, acknowledgements, alert history and the
 lineage registry run their single-hub code on PostgreSQL (:mod:`.sql`); incidents are grouped over
 the shared alerts; notification timing is kept in the shared outbox (:mod:`.notify`). See
-:mod:`.membership`, :mod:`.state`, :mod:`.outbox` and :mod:`.hub`.
+:mod:`.membership`, :mod:`.state`, :mod:`.outbox` and :mod:`.hub`; a hub joins in
+:mod:`gpuscope.services`.
 """
-
-from __future__ import annotations
-
-from gpuscope.cluster.config import ClusterConfig, parse_cluster
-from gpuscope.config import HubConfig
-from gpuscope.hub import Hub
-from gpuscope.store.base import Store
-
-__all__ = ["ClusterConfig", "build_hub", "join_cluster", "parse_cluster"]
-
-
-def build_hub(store: Store, cfg: HubConfig) -> Hub:
-    """A plain hub, or a cluster member when the config has a ``cluster:`` section."""
-    cluster = parse_cluster(cfg.raw, cfg.host, cfg.port)
-    if cluster is None:
-        return Hub(store, price_per_gpu_hour=cfg.price_per_gpu_hour)
-    from gpuscope.cluster.hub import ClusterHub
-
-    return ClusterHub(store, cluster, price_per_gpu_hour=cfg.price_per_gpu_hour)
-
-
-def join_cluster(hub: Hub) -> None:
-    """Join the cluster once the hub's services are attached (a plain hub: nothing to do)."""
-    from gpuscope.cluster.hub import ClusterHub
-
-    if isinstance(hub, ClusterHub):
-        hub.join()

@@ -22,7 +22,10 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-from gpuscope.config import ConfigError
+
+class ClusterConfigError(ValueError):
+    """A bad ``cluster:`` or ``state:`` value; the message names the key."""
+
 
 KNOWN = {"postgres_dsn", "hub_id", "advertise_url", "shards", "lease_s", "peer_token", "forward_queue"}
 
@@ -46,7 +49,7 @@ class ClusterConfig:
 def _int(section: dict[str, Any], key: str, default: int, lo: int, hi: int) -> int:
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        raise ConfigError(f"cluster.{key}: must be an integer in {lo}..{hi}, got {value!r}")
+        raise ClusterConfigError(f"cluster.{key}: must be an integer in {lo}..{hi}, got {value!r}")
     return value
 
 
@@ -54,7 +57,7 @@ def _text(section: dict[str, Any], key: str, default: str | None, min_len: int =
     value = section.get(key, default)
     if not isinstance(value, str) or len(value) < min_len:
         need = "is required" if value is None else f"must be a string of at least {min_len} characters"
-        raise ConfigError(f"cluster.{key}: {need}")
+        raise ClusterConfigError(f"cluster.{key}: {need}")
     return value
 
 
@@ -64,13 +67,13 @@ def _state_dsn(raw: dict[str, Any]) -> str | None:
     if state is None:
         return None
     if not isinstance(state, dict):
-        raise ConfigError("state: must be a mapping")
+        raise ClusterConfigError("state: must be a mapping")
     unknown = set(state) - {"postgres_dsn"}
     if unknown:
-        raise ConfigError(f"state.{sorted(unknown)[0]}: unknown key (known: postgres_dsn)")
+        raise ClusterConfigError(f"state.{sorted(unknown)[0]}: unknown key (known: postgres_dsn)")
     dsn = state.get("postgres_dsn")
     if not isinstance(dsn, str) or not dsn:
-        raise ConfigError("state.postgres_dsn: is required (a postgresql:// URL) in a state: section")
+        raise ClusterConfigError("state.postgres_dsn: is required (a postgresql:// URL) in a state: section")
     return dsn
 
 
@@ -84,24 +87,28 @@ def parse_cluster(raw: dict[str, Any], host: str, port: int) -> ClusterConfig | 
     if section is None:
         section = {}
     if not isinstance(section, dict):
-        raise ConfigError("cluster: must be a mapping")
+        raise ClusterConfigError("cluster: must be a mapping")
     unknown = set(section) - KNOWN
     if unknown:
-        raise ConfigError(f"cluster.{sorted(unknown)[0]}: unknown key (known: {', '.join(sorted(KNOWN))})")
+        raise ClusterConfigError(
+            f"cluster.{sorted(unknown)[0]}: unknown key (known: {', '.join(sorted(KNOWN))})"
+        )
     if state_dsn is not None and section.get("postgres_dsn", state_dsn) != state_dsn:
-        raise ConfigError(
+        raise ClusterConfigError(
             "cluster.postgres_dsn: differs from state.postgres_dsn (one database; give it once)"
         )
     dsn = _text({"postgres_dsn": state_dsn, **section}, "postgres_dsn", None)
     if not dsn.startswith(("postgresql://", "postgres://")) and "=" not in dsn:
-        raise ConfigError("cluster.postgres_dsn: must be a postgresql:// URL or a libpq key=value string")
+        raise ClusterConfigError(
+            "cluster.postgres_dsn: must be a postgresql:// URL or a libpq key=value string"
+        )
     lease = section.get("lease_s", 5.0)
     if isinstance(lease, bool) or not isinstance(lease, int | float) or not 1 <= lease <= 300:
-        raise ConfigError(f"cluster.lease_s: must be a number of seconds in 1..300, got {lease!r}")
+        raise ClusterConfigError(f"cluster.lease_s: must be a number of seconds in 1..300, got {lease!r}")
     url_host = f"[{host}]" if ":" in host else host
     advertise = _text(section, "advertise_url", f"http://{url_host}:{port}")
     if not advertise.startswith(("http://", "https://")):
-        raise ConfigError(f"cluster.advertise_url: must be an http(s) URL, got {advertise!r}")
+        raise ClusterConfigError(f"cluster.advertise_url: must be an http(s) URL, got {advertise!r}")
     return ClusterConfig(
         postgres_dsn=dsn,
         hub_id=_text(section, "hub_id", f"{socket.gethostname()}:{port}"),

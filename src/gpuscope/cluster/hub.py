@@ -27,9 +27,9 @@ from gpuscope.cluster.route import split
 from gpuscope.cluster.sql import PgSql
 from gpuscope.cluster.state import ClusterState
 from gpuscope.counters import Counters
+from gpuscope.detect.settings import WARMUP_S
 from gpuscope.hub import Hub
 from gpuscope.model import Alert, Batch, Event, Labels, TrainingRecord
-from gpuscope.store._replay import WARMUP_S
 from gpuscope.store.base import AppendResult, SeriesPoint, Store
 
 log = logging.getLogger("gpuscope.cluster")

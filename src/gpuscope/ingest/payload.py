@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gpuscope.model import Batch, Event, Frame, Labels, TrainingRecord
+from gpuscope.model import LABEL_KEY_RE, MAX_TIMESTAMP, Batch, Event, Frame, Labels, TrainingRecord
 
 NAME_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,127}$")
-LABEL_KEY_RE = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]{0,63}$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,10 +84,6 @@ def _finite(value: Any, field: str) -> float:
     if not math.isfinite(f):
         raise PayloadError(field, "must be finite")
     return f
-
-
-#: 9999-12-31T23:59:59Z: anything later is milliseconds sent as seconds, or garbage.
-MAX_TIMESTAMP = 253_402_300_799.0
 
 
 def _timestamp(value: Any, field: str) -> float:

@@ -12,8 +12,7 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from gpuscope.ingest.payload import MAX_TIMESTAMP
-from gpuscope.model import Batch, Event, Frame, TrainingRecord
+from gpuscope.model import MAX_TIMESTAMP, Batch, Event, Frame, TrainingRecord
 from gpuscope.store._registry import REFUSED, ColumnRegistry, EntityRegistry
 from gpuscope.store.base import AppendResult
 

@@ -18,8 +18,7 @@ import duckdb
 import numpy as np
 import orjson
 
-from gpuscope.ingest.payload import LABEL_KEY_RE
-from gpuscope.model import ATTRIBUTION_LABELS, Alert, Batch, Event, Labels, TrainingRecord
+from gpuscope.model import ATTRIBUTION_LABELS, LABEL_KEY_RE, Alert, Batch, Event, Labels, TrainingRecord
 from gpuscope.store._chunks import ChunkSet, ChunkView
 from gpuscope.store._latest import LatestCache
 from gpuscope.store._planner import Tier, plan

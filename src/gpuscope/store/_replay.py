@@ -16,8 +16,6 @@ import numpy as np
 from gpuscope.model import Batch, Event, Frame, Labels, TrainingRecord
 
 SOURCE = "replay"
-#: the default warm-up window: long enough for step-time, loss and liveness baselines to form
-WARMUP_S = 900.0
 
 #: one stored telemetry row: time, entity labels (attribution included), metric -> value
 Row = tuple[float, Labels, dict[str, float]]

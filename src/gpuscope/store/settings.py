@@ -17,15 +17,13 @@ storage:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from gpuscope.config import HubConfig
-    from gpuscope.store.base import Store
+from gpuscope.store.base import Store
 
-BACKENDS = ("duckdb", "prometheus")
 METAS = ("duckdb", "postgres")
 KEYS = {
     "backend",
@@ -59,6 +57,15 @@ class StorageSettings:
     retry_s: float = 30.0
     meta: str = "duckdb"
     postgres_dsn: str | None = field(default=None, repr=False)  # may carry a password
+
+
+@dataclass(frozen=True, slots=True)
+class StoreLimits:
+    """Bounds a store enforces (the config's ``limits:`` and ``retention:``)."""
+
+    max_entities: int = 100_000
+    max_metrics: int = 512
+    raw_retention_s: float = 7 * 86400.0
 
 
 def _str(section: dict[str, Any], key: str) -> str | None:
@@ -132,18 +139,19 @@ def _secret(path: str, key: str) -> str:
         raise StorageConfigError(f"storage.{key}: cannot read {path}: {exc.strerror}") from None
 
 
-def open_store(cfg: HubConfig) -> Store:
-    """The store ``cfg`` describes: embedded DuckDB (default) or a remote TSDB with its meta store."""
-    from gpuscope.store.duckdb_store import DuckDBStore
+def _duckdb(s: StorageSettings, limits: StoreLimits) -> Store:
+    from gpuscope.store.duckdb_store import DuckDBStore  # the backend's modules load when chosen
 
-    s = cfg.storage
-    if s.backend == "duckdb":
-        return DuckDBStore(
-            cfg.storage_path,
-            max_entities=cfg.max_entities,
-            max_metrics=cfg.max_metrics,
-            raw_retention_s=cfg.raw_retention_s,
-        )
+    return DuckDBStore(
+        s.path,
+        max_entities=limits.max_entities,
+        max_metrics=limits.max_metrics,
+        raw_retention_s=limits.raw_retention_s,
+    )
+
+
+def _prometheus(s: StorageSettings, limits: StoreLimits) -> Store:
+    from gpuscope.store.duckdb_store import DuckDBStore
     from gpuscope.store.remote.meta import MetaStore, PostgresMeta
     from gpuscope.store.remote.prom_store import PromStore
 
@@ -154,9 +162,9 @@ def open_store(cfg: HubConfig) -> Store:
     meta: MetaStore
     if s.meta == "postgres":
         assert s.postgres_dsn is not None
-        meta = PostgresMeta(s.postgres_dsn, max_metrics=cfg.max_metrics)
+        meta = PostgresMeta(s.postgres_dsn, max_metrics=limits.max_metrics)
     else:
-        meta = DuckDBStore(cfg.storage_path, max_metrics=cfg.max_metrics)
+        meta = DuckDBStore(s.path, max_metrics=limits.max_metrics)
     assert s.remote_write_url is not None and s.query_url is not None
     return PromStore(
         s.remote_write_url,
@@ -166,19 +174,30 @@ def open_store(cfg: HubConfig) -> Store:
         auth=auth,
         timeout_s=s.timeout_s,
         retry_s=s.retry_s,
-        max_entities=cfg.max_entities,
-        max_metrics=cfg.max_metrics,
-        path=cfg.storage_path,
+        max_entities=limits.max_entities,
+        max_metrics=limits.max_metrics,
+        path=s.path,
     )
 
 
-def store_label(cfg: HubConfig) -> str:
+#: ``storage.backend`` -> how that store is built; a new backend is one entry here
+BACKENDS: dict[str, Callable[[StorageSettings, StoreLimits], Store]] = {
+    "duckdb": _duckdb,
+    "prometheus": _prometheus,
+}
+
+
+def open_store(s: StorageSettings, limits: StoreLimits | None = None) -> Store:
+    """The store ``s`` describes: embedded DuckDB (default) or a remote TSDB with its meta store."""
+    return BACKENDS[s.backend](s, limits or StoreLimits())
+
+
+def store_label(s: StorageSettings) -> str:
     """Where telemetry goes, for start-up lines (no credentials)."""
-    s = cfg.storage
     if s.backend == "duckdb":
-        return cfg.storage_path
+        return s.path
     from gpuscope.store.remote.prom_store import redact
 
     assert s.remote_write_url is not None
-    meta = "postgres" if s.meta == "postgres" else cfg.storage_path
+    meta = "postgres" if s.meta == "postgres" else s.path
     return f"prometheus remote-write {redact(s.remote_write_url)}, meta {meta}"

@@ -21,8 +21,6 @@ from starlette.routing import Route
 from gpuscope import __version__
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import (
-    LABEL_KEY_RE,
-    MAX_TIMESTAMP,
     Limits,
     PayloadError,
     check_time_window,
@@ -30,38 +28,16 @@ from gpuscope.ingest.payload import (
     parse_batch,
     training_to_json,
 )
-from gpuscope.model import Alert, Event
+from gpuscope.model import LABEL_KEY_RE, MAX_TIMESTAMP, Alert, Event
 from gpuscope.store.errors import StoreError, StoreFull
+from gpuscope.web.alerting_api import AlertingApi
 from gpuscope.web.auth import AuditLog, AuthSettings
+from gpuscope.web.cluster_api import cluster_health, cluster_routes
+from gpuscope.web.errors import ApiError, error_response, json_safe
 from gpuscope.web.guard import PRINCIPAL_KEY, AuthMiddleware
 from gpuscope.web.openapi import openapi_document
 
 Handler = Callable[[Request], Awaitable[Response]]
-
-
-class ApiError(Exception):
-    """A refusal with its HTTP status and the name of the offending field."""
-
-    def __init__(self, status: int, field: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.field = field
-        self.message = message
-
-
-def _error(status: int, field: str, message: str) -> JSONResponse:
-    return JSONResponse({"error": message, "field": field}, status_code=status)
-
-
-def _json_safe(value: Any) -> Any:
-    """NaN/Inf are not JSON; missing values travel as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_json_safe(v) for v in value]
-    return value
 
 
 def _float_param(request: Request, name: str, default: float | None = None) -> float:
@@ -129,16 +105,16 @@ async def _no_route(request: Request, exc: Exception) -> Response:
     """Unknown paths and methods answer JSON naming what was wrong, like every other refusal."""
     status = getattr(exc, "status_code", 404)
     if status == 405:
-        return _error(405, "method", f"{request.method} is not allowed on {request.url.path}")
-    return _error(404, "path", f"no such endpoint: {request.url.path}")
+        return error_response(405, "method", f"{request.method} is not allowed on {request.url.path}")
+    return error_response(404, "path", f"no such endpoint: {request.url.path}")
 
 
 def _alert_json(alert: Alert) -> dict[str, Any]:
-    return _json_safe(alert.to_dict())  # type: ignore[no-any-return]
+    return json_safe(alert.to_dict())  # type: ignore[no-any-return]
 
 
 def _event_json(event: Event) -> dict[str, Any]:
-    return {"ts": event.ts, "kind": event.kind, "labels": event.labels, "data": _json_safe(event.data)}
+    return {"ts": event.ts, "kind": event.kind, "labels": event.labels, "data": json_safe(event.data)}
 
 
 class HubApi:
@@ -180,8 +156,6 @@ class HubApi:
             Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/api/v1/audit", self._guard(self.audit_log), methods=["GET"]),
         ]
-        from gpuscope.alert.http import AlertingApi  # imports this module: only once it is loaded
-
         alerting = AlertingApi(hub, self._authorize_write)
         routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting.routes()]
         from gpuscope.lineage import for_hub
@@ -189,8 +163,6 @@ class HubApi:
         from gpuscope.web.lineage_api import LineageApi
 
         routes += LineageApi(for_hub(hub), self._authorize_write).routes()
-        from gpuscope.cluster.http import cluster_routes
-
         routes += cluster_routes(hub, self._guard, self.limits)  # none unless the hub is a cluster member
 
         self.app = Starlette(
@@ -214,7 +186,7 @@ class HubApi:
                 return await handler(request)
             except ApiError as exc:
                 self.hub.counters.inc(f"api_refused_{exc.status}")
-                return _error(exc.status, exc.field, exc.message)
+                return error_response(exc.status, exc.field, exc.message)
 
         return wrapped
 
@@ -293,7 +265,7 @@ class HubApi:
         labels = _label_params(request, {"metric", "start", "end", "points"})
         rows = await run_in_threadpool(self.hub.store.series, metric, labels, start, end, points)
         return JSONResponse(
-            {"metric": metric, "labels": labels, "points": [[p.ts, _json_safe(p.value)] for p in rows]}
+            {"metric": metric, "labels": labels, "points": [[p.ts, json_safe(p.value)] for p in rows]}
         )
 
     async def snapshot(self, request: Request) -> Response:
@@ -301,7 +273,7 @@ class HubApi:
         metrics = [m for m in raw.split(",") if m] if raw else None
         max_age = _float_param(request, "max_age", -1.0)
         rows = await run_in_threadpool(self.hub.store.snapshot, metrics, max_age if max_age >= 0 else None)
-        return JSONResponse({"entities": _json_safe(rows)})
+        return JSONResponse({"entities": json_safe(rows)})
 
     async def aggregate(self, request: Request) -> Response:
         metric = _str_param(request, "metric")
@@ -309,7 +281,7 @@ class HubApi:
         assert metric is not None and by is not None
         start, end = _time_range(request, self.clock())
         rows = await run_in_threadpool(self.hub.store.aggregate, metric, by, start, end)
-        return JSONResponse({"metric": metric, "by": by, "groups": _json_safe(rows)})
+        return JSONResponse({"metric": metric, "by": by, "groups": json_safe(rows)})
 
     async def events(self, request: Request) -> Response:
         start, end = _time_range(request, self.clock())
@@ -341,15 +313,13 @@ class HubApi:
 
     async def incidents(self, request: Request) -> Response:
         rows = await run_in_threadpool(self.hub.incidents)
-        return JSONResponse({"incidents": _json_safe(rows)})
+        return JSONResponse({"incidents": json_safe(rows)})
 
     async def health(self, request: Request) -> Response:
-        from gpuscope.cluster.http import cluster_health
-
         stats = await run_in_threadpool(self.hub.store.stats)
         failing = self.storage_error
         return JSONResponse(
-            _json_safe(
+            json_safe(
                 {
                     "status": "ok" if failing is None else "degraded",
                     "storage": {

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
-import logging
 import math
 import os
 import re
@@ -33,11 +32,10 @@ import secrets
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 
@@ -297,85 +295,3 @@ def run_token(args: argparse.Namespace) -> int:
     print("config line, under auth.tokens:")
     print(f"  - {{name: {token.name}, scopes: [{scopes}], sha256: {digest(plain).hex()}}}")
     return 0
-
-
-def secret_strings(tokens: Sequence[str], raw: Mapping[str, Any]) -> list[str]:
-    """Every secret a config holds: plain tokens, and the values of keys that name secrets
-    (URLs of receivers, routing keys, DSNs, passwords) anywhere in the file."""
-    found = [t for t in tokens if t]
-    sensitive = ("url", "key", "dsn", "password", "secret", "token", "authorization")
-
-    def walk(value: Any, key: str) -> None:
-        if isinstance(value, dict):
-            for k, v in value.items():
-                walk(v, str(k).lower())
-        elif isinstance(value, list):
-            for v in value:
-                walk(v, key)
-        elif isinstance(value, str) and len(value) >= 8 and any(s in key for s in sensitive):
-            found.append(value)
-            password = urlsplit(value).password if "://" in value else None
-            if password:
-                found.append(password)
-
-    walk(dict(raw), "")
-    return sorted(set(found), key=len, reverse=True)
-
-
-class RedactingFilter(logging.Filter):
-    """Replaces known secrets in every log record (message, arguments, exception text) by ``***``:
-    the last line of defence should some message quote a URL, DSN or token it was handed."""
-
-    def __init__(self, secrets: Iterable[str]) -> None:
-        super().__init__()
-        self.secrets = sorted({s for s in secrets if s}, key=len, reverse=True)
-
-    def redact(self, text: str) -> str:
-        for s in self.secrets:
-            if s in text:
-                text = text.replace(s, "***")
-        return text
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if self.secrets:
-            message = record.getMessage()
-            if record.exc_info and not record.exc_text:
-                record.exc_text = logging.Formatter().formatException(record.exc_info)
-            record.msg, record.args = self.redact(message), None
-            if record.exc_text:
-                record.exc_text = self.redact(record.exc_text)
-        return True
-
-
-def install_redaction(secrets: Iterable[str]) -> RedactingFilter:
-    """Put a :class:`RedactingFilter` on every handler of the root logger (where records end up)."""
-    flt = RedactingFilter(secrets)
-    for handler in logging.getLogger().handlers:
-        handler.addFilter(flt)
-    return flt
-
-
-class UrlScrubber(logging.Filter):
-    """Cuts URLs in a record's arguments down to their origin: an HTTP client's request log line
-    (``httpx`` logs every request at INFO) would otherwise show a receiver's secret path or query."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if isinstance(record.args, tuple):
-            record.args = tuple(_origin(a) for a in record.args)
-        return True
-
-
-def _origin(value: Any) -> Any:
-    text = str(value)
-    if not text.startswith(("http://", "https://")):
-        return value
-    parts = urlsplit(text)
-    host = parts.hostname or ""
-    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}/…"
-
-
-def scrub_client_logs(logger_name: str = "httpx") -> None:
-    """Put one :class:`UrlScrubber` on ``logger_name`` (idempotent)."""
-    logger = logging.getLogger(logger_name)
-    if not any(isinstance(f, UrlScrubber) for f in logger.filters):
-        logger.addFilter(UrlScrubber())

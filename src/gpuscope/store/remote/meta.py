@@ -18,8 +18,7 @@ from typing import Any, Protocol
 import orjson
 import psycopg
 
-from gpuscope.ingest.payload import LABEL_KEY_RE
-from gpuscope.model import Alert, Batch, Event, Labels, TrainingRecord
+from gpuscope.model import LABEL_KEY_RE, Alert, Batch, Event, Labels, TrainingRecord
 from gpuscope.store._prepare import Preparer
 from gpuscope.store._registry import ColumnRegistry, EntityRegistry
 from gpuscope.store.base import AppendResult

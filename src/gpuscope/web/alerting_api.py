@@ -1,12 +1,11 @@
 """HTTP endpoints of the alerting layer: ranked alerts and incidents, ack, silences, history.
 
-Mounted by :class:`gpuscope.web.api.HubApi` beside the core API; writes need the same bearer
+Mounted by :class:`.api.HubApi` beside the core API; writes need the same bearer
 token as ingest. Without an alerting service attached (a bare hub) they answer 503.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -20,20 +19,10 @@ from gpuscope.alert.labels import parse_matchers
 from gpuscope.alert.ranking import rank_alerts, rank_incidents
 from gpuscope.alert.service import AlertingService
 from gpuscope.hub import Hub
-from gpuscope.web.api import ApiError
+from gpuscope.web.errors import ApiError, json_safe
 
 Handler = Callable[[Request], Awaitable[Response]]
 MAX_BODY = 64 * 1024
-
-
-def _safe(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_safe(v) for v in value]
-    return value
 
 
 class AlertingApi:
@@ -82,7 +71,7 @@ class AlertingApi:
             rows = [{**a.to_dict(), **service.status(a)} for a in rank_alerts(alerts)]
             return {"alerts": rows, "pending": self.hub.alerts.pending()}
 
-        return JSONResponse(_safe(await run_in_threadpool(work)))
+        return JSONResponse(json_safe(await run_in_threadpool(work)))
 
     async def incidents(self, request: Request) -> Response:
         state = request.query_params.get("state", "all")
@@ -91,7 +80,7 @@ class AlertingApi:
         rows = rank_incidents(self.hub.alerts.incidents(), self.hub.alerts.all())
         if state == "open":
             rows = [r for r in rows if r["resolved_at"] is None]
-        return JSONResponse(_safe({"incidents": rows}))
+        return JSONResponse(json_safe({"incidents": rows}))
 
     async def status(self, request: Request) -> Response:
         service = self._service()

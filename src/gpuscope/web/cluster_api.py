@@ -17,6 +17,7 @@ from gpuscope.cluster.forward import HOPS_HEADER, OBSERVE_PATH
 from gpuscope.cluster.hub import MAX_HOPS, ClusterHub
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import Limits, PayloadError, decode_json, parse_batch
+from gpuscope.web.errors import ApiError
 
 Handler = Callable[[Request], Awaitable[Response]]
 Guard = Callable[[Handler], Handler]
@@ -26,8 +27,6 @@ def cluster_routes(hub: Hub, guard: Guard, limits: Limits) -> list[Route]:
     """``POST /api/v1/cluster/forward`` on a cluster member; nothing on a single hub."""
     if not isinstance(hub, ClusterHub):
         return []
-    from gpuscope.web.api import ApiError
-
     digest = hashlib.sha256(hub.cfg.peer_token.encode()).digest()
 
     async def observe(request: Request) -> Response:
