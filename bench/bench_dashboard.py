@@ -113,9 +113,8 @@ def main() -> int:
     t = time.perf_counter()
     fill(hub, args.nodes, args.seconds, time.time())
     fill_s = time.perf_counter() - t
-    server = HubServer(hub, "127.0.0.1", 0)
+    server = HubServer(hub, "127.0.0.1", 0, evaluate_interval=None)  # the filled data is not re-evaluated
     server.start()
-    server.evaluator.stop()
     try:
         fleet = time_api(server.url, "/api/v1/ui/fleet", {}, args.requests)
         snap = time_api(server.url, "/api/v1/snapshot", {"metrics": "gpu_utilization_percent"}, args.requests)

@@ -58,18 +58,17 @@ from gpuscope.agent.agent import Agent
 from gpuscope.agent.sender import INGEST_PATH
 from gpuscope.config import HubConfig
 from gpuscope.demo import sim_nvml_nodes
-from gpuscope.hub import Hub
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Alert, Batch
 from gpuscope.quality.monitor import SOURCE as QUALITY_SOURCE
-from gpuscope.services import attach_services
+from gpuscope.runtime import assemble
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.kinds import FAULT_KINDS, GPU_TARGET, JOB_TARGET, NODE_TARGET, RANK_TARGET, SERVICE_TARGET
 from gpuscope.sim.scenario import Scenario, builtin_scenario, load_scenario, parse_scenario
 from gpuscope.simeval.report import Report, evaluate
 from gpuscope.store._chunks import Chunk, ChunkView
 from gpuscope.store.duckdb_store import DuckDBStore
-from gpuscope.web.server import HubServer
+from gpuscope.web.auth import AuthSettings
 
 TOKEN = "longrun-bench-token"
 #: simulated seconds before the first fault: detectors learn their baselines
@@ -409,14 +408,18 @@ def run_longrun(
     (workdir / "longrun.yaml").write_text(schedule, encoding="utf-8")
     db = workdir / "longrun.duckdb"
     store = DuckDBStore(str(db))
-    hub = Hub(store, price_per_gpu_hour=scenario.cluster.price_per_gpu_hour)
-    alerting = attach_services(hub, HubConfig(tokens=[TOKEN], storage_path=str(db)))
+    cfg = HubConfig(
+        tokens=[TOKEN], storage_path=str(db), price_per_gpu_hour=scenario.cluster.price_per_gpu_hour
+    )
+    cfg.auth = AuthSettings.from_plain([TOKEN])
+    cfg.port = 0
+    # no clock thread: it would run on the wall clock, and this run evaluates on the virtual one
+    runtime = assemble(cfg, store=store, evaluate_interval=None)
+    hub, server = runtime.hub, runtime.server
+    assert server is not None
     ledger = Ledger()
     hub.add_observer(ledger.observe)
-    server = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN])
-    server.evaluator.stop()  # it runs on the wall clock: this run evaluates on the virtual one
-    server.start()
-    alerting.start()
+    runtime.start(now=t0)
     now = [t0]
     sim = Simulator(scenario, t0=t0)
     nodes = sim_nvml_nodes(sim, workdir / "proc")
@@ -482,8 +485,7 @@ def run_longrun(
         for agent in agents.values():
             agent.close()
         sdk.close()
-        alerting.stop()
-        server.stop()  # closes the store: everything committed, the WAL checkpointed
+        runtime.stop()  # closes the store: everything committed, the WAL checkpointed
     wall = time.perf_counter() - started
     sent = ledger.by_source()
     # the senders' side, kept on disk: a failure while counting the store must not lose it

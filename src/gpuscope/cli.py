@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -24,22 +23,20 @@ if not err.is_terminal:
 
 
 def _cmd_hub(args: argparse.Namespace) -> int:
-    from gpuscope.ingest.payload import Limits
-    from gpuscope.store.errors import StoreError
-    from gpuscope.store.settings import StorageConfigError, open_store, store_label
-    from gpuscope.web.server import HubServer
-
-    cfg = load_config(args.config, listen=args.listen)
     from gpuscope.redact import install_redaction, secret_strings
+    from gpuscope.runtime import AssemblyError, assemble
+    from gpuscope.store.errors import StoreError
+    from gpuscope.store.settings import StorageConfigError, store_label
     from gpuscope.web.auth import default_audit_path
 
+    cfg = load_config(args.config, listen=args.listen)
     redaction = install_redaction(secret_strings(cfg.tokens, cfg.raw))
     if args.db:
         cfg.storage_path = args.db
     cfg.auth.audit_log = cfg.auth.audit_log or default_audit_path(cfg.storage_path)
     try:
-        store = open_store(cfg.storage_settings(), cfg.store_limits())  # DuckDB or a remote TSDB
-    except StorageConfigError as exc:
+        runtime = assemble(cfg)
+    except StorageConfigError as exc:  # a credentials file it cannot read
         raise ConfigError(str(exc)) from None
     except StoreError as exc:  # refused, not reset: the files are left as they were
         err.print(
@@ -48,53 +45,19 @@ def _cmd_hub(args: argparse.Namespace) -> int:
             soft_wrap=True,
         )
         return 2
-    import psycopg
-
-    from gpuscope.services import attach_services, build_hub, join_cluster
-
-    try:
-        hub = build_hub(store, cfg)  # a plain Hub unless the config has a cluster: section
-    except psycopg.Error as exc:
-        store.close()
-        reason = redaction.redact(str(exc).strip())
-        where = "cannot use the cluster database (cluster.postgres_dsn)"
-        err.print(f"[red]gpuscope hub: {where}: {escape(reason)}[/red]")
+    except AssemblyError as exc:
+        err.print(f"[red]gpuscope hub: {escape(redaction.redact(str(exc)))}[/red]")
         return 2
-
-    try:
-        alerting = attach_services(hub, cfg)
-    except ConfigError:
-        store.close()
-        raise
-    try:  # firing alerts continue; detectors see recent history
-        hub.resume(time.time(), cfg.warmup_s)
-    except StoreError as exc:  # a hub that cannot read its history still serves (and warms up live)
-        err.print(f"[yellow]gpuscope hub: warm-up skipped: {escape(str(exc))}[/yellow]")
-    try:
-        server = HubServer(
-            hub,
-            cfg.host,
-            cfg.port,
-            auth=cfg.auth,
-            tls=cfg.tls,
-            limits=Limits(max_body_bytes=cfg.max_body_bytes, max_past_s=cfg.raw_retention_s),
-        )
-    except (ValueError, OSError) as exc:
-        store.close()
-        alerting.stop()
+    except (ValueError, OSError) as exc:  # the listener: no token off loopback, port taken, TLS files
         err.print(f"[red]gpuscope hub: {exc}[/red]")
         return 2
+    assert runtime.server is not None
     err.print(
-        f"gpuscope hub {__version__} listening on {server.url} "
+        f"gpuscope hub {__version__} listening on {runtime.server.url} "
         f"(store: {store_label(cfg.storage_settings())}, "
-        f"auth: {len(cfg.auth.tokens)} token(s), audit log {server.api.audit.path or 'in memory'})"
+        f"auth: {len(cfg.auth.tokens)} token(s), audit log {runtime.server.api.audit.path or 'in memory'})"
     )
-    alerting.start()
-    join_cluster(hub)  # leaves again when the server closes the hub's store
-    try:
-        server.run()
-    finally:
-        alerting.stop()
+    runtime.run()
     return 0
 
 

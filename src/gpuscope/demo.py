@@ -27,17 +27,15 @@ from gpuscope.agent.agent import Agent
 from gpuscope.alert.engine import AlertChange
 from gpuscope.collect.sim_node import SimNvmlNode
 from gpuscope.config import load_config
-from gpuscope.hub import Hub
 from gpuscope.ingest.payload import encode_batch
-from gpuscope.services import attach_services
+from gpuscope.runtime import assemble
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import Scenario, ScenarioError, builtin_scenario, load_scenario
 from gpuscope.simeval.render import print_report
 from gpuscope.simeval.report import evaluate
 from gpuscope.store.errors import StoreError
-from gpuscope.store.settings import StorageConfigError, open_store, store_label
+from gpuscope.store.settings import StorageConfigError, store_label
 from gpuscope.web.auth import Token, digest, new_token
-from gpuscope.web.server import HubServer
 
 SEVERITY_STYLE = {"P1": "bold red", "P2": "yellow", "P3": "cyan"}
 
@@ -133,12 +131,18 @@ def run_demo(
     workdir = Path(tempfile.mkdtemp(prefix="gpuscope-demo-"))
     # the config's storage backend (a remote TSDB too); local files stay in the demo's own directory
     cfg.storage_path = str(workdir / "demo.duckdb")
+    cfg.price_per_gpu_hour = scenario.cluster.price_per_gpu_hour
+    cfg.host, cfg.port = "127.0.0.1", port
+    token = cfg.tokens[0] if cfg.tokens else None
+    if token is None and cfg.auth.tokens:  # only hashed tokens configured: mint one for our agents
+        token = new_token()
+        cfg.auth.tokens.append(Token("demo-agents", frozenset({"ingest", "read"}), digest(token)))
     try:
-        store = open_store(cfg.storage_settings(), cfg.store_limits())
+        runtime = assemble(cfg, any_port=True)  # the usual port taken: any free one
     except (StorageConfigError, StoreError) as exc:
         console.print(f"[red]storage: {exc}[/red]")
         return 2
-    hub = Hub(store, price_per_gpu_hour=scenario.cluster.price_per_gpu_hour)
+    hub = runtime.hub
 
     def on_change(change: AlertChange) -> None:
         a = change.alert
@@ -153,17 +157,9 @@ def run_demo(
         )
 
     hub.add_listener(on_change)
-    alerting = attach_services(hub, cfg)
-    token = cfg.tokens[0] if cfg.tokens else None
-    if token is None and cfg.auth.tokens:  # only hashed tokens configured: mint one for our agents
-        token = new_token()
-        cfg.auth.tokens.append(Token("demo-agents", frozenset({"ingest", "read"}), digest(token)))
-    try:
-        server = HubServer(hub, "127.0.0.1", port, auth=cfg.auth)
-    except OSError:
-        server = HubServer(hub, "127.0.0.1", 0, auth=cfg.auth)  # the usual port is taken
-    server.start()
-    alerting.start()
+    runtime.start()
+    server = runtime.server
+    assert server is not None
     console.print(f"[bold]dashboard[/bold]: {server.url}/ui/")
     console.print(
         f"[bold]gpuscope demo[/bold]: hub API at {server.url} (health: {server.url}/api/v1/health), "
@@ -228,8 +224,7 @@ def run_demo(
         sdk.close()
         reader.close()
         time.sleep(1.5)  # one more evaluation for the last data
-        server.stop()
-        alerting.stop()
+        runtime.stop()
     shifted = [
         dataclasses.replace(
             a, started_at=a.started_at - t0, resolved_at=None if a.resolved_at is None else a.resolved_at - t0

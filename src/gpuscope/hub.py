@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from gpuscope.alert.engine import AlertChange, AlertEngine
 from gpuscope.alert.topology import placements
@@ -17,9 +17,6 @@ from gpuscope.detect.engine import DetectionEngine
 from gpuscope.detect.settings import WARMUP_S
 from gpuscope.model import Alert, Batch
 from gpuscope.store.base import AppendResult, Store
-
-if TYPE_CHECKING:
-    from gpuscope.alert.service import AlertingService
 
 AlertListener = Callable[[AlertChange], None]
 #: how long a resumed alert may go unconfirmed by the warmed-up detectors before it can resolve
@@ -39,8 +36,6 @@ class Hub:
         self.alerts = AlertEngine(
             price_per_gpu_hour=price_per_gpu_hour, places=lambda entity: placements(self.store, entity)
         )
-        #: routing, silences, acknowledgement and notifiers, when a hub runs them (not in sim-eval)
-        self.alerting: AlertingService | None = None
         self._detect_lock = threading.Lock()
         self._listeners: list[AlertListener] = []
         self._observers: list[Callable[[Batch], None]] = []

@@ -29,7 +29,7 @@ def served(sink: Sink) -> Iterator[tuple[HubServer, Scripted]]:
     hub.detection = DetectionEngine([script])
     cfg = {"receivers": [{"name": "hook", "webhook": {"url": f"{sink.url}/hook"}}]}
     service = AlertingService(hub, parse_alerting(cfg))
-    server = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN], evaluate_interval=0.1)
+    server = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN], evaluate_interval=0.1, alerting=service)
     service.start()
     server.start()
     yield server, script

@@ -24,7 +24,7 @@ from gpuscope.cluster.hub import ClusterHub
 from gpuscope.cluster.ring import shard_of
 from gpuscope.config import load_config
 from gpuscope.ingest.payload import parse_batch
-from gpuscope.services import attach_services, build_hub, join_cluster
+from gpuscope.runtime import assemble
 from gpuscope.store.duckdb_store import DuckDBStore
 from gpuscope.web.api import HubApi
 from support import wait_until
@@ -66,11 +66,13 @@ def _start(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Member:
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(config))
     cfg = load_config(path)
-    hub = build_hub(DuckDBStore(":memory:", durable=False), cfg)
-    assert isinstance(hub, ClusterHub)
-    alerting = attach_services(hub, cfg)
-    join_cluster(hub)
-    return Member(hub, alerting, TestClient(HubApi(hub, tokens=[TOKEN]).app))
+    runtime = assemble(cfg, store=DuckDBStore(":memory:", durable=False), serve=False, evaluate_interval=None)
+    hub = runtime.cluster
+    assert hub is not None
+    hub.join()  # the test drives evaluation and the alerting clock itself: nothing else is started
+    return Member(
+        hub, runtime.alerting, TestClient(HubApi(hub, tokens=[TOKEN], alerting=runtime.alerting).app)
+    )
 
 
 @pytest.fixture

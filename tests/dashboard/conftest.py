@@ -54,11 +54,10 @@ def replay(hub: Hub, path: Path = SCENARIO) -> float:
 def served() -> Iterator[Served]:
     store = DuckDBStore(":memory:", durable=False)
     hub = Hub(store, price_per_gpu_hour=2.5)
-    AlertingService(hub, AlertingSettings())
+    alerting = AlertingService(hub, AlertingSettings())
     t0 = replay(hub)
-    server = HubServer(hub, "127.0.0.1", 0)
+    server = HubServer(hub, "127.0.0.1", 0, alerting=alerting, evaluate_interval=None)  # replayed time
     server.start()
-    server.evaluator.stop()
     try:
         yield Served(hub, server, t0)
     finally:

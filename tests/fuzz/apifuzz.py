@@ -33,8 +33,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from gpuscope.config import HubConfig
-from gpuscope.hub import Hub
-from gpuscope.services import attach_services
+from gpuscope.runtime import assemble
 from gpuscope.store.duckdb_store import DuckDBStore
 from gpuscope.web.api import HubApi
 
@@ -47,13 +46,12 @@ NOT_API = {("GET", "/"), ("GET", "/ui"), ("GET", "/ui/")}
 @contextmanager
 def hub_app() -> Iterator[Starlette]:
     """The hub's Starlette app as ``gpuscope hub`` builds it, on an in-memory store."""
-    hub = Hub(DuckDBStore(":memory:", durable=False))
-    alerting = attach_services(hub, HubConfig(tokens=[TOKEN], storage_path=":memory:"))
+    cfg = HubConfig(tokens=[TOKEN], storage_path=":memory:")
+    runtime = assemble(cfg, store=DuckDBStore(":memory:", durable=False), serve=False)
     try:
-        yield HubApi(hub, tokens=[TOKEN]).app
+        yield HubApi(runtime.hub, tokens=[TOKEN], alerting=runtime.alerting).app
     finally:
-        alerting.stop()
-        hub.store.close()
+        runtime.stop()
 
 
 def registered_operations(app: Starlette) -> set[tuple[str, str]]:

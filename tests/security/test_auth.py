@@ -55,7 +55,14 @@ class Rig:
     def __init__(self, auth: AuthSettings, open_reads: bool, audit: AuditLog | None = None) -> None:
         self.hub = Hub(DuckDBStore(":memory:", durable=False))
         self.alerting = AlertingService(self.hub, parse_alerting({}))
-        self.api = HubApi(self.hub, auth=auth, open_reads=open_reads, audit=audit, clock=lambda: 1000.0)
+        self.api = HubApi(
+            self.hub,
+            auth=auth,
+            open_reads=open_reads,
+            audit=audit,
+            clock=lambda: 1000.0,
+            alerting=self.alerting,
+        )
         self.client = TestClient(self.api.app)
 
     def ingest(self, headers: dict[str, str]) -> Any:

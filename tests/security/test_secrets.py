@@ -49,7 +49,7 @@ def test_bad_tokens_notifier_failures_and_health_leak_nothing(caplog: pytest.Log
         {"name": "pager", "pagerduty": {"routing_key": ROUTING_KEY, "url": f"http://127.0.0.1:{closed}/x"}},
     ]
     service = AlertingService(hub, parse_alerting({"receivers": receivers}))
-    server = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN], evaluate_interval=0.1)
+    server = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN], evaluate_interval=0.1, alerting=service)
     service.start()
     server.start()
     answers: list[str] = []

@@ -13,12 +13,12 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import orjson
 
 from gpuscope.alert.dispatch import Dispatcher
-from gpuscope.alert.engine import AlertChange
+from gpuscope.alert.engine import AlertChange, AlertEngine
 from gpuscope.alert.flap import FlapDetector
 from gpuscope.alert.labels import Matcher, alert_labels, fingerprint
 from gpuscope.alert.outbox import Outbox, Sender
@@ -26,10 +26,9 @@ from gpuscope.alert.settings import AlertingSettings
 from gpuscope.alert.silences import Silence, Silences, new_silence, parse_config_silences
 from gpuscope.alert.statedb import StateBackend, StateDB
 from gpuscope.alert.triage import run_playbook
+from gpuscope.counters import Counters
 from gpuscope.model import Alert
-
-if TYPE_CHECKING:
-    from gpuscope.hub import Hub
+from gpuscope.store.base import Store
 
 log = logging.getLogger("gpuscope.alert.service")
 
@@ -48,10 +47,28 @@ def alert_annotations(alert: Alert) -> dict[str, str]:
     return out
 
 
+class AlertSource(Protocol):
+    """What alerting needs of a hub: its alert changes, its alert state, and the store that
+    playbooks read and alerts are saved to."""
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def counters(self) -> Counters: ...
+
+    @property
+    def alerts(self) -> AlertEngine: ...
+
+    def firing(self) -> list[Alert]: ...
+
+    def add_listener(self, listener: Callable[[AlertChange], None]) -> None: ...
+
+
 class AlertingService:
     def __init__(
         self,
-        hub: Hub,
+        hub: AlertSource,
         settings: AlertingSettings,
         *,
         db: StateBackend | None = None,
@@ -98,7 +115,6 @@ class AlertingService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         hub.add_listener(self.on_change)
-        hub.alerting = self
 
     # -- the hub's listener -------------------------------------------------------------------
 

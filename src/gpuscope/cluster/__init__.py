@@ -8,5 +8,5 @@ its shards over, continuing its firing alerts. Silences, acknowledgements, alert
 lineage registry run their single-hub code on PostgreSQL (:mod:`.sql`); incidents are grouped over
 the shared alerts; notification timing is kept in the shared outbox (:mod:`.notify`). See
 :mod:`.membership`, :mod:`.state`, :mod:`.outbox` and :mod:`.hub`; a hub joins in
-:mod:`gpuscope.services`.
+:mod:`gpuscope.runtime`.
 """

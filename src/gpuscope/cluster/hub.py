@@ -16,6 +16,7 @@ from typing import Any
 
 from gpuscope.alert.engine import AlertChange, AlertEngine
 from gpuscope.alert.incidents import Incident
+from gpuscope.alert.service import AlertingService
 from gpuscope.alert.topology import placements
 from gpuscope.cluster.config import ClusterConfig
 from gpuscope.cluster.forward import Forwarder
@@ -193,6 +194,8 @@ class ClusterHub(Hub):
         self.sweeper: Sweeper | None = None
         self._state_db: PgSql | None = None
         self._joined = False
+        #: triage, history and the routes its outbox sweep follows; set by the runtime before join
+        self.alerting: AlertingService | None = None
 
     def state_db(self) -> PgSql:
         """The alert layer's state (silences, acknowledgements, history) in the cluster's database."""

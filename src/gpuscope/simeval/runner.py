@@ -12,10 +12,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.hub import Hub
 from gpuscope.ingest.payload import batch_to_json, parse_batch
 from gpuscope.model import Alert, Batch
-from gpuscope.quality.monitor import QualityMonitor
+from gpuscope.runtime import evaluation_hub
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import Scenario
 from gpuscope.store.duckdb_store import DuckDBStore
@@ -46,8 +45,7 @@ def run_scenario(
 ) -> RunResult:
     """Simulate ``scenario`` and return every alert raised, with times in simulated seconds."""
     store = DuckDBStore(":memory:", durable=False)
-    hub = Hub(store, price_per_gpu_hour=scenario.cluster.price_per_gpu_hour)
-    QualityMonitor().attach(hub)  # as gpuscope.services does for a real hub: drift and business series
+    hub = evaluation_hub(store, scenario.cluster.price_per_gpu_hour)  # the runtime's detection side
     started = time.perf_counter()
     ticks = samples = 0
     try:

@@ -26,8 +26,11 @@ MAX_BODY = 64 * 1024
 
 
 class AlertingApi:
-    def __init__(self, hub: Hub, authorize: Callable[[Request], None]) -> None:
+    def __init__(
+        self, hub: Hub, service: AlertingService | None, authorize: Callable[[Request], None]
+    ) -> None:
         self.hub = hub
+        self.service = service
         self.authorize = authorize
 
     def routes(self) -> list[tuple[str, Handler, list[str]]]:
@@ -43,7 +46,7 @@ class AlertingApi:
         ]
 
     def _service(self) -> AlertingService:
-        service = self.hub.alerting
+        service = self.service
         if service is None:
             raise ApiError(503, "alerting", "this hub runs no alerting service")
         return service

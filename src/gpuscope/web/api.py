@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gpuscope import __version__
+from gpuscope.alert.service import AlertingService
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import (
     Limits,
@@ -134,6 +135,7 @@ class HubApi:
         auth: AuthSettings | None = None,
         open_reads: bool = True,
         audit: AuditLog | None = None,
+        alerting: AlertingService | None = None,
     ) -> None:
         self.hub = hub
         self.limits = limits or Limits()
@@ -156,8 +158,8 @@ class HubApi:
             Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/api/v1/audit", self._guard(self.audit_log), methods=["GET"]),
         ]
-        alerting = AlertingApi(hub, self._authorize_write)
-        routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting.routes()]
+        alerting_api = AlertingApi(hub, alerting, self._authorize_write)
+        routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting_api.routes()]
         from gpuscope.lineage import for_hub
         from gpuscope.web.dashboard_api import dashboard_routes
         from gpuscope.web.lineage_api import LineageApi
@@ -166,7 +168,7 @@ class HubApi:
         routes += cluster_routes(hub, self._guard, self.limits)  # none unless the hub is a cluster member
 
         self.app = Starlette(
-            routes=[*routes, *dashboard_routes(hub)],
+            routes=[*routes, *dashboard_routes(hub, alerting=alerting is not None)],
             exception_handlers={404: _no_route, 405: _no_route},
         )
         self.app.add_middleware(

@@ -67,9 +67,10 @@ def _text(request: Request, name: str) -> str:
 class DashboardApi:
     """The handlers behind the pages; ``clock`` lets tests pin "now"."""
 
-    def __init__(self, hub: Hub, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, hub: Hub, clock: Callable[[], float] = time.time, *, alerting: bool = False) -> None:
         self.hub = hub
         self.clock = clock
+        self.alerting = alerting  # whether the hub runs an alerting service (ack, silences)
 
     def _guard(self, handler: Handler) -> Handler:
         async def wrapped(request: Request) -> Response:
@@ -128,7 +129,7 @@ class DashboardApi:
         paths = {getattr(r, "path", "") for r in request.app.routes}
         return _json(
             {
-                "alerting": self.hub.alerting is not None,
+                "alerting": self.alerting,
                 "lineage": any(p.startswith("/api/v1/lineage") for p in paths),
                 "price_per_gpu_hour": self.hub.alerts.price_per_gpu_hour,
                 "now": self.clock(),
@@ -161,6 +162,6 @@ class DashboardApi:
         ]
 
 
-def dashboard_routes(hub: Hub) -> list[BaseRoute]:
+def dashboard_routes(hub: Hub, *, alerting: bool = False) -> list[BaseRoute]:
     """The routes the hub's app mounts for the dashboard."""
-    return DashboardApi(hub).routes()
+    return DashboardApi(hub, alerting=alerting).routes()

@@ -1,4 +1,4 @@
-"""Running a hub: the HTTP server plus the evaluation loop that drives detection on the clock."""
+"""Serving a hub over HTTP (uvicorn on one bound socket), in this thread or a background one."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Callable
 
 import uvicorn
 
+from gpuscope.alert.service import AlertingService
+from gpuscope.evaluator import Evaluator
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import Limits
 from gpuscope.tls import TlsSettings
@@ -44,38 +45,14 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-class Evaluator(threading.Thread):
-    """Evaluates detectors every ``interval`` seconds and maintains store rollups each minute."""
-
-    def __init__(self, hub: Hub, interval: float = 1.0, clock: Callable[[], float] = time.time) -> None:
-        super().__init__(name="gpuscope-evaluator", daemon=True)
-        self.hub = hub
-        self.interval = interval
-        self.clock = clock
-        self.stop_event = threading.Event()
-
-    def run(self) -> None:
-        last_maintenance = 0.0
-        while not self.stop_event.wait(self.interval - (self.clock() % self.interval)):
-            now = self.clock()
-            try:
-                self.hub.evaluate(now)
-                if now - last_maintenance >= 60:
-                    last_maintenance = now
-                    self.hub.maintain(now)
-            except Exception:  # the loop must outlive any one bad evaluation
-                self.hub.counters.inc("evaluator_errors")
-                log.exception("evaluation failed")
-
-    def stop(self) -> None:
-        self.stop_event.set()
-
-
 class HubServer:
     """A hub listening on HOST:PORT, in the current thread (:meth:`run`) or a background one.
 
     ``auth`` (scoped tokens; or ``tokens``, plain ones with every scope) guards the API: off
     loopback a token is required for reads too. ``tls`` serves HTTPS from its certificate files.
+    Built alone it also runs the hub's clock and closes the store when it stops; the runtime
+    (:mod:`gpuscope.runtime`) passes ``evaluate_interval=None, close_store=False`` and does both
+    in its own order.
     """
 
     def __init__(
@@ -86,9 +63,11 @@ class HubServer:
         *,
         tokens: list[str] | None = None,
         limits: Limits | None = None,
-        evaluate_interval: float = 1.0,
+        evaluate_interval: float | None = 1.0,
         auth: AuthSettings | None = None,
         tls: TlsSettings | None = None,
+        alerting: AlertingService | None = None,
+        close_store: bool = True,
     ) -> None:
         auth = auth if auth is not None else AuthSettings.from_plain(tokens or [])
         if not is_loopback(host) and not auth.tokens:
@@ -99,7 +78,7 @@ class HubServer:
         ssl_context = tls.server_context() if tls is not None else None  # bad files: ValueError now
         self.hub = hub
         self.tls = tls
-        self.api = HubApi(hub, auth=auth, limits=limits, open_reads=is_loopback(host))
+        self.api = HubApi(hub, auth=auth, limits=limits, open_reads=is_loopback(host), alerting=alerting)
         # proto must say TCP: asyncio only sets TCP_NODELAY on sockets that do, and without it
         # every small response waits out the client's delayed ACK (about 40 ms).
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -122,7 +101,8 @@ class HubServer:
                 ssl_context_factory=(lambda _config, _default: ssl_context) if ssl_context else None,
             )
         )
-        self.evaluator = Evaluator(hub, evaluate_interval)
+        self.evaluator = Evaluator(hub, evaluate_interval) if evaluate_interval is not None else None
+        self.close_store = close_store
         self._thread: threading.Thread | None = None
 
     @property
@@ -132,16 +112,17 @@ class HubServer:
 
     def run(self) -> None:
         """Serve until interrupted (SIGINT/SIGTERM), then flush the store."""
-        self.evaluator.start()
+        if self.evaluator is not None:
+            self.evaluator.start()
         try:
             self.server.run(sockets=[self.sock])
         finally:
-            self.evaluator.stop()
-            self.hub.store.close()
+            self._closed()
 
     def start(self) -> None:
         """Serve from a background thread; returns once the server accepts connections."""
-        self.evaluator.start()
+        if self.evaluator is not None:
+            self.evaluator.start()
         self._thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.sock]}, name="gpuscope-http", daemon=True
         )
@@ -153,8 +134,13 @@ class HubServer:
             time.sleep(0.01)
 
     def stop(self) -> None:
-        self.evaluator.stop()
         self.server.should_exit = True
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self.hub.store.close()
+        self._closed()
+
+    def _closed(self) -> None:
+        if self.evaluator is not None:
+            self.evaluator.stop()
+        if self.close_store:
+            self.hub.store.close()

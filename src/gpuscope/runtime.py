@@ -1,0 +1,188 @@
+"""The one composition root: a :class:`~gpuscope.config.HubConfig` in, a running hub out.
+
+``gpuscope hub``, ``gpuscope demo``, the benchmarks and the tests that run a whole hub build it
+here with :func:`assemble`, so they all carry the same services (quality monitoring, alerting,
+the clock, cluster membership) wired the same way. ``sim-eval`` drives the :class:`Hub` alone in
+virtual time (:func:`evaluation_hub`): no clock thread, no notifications.
+
+The order things start and stop in is written down in :meth:`Runtime.start` and
+:meth:`Runtime.stop`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, replace
+
+import psycopg
+
+from gpuscope.alert.service import AlertingService, default_state_path
+from gpuscope.cluster.hub import ClusterHub
+from gpuscope.config import HubConfig
+from gpuscope.evaluator import Evaluator
+from gpuscope.hub import Hub
+from gpuscope.ingest.payload import Limits
+from gpuscope.quality.monitor import QualityMonitor
+from gpuscope.quality.slo import Slo
+from gpuscope.store.base import Store
+from gpuscope.store.errors import StoreError
+from gpuscope.store.settings import open_store
+from gpuscope.web.server import HubServer
+
+log = logging.getLogger("gpuscope.runtime")
+
+
+class AssemblyError(RuntimeError):
+    """A hub could not be put together (its cluster database refused); nothing is left open."""
+
+
+def evaluation_hub(store: Store, price_per_gpu_hour: float, slos: list[Slo] | None = None) -> Hub:
+    """A hub with the detection-side services only (drift and business series), for virtual time."""
+    hub = Hub(store, price_per_gpu_hour=price_per_gpu_hour)
+    QualityMonitor(slos or []).attach(hub)
+    return hub
+
+
+def _alerting(hub: Hub, cfg: HubConfig) -> AlertingService:
+    settings = cfg.alerting
+    if settings.state_path is None:
+        settings = replace(settings, state_path=default_state_path(cfg.storage_path))
+    if settings.pending_for:
+        hub.alerts.pending_for = dict(settings.pending_for)
+    if isinstance(hub, ClusterHub):
+        # silences, acknowledgements and history are shared by every hub of the cluster
+        service = AlertingService(hub, settings, db=hub.state_db())
+        hub.alerting = service
+        return service
+    return AlertingService(hub, settings)
+
+
+@dataclass(slots=True)
+class Runtime:
+    """A hub and what runs around it; :meth:`start` / :meth:`stop` (or :meth:`run`)."""
+
+    cfg: HubConfig
+    hub: Hub
+    quality: QualityMonitor
+    alerting: AlertingService
+    evaluator: Evaluator | None  # None: the caller evaluates (virtual time)
+    server: HubServer | None
+
+    @property
+    def cluster(self) -> ClusterHub | None:
+        return self.hub if isinstance(self.hub, ClusterHub) else None
+
+    def start(self, now: float | None = None) -> None:
+        """Start everything; with a server, it accepts connections when this returns."""
+        self._start_services(now)
+        # 4. HTTP: senders' data flows in from here on
+        if self.server is not None:
+            self.server.start()
+        self._join()
+
+    def run(self) -> None:
+        """``gpuscope hub``: serve in this thread until SIGINT/SIGTERM, then stop in order."""
+        assert self.server is not None
+        self._start_services(None)
+        self._join()  # 4 and 5 swap: serving blocks this thread until the hub is told to stop
+        try:
+            self.server.run()
+        finally:
+            self._stop_services()
+
+    def _start_services(self, now: float | None) -> None:
+        # 1. continue the alerts that were firing and warm the detectors up from the store, before
+        #    any new data arrives (a hub that cannot read its history still serves, warming up live)
+        try:
+            self.hub.resume(time.time() if now is None else now, self.cfg.warmup_s)
+        except StoreError as exc:
+            log.warning("warm-up skipped: %s", exc)
+        # 2. alerting (its outbox and its clock), so the first changes are routed and delivered
+        self.alerting.start()
+        # 3. the hub's clock: detectors evaluated every second, store upkeep every minute
+        if self.evaluator is not None:
+            self.evaluator.start()
+
+    def _join(self) -> None:
+        # 5. a cluster member takes its shards last (each taken shard is warmed up by itself)
+        if self.cluster is not None:
+            self.cluster.join()
+
+    def stop(self) -> None:
+        """Stop in the reverse order of :meth:`start`."""
+        # 1. no new data: requests under way finish (or are dropped unacknowledged after 10 s)
+        if self.server is not None:
+            self.server.stop()
+        self._stop_services()
+
+    def _stop_services(self) -> None:
+        # 2. the clock stops: no evaluation starts after this
+        if self.evaluator is not None:
+            self.evaluator.stop()
+        # 3. alerting: its clock and outbox stop, its state database closes
+        self.alerting.stop()
+        # 4. the store flushes and closes; a cluster member leaves first, handing its shards over
+        self.hub.store.close()
+
+
+def assemble(
+    cfg: HubConfig,
+    *,
+    store: Store | None = None,
+    serve: bool = True,
+    evaluate_interval: float | None = 1.0,
+    any_port: bool = False,
+) -> Runtime:
+    """Build (not start) the hub ``cfg`` describes: its store (unless given), the hub or cluster
+    member, quality monitoring, alerting, the clock and, with ``serve``, the HTTP server on
+    ``cfg.host:cfg.port`` (``any_port``: a free one when that port is taken). Without an
+    ``evaluate_interval`` the hub has no clock thread: the caller evaluates in its own time.
+
+    Raises :class:`~gpuscope.store.errors.StoreError` (a store it cannot open),
+    :class:`AssemblyError` (the cluster database) and ``ValueError``/``OSError`` (the listener);
+    whatever was opened is closed again first."""
+    store = store if store is not None else open_store(cfg.storage_settings(), cfg.store_limits())
+    try:
+        hub = (
+            Hub(store, price_per_gpu_hour=cfg.price_per_gpu_hour)
+            if cfg.cluster is None
+            else ClusterHub(store, cfg.cluster, price_per_gpu_hour=cfg.price_per_gpu_hour)
+        )
+    except psycopg.Error as exc:
+        store.close()
+        reason = str(exc).strip()
+        raise AssemblyError(f"cannot use the cluster database (cluster.postgres_dsn): {reason}") from None
+    quality = QualityMonitor(cfg.slos)
+    quality.attach(hub)
+    alerting = _alerting(hub, cfg)
+    server = None
+    if serve:
+        try:
+            server = _server(hub, cfg, alerting, cfg.port)
+        except OSError:
+            if not any_port:
+                alerting.stop()
+                store.close()
+                raise
+            server = _server(hub, cfg, alerting, 0)
+        except ValueError:
+            alerting.stop()
+            store.close()
+            raise
+    evaluator = Evaluator(hub, evaluate_interval) if evaluate_interval is not None else None
+    return Runtime(cfg, hub, quality, alerting, evaluator, server)
+
+
+def _server(hub: Hub, cfg: HubConfig, alerting: AlertingService, port: int) -> HubServer:
+    return HubServer(
+        hub,
+        cfg.host,
+        port,
+        auth=cfg.auth,
+        tls=cfg.tls,
+        limits=Limits(max_body_bytes=cfg.max_body_bytes, max_past_s=cfg.raw_retention_s),
+        alerting=alerting,
+        evaluate_interval=None,  # the runtime runs the clock, in its place in the order
+        close_store=False,
+    )
