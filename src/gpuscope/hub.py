@@ -113,9 +113,14 @@ class Hub:
             changes = self.alerts.update(now, findings)
         for change in changes:
             self.store.save_alert(change.alert)
+        self._tell(changes)
+        return changes
+
+    def _tell(self, changes: list[AlertChange]) -> None:
+        """Every listener hears every change, on a single hub and on a cluster member alike."""
+        for change in changes:
             for listener in self._listeners:
                 listener(change)
-        return changes
 
     def maintain(self, now: float) -> None:
         """Periodic store upkeep: rollups and raw retention."""

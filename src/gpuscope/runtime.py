@@ -19,10 +19,12 @@ import psycopg
 
 from gpuscope.alert.service import AlertingService, default_state_path
 from gpuscope.cluster.hub import ClusterHub
+from gpuscope.cluster.sql import PgSql
 from gpuscope.config import HubConfig
 from gpuscope.evaluator import Evaluator
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import Limits
+from gpuscope.lineage import LineageRegistry, for_hub
 from gpuscope.quality.monitor import QualityMonitor
 from gpuscope.quality.slo import Slo
 from gpuscope.store.base import Store
@@ -44,16 +46,16 @@ def evaluation_hub(store: Store, price_per_gpu_hour: float, slos: list[Slo] | No
     return hub
 
 
-def _alerting(hub: Hub, cfg: HubConfig) -> AlertingService:
+def _alerting(hub: Hub, cluster: ClusterHub | None, cfg: HubConfig) -> AlertingService:
     settings = cfg.alerting
     if settings.state_path is None:
         settings = replace(settings, state_path=default_state_path(cfg.storage_path))
     if settings.pending_for:
         hub.alerts.pending_for = dict(settings.pending_for)
-    if isinstance(hub, ClusterHub):
+    if cluster is not None:
         # silences, acknowledgements and history are shared by every hub of the cluster
-        service = AlertingService(hub, settings, db=hub.state_db())
-        hub.alerting = service
+        service = AlertingService(hub, settings, db=cluster.state_db(), listen=False)
+        cluster.alerting = service
         return service
     return AlertingService(hub, settings)
 
@@ -64,14 +66,12 @@ class Runtime:
 
     cfg: HubConfig
     hub: Hub
+    cluster: ClusterHub | None  # the same hub, when it is a member of a sharded cluster
     quality: QualityMonitor
     alerting: AlertingService
+    lineage: LineageRegistry
     evaluator: Evaluator | None  # None: the caller evaluates (virtual time)
     server: HubServer | None
-
-    @property
-    def cluster(self) -> ClusterHub | None:
-        return self.hub if isinstance(self.hub, ClusterHub) else None
 
     def start(self, now: float | None = None) -> None:
         """Start everything; with a server, it accepts connections when this returns."""
@@ -143,38 +143,46 @@ def assemble(
     :class:`AssemblyError` (the cluster database) and ``ValueError``/``OSError`` (the listener);
     whatever was opened is closed again first."""
     store = store if store is not None else open_store(cfg.storage_settings(), cfg.store_limits())
+    cluster: ClusterHub | None = None
     try:
-        hub = (
-            Hub(store, price_per_gpu_hour=cfg.price_per_gpu_hour)
-            if cfg.cluster is None
-            else ClusterHub(store, cfg.cluster, price_per_gpu_hour=cfg.price_per_gpu_hour)
-        )
+        if cfg.cluster is not None:
+            cluster = ClusterHub(store, cfg.cluster, price_per_gpu_hour=cfg.price_per_gpu_hour)
     except psycopg.Error as exc:
         store.close()
         reason = str(exc).strip()
         raise AssemblyError(f"cannot use the cluster database (cluster.postgres_dsn): {reason}") from None
+    hub = cluster if cluster is not None else Hub(store, price_per_gpu_hour=cfg.price_per_gpu_hour)
     quality = QualityMonitor(cfg.slos)
     quality.attach(hub)
-    alerting = _alerting(hub, cfg)
+    alerting = _alerting(hub, cluster, cfg)
     server = None
+    # sharded hubs share one lineage registry in PostgreSQL; a single hub keeps it beside its store
+    lineage = for_hub(hub, PgSql(cluster.cfg.postgres_dsn) if cluster is not None else None)
     if serve:
         try:
-            server = _server(hub, cfg, alerting, cfg.port)
+            server = _server(hub, cluster, lineage, cfg, alerting, cfg.port)
         except OSError:
             if not any_port:
                 alerting.stop()
                 store.close()
                 raise
-            server = _server(hub, cfg, alerting, 0)
+            server = _server(hub, cluster, lineage, cfg, alerting, 0)
         except ValueError:
             alerting.stop()
             store.close()
             raise
     evaluator = Evaluator(hub, evaluate_interval) if evaluate_interval is not None else None
-    return Runtime(cfg, hub, quality, alerting, evaluator, server)
+    return Runtime(cfg, hub, cluster, quality, alerting, lineage, evaluator, server)
 
 
-def _server(hub: Hub, cfg: HubConfig, alerting: AlertingService, port: int) -> HubServer:
+def _server(
+    hub: Hub,
+    cluster: ClusterHub | None,
+    lineage: LineageRegistry,
+    cfg: HubConfig,
+    alerting: AlertingService,
+    port: int,
+) -> HubServer:
     return HubServer(
         hub,
         cfg.host,
@@ -183,6 +191,8 @@ def _server(hub: Hub, cfg: HubConfig, alerting: AlertingService, port: int) -> H
         tls=cfg.tls,
         limits=Limits(max_body_bytes=cfg.max_body_bytes, max_past_s=cfg.raw_retention_s),
         alerting=alerting,
+        lineage=lineage,
+        cluster=cluster,
         evaluate_interval=None,  # the runtime runs the clock, in its place in the order
         close_store=False,
     )

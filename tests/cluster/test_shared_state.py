@@ -70,9 +70,8 @@ def _start(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Member:
     hub = runtime.cluster
     assert hub is not None
     hub.join()  # the test drives evaluation and the alerting clock itself: nothing else is started
-    return Member(
-        hub, runtime.alerting, TestClient(HubApi(hub, tokens=[TOKEN], alerting=runtime.alerting).app)
-    )
+    api = HubApi(hub, tokens=[TOKEN], alerting=runtime.alerting, lineage=runtime.lineage, cluster=hub)
+    return Member(hub, runtime.alerting, TestClient(api.app))
 
 
 @pytest.fixture

@@ -75,7 +75,11 @@ class AlertingService:
         sender: Sender | None = None,
         clock: Callable[[], float] = time.time,
         tick_interval: float = 1.0,
+        listen: bool = True,
     ) -> None:
+        """``listen=False``: the hub does not hand this service its alert changes (a cluster member
+        triages, records and renders the notifications of each transition in the same PostgreSQL
+        transaction that writes it)."""
         self.hub = hub
         self.settings = settings
         self.clock = clock
@@ -114,7 +118,8 @@ class AlertingService:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        hub.add_listener(self.on_change)
+        if listen:
+            hub.add_listener(self.on_change)
 
     # -- the hub's listener -------------------------------------------------------------------
 

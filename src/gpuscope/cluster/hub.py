@@ -332,6 +332,7 @@ class ClusterHub(Hub):
             self.counters.inc(f"cluster_alerts_{change.kind}")
             if self.alerting is not None:
                 self.alerting.record(change.alert.id, change.kind, change.alert.summary)
+        self._tell(done)
         return done
 
     def _notifications(self, change: AlertChange, now: float) -> list[Note]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from gpuscope.lineage.registry import LineageError, LineageRegistry, lineage_path
+from gpuscope.lineage.registry import LineageError, LineageRegistry, Sql, lineage_path
 from gpuscope.model import Batch, Event
 
 if TYPE_CHECKING:
@@ -13,15 +13,13 @@ if TYPE_CHECKING:
 __all__ = ["LineageError", "LineageRegistry", "for_hub", "lineage_path"]
 
 
-def for_hub(hub: Hub) -> LineageRegistry:
-    """The registry beside ``hub``'s store, whose events (registrations, promotions) the hub ingests."""
+def for_hub(hub: Hub, con: Sql | None = None) -> LineageRegistry:
+    """The registry whose events (registrations, promotions) ``hub`` ingests: beside its store, or
+    on ``con`` (sharded hubs share one registry in PostgreSQL; the runtime hands it in)."""
 
     def emit(events: list[Event]) -> None:
         hub.ingest(Batch("lineage", events=events))
 
-    from gpuscope.cluster.hub import ClusterHub
-    from gpuscope.cluster.sql import PgSql
-
-    if isinstance(hub, ClusterHub):  # sharded hubs share one registry in PostgreSQL
-        return LineageRegistry(emit=emit, con=PgSql(hub.cfg.postgres_dsn))
+    if con is not None:
+        return LineageRegistry(emit=emit, con=con)
     return LineageRegistry(lineage_path(str(getattr(hub.store, "path", ":memory:"))), emit=emit)

@@ -20,6 +20,7 @@ from starlette.routing import Route
 
 from gpuscope import __version__
 from gpuscope.alert.service import AlertingService
+from gpuscope.cluster.hub import ClusterHub
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import (
     Limits,
@@ -29,13 +30,16 @@ from gpuscope.ingest.payload import (
     parse_batch,
     training_to_json,
 )
+from gpuscope.lineage import LineageRegistry, for_hub
 from gpuscope.model import LABEL_KEY_RE, MAX_TIMESTAMP, Alert, Event
 from gpuscope.store.errors import StoreError, StoreFull
 from gpuscope.web.alerting_api import AlertingApi
 from gpuscope.web.auth import AuditLog, AuthSettings
 from gpuscope.web.cluster_api import cluster_health, cluster_routes
+from gpuscope.web.dashboard_api import dashboard_routes
 from gpuscope.web.errors import ApiError, error_response, json_safe
 from gpuscope.web.guard import PRINCIPAL_KEY, AuthMiddleware
+from gpuscope.web.lineage_api import LineageApi
 from gpuscope.web.openapi import openapi_document
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -136,8 +140,11 @@ class HubApi:
         open_reads: bool = True,
         audit: AuditLog | None = None,
         alerting: AlertingService | None = None,
+        lineage: LineageRegistry | None = None,
+        cluster: ClusterHub | None = None,
     ) -> None:
         self.hub = hub
+        self.cluster = cluster  # the same hub as a cluster member, when it is one
         self.limits = limits or Limits()
         self.clock = clock
         self.started = clock()
@@ -160,12 +167,8 @@ class HubApi:
         ]
         alerting_api = AlertingApi(hub, alerting, self._authorize_write)
         routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting_api.routes()]
-        from gpuscope.lineage import for_hub
-        from gpuscope.web.dashboard_api import dashboard_routes
-        from gpuscope.web.lineage_api import LineageApi
-
-        routes += LineageApi(for_hub(hub), self._authorize_write).routes()
-        routes += cluster_routes(hub, self._guard, self.limits)  # none unless the hub is a cluster member
+        routes += LineageApi(lineage or for_hub(hub), self._authorize_write).routes()
+        routes += cluster_routes(cluster, self._guard, self.limits)  # none unless a cluster member
 
         self.app = Starlette(
             routes=[*routes, *dashboard_routes(hub, alerting=alerting is not None)],
@@ -335,7 +338,7 @@ class HubApi:
                     "detection": self.hub.detection_stats(),
                     "store": stats,
                     "firing_alerts": len(self.hub.firing()),
-                    **cluster_health(self.hub),
+                    **cluster_health(self.cluster),
                 }
             )
         )

@@ -15,7 +15,6 @@ from starlette.routing import Route
 
 from gpuscope.cluster.forward import HOPS_HEADER, OBSERVE_PATH
 from gpuscope.cluster.hub import MAX_HOPS, ClusterHub
-from gpuscope.hub import Hub
 from gpuscope.ingest.payload import Limits, PayloadError, decode_json, parse_batch
 from gpuscope.web.errors import ApiError
 
@@ -23,9 +22,9 @@ Handler = Callable[[Request], Awaitable[Response]]
 Guard = Callable[[Handler], Handler]
 
 
-def cluster_routes(hub: Hub, guard: Guard, limits: Limits) -> list[Route]:
+def cluster_routes(hub: ClusterHub | None, guard: Guard, limits: Limits) -> list[Route]:
     """``POST /api/v1/cluster/forward`` on a cluster member; nothing on a single hub."""
-    if not isinstance(hub, ClusterHub):
+    if hub is None:
         return []
     digest = hashlib.sha256(hub.cfg.peer_token.encode()).digest()
 
@@ -54,8 +53,8 @@ def cluster_routes(hub: Hub, guard: Guard, limits: Limits) -> list[Route]:
     return [Route(OBSERVE_PATH, guard(observe), methods=["POST"])]
 
 
-def cluster_health(hub: Hub) -> dict[str, Any]:
+def cluster_health(hub: ClusterHub | None) -> dict[str, Any]:
     """Membership and owned shards, for ``/api/v1/health`` (empty outside a cluster)."""
-    if not isinstance(hub, ClusterHub):
+    if hub is None:
         return {}
     return {"cluster": hub.cluster_status()}

@@ -12,9 +12,11 @@ import time
 import uvicorn
 
 from gpuscope.alert.service import AlertingService
+from gpuscope.cluster.hub import ClusterHub
 from gpuscope.evaluator import Evaluator
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import Limits
+from gpuscope.lineage import LineageRegistry
 from gpuscope.tls import TlsSettings
 from gpuscope.web.api import HubApi
 from gpuscope.web.auth import AuthSettings
@@ -67,6 +69,8 @@ class HubServer:
         auth: AuthSettings | None = None,
         tls: TlsSettings | None = None,
         alerting: AlertingService | None = None,
+        lineage: LineageRegistry | None = None,
+        cluster: ClusterHub | None = None,
         close_store: bool = True,
     ) -> None:
         auth = auth if auth is not None else AuthSettings.from_plain(tokens or [])
@@ -78,7 +82,15 @@ class HubServer:
         ssl_context = tls.server_context() if tls is not None else None  # bad files: ValueError now
         self.hub = hub
         self.tls = tls
-        self.api = HubApi(hub, auth=auth, limits=limits, open_reads=is_loopback(host), alerting=alerting)
+        self.api = HubApi(
+            hub,
+            auth=auth,
+            limits=limits,
+            open_reads=is_loopback(host),
+            alerting=alerting,
+            lineage=lineage,
+            cluster=cluster,
+        )
         # proto must say TCP: asyncio only sets TCP_NODELAY on sockets that do, and without it
         # every small response waits out the client's delayed ACK (about 40 ms).
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
