@@ -29,7 +29,7 @@ from common import print_table
 from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
 from gpuscope.signals import GPU_METRICS, NODE_METRICS
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 
 CHROMIUM = "/usr/bin/chromium"

@@ -25,7 +25,7 @@ from common import console, gpuscope_hub, print_table
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import Limits, check_time_window, decode_json, parse_batch
 from gpuscope.loadgen.traffic import FleetShape, Outgoing, build_scenario, tick_bodies
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 
 WARM_TICKS = 3
 

@@ -37,6 +37,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import logging
+import math
 import random
 import resource
 import shutil
@@ -66,8 +67,8 @@ from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.kinds import FAULT_KINDS, GPU_TARGET, JOB_TARGET, NODE_TARGET, RANK_TARGET, SERVICE_TARGET
 from gpuscope.sim.scenario import Scenario, builtin_scenario, load_scenario, parse_scenario
 from gpuscope.simeval.report import Report, evaluate
-from gpuscope.store._chunks import Chunk, ChunkView
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.store.duckdb.chunks import Chunk, ChunkView
 from gpuscope.web.auth import AuthSettings
 
 TOKEN = "longrun-bench-token"
@@ -413,6 +414,7 @@ def run_longrun(
     )
     cfg.auth = AuthSettings.from_plain([TOKEN])
     cfg.port = 0
+    cfg.raw_retention_s = math.inf  # virtual time starts in the past: ingest must not refuse it as old
     # no clock thread: it would run on the wall clock, and this run evaluates on the virtual one
     runtime = assemble(cfg, store=store, evaluate_interval=None)
     hub, server = runtime.hub, runtime.server

@@ -35,7 +35,7 @@ from gpuscope.hub import Hub
 from gpuscope.model import Finding
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import builtin_scenario, load_scenario
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 
 BUDGET_S = 1.0
 

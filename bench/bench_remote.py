@@ -32,7 +32,7 @@ import psutil
 from bench_ingest import blast, vm_bodies
 from common import TELEMETRY, Fleet, console, print_table, telemetry_ticks, victoria_metrics
 from gpuscope.model import Batch, Frame
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.remote import wire
 from gpuscope.store.remote.prom_store import PromStore
 

@@ -31,7 +31,7 @@ TRACE = SHARED_DATA / "azure_llm_inference_2023" / "AzureLLMInferenceTrace_conv.
 def local_hub(tmp: Path) -> Iterator[str]:
     """A real hub served from a thread of this process, so the SDK's thread competes for the GIL."""
     from gpuscope.hub import Hub
-    from gpuscope.store.duckdb_store import DuckDBStore
+    from gpuscope.store.duckdb import DuckDBStore
     from gpuscope.web.server import HubServer
 
     server = HubServer(Hub(DuckDBStore(str(tmp / "hub.duckdb"))), "127.0.0.1", free_port())

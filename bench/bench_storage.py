@@ -39,7 +39,7 @@ import numpy as np
 
 from common import Fleet, console, dir_bytes, print_table, telemetry_ticks, victoria_metrics
 from gpuscope.model import Batch, Frame
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 
 GPUS_PER_NODE = 8
 MAINTAIN_S = 300  # data seconds between maintenance calls (the hub runs it every minute)

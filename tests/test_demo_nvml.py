@@ -19,7 +19,7 @@ from gpuscope.ingest.payload import batch_to_json, parse_batch
 from gpuscope.model import Alert, Batch
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import parse_scenario
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 
 SCENARIO = """
 name: nvml-path

@@ -15,7 +15,7 @@ from alert.sink import Sink
 from gpuscope.config import load_config
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.runtime import assemble
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from support import free_port
 
 TOKEN = "a-runtime-test-token-0123"

@@ -11,7 +11,7 @@ from gpuscope.detect.base import Detector
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.hub import Hub
 from gpuscope.model import Finding
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 
 
 class Scripted(Detector):

@@ -16,7 +16,7 @@ from gpuscope.alert.settings import parse_alerting
 from gpuscope.cli import main
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.hub import Hub
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 
 TOKEN = "a-test-token-of-enough-length"

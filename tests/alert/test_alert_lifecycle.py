@@ -9,7 +9,7 @@ from gpuscope.alert.engine import AlertEngine
 from gpuscope.alert.ranking import rank_alerts
 from gpuscope.alert.topology import placements
 from gpuscope.model import Batch, Finding, Frame
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 
 
 def plateau() -> Finding:

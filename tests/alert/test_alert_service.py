@@ -11,7 +11,7 @@ from gpuscope.hub import Hub
 from gpuscope.ingest.payload import batch_to_json, parse_batch
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import load_scenario
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 
 SCENARIO = Path(__file__).parent / "fixtures" / "gpu_lost_small.yaml"
 

@@ -13,7 +13,7 @@ from gpuscope.alert.engine import AlertChange
 from gpuscope.config import load_config
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.runtime import assemble
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from support import wait_until
 
 SHARDS = 8

@@ -25,7 +25,7 @@ from gpuscope.cluster.ring import shard_of
 from gpuscope.config import load_config
 from gpuscope.ingest.payload import parse_batch
 from gpuscope.runtime import assemble
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.api import HubApi
 from support import wait_until
 

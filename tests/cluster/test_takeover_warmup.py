@@ -21,7 +21,7 @@ from gpuscope.cluster.config import ClusterConfig
 from gpuscope.cluster.hub import ClusterHub
 from gpuscope.cluster.ring import shard_of
 from gpuscope.model import Batch
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from support import wait_until
 
 SHARDS = 16

@@ -20,7 +20,7 @@ from gpuscope.alert.settings import AlertingSettings
 from gpuscope.hub import Hub
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import load_scenario
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 
 SCENARIO = Path(__file__).parent / "fixtures" / "dashboard.yaml"

@@ -9,7 +9,7 @@ from detect.rig import FakeCluster, FakeJob
 from gpuscope.alert.engine import AlertChange
 from gpuscope.hub import Hub
 from gpuscope.model import Batch
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 
 
 class World:

@@ -34,7 +34,7 @@ from starlette.routing import Route
 
 from gpuscope.config import HubConfig
 from gpuscope.runtime import assemble
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.api import HubApi
 
 TOKEN = "fuzz-token-0123456789abcdef"

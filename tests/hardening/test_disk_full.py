@@ -18,7 +18,7 @@ with warnings.catch_warnings():  # starlette prefers httpx2 for its test client;
 from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
 from gpuscope.hub import Hub
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.api import HubApi
 from hardening.conftest import fill
 

@@ -36,7 +36,7 @@ with warnings.catch_warnings():  # starlette prefers httpx2 for its test client;
 
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import Limits
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.api import HubApi
 
 NOW = 1_700_000_000.0

@@ -25,7 +25,7 @@ import pytest
 from gpuscope.model import Batch, Frame
 from gpuscope.sim.kinds import FAULT_KINDS
 from gpuscope.sim.scenario import load_scenario
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 
 from gpuscope.cli import main
 from gpuscope.model import Batch
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from store.store_helpers import frame, gpu
 from support import free_port
 

@@ -13,7 +13,7 @@ import pytest
 from gpuscope.hub import Hub
 from gpuscope.lineage import LineageError, LineageRegistry, for_hub
 from gpuscope.lineage.cli import add_arguments, run
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.lineage_api import LineageApi
 from gpuscope.web.server import HubServer
 

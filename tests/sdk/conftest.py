@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gpuscope.hub import Hub
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 from support import HubProcess, free_port
 

@@ -12,7 +12,7 @@ import pytest
 import gpuscope
 from gpuscope.hub import Hub
 from gpuscope.sdk import Run
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 from sdk.hubquery import events, records
 from support import free_port, wait_until

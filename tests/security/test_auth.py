@@ -19,7 +19,7 @@ from gpuscope.alert.settings import parse_alerting
 from gpuscope.cli import main
 from gpuscope.config import ConfigError, load_config
 from gpuscope.hub import Hub
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.api import HubApi
 from gpuscope.web.auth import AuditLog, AuthSettings, digest, parse_auth
 from gpuscope.web.guard import PUBLIC, ROUTE_SCOPES, required_scope

@@ -9,7 +9,7 @@ import pytest
 
 from dashboard.test_browser import ARGS, CHROMIUM  # skips this module where Chromium is absent
 from gpuscope.hub import Hub
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.auth import parse_auth
 from gpuscope.web.server import HubServer
 

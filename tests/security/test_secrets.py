@@ -20,7 +20,7 @@ from gpuscope.config import load_config
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.hub import Hub
 from gpuscope.redact import RedactingFilter, secret_strings
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 from support import free_port
 

@@ -17,7 +17,7 @@ from gpuscope.config import ConfigError, load_config
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Batch, Event
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.tls import TlsSettings, client_context
 from gpuscope.web.auth import AuthSettings
 from gpuscope.web.server import HubServer

@@ -11,7 +11,7 @@ from gpuscope.hub import Hub
 from gpuscope.lineage import LineageRegistry, for_hub
 from gpuscope.quality.monitor import QualityMonitor
 from gpuscope.quality.slo import Slo
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.lineage_api import LineageApi
 from gpuscope.web.server import HubServer
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 
 
 @pytest.fixture(params=[True, False], ids=["durable", "buffered"])

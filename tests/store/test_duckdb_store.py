@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from gpuscope.model import Alert, Batch, Event, TrainingRecord
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from store.store_helpers import frame, gpu, ticks
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from gpuscope.model import Batch
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from store.store_helpers import frame, gpu
 
 CHILD = textwrap.dedent(
@@ -21,7 +21,7 @@ CHILD = textwrap.dedent(
     import sys, threading
     import numpy as np
     from gpuscope.model import Batch, Frame
-    from gpuscope.store.duckdb_store import DuckDBStore
+    from gpuscope.store.duckdb import DuckDBStore
 
     store = DuckDBStore(sys.argv[1], seal_chunk_s=60, raw_retention_s=1e9)
     lock = threading.Lock()

@@ -8,7 +8,7 @@ import duckdb
 import pytest
 
 from gpuscope.model import Batch
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.errors import StoreError
 from store.store_helpers import frame, gpu
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuscope.store._planner import Tier, plan
+from gpuscope.store.duckdb.planner import Tier, plan
 
 M, H = 60_000, 3_600_000
 RAW = Tier("raw", 0, None, None)

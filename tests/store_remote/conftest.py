@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from gpuscope.store.base import Store
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.remote.local import LocalTSDB
 from store_remote.tsdbs import BACKENDS, ReadYourWrites, StoreFactory, start_tsdb
 

@@ -18,7 +18,7 @@ import pytest
 from gpuscope.config import ConfigError, HubConfig, load_config
 from gpuscope.model import Alert, Batch, Event, Frame, TrainingRecord
 from gpuscope.store.base import AppendResult
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.errors import StoreError
 from gpuscope.store.remote.local import LocalTSDB, free_port
 from gpuscope.store.remote.meta import PostgresMeta

@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from gpuscope.hub import Hub
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 from support import wait_until
 

@@ -17,7 +17,7 @@ from gpuscope.model import Alert, Batch
 from gpuscope.runtime import evaluation_hub
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import Scenario
-from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore
 
 ProgressCallback = Callable[[float, float], None]
 

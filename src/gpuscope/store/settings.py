@@ -140,7 +140,7 @@ def _secret(path: str, key: str) -> str:
 
 
 def _duckdb(s: StorageSettings, limits: StoreLimits) -> Store:
-    from gpuscope.store.duckdb_store import DuckDBStore  # the backend's modules load when chosen
+    from gpuscope.store.duckdb import DuckDBStore  # the backend's modules load when chosen
 
     return DuckDBStore(
         s.path,
@@ -151,7 +151,7 @@ def _duckdb(s: StorageSettings, limits: StoreLimits) -> Store:
 
 
 def _prometheus(s: StorageSettings, limits: StoreLimits) -> Store:
-    from gpuscope.store.duckdb_store import DuckDBStore
+    from gpuscope.store.duckdb import DuckDBStore
     from gpuscope.store.remote.meta import MetaStore, PostgresMeta
     from gpuscope.store.remote.prom_store import PromStore
 

@@ -1,7 +1,7 @@
 """The meta store of a remote backend: events, training records, alerts and batch-id de-duplication.
 
 A TSDB keeps numbers per series; these records are documents. They go to a local
-:class:`~gpuscope.store.duckdb_store.DuckDBStore` (its events, training, alerts and batch-id tables;
+:class:`~gpuscope.store.duckdb.DuckDBStore` (its events, training, alerts and batch-id tables;
 the telemetry tables stay empty), or to PostgreSQL so several hubs share them (:class:`PostgresMeta`).
 """
 
@@ -19,10 +19,10 @@ import orjson
 import psycopg
 
 from gpuscope.model import LABEL_KEY_RE, Alert, Batch, Event, Labels, TrainingRecord
-from gpuscope.store._prepare import Preparer
-from gpuscope.store._registry import ColumnRegistry, EntityRegistry
 from gpuscope.store.base import AppendResult
 from gpuscope.store.errors import StoreError
+from gpuscope.store.prepare import Preparer
+from gpuscope.store.registry import ColumnRegistry, EntityRegistry
 
 DAY = 86_400.0
 

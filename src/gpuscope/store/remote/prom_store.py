@@ -2,7 +2,7 @@
 cluster, Mimir, Thanos Receive, Prometheus with its remote-write receiver).
 
 Write path: a batch is validated and converted exactly as the embedded store does it (the same
-:class:`~gpuscope.store._prepare.Preparer`: the same refusals, limits, float32 values and notes),
+:class:`~gpuscope.store.prepare.Preparer`: the same refusals, limits, float32 values and notes),
 its telemetry sent with remote-write (one series per metric and label set, attribution labels such
 as ``job`` included; requests of at most ``max_request_samples`` samples, ``parallel_requests`` at
 a time; series heads cached, see :mod:`~gpuscope.store.remote.wire`), and only once the TSDB
@@ -45,13 +45,11 @@ import numpy.typing as npt
 from gpuscope.counters import Counters
 from gpuscope.model import ATTRIBUTION_LABELS, Alert, Batch, Event, Labels, TrainingRecord
 from gpuscope.signals import ALL_METRICS
-from gpuscope.store._batch_ids import BatchIds, Claim
-from gpuscope.store._prepare import Prepared, Preparer
-from gpuscope.store._reads import REPLAY_LIMIT, _ceil_div, _range
-from gpuscope.store._registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
-from gpuscope.store._replay import Row, Scope, batches, check_window
 from gpuscope.store.base import AppendResult, SeriesPoint
+from gpuscope.store.batch_ids import BatchIds, Claim
 from gpuscope.store.errors import StoreError
+from gpuscope.store.prepare import Prepared, Preparer
+from gpuscope.store.registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
 from gpuscope.store.remote import wire
 from gpuscope.store.remote.meta import MetaStore
 from gpuscope.store.remote.promql import (
@@ -63,6 +61,7 @@ from gpuscope.store.remote.promql import (
     quote,
     selector,
 )
+from gpuscope.store.replay import REPLAY_LIMIT, Row, Scope, batches, ceil_div, check_window, ms_range
 
 DAY = 86_400.0
 MAX_NOTES = 20
@@ -373,11 +372,11 @@ class PromStore:
         self._check_open()
         if points < 1:
             raise ValueError(f"points must be at least 1, got {points}")
-        a, b = _range(start, end)
+        a, b = ms_range(start, end)
         if not METRIC_NAME_RE.fullmatch(metric) or not all(_selectable(k) for k in labels):
             return []  # no such series can exist
-        step = max(1, _ceil_div(b - a, min(points, MAX_POINTS)))
-        n = _ceil_div(b - a, step)
+        step = max(1, ceil_div(b - a, min(points, MAX_POINTS)))
+        n = ceil_div(b - a, step)
         sel = selector(metric, labels)
         # a window of step ms ending at s + step - 1 holds exactly [s, s + step) if it is left-open
         # (VictoriaMetrics, Prometheus 3); Prometheus 2 includes its left edge: one ms less there
@@ -403,7 +402,7 @@ class PromStore:
         """Mean, min, max and count per value of ``by`` over [start, end]; series without it are
         left out."""
         self._check_open()
-        a, b = _range(start, end)
+        a, b = ms_range(start, end)
         if not METRIC_NAME_RE.fullmatch(metric) or not _selectable(by):
             return []
         width = b - a - 1 if self._left_closed() else b - a  # see series
@@ -501,7 +500,7 @@ class PromStore:
         self._check_open()
         check_window(start, end)
         scope = Scope.of(nodes, jobs)
-        a, b = _range(start, end)
+        a, b = ms_range(start, end)
         names = sorted({*ALL_METRICS, *(n for n in self.columns.names() if METRIC_NAME_RE.fullmatch(n))})
         win = duration(b - a - 1 if self._left_closed() else b - a)  # see series
         matchers = [""] if scope.everything else []

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.store._chunks import ChunkView
-from gpuscope.store._planner import Tier
+from gpuscope.store.duckdb.chunks import ChunkView
+from gpuscope.store.duckdb.planner import Tier
 
 INLINE_IDS = 2_000
 SELECTED = "gpuscope_selected"

@@ -30,20 +30,20 @@ import orjson
 
 from gpuscope.counters import Counters
 from gpuscope.model import Alert, Batch, Event, Labels, TrainingRecord
-from gpuscope.store import _inserts as ins
-from gpuscope.store._batch_ids import BatchIds, Claim
-from gpuscope.store._chunks import BASE_COLUMNS, ChunkSet
-from gpuscope.store._latest import LatestCache
-from gpuscope.store._prepare import Prepared, Preparer, RowBlock, to_ms
-from gpuscope.store._reads import Reader
-from gpuscope.store._registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
-from gpuscope.store._replay import Scope, check_window
-from gpuscope.store._schema import metric_column_ddl, one, open_database, training_column_ddl
-from gpuscope.store._state import Watermarks
-from gpuscope.store._upkeep import Retention, Upkeep
-from gpuscope.store._writer import GroupCommitter, WriterClosed
 from gpuscope.store.base import AppendResult, SeriesPoint
+from gpuscope.store.batch_ids import BatchIds, Claim
+from gpuscope.store.duckdb import inserts as ins
+from gpuscope.store.duckdb.chunks import BASE_COLUMNS, ChunkSet
+from gpuscope.store.duckdb.latest import LatestCache
+from gpuscope.store.duckdb.reads import Reader
+from gpuscope.store.duckdb.schema import metric_column_ddl, one, open_database, training_column_ddl
+from gpuscope.store.duckdb.upkeep import Retention, Upkeep
+from gpuscope.store.duckdb.watermarks import Watermarks
+from gpuscope.store.duckdb.writer import GroupCommitter, WriterClosed
 from gpuscope.store.errors import StoreError, write_error
+from gpuscope.store.prepare import Prepared, Preparer, RowBlock, to_ms
+from gpuscope.store.registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
+from gpuscope.store.replay import Scope, check_window
 
 DAY = 86_400.0
 CHECKPOINT_TRIES = 10

@@ -14,8 +14,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuscope.model import Batch, Event, Frame, Labels, TrainingRecord
+from gpuscope.store.prepare import to_ms
 
 SOURCE = "replay"
+REPLAY_LIMIT = 10_000_000  # training records of one replay window: bounded by the window, not by this
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def ms_range(start: float, end: float) -> tuple[int, int]:
+    """[start, end] in seconds as a half-open range in ms (both backends' query windows)."""
+    if not (math.isfinite(start) and math.isfinite(end)):
+        raise ValueError(f"start and end must be finite, got {start!r}, {end!r}")
+    if end < start:
+        raise ValueError(f"end ({end}) is before start ({start})")
+    return to_ms(start), to_ms(end) + 1
+
 
 #: one stored telemetry row: time, entity labels (attribution included), metric -> value
 Row = tuple[float, Labels, dict[str, float]]

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import duckdb
 
-from gpuscope.store._chunks import BASE_COLUMNS, ChunkView
-from gpuscope.store._registry import ATTR_COLUMNS
-from gpuscope.store._schema import ROLLUP_PARTS
-from gpuscope.store._state import HOUR_MS, MINUTE_MS
+from gpuscope.store.duckdb.chunks import BASE_COLUMNS, ChunkView
+from gpuscope.store.duckdb.schema import ROLLUP_PARTS
+from gpuscope.store.duckdb.watermarks import HOUR_MS, MINUTE_MS
+from gpuscope.store.registry import ATTR_COLUMNS
 
 _KEYS = ", ".join(("entity", *ATTR_COLUMNS))
 

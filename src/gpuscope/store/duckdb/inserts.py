@@ -13,8 +13,8 @@ import numpy as np
 import orjson
 
 from gpuscope.model import Labels
-from gpuscope.store._prepare import RowBlock, TrainingRow
-from gpuscope.store._registry import ATTR_COLUMNS
+from gpuscope.store.prepare import RowBlock, TrainingRow
+from gpuscope.store.registry import ATTR_COLUMNS
 
 
 def _insert(

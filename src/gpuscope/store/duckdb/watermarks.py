@@ -13,8 +13,8 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from gpuscope.store._planner import Tier
-from gpuscope.store._schema import get_meta, set_meta
+from gpuscope.store.duckdb.planner import Tier
+from gpuscope.store.duckdb.schema import get_meta, set_meta
 
 MINUTE_MS = 60_000
 HOUR_MS = 3_600_000

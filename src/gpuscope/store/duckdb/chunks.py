@@ -22,9 +22,9 @@ from typing import Any
 
 import duckdb
 
-from gpuscope.store._registry import ATTR_COLUMNS
-from gpuscope.store._schema import one
+from gpuscope.store.duckdb.schema import one
 from gpuscope.store.errors import StoreError
+from gpuscope.store.registry import ATTR_COLUMNS
 
 PARQUET_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP_SIZE 122880"
 FILE_RE = re.compile(r"^chunk-\d+-\d+-\d+\.parquet$")

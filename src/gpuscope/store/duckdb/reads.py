@@ -8,7 +8,6 @@ while upkeep moves them from the hot table into a file or from raw rows into rol
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,32 +18,17 @@ import numpy as np
 import orjson
 
 from gpuscope.model import ATTRIBUTION_LABELS, LABEL_KEY_RE, Alert, Batch, Event, Labels, TrainingRecord
-from gpuscope.store._chunks import ChunkSet, ChunkView
-from gpuscope.store._latest import LatestCache
-from gpuscope.store._planner import Tier, plan
-from gpuscope.store._prepare import to_ms
-from gpuscope.store._queries import Filter, aggregate_sql, series_sql
-from gpuscope.store._registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
-from gpuscope.store._replay import Row, Scope, batches
-from gpuscope.store._state import Watermarks
 from gpuscope.store.base import SeriesPoint
+from gpuscope.store.duckdb.chunks import ChunkSet, ChunkView
+from gpuscope.store.duckdb.latest import LatestCache
+from gpuscope.store.duckdb.planner import Tier, plan
+from gpuscope.store.duckdb.queries import Filter, aggregate_sql, series_sql
+from gpuscope.store.duckdb.watermarks import Watermarks
 from gpuscope.store.errors import StoreError
+from gpuscope.store.registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
+from gpuscope.store.replay import REPLAY_LIMIT, Row, Scope, batches, ceil_div, ms_range
 
 GROUPS = "gpuscope_groups"
-REPLAY_LIMIT = 10_000_000  # training records of one replay window: bounded by the window, not by this
-
-
-def _ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def _range(start: float, end: float) -> tuple[int, int]:
-    """[start, end] in seconds as a half-open range in ms."""
-    if not (math.isfinite(start) and math.isfinite(end)):
-        raise ValueError(f"start and end must be finite, got {start!r}, {end!r}")
-    if end < start:
-        raise ValueError(f"end ({end}) is before start ({start})")
-    return to_ms(start), to_ms(end) + 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,12 +92,12 @@ class Reader:
     def series(self, metric: str, labels: Labels, start: float, end: float, points: int) -> list[SeriesPoint]:
         if points < 1:
             raise ValueError(f"points must be at least 1, got {points}")
-        a, b = _range(start, end)
+        a, b = ms_range(start, end)
         col, flt = self._column(metric), self._filter(labels)
         if col is None or flt is None:
             return []
         with self.snapshot_of_now() as snap:
-            step = max(1, _ceil_div(b - a, points))
+            step = max(1, ceil_div(b - a, points))
             segments = plan(a, b, step, snap.tiers)
             if not segments:
                 return []
@@ -121,7 +105,7 @@ class Reader:
             res = max((tier.res for tier, _, _ in segments if tier.res <= step), default=0)
             if res:  # whole rollup buckets per point: align the grid and the step to the bucket width
                 origin = a // res * res
-                step = _ceil_div(_ceil_div(b - origin, points), res) * res
+                step = ceil_div(ceil_div(b - origin, points), res) * res
             sql, params = series_sql(snap.chunks, segments, col, flt, origin, step)
             # Arrays reach DuckDB through its replacement scan (found by their local names), not
             # register(): that writes the catalog and makes the query a write transaction, and
@@ -131,7 +115,7 @@ class Reader:
         return [SeriesPoint(int(t) / 1000.0, float(v)) for t, v in rows if v is not None]
 
     def aggregate(self, metric: str, by: str, start: float, end: float) -> list[dict[str, Any]]:
-        a, b = _range(start, end)
+        a, b = ms_range(start, end)
         col = self._column(metric)
         if col is None:
             return []
@@ -252,7 +236,7 @@ class Reader:
 
     def replay(self, start: float, end: float, scope: Scope) -> Iterator[Batch]:
         """What was stored in [start, end] (raw telemetry: hot table and chunk files), as batches."""
-        a, b = _range(start, end)
+        a, b = ms_range(start, end)
         cols = self.columns.persisted()
         names = [self.columns.name(c) for c in cols]
         where, params = "ts >= ? AND ts < ?", list[Any]([a, b])

@@ -13,8 +13,8 @@ import numpy.typing as npt
 import orjson
 
 from gpuscope.model import MAX_TIMESTAMP, Batch, Event, Frame, TrainingRecord
-from gpuscope.store._registry import REFUSED, ColumnRegistry, EntityRegistry
 from gpuscope.store.base import AppendResult
+from gpuscope.store.registry import REFUSED, ColumnRegistry, EntityRegistry
 
 MAX_NAME_LEN = 128
 MAX_NOTES = 20

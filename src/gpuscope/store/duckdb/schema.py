@@ -12,8 +12,8 @@ from typing import Any
 
 import duckdb
 
-from gpuscope.store._registry import ATTR_COLUMNS
 from gpuscope.store.errors import StoreError
+from gpuscope.store.registry import ATTR_COLUMNS
 
 FORMAT = "gpuscope-store"
 SCHEMA_VERSION = 1

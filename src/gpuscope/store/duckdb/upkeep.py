@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import duckdb
 
-from gpuscope.store import _maintenance as sql
-from gpuscope.store._chunks import Chunk, ChunkSet
-from gpuscope.store._schema import hot_table_swap, one
-from gpuscope.store._state import HOUR_MS, MINUTE_MS, Watermarks, later
+from gpuscope.store.duckdb import maintenance as sql
+from gpuscope.store.duckdb.chunks import Chunk, ChunkSet
+from gpuscope.store.duckdb.schema import hot_table_swap, one
+from gpuscope.store.duckdb.watermarks import HOUR_MS, MINUTE_MS, Watermarks, later
 
 
 @dataclass(frozen=True, slots=True)
