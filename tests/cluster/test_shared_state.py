@@ -137,6 +137,9 @@ def test_silence_ack_history_incidents_and_playbooks_are_the_same_on_every_hub(
     sink.wait_for(1)
     time.sleep(1.0)  # the outbox polls every 0.5 s: a notification for the muted node would be here
     assert _notified_nodes(sink) == [loud]  # hub b honoured the silence hub a created
+    # every hub reports the cluster's one outbox, where that notification went
+    for member in (a, b):
+        assert member.get("/api/v1/alerting/status")["outbox"] == {"delivered": 1, "dead": 0, "pending": 0}
 
     rows = {r["entity"]["node"]: r for r in a.get("/api/v1/alerting/alerts")["alerts"]}
     assert rows[muted]["muted"] == f"silenced by {silence['id']}" and rows[loud]["muted"] is None

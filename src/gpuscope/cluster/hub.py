@@ -360,6 +360,13 @@ class ClusterHub(Hub):
         """The cluster's incidents, grouped over the shared alerts (not this hub's detectors)."""
         return [incident.to_dict() for incident in self.alerts.incidents()]
 
+    def outbox_stats(self) -> dict[str, int]:
+        """Delivered, dead and pending rows of the cluster's shared outbox (where this hub's
+        notifications go; the alerting service's own outbox stays empty on a member)."""
+        if self.outbox is None:
+            return {"delivered": 0, "dead": 0, "pending": 0}
+        return self.outbox.stats()
+
     def cluster_status(self) -> dict[str, Any]:
         status = self.node.status()
         status["forward"] = self.forwarder.stats()

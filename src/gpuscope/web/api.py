@@ -165,7 +165,8 @@ class HubApi:
             Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/api/v1/audit", self._guard(self.audit_log), methods=["GET"]),
         ]
-        alerting_api = AlertingApi(hub, alerting, self._authorize_write)
+        outbox_stats = cluster.outbox_stats if cluster is not None else None
+        alerting_api = AlertingApi(hub, alerting, self._authorize_write, outbox_stats)
         routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting_api.routes()]
         routes += LineageApi(lineage or for_hub(hub), self._authorize_write).routes()
         routes += cluster_routes(cluster, self._guard, self.limits)  # none unless a cluster member
