@@ -14,6 +14,7 @@ from gpuscope.alert.engine import AlertChange, AlertEngine
 from gpuscope.alert.topology import placements
 from gpuscope.counters import Counters
 from gpuscope.detect.engine import DetectionEngine
+from gpuscope.ingest.overload import OverloadMonitor
 from gpuscope.model import Alert, Batch
 from gpuscope.store._replay import WARMUP_S
 from gpuscope.store.base import AppendResult, Store
@@ -36,6 +37,8 @@ class Hub:
         self.store = store
         self.counters = counters or Counters()
         self.detection = DetectionEngine()
+        #: the hub's own ingest lag: admission and shedding of ingest requests, ``hub_overloaded``
+        self.overload = OverloadMonitor()
         self.alerts = AlertEngine(
             price_per_gpu_hour=price_per_gpu_hour, places=lambda entity: placements(self.store, entity)
         )
@@ -113,8 +116,10 @@ class Hub:
 
     def evaluate(self, now: float) -> list[AlertChange]:
         """Run every detector at ``now`` and apply the findings to the alert state."""
+        findings = self.overload.findings(now)
         with self._detect_lock:
-            findings = self.detection.evaluate(now)
+            self.detection.hub_behind(now, bool(findings))
+            findings += self.detection.evaluate(now)
             changes = self.alerts.update(now, findings)
         for change in changes:
             self.store.save_alert(change.alert)

@@ -253,6 +253,22 @@ class HubApi:
 
     async def ingest(self, request: Request) -> Response:
         self._authorize_write(request)
+        admission = self.hub.overload.admit(self.clock())
+        if admission.ticket is None:
+            # behind: refused before reading the body, which costs the hub next to nothing; not
+            # acknowledged, so the sender keeps the batch, spools, and comes back after Retry-After
+            self.hub.counters.inc("ingest_shed_requests")
+            return JSONResponse(
+                {"error": "the hub is behind on ingest; retry after the given delay", "field": "hub"},
+                status_code=503,
+                headers={"Retry-After": str(admission.retry_after)},
+            )
+        try:
+            return await self._ingest(request)
+        finally:
+            self.hub.overload.done(admission.ticket)
+
+    async def _ingest(self, request: Request) -> Response:
         ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
         if ctype != "application/json":
             raise ApiError(415, "content-type", f"{ctype!r} is not supported; send application/json")
@@ -363,6 +379,7 @@ class HubApi:
                     "detection": self.hub.detection_stats(),
                     "store": stats,
                     "firing_alerts": len(self.hub.firing()),
+                    "overload": self.hub.overload.status(self.clock()),
                     **cluster_health(self.hub),
                 }
             )
