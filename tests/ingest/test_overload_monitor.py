@@ -58,3 +58,17 @@ def test_behind_lasts_until_settled_and_raises_one_finding_per_episode() -> None
 def test_bad_settings_name_the_field(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         OverloadSettings(**{field: value})  # type: ignore[arg-type]
+
+
+def test_an_event_loop_running_timers_late_makes_the_hub_behind() -> None:
+    m = monitor(max_loop_lag_s=2.0, retry_after_s=1.0)
+    m.loop_lag(0.0, 0.3)
+    assert not m.behind(0.0)
+    m.loop_lag(1.0, 2.5)  # starved of CPU: requests wait for the loop before they are admitted
+    assert m.behind(1.0) and m.admit(1.0).ticket is None
+    m.loop_lag(1.5, 0.1)
+    ticket = m.admit(1.5).ticket
+    assert ticket is not None
+    m.done(ticket)
+    assert m.behind(4.9) and not m.behind(5.0)
+    assert m.status(5.0)["event_loop_probes"] == 3

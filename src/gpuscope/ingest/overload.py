@@ -4,9 +4,11 @@ A hub that takes every request it is sent falls behind without bound once sender
 it can store: requests queue for its worker threads, their senders time out and retry, and the
 batches it has not yet seen make healthy senders look silent. So every ingest request is admitted
 here first. The hub is *behind* while its oldest admitted request has waited longer than
-``max_lag_s``, while ``max_in_flight`` requests are already admitted, or while its evaluation loop
-runs late by more than ``max_eval_lag_s``. While behind it refuses new ingest requests at once with
-503 and a ``Retry-After`` (senders keep the batch and spool), which costs it almost nothing.
+``max_lag_s``, while ``max_in_flight`` requests are already admitted, while its evaluation loop
+runs late by more than ``max_eval_lag_s``, or while its event loop answers a timer more than
+``max_loop_lag_s`` late (a hub starved of CPU: requests then wait before they can be admitted).
+While behind it refuses new ingest requests at once with 503 and a ``Retry-After`` (senders keep
+the batch and spool), which costs it almost nothing.
 
 It stays behind until ``settle_s`` after the last sign of lag: senders that were refused come back
 after their ``Retry-After``, and until they have, their silence is the hub's doing, not theirs.
@@ -32,11 +34,12 @@ class OverloadSettings:
     max_in_flight: int = 256
     max_lag_s: float = 2.0
     max_eval_lag_s: float = 5.0
+    max_loop_lag_s: float = 2.0
     retry_after_s: float = 2.0
     settle_s: float = 0.0  # 0: the longest Retry-After handed out (2 x retry_after_s), plus 2 s
 
     def __post_init__(self) -> None:
-        for name in ("max_lag_s", "max_eval_lag_s", "retry_after_s"):
+        for name in ("max_lag_s", "max_eval_lag_s", "max_loop_lag_s", "retry_after_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"overload.{name} must be a positive number of seconds, got {value!r}")
@@ -76,6 +79,8 @@ class OverloadMonitor:
         self._last_sign = -math.inf  # latest time the hub saw itself behind
         self._behind_since: float | None = None
         self._eval_lag = 0.0
+        self._loop_lag = 0.0
+        self.loop_probes = 0  # event-loop timers measured
         self.shed = 0  # requests refused while behind
         self.episodes = 0  # times the hub fell behind
 
@@ -105,6 +110,14 @@ class OverloadMonitor:
             if lag > self.settings.max_eval_lag_s:
                 self._sign(now)
 
+    def loop_lag(self, now: float, lag: float) -> None:
+        """The HTTP event loop ran a timer ``lag`` seconds late at ``now``."""
+        with self._lock:
+            self._loop_lag = lag
+            self.loop_probes += 1
+            if lag > self.settings.max_loop_lag_s:
+                self._sign(now)
+
     def _oldest_wait(self, now: float) -> float:
         for admitted in self._in_flight.values():
             return now - admitted
@@ -116,6 +129,7 @@ class OverloadMonitor:
             len(self._in_flight) >= s.max_in_flight
             or self._oldest_wait(now) > s.max_lag_s
             or self._eval_lag > s.max_eval_lag_s
+            or self._loop_lag > s.max_loop_lag_s
         )
 
     def _sign(self, now: float) -> None:
@@ -161,6 +175,8 @@ class OverloadMonitor:
                 "in_flight": len(self._in_flight),
                 "oldest_wait_seconds": round(self._oldest_wait(now), 3),
                 "evaluation_lag_seconds": round(self._eval_lag, 3),
+                "event_loop_lag_seconds": round(self._loop_lag, 3),
+                "event_loop_probes": self.loop_probes,
                 "shed_requests": self.shed,
                 "episodes": self.episodes,
             }

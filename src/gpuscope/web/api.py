@@ -7,9 +7,11 @@ commit, which must not block the event loop). Every refusal is a 4xx whose JSON 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -37,6 +39,7 @@ from gpuscope.web.guard import PRINCIPAL_KEY, AuthMiddleware
 from gpuscope.web.openapi import openapi_document
 
 Handler = Callable[[Request], Awaitable[Response]]
+LOOP_PROBE_S = 0.25
 
 
 class ApiError(Exception):
@@ -196,6 +199,7 @@ class HubApi:
         self.app = Starlette(
             routes=[*routes, *dashboard_routes(hub)],
             exception_handlers={404: _no_route, 405: _no_route},
+            lifespan=self._lifespan,
         )
         self.app.add_middleware(
             AuthMiddleware,
@@ -207,6 +211,21 @@ class HubApi:
         )
 
     # -- plumbing -----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        watcher = asyncio.create_task(self._watch_loop())
+        try:
+            yield
+        finally:
+            watcher.cancel()
+
+    async def _watch_loop(self) -> None:
+        """How late the event loop runs a timer: requests queue for it before they can be admitted."""
+        while True:
+            started = time.monotonic()
+            await asyncio.sleep(LOOP_PROBE_S)
+            self.hub.overload.loop_lag(self.clock(), max(0.0, time.monotonic() - started - LOOP_PROBE_S))
 
     def _guard(self, handler: Handler) -> Handler:
         async def wrapped(request: Request) -> Response:
