@@ -10,7 +10,7 @@ Anchor, same run: the same soak with the store's DuckDB memory limit left at Duc
 (80 % of the machine's RAM), which is what the 6-hour run had. The figure is RSS growth after the
 first ``--warm`` simulated seconds (issue 13 (d): ≤ 10 %).
 
-usage: python bench/bench_memory.py [--nodes 64] [--seconds 1800] [--report 300]
+usage: python bench/bench_memory.py [--nodes 32] [--seconds 900] [--report 150] [--trace]
 """
 
 from __future__ import annotations
@@ -77,10 +77,10 @@ def soak(
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=64)
-    ap.add_argument("--seconds", type=int, default=1800, help="simulated seconds of the soak")
-    ap.add_argument("--report", type=int, default=300)
-    ap.add_argument("--warm", type=int, default=600, help="growth is measured from here")
+    ap.add_argument("--nodes", type=int, default=32)
+    ap.add_argument("--seconds", type=int, default=900, help="simulated seconds of the soak")
+    ap.add_argument("--report", type=int, default=150)
+    ap.add_argument("--warm", type=int, default=300, help="growth is measured from here")
     ap.add_argument("--memory-limit", default="512MB", help="the store's DuckDB memory limit")
     ap.add_argument("--trace", action="store_true", help="also trace the Python heap (slow)")
     ap.add_argument("--no-anchor", action="store_true")
