@@ -3,6 +3,7 @@ blames no sender for its own lag, and catches up without losing or duplicating a
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -138,6 +139,7 @@ def test_a_hub_past_its_capacity_sheds_alerts_once_blames_nobody_and_catches_up(
     assert [a.rule for a in alerts if a.rule == HUB_OVERLOADED] == [HUB_OVERLOADED]
     overloaded = next(a for a in alerts if a.rule == HUB_OVERLOADED)
     assert overloaded.severity == "P2" and overloaded.owner == "platform"
+    assert overloaded.entity == {"hub": f"{socket.gethostname()}:{server.port}"}
     blamed = [
         a
         for a in alerts
