@@ -28,8 +28,13 @@ class Evaluator(threading.Thread):
 
     def run(self) -> None:
         last_maintenance = 0.0
+        previous: float | None = None
         while not self.stop_event.wait(self.interval - (self.clock() % self.interval)):
             now = self.clock()
+            # a tick due one interval after the previous one: how late it runs is the hub's lag
+            lag = 0.0 if previous is None else max(0.0, now - previous - self.interval)
+            previous = now
+            self.hub.overload.evaluated(now, lag)
             try:
                 self.hub.evaluate(now)
                 if now - last_maintenance >= 60:

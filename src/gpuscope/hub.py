@@ -15,6 +15,7 @@ from gpuscope.alert.topology import placements
 from gpuscope.counters import Counters
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.detect.settings import WARMUP_S
+from gpuscope.ingest.overload import OverloadMonitor
 from gpuscope.model import Alert, Batch
 from gpuscope.store.base import AppendResult, Store
 
@@ -33,6 +34,8 @@ class Hub:
         self.store = store
         self.counters = counters or Counters()
         self.detection = DetectionEngine()
+        #: the hub's own ingest lag: admission and shedding of ingest requests, ``hub_overloaded``
+        self.overload = OverloadMonitor()
         self.alerts = AlertEngine(
             price_per_gpu_hour=price_per_gpu_hour, places=lambda entity: placements(self.store, entity)
         )
@@ -108,8 +111,10 @@ class Hub:
 
     def evaluate(self, now: float) -> list[AlertChange]:
         """Run every detector at ``now`` and apply the findings to the alert state."""
+        findings = self.overload.findings(now)
         with self._detect_lock:
-            findings = self.detection.evaluate(now)
+            self.detection.hub_behind(now, bool(findings))
+            findings += self.detection.evaluate(now)
             changes = self.alerts.update(now, findings)
         for change in changes:
             self.store.save_alert(change.alert)

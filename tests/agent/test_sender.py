@@ -151,6 +151,24 @@ def test_429_retry_after_is_honoured(tmp_path: Path, hub: FakeHub, clock: FakeCl
     sender.close()
 
 
+def test_an_overloaded_hubs_retry_after_is_not_stretched_by_earlier_failures(
+    tmp_path: Path, hub: FakeHub, clock: FakeClock
+) -> None:
+    counters = Counters()
+    sender = make_sender(tmp_path, hub, clock, counters)
+    hub.down = True
+    for _ in range(6):  # the exponential backoff has reached its cap
+        sender.submit(encode_batch(batch(0)), 2)
+        clock.sleep(Backoff().cap)
+    hub.down = False
+    hub.status, hub.retry_after = 503, "1"  # the hub sheds load and asks to come back in 1 s
+    sender.flush()
+    hub.status = None
+    clock.sleep(1.0)
+    assert sender.flush() == 6  # back when the hub asked, not after the capped backoff
+    sender.close()
+
+
 def test_new_batches_queue_behind_the_spool_while_backing_off(
     tmp_path: Path, hub: FakeHub, clock: FakeClock
 ) -> None:

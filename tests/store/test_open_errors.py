@@ -68,3 +68,19 @@ def test_truncated_store_file_is_refused(tmp_path: Path) -> None:
 def test_directory_is_refused(tmp_path: Path) -> None:
     with pytest.raises(StoreError, match="directory"):
         DuckDBStore(str(tmp_path))
+
+
+def test_duckdb_memory_is_bounded_by_default_and_a_bad_limit_is_named(tmp_path: Path) -> None:
+    store = DuckDBStore(str(tmp_path / "a.duckdb"))
+    try:
+        gpus = [gpu("node-0", g) for g in range(8)]
+        for i in range(50):
+            rows = [[50.0 + i, 200.0]] * 8
+            store.append(Batch(source="node-0", frames=[frame(1e9 + i, ["temp", "power"], gpus, rows)]))
+        limit = store._cursor().execute("SELECT current_setting('memory_limit')").fetchone()
+        assert limit is not None and limit[0] in {"488.2 MiB", "512.0 MB", "488.2MiB"}, limit
+        assert 0 < sum(store.memory().values()) <= 512_000_000
+    finally:
+        store.close()
+    with pytest.raises(StoreError, match="memory_limit"):
+        DuckDBStore(str(tmp_path / "b.duckdb"), memory_limit="512MB'; DROP TABLE x; --")

@@ -2,9 +2,9 @@
 
 A 2xx answer means the hub stored the batch durably. A connection error, a 5xx, 408 or 429
 means "later": the batch goes to the spool and the sender backs off (exponential, jittered,
-capped; ``Retry-After`` honoured). Any other status is a permanent refusal: retrying would
-never succeed, so the batch is counted as ``batches_refused``, the hub's message is logged once,
-and delivery moves on. While the spool holds anything, new batches queue behind it so the hub
+capped), or waits the ``Retry-After`` the hub gave. Any other status is a permanent refusal:
+retrying would never succeed, so the batch is counted as ``batches_refused``, the hub's message is
+logged once, and delivery moves on. While the spool holds anything, new batches queue behind it so the hub
 receives batches in the order they were collected.
 """
 
@@ -198,9 +198,13 @@ class Sender:
     def _failed(self, why: str, retry_after: float | None) -> None:
         self.counters.inc("send_failures")
         self._failures += 1
-        delay = self.backoff.delay(self._failures, self.rng)
+        # the hub's Retry-After is its own estimate of when it can take the batch (an overloaded
+        # hub spreads it over its senders): honour it as given rather than escalating the backoff,
+        # so that senders it shed come back as soon as it asked, and not seconds later
         if retry_after is not None:
-            delay = max(delay, min(retry_after, self.backoff.max_retry_after))
+            delay = min(max(retry_after, self.backoff.initial), self.backoff.max_retry_after)
+        else:
+            delay = self.backoff.delay(self._failures, self.rng)
         self._next_attempt = self.clock() + delay
         if self._failures == 1:
             log.warning("cannot deliver to %s (%s); spooling and retrying with backoff", self.url, why)

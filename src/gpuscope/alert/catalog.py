@@ -70,6 +70,13 @@ RULES: dict[str, RuleSpec] = _rules(
     ("input_drift", "P3", "model", 0.1, "Input feature distribution drifted from the reference"),
     ("business_metric_drop", "P2", "product", 0.5, "A business metric fell below its baseline"),
     ("version_regression", "P2", "model", 0.5, "A regression began at a model version promotion"),
+    (
+        "hub_overloaded",
+        "P2",
+        "platform",
+        0.0,
+        "The hub is behind on its own ingest and sheds senders' batches with Retry-After",
+    ),
 )
 
 

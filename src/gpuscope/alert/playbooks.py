@@ -138,6 +138,23 @@ PLAYBOOKS: dict[str, Playbook] = {
         (S("Jobs and services running on this node", "workloads_on_node"), _HW_NEARBY, _RELATED),
         ("Check the node out of band (BMC, ping)", "If down: drain it and restart its jobs elsewhere"),
     ),
+    "hub_overloaded": Playbook(
+        "The hub cannot store what its senders offer: its oldest ingest request waited past its "
+        "budget, or its evaluation loop ran late, and it now refuses new batches with 503 and "
+        "Retry-After.",
+        "Nothing is lost (senders spool what was refused and send it again), but alerts come "
+        "late, and while this fires the hub raises no node_unreachable, rank_lost or "
+        "training_stalled for senders it may itself be holding back.",
+        (
+            S("The hub's overload status: oldest wait, requests in flight and shed", "alert_details"),
+            S("Host CPU and memory of the hub: is it starved by other processes?"),
+            S("Senders per hub and samples per second against the sizing in docs/scaling.md"),
+        ),
+        (
+            "Give the hub CPU (other processes off its host) or move to a larger host",
+            "Split the fleet over more hubs (cluster mode) or lower the agents' interval",
+        ),
+    ),
     "gpu_idle_allocated": Playbook(
         "GPUs allocated to a job have been idle for long.",
         "GPU-hours are paid for and wasted; others wait for them.",

@@ -206,6 +206,9 @@ class TrainingLivenessDetector(Detector):
     def replayed(self, now: float) -> None:
         self._ranks.replayed(now)
 
+    def hub_behind(self, now: float, behind: bool) -> None:
+        self._ranks.hub_behind(now, behind)
+
     def evaluate(self, now: float) -> list[Finding]:
         overdue = self._ranks.overdue(now)
         for run in self._fresh:
@@ -243,7 +246,7 @@ class TrainingLivenessDetector(Detector):
             threshold, base = self.stall_threshold(run.progress)
             if silence < threshold:
                 continue
-            if self._ranks.in_gap:
+            if self._ranks.withholding:
                 self.counters.inc("stall_verdicts_withheld_hub_gap")
                 continue
             if self._ending(name, run, now):

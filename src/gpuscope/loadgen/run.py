@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import multiprocessing as mp
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -168,6 +169,16 @@ class AlertWatcher(threading.Thread):
         self.join(timeout=15)
 
 
+_SIMULATED_NODE = re.compile(r"node-(\d{1,9})")
+
+
+def _job_of(node: str, per_job: int) -> str | None:
+    """The training job the load generator places on ``node``; None for a node it does not play
+    (a hub under test may hold other senders, named as their owners chose)."""
+    match = _SIMULATED_NODE.fullmatch(node)
+    return None if match is None else f"job-{int(match.group(1)) // per_job}"
+
+
 @dataclass(slots=True)
 class LoadReport:
     """Everything one run measured; :meth:`rows` is the table the benchmark prints."""
@@ -237,7 +248,7 @@ class LoadReport:
         nodes = {str(f.target["node"]) for f in scenario_faults if "node" in f.target}
         jobs = {str(f.target["job"]) for f in scenario_faults if "job" in f.target}
         per_job = self.options.shape.job_nodes
-        jobs |= {f"job-{int(n.split('-')[1]) // per_job}" for n in nodes}
+        jobs |= {job for n in nodes if (job := _job_of(n, per_job)) is not None}
         out = []
         for a in self.alerts:
             entity = a.get("entity") or {}
@@ -246,7 +257,7 @@ class LoadReport:
             if entity.get("node") in nodes or entity.get("job") in jobs:
                 continue
             node = entity.get("node")
-            if node and f"job-{int(str(node).split('-')[1]) // per_job}" in jobs:
+            if node and _job_of(str(node), per_job) in jobs:
                 continue
             out.append(a)
         return out

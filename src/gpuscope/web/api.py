@@ -7,9 +7,11 @@ commit, which must not block the event loop). Every refusal is a 4xx whose JSON 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from starlette.applications import Starlette
@@ -43,6 +45,7 @@ from gpuscope.web.lineage_api import LineageApi
 from gpuscope.web.openapi import openapi_document
 
 Handler = Callable[[Request], Awaitable[Response]]
+LOOP_PROBE_S = 0.25
 
 
 def _float_param(request: Request, name: str, default: float | None = None) -> float:
@@ -174,6 +177,7 @@ class HubApi:
         self.app = Starlette(
             routes=[*routes, *dashboard_routes(hub, alerting=alerting is not None)],
             exception_handlers={404: _no_route, 405: _no_route},
+            lifespan=self._lifespan,
         )
         self.app.add_middleware(
             AuthMiddleware,
@@ -185,6 +189,21 @@ class HubApi:
         )
 
     # -- plumbing -----------------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        watcher = asyncio.create_task(self._watch_loop())
+        try:
+            yield
+        finally:
+            watcher.cancel()
+
+    async def _watch_loop(self) -> None:
+        """How late the event loop runs a timer: requests queue for it before they can be admitted."""
+        while True:
+            started = time.monotonic()
+            await asyncio.sleep(LOOP_PROBE_S)
+            self.hub.overload.loop_lag(self.clock(), max(0.0, time.monotonic() - started - LOOP_PROBE_S))
 
     def _guard(self, handler: Handler) -> Handler:
         async def wrapped(request: Request) -> Response:
@@ -231,6 +250,22 @@ class HubApi:
 
     async def ingest(self, request: Request) -> Response:
         self._authorize_write(request)
+        admission = self.hub.overload.admit(self.clock())
+        if admission.ticket is None:
+            # behind: refused before reading the body, which costs the hub next to nothing; not
+            # acknowledged, so the sender keeps the batch, spools, and comes back after Retry-After
+            self.hub.counters.inc("ingest_shed_requests")
+            return JSONResponse(
+                {"error": "the hub is behind on ingest; retry after the given delay", "field": "hub"},
+                status_code=503,
+                headers={"Retry-After": str(admission.retry_after)},
+            )
+        try:
+            return await self._ingest(request)
+        finally:
+            self.hub.overload.done(admission.ticket)
+
+    async def _ingest(self, request: Request) -> Response:
         ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
         if ctype != "application/json":
             raise ApiError(415, "content-type", f"{ctype!r} is not supported; send application/json")
@@ -339,6 +374,7 @@ class HubApi:
                     "detection": self.hub.detection_stats(),
                     "store": stats,
                     "firing_alerts": len(self.hub.firing()),
+                    "overload": self.hub.overload.status(self.clock()),
                     **cluster_health(self.cluster),
                 }
             )

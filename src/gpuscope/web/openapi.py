@@ -313,7 +313,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                             **errors,
                             "413": _ERROR,
                             "415": _ERROR,
-                            "503": _ERROR,  # not stored (field "storage"): retry later
+                            "503": _ERROR,  # not stored ("storage") or hub behind ("hub"): Retry-After
                             "507": _ERROR,  # the hub's disk is full: retry later
                         },
                     }

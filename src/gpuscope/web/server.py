@@ -99,6 +99,7 @@ class HubServer:
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
+        hub.overload.name = f"{socket.gethostname()}:{self.port}"  # names its hub_overloaded alert
         self.server = uvicorn.Server(
             uvicorn.Config(
                 self.api.app,

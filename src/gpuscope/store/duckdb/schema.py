@@ -8,6 +8,7 @@ map to numbered columns (``m0``, ``m1``, ...) so any name is safe and case never
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import duckdb
@@ -151,7 +152,16 @@ def _validate(con: duckdb.DuckDBPyConnection, path: str, tables: set[str]) -> No
         raise StoreError(f"{path}: gpuscope store is damaged, missing tables {sorted(missing)}")
 
 
-def open_database(path: str, checkpoint_bytes: int) -> duckdb.DuckDBPyConnection:
+def _size(value: str) -> str:
+    """A DuckDB memory size (``512MB``, ``1GiB``); anything else is refused before it reaches SQL."""
+    if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,3})? ?(B|KB|MB|GB|KiB|MiB|GiB)", value):
+        raise StoreError(f"memory_limit: {value!r} is not a size such as '512MB' or '1GiB'")
+    return value
+
+
+def open_database(
+    path: str, checkpoint_bytes: int, memory_limit: str | None = None
+) -> duckdb.DuckDBPyConnection:
     """Open or create a store; a foreign, damaged or newer file raises :class:`StoreError`."""
     if path != ":memory:" and os.path.isdir(path):
         raise StoreError(f"{path} is a directory, not a store file")
@@ -163,6 +173,8 @@ def open_database(path: str, checkpoint_bytes: int) -> duckdb.DuckDBPyConnection
         raise StoreError(f"cannot open {path} as a DuckDB database: {exc}") from None
     try:
         con.execute(f"SET checkpoint_threshold = '{int(checkpoint_bytes)}B'")
+        if memory_limit is not None:
+            con.execute(f"SET memory_limit = '{_size(memory_limit)}'")
         tables = _table_names(con)
         if tables:
             _validate(con, path, tables)

@@ -58,6 +58,7 @@ class DuckDBStore:
     """:class:`gpuscope.store.base.Store` on an embedded DuckDB file (or ``:memory:``).
 
     An in-memory store keeps all raw rows in its hot table (there is no directory for chunks).
+    ``memory_limit`` bounds DuckDB's buffer pool of a file store (``None``: DuckDB's default).
     """
 
     def __init__(
@@ -81,6 +82,7 @@ class DuckDBStore:
         batch_id_capacity: int = 1_000_000,
         batch_id_ttl_s: float = DAY,
         latest_window_s: float = 600.0,
+        memory_limit: str | None = "512MB",
     ) -> None:
         if max_entities < 1 or max_metrics < 1:
             raise ValueError("max_entities and max_metrics must be at least 1")
@@ -109,7 +111,10 @@ class DuckDBStore:
         self.batch_ids = BatchIds(batch_id_capacity, batch_id_ttl_s)
         self.chunks = ChunkSet(None if path == ":memory:" else Path(path + ".chunks"))
         self.marks = Watermarks()
-        self._con = open_database(path, checkpoint_bytes)
+        # DuckDB's own default is 80 % of the machine's RAM, and its buffer pool keeps the blocks
+        # of everything written until it gets there: a hub's RSS grew with its data for hours.
+        # Evicted blocks of a file store are read back from disk; an in-memory store has no disk.
+        self._con = open_database(path, checkpoint_bytes, memory_limit if path != ":memory:" else None)
         try:
             self._load(latest_window_s)
         except (duckdb.Error, ValueError, orjson.JSONDecodeError) as exc:
@@ -461,6 +466,11 @@ class DuckDBStore:
             raise StoreError(f"saving alert {alert.id!r} failed: {exc}") from None
         finally:
             cur.close()
+
+    def memory(self) -> dict[str, int]:
+        """DuckDB's own memory accounting (buffer pool, caches) in bytes, by tag."""
+        rows = self._cursor().execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall()
+        return {str(tag): int(used) for tag, used in rows}
 
     def stats(self) -> dict[str, Any]:
         """Row counts, bytes on disk (database, WAL, chunk files), refusals and commits."""

@@ -1,0 +1,182 @@
+"""The hub's own ingest lag: admission of ingest requests, shedding, and the ``hub_overloaded`` finding.
+
+A hub that takes every request it is sent falls behind without bound once senders offer more than
+it can store: requests queue for its worker threads, their senders time out and retry, and the
+batches it has not yet seen make healthy senders look silent. So every ingest request is admitted
+here first. The hub is *behind* while its oldest admitted request has waited longer than
+``max_lag_s``, while ``max_in_flight`` requests are already admitted, while its evaluation loop
+runs late by more than ``max_eval_lag_s``, or while its event loop answers a timer more than
+``max_loop_lag_s`` late (a hub starved of CPU: requests then wait before they can be admitted).
+While behind it refuses new ingest requests at once with 503 and a ``Retry-After`` (senders keep
+the batch and spool), which costs it almost nothing.
+
+It stays behind until ``settle_s`` after the last sign of lag: senders that were refused come back
+after their ``Retry-After``, and until they have, their silence is the hub's doing, not theirs.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from gpuscope.model import Finding
+
+HUB_OVERLOADED = "hub_overloaded"
+
+
+@dataclass(frozen=True, slots=True)
+class OverloadSettings:
+    """Limits past which the hub sheds ingest load (see the module docstring)."""
+
+    max_in_flight: int = 256
+    max_lag_s: float = 2.0
+    max_eval_lag_s: float = 5.0
+    max_loop_lag_s: float = 2.0
+    retry_after_s: float = 2.0
+    settle_s: float = 0.0  # 0: the longest Retry-After handed out (2 x retry_after_s), plus 2 s
+
+    def __post_init__(self) -> None:
+        for name in ("max_lag_s", "max_eval_lag_s", "max_loop_lag_s", "retry_after_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value <= 0:
+                raise ValueError(f"overload.{name} must be a positive number of seconds, got {value!r}")
+        if self.max_in_flight < 1:
+            raise ValueError(f"overload.max_in_flight must be at least 1, got {self.max_in_flight!r}")
+        if not math.isfinite(self.settle_s) or self.settle_s < 0:
+            raise ValueError(f"overload.settle_s must be a non-negative number, got {self.settle_s!r}")
+
+    @property
+    def settle(self) -> float:
+        return self.settle_s or 2 * self.retry_after_s + 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """An admitted request (``ticket``) or a refusal with the seconds the sender should wait."""
+
+    ticket: int | None
+    retry_after: int = 0
+
+
+class OverloadMonitor:
+    """Admits or sheds ingest requests and knows whether the hub is behind. Thread-safe: requests
+    are admitted on the event loop and finished on worker threads; the evaluator reads it.
+
+    Times are the hub's clock (wall seconds live), passed in so tests and sim-eval drive them."""
+
+    def __init__(
+        self, settings: OverloadSettings | None = None, *, name: str = "hub", rng: random.Random | None = None
+    ) -> None:
+        self.settings = settings or OverloadSettings()
+        self.name = name
+        self._rng = rng or random.Random()
+        self._lock = threading.Lock()
+        self._in_flight: dict[int, float] = {}  # ticket -> admitted at; dicts keep insertion order
+        self._next_ticket = 0
+        self._last_sign = -math.inf  # latest time the hub saw itself behind
+        self._behind_since: float | None = None
+        self._eval_lag = 0.0
+        self._loop_lag = 0.0
+        self.loop_probes = 0  # event-loop timers measured
+        self.shed = 0  # requests refused while behind
+        self.episodes = 0  # times the hub fell behind
+
+    def admit(self, now: float) -> Admission:
+        """Admit an ingest request now, or refuse it (the hub is behind) with a Retry-After."""
+        with self._lock:
+            if self._lagging(now):
+                self._sign(now)
+                self.shed += 1
+                base = self.settings.retry_after_s
+                # spread the senders' return over [base, 2 base] so they do not come back together
+                return Admission(None, max(1, math.ceil(base * (1.0 + self._rng.random()))))
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._in_flight[ticket] = now
+            return Admission(ticket)
+
+    def done(self, ticket: int) -> None:
+        """The admitted request was answered (stored, refused or failed)."""
+        with self._lock:
+            self._in_flight.pop(ticket, None)
+
+    def evaluated(self, now: float, lag: float) -> None:
+        """The evaluation due ``lag`` seconds before ``now`` ran now."""
+        with self._lock:
+            self._eval_lag = lag
+            if lag > self.settings.max_eval_lag_s:
+                self._sign(now)
+
+    def loop_lag(self, now: float, lag: float) -> None:
+        """The HTTP event loop ran a timer ``lag`` seconds late at ``now``."""
+        with self._lock:
+            self._loop_lag = lag
+            self.loop_probes += 1
+            if lag > self.settings.max_loop_lag_s:
+                self._sign(now)
+
+    def _oldest_wait(self, now: float) -> float:
+        for admitted in self._in_flight.values():
+            return now - admitted
+        return 0.0
+
+    def _lagging(self, now: float) -> bool:
+        s = self.settings
+        return (
+            len(self._in_flight) >= s.max_in_flight
+            or self._oldest_wait(now) > s.max_lag_s
+            or self._eval_lag > s.max_eval_lag_s
+            or self._loop_lag > s.max_loop_lag_s
+        )
+
+    def _sign(self, now: float) -> None:
+        if self._behind_since is not None and now - self._last_sign >= self.settings.settle:
+            self._behind_since = None  # the previous episode ended unobserved
+        if self._behind_since is None:
+            self._behind_since = now
+            self.episodes += 1
+        self._last_sign = max(self._last_sign, now)
+
+    def behind(self, now: float) -> bool:
+        """Is the hub behind at ``now``: lagging, or within ``settle`` of the last sign of lag?"""
+        with self._lock:
+            if self._lagging(now):
+                self._sign(now)
+            if self._behind_since is not None and now - self._last_sign >= self.settings.settle:
+                self._behind_since = None
+            return self._behind_since is not None
+
+    def findings(self, now: float) -> list[Finding]:
+        """``hub_overloaded`` while the hub is behind (one alert per hub, however long it lasts)."""
+        if not self.behind(now):
+            return []
+        status = self.status(now)
+        return [
+            Finding(
+                HUB_OVERLOADED,
+                {"hub": self.name},
+                f"The hub is behind on ingest: oldest request waited {status['oldest_wait_seconds']:.1f} s, "
+                f"{status['in_flight']} in flight, {self.shed} requests refused with Retry-After so far",
+                value=status["oldest_wait_seconds"],
+                affected_gpus=0,
+                details={"since_ts": status["behind_since"], **status},
+            )
+        ]
+
+    def status(self, now: float) -> dict[str, Any]:
+        """For /api/v1/health and the alert's details."""
+        with self._lock:
+            return {
+                "behind": self._behind_since is not None,
+                "behind_since": self._behind_since,
+                "in_flight": len(self._in_flight),
+                "oldest_wait_seconds": round(self._oldest_wait(now), 3),
+                "evaluation_lag_seconds": round(self._eval_lag, 3),
+                "event_loop_lag_seconds": round(self._loop_lag, 3),
+                "event_loop_probes": self.loop_probes,
+                "shed_requests": self.shed,
+                "episodes": self.episodes,
+            }

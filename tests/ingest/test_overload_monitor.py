@@ -1,0 +1,74 @@
+"""Admission of ingest requests: the hub sheds while behind and says so once per episode."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from gpuscope.ingest.overload import HUB_OVERLOADED, OverloadMonitor, OverloadSettings
+
+
+def monitor(**kw: float) -> OverloadMonitor:
+    return OverloadMonitor(OverloadSettings(**kw), name="hub-a", rng=random.Random(3))  # type: ignore[arg-type]
+
+
+def test_requests_past_the_in_flight_limit_are_shed_with_a_spread_retry_after() -> None:
+    m = monitor(max_in_flight=2, retry_after_s=2.0)
+    first, second = m.admit(0.0), m.admit(0.0)
+    assert first.ticket is not None and second.ticket is not None
+    refusals = [m.admit(0.1) for _ in range(50)]
+    assert all(r.ticket is None for r in refusals)
+    assert {r.retry_after for r in refusals} <= {2, 3, 4} and len({r.retry_after for r in refusals}) > 1
+    assert m.shed == 50 and m.behind(0.1)
+    m.done(first.ticket)
+    m.done(second.ticket)
+    assert m.admit(0.2).ticket is not None  # room again: admitted, though still settling
+
+
+def test_a_request_waiting_past_the_lag_budget_makes_the_hub_behind() -> None:
+    m = monitor(max_lag_s=2.0)
+    slow = m.admit(0.0)
+    assert slow.ticket is not None and not m.behind(1.9)
+    assert m.behind(2.1) and m.admit(2.1).ticket is None
+    m.done(slow.ticket)
+    assert m.admit(2.2).ticket is not None
+
+
+def test_behind_lasts_until_settled_and_raises_one_finding_per_episode() -> None:
+    m = monitor(max_in_flight=1, retry_after_s=1.0)  # settles 2 x 1 + 2 = 4 s after the last sign
+    ticket = m.admit(0.0).ticket
+    assert ticket is not None
+    assert m.admit(1.0).ticket is None
+    m.done(ticket)
+    findings = m.findings(3.0)
+    assert [f.rule for f in findings] == [HUB_OVERLOADED]
+    assert findings[0].entity == {"hub": "hub-a"} and findings[0].affected_gpus == 0
+    assert findings[0].details["since_ts"] == 1.0
+    assert m.behind(4.9) and not m.behind(5.0) and m.findings(5.0) == []
+    assert m.episodes == 1
+    m.evaluated(10.0, 6.0)  # the evaluation loop ran 6 s late: a second episode
+    assert m.behind(10.0) and m.episodes == 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("max_lag_s", 0.0), ("retry_after_s", float("nan")), ("max_in_flight", 0), ("settle_s", -1.0)],
+)
+def test_bad_settings_name_the_field(field: str, value: float) -> None:
+    with pytest.raises(ValueError, match=field):
+        OverloadSettings(**{field: value})  # type: ignore[arg-type]
+
+
+def test_an_event_loop_running_timers_late_makes_the_hub_behind() -> None:
+    m = monitor(max_loop_lag_s=2.0, retry_after_s=1.0)
+    m.loop_lag(0.0, 0.3)
+    assert not m.behind(0.0)
+    m.loop_lag(1.0, 2.5)  # starved of CPU: requests wait for the loop before they are admitted
+    assert m.behind(1.0) and m.admit(1.0).ticket is None
+    m.loop_lag(1.5, 0.1)
+    ticket = m.admit(1.5).ticket
+    assert ticket is not None
+    m.done(ticket)
+    assert m.behind(4.9) and not m.behind(5.0)
+    assert m.status(5.0)["event_loop_probes"] == 3

@@ -1,0 +1,168 @@
+"""A real hub driven past its capacity: it sheds with 503 + Retry-After, raises one hub_overloaded,
+blames no sender for its own lag, and catches up without losing or duplicating a batch."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from detect.rig import FakeCluster, FakeJob
+from gpuscope.agent.sender import Sender
+from gpuscope.agent.spool import Spool
+from gpuscope.counters import Counters
+from gpuscope.hub import Hub
+from gpuscope.ingest.overload import HUB_OVERLOADED, OverloadMonitor, OverloadSettings
+from gpuscope.ingest.payload import encode_batch
+from gpuscope.model import Batch
+from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.web.server import HubServer
+from support import wait_until
+
+NODES = 4
+FLOODERS = 24
+JSON = {"Content-Type": "application/json"}
+
+
+class _Fleet:
+    """Agents (one real Sender each, spooling) and one training job's SDK, one batch a second."""
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.cluster = FakeCluster(nodes=NODES, gpus=2)
+        self.job = FakeJob.on(self.cluster.names, 2, start=time.time())
+        self.cluster.allocate(self.job.name, self.job.placement)
+        self.counters = Counters()
+        names = [*self.cluster.names, "sdk"]
+        self.senders = {
+            name: Sender(url, spool=Spool(tmp / name, fsync=False), counters=self.counters) for name in names
+        }
+        self.sent: dict[str, int] = dict.fromkeys(names, 0)
+        self.records = 0
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+
+    def _submit(self, name: str, batch: Batch) -> None:
+        batch.batch_id = f"{name}:{self.sent[name]}"
+        self.sent[name] += 1
+        self.senders[name].submit(encode_batch(batch))
+
+    def run(self) -> None:
+        while not self.stop.wait(1.0 - time.time() % 1.0):
+            t = time.time()
+            with self.lock:
+                for node in self.cluster.names:
+                    self._submit(node, self.cluster.batch(t, node))
+                batch = self.job.batch(t)
+                if batch is not None:
+                    self.records += len(batch.training)
+                    self._submit("sdk", batch)
+
+    def drained(self) -> bool:
+        with self.lock:
+            for sender in self.senders.values():
+                sender.flush()
+            return all(s.backlog == 0 for s in self.senders.values())
+
+
+def _flood(url: str, stop: threading.Event, k: int, refused: list[int]) -> None:
+    """A sender offering far more than the hub is allowed to take: it never waits."""
+    cluster = FakeCluster(nodes=1, gpus=8, seed=k)
+    n = 0
+    with httpx.Client(timeout=30) as client:
+        while not stop.is_set():
+            batch = cluster.batch(time.time(), f"flood-{k}")
+            batch.batch_id = f"flood-{k}:{n}"
+            n += 1
+            try:
+                reply = client.post(
+                    url, content=encode_batch(batch), headers={"Content-Type": "application/json"}
+                )
+            except httpx.HTTPError:
+                continue
+            if reply.status_code == 503:
+                assert reply.headers["Retry-After"].isdigit()
+                refused.append(int(reply.headers["Retry-After"]))
+
+
+@pytest.fixture
+def server() -> Iterator[HubServer]:
+    hub = Hub(DuckDBStore(":memory:"))
+    hub.overload = OverloadMonitor(OverloadSettings(max_in_flight=8, max_lag_s=1.0, retry_after_s=1.0))
+    srv = HubServer(hub, "127.0.0.1", 0)
+    srv.start()
+    yield srv
+    srv.stop()
+
+
+def test_a_hub_past_its_capacity_sheds_alerts_once_blames_nobody_and_catches_up(
+    server: HubServer, tmp_path: Path
+) -> None:
+    hub = server.hub
+    fleet = _Fleet(server.url, tmp_path)
+    beat = threading.Thread(target=fleet.run, daemon=True)
+    beat.start()
+    try:
+        time.sleep(6)  # the detectors learn every sender's period; the hub keeps up
+        assert hub.counters.get("ingest_shed_requests") == 0
+        stop, refused = threading.Event(), []
+        flood = [
+            threading.Thread(
+                target=_flood, args=(f"{server.url}/api/v1/ingest", stop, k, refused), daemon=True
+            )
+            for k in range(FLOODERS)
+        ]
+        for thread in flood:
+            thread.start()
+        try:
+            wait_until(lambda: any(a.rule == HUB_OVERLOADED for a in hub.firing()), 20, "hub_overloaded")
+            time.sleep(8)  # longer than any sender's silence threshold
+        finally:
+            stop.set()
+            for thread in flood:
+                thread.join(30)
+        assert refused and all(1 <= r <= 2 for r in refused)  # shed with Retry-After
+        assert fleet.counters.get("send_failures") > 0  # the fleet was refused too, and spooled
+        wait_until(fleet.drained, 60, "the fleet's spools to drain")
+        wait_until(lambda: not hub.overload.behind(time.time()), 30, "the hub to catch up")
+        time.sleep(6)  # every sender's silence threshold after the hub caught up
+    finally:
+        fleet.stop.set()
+        beat.join(5)
+    assert fleet.drained()
+
+    alerts = hub.store.alerts(False, 10_000)
+    assert [a.rule for a in alerts if a.rule == HUB_OVERLOADED] == [HUB_OVERLOADED]
+    overloaded = next(a for a in alerts if a.rule == HUB_OVERLOADED)
+    assert overloaded.severity == "P2" and overloaded.owner == "platform"
+    assert overloaded.entity == {"hub": f"{socket.gethostname()}:{server.port}"}
+    blamed = [
+        a
+        for a in alerts
+        if a.rule in {"node_unreachable", "rank_lost", "training_stalled"}
+        and not a.entity.get("node", "").startswith("flood-")
+    ]
+    assert blamed == []
+
+    # every batch of the fleet stored once: one point per batch for each node, every record once
+    now = time.time()
+    for node in fleet.cluster.names:
+        points = hub.store.series("node_load1", {"node": node}, now - 600, now + 1, points=10_000)
+        assert len(points) == fleet.sent[node], node
+        assert len({p.ts for p in points}) == len(points)
+    stored = hub.store.training(fleet.job.name, now - 600, now + 1)
+    assert len(stored) == fleet.records
+    assert len({(r.rank, r.step) for r in stored}) == len(stored)
+    health = httpx.get(f"{server.url}/api/v1/health").json()
+    assert health["overload"]["shed_requests"] >= len(refused) and not health["overload"]["behind"]
+
+
+def test_the_hub_measures_its_own_event_loop_while_it_serves(server: HubServer) -> None:
+    overload = server.hub.overload
+    wait_until(lambda: overload.loop_probes >= 3, 10, "the event loop probed")
+    status = httpx.get(f"{server.url}/api/v1/health").json()["overload"]
+    assert status["event_loop_probes"] >= 3 and 0 <= status["event_loop_lag_seconds"] < 2
