@@ -70,6 +70,29 @@ GPU_METRICS = _specs(
     ("gpu_nvlink_links_down", "gauge", "NVLink links not in the active state"),
 )
 
+#: Per-GPU telemetry that only some sources give (dcgm-exporter's profiling and clock-event
+#: fields); same entity labels as GPU_METRICS. Kept apart because the simulator mirrors GPU_METRICS.
+GPU_EXTRA_METRICS = _specs(
+    (
+        "gpu_gr_engine_active_ratio",
+        "gauge",
+        "Fraction of time the graphics engine was active (DCGM; on MIG too)",
+    ),
+    ("gpu_encoder_utilization_percent", "gauge", "Percent of time the video encoder was busy"),
+    ("gpu_decoder_utilization_percent", "gauge", "Percent of time the video decoder was busy"),
+    ("gpu_nvlink_data_bytes_total", "counter", "NVLink data sent and received, all links"),
+    (
+        "gpu_violation_hw_thermal_seconds_total",
+        "counter",
+        "Time clocks were cut by the hardware thermal slowdown",
+    ),
+    (
+        "gpu_violation_hw_power_brake_seconds_total",
+        "counter",
+        "Time clocks were cut by the external power brake",
+    ),
+)
+
 #: Per-node telemetry; entity labels: node.
 NODE_METRICS = _specs(
     ("node_cpu_percent", "gauge", "Host CPU utilisation over all cores"),
@@ -141,6 +164,9 @@ DETAIL_METRICS = _specs(
     ("gpu_nvlink_link_crc_errors_total", "counter", "NVLink CRC flit and data errors of this link"),
     ("gpu_nvlink_link_replay_errors_total", "counter", "NVLink replay errors of this link"),
     ("gpu_nvlink_link_recovery_errors_total", "counter", "NVLink recovery errors of this link"),
+    ("gpu_owner_allocated", "gauge", "1 for each owner (pod or job) a GPU is shared with; label owner"),
+    ("gpu_owner_utilization_percent", "gauge", "GPU utilization of one owner's share (time-sliced GPUs)"),
+    ("gpu_owner_memory_used_bytes", "gauge", "Framebuffer memory of one owner's share (time-sliced GPUs)"),
     ("ib_port_up", "gauge", "1 while the InfiniBand/RoCE port is ACTIVE"),
     ("ib_port_rate_gbps", "gauge", "Link rate of the port in Gb/s"),
     ("ib_port_rx_bytes_per_second", "gauge", "Receive throughput of the port"),
@@ -166,6 +192,7 @@ DETAIL_METRICS = _specs(
 
 ALL_METRICS: dict[str, MetricSpec] = {
     **GPU_METRICS,
+    **GPU_EXTRA_METRICS,
     **NODE_METRICS,
     **SERVICE_METRICS,
     **DETAIL_METRICS,

@@ -27,6 +27,7 @@ from gpuscope.collect.base import (
     CollectorContext,
     build_collectors,
     enabled_collectors,
+    load_collectors,
 )
 from gpuscope.tls import TlsSettings
 
@@ -101,6 +102,7 @@ def context_from_args(args: argparse.Namespace) -> CollectorContext:
 
 def collector_names(args: argparse.Namespace, ctx: CollectorContext) -> list[str]:
     """The collectors to run; raises ValueError when an option has no collector to take it."""
+    load_collectors()  # an explicit --collector list skips enabled_collectors(), which loads them
     names = list(dict.fromkeys(args.collector)) if args.collector else enabled_collectors(ctx)
     for flag, option in SOURCE_FLAGS.items():
         if ctx.options.get(option) and not any(
