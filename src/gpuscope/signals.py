@@ -235,8 +235,55 @@ EVENT_KINDS = {
     "serving_window": "A service's request and error counts for one window (inference SDK)",
 }
 
-#: XID codes that need a reset or a reboot (DESIGN §3), and those caused by the application.
+#: NVIDIA's XID catalog: "Resolution Bucket (Immediate Action)" per code, from the catalog at
+#: docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html in NVIDIA's machine-readable copy,
+#: NVIDIA/NVSentinel distros/kubernetes/nvsentinel/charts/gpu-health-monitor/xiderrorsmapping.csv
+#: at 6f8b0fcfa8e502bdda78fabf96facef729a9285b (154's action is "follow guidance as it applies to
+#: another Xid": its message names the recovery action).
+XID_ACTIONS: dict[str, frozenset[int]] = {
+    "UNEXPECTED_ERR_REPORT_ISSUE": frozenset(
+        {*range(1, 8), 9, 10, 12, *range(15, 25), *range(26, 31), *range(33, 37), 42, 47}
+        | {*range(49, 54), *range(55, 60), 61, 65, 73, 81, 87, 90, 91, 108, *range(111, 119)}
+        | {*range(122, 126), 138, 142}
+    ),
+    "RESTART_APP": frozenset(
+        {8, 11, 13, 25, 31, 32, *range(39, 42), 60, *range(68, 73), *range(75, 78), 80, *range(82, 87)}
+        | {88, 89, 94, *range(96, 106), *range(126, 136), 139}
+    ),
+    "IGNORE": frozenset(
+        {14, 37, 38, 43, 44, 63, 66, 67, 92, 93, 106, 107, 121, 137, 141, 152, 153, 157, 161}
+    ),
+    "WORKFLOW_XID_45": frozenset({45}),
+    "RESET_GPU": frozenset({46, 62, 64, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156, 158, 162}),
+    "WORKFLOW_XID_48": frozenset({48}),
+    "CHECK_MECHANICALS": frozenset({54}),
+    "WORKFLOW_NVLINK_ERR": frozenset({74}),
+    "UPDATE_SWFW": frozenset({78}),
+    "RESTART_BM": frozenset({79, 160}),
+    "WORKFLOW_NVLINK5_ERR": frozenset(range(144, 151)),
+    "RESTART_VM": frozenset({151}),
+    "FOLLOW_LINKED_XID": frozenset({154}),
+    "CHECK_UVM": frozenset({159}),
+}
+#: The actions NVIDIA's copy marks FATAL (every code with one of them is FATAL there, and no other).
+NVIDIA_FATAL_ACTIONS = frozenset(
+    {
+        "UNEXPECTED_ERR_REPORT_ISSUE",
+        "RESET_GPU",
+        "WORKFLOW_XID_48",
+        "CHECK_MECHANICALS",
+        "WORKFLOW_NVLINK_ERR",
+        "UPDATE_SWFW",
+        "RESTART_BM",
+        "WORKFLOW_NVLINK5_ERR",
+        "RESTART_VM",
+    }
+)
+XID_ACTION: dict[int, str] = {code: action for action, codes in XID_ACTIONS.items() for code in codes}
+#: Codes that page (``gpu_xid_fatal``): NVIDIA's FATAL codes, plus 63, 92, 94 and 154, which DESIGN §3
+#: and the scenario scorer's contract list as fatal although NVIDIA's catalog does not (their
+#: findings carry NVIDIA's action); and those caused by the application (``gpu_xid_app``).
 FATAL_XIDS: frozenset[int] = frozenset(
-    {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 143, 144, 145, 146, 147, 148, 149, 150, 154}
+    {code for code, action in XID_ACTION.items() if action in NVIDIA_FATAL_ACTIONS} | {63, 92, 94, 154}
 )
 APP_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68})
