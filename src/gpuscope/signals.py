@@ -137,6 +137,23 @@ SERVICE_METRICS = _specs(
     ("inference_memory_weights_bytes", "gauge", "GPU memory held by the model weights"),
 )
 
+#: Per-service telemetry some engines give beyond the simulated set; same labels as SERVICE_METRICS.
+SERVICE_EXTRA_METRICS = _specs(
+    ("inference_queue_time_p50_seconds", "gauge", "Time requests waited in the queue, median"),
+    ("inference_queue_time_p95_seconds", "gauge", "Time requests waited in the queue, 95th percentile"),
+    ("inference_queue_time_p99_seconds", "gauge", "Time requests waited in the queue, 99th percentile"),
+    ("inference_latency_mean_seconds", "gauge", "End-to-end latency, mean since the last scrape"),
+    ("inference_queue_time_mean_seconds", "gauge", "Queue time, mean since the last scrape"),
+    ("inference_prompt_tokens_total", "counter", "Prompt (prefill) tokens processed"),
+    ("inference_generation_tokens_total", "counter", "Tokens generated"),
+    ("inference_prompt_tokens_per_second", "gauge", "Prompt tokens processed per second"),
+    ("inference_generation_tokens_per_second", "gauge", "Tokens generated per second"),
+    ("inference_rejections_total", "counter", "Requests refused at admission (queue full, overloaded)"),
+    ("inference_rejections_per_second", "gauge", "Requests refused at admission per second"),
+    ("inference_http_5xx_total", "counter", "HTTP responses with a 5xx status"),
+    ("inference_http_5xx_per_second", "gauge", "HTTP 5xx responses per second"),
+)
+
 #: Model quality and error budgets, derived on the hub (gpuscope.quality); labels service, model,
 #: version, and feature / metric / slo / window where they apply.
 QUALITY_METRICS = _specs(
@@ -195,6 +212,7 @@ ALL_METRICS: dict[str, MetricSpec] = {
     **GPU_EXTRA_METRICS,
     **NODE_METRICS,
     **SERVICE_METRICS,
+    **SERVICE_EXTRA_METRICS,
     **DETAIL_METRICS,
     **QUALITY_METRICS,
 }
