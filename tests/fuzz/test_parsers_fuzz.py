@@ -632,6 +632,11 @@ ENV_KEYS = [
     "SLURM_JOB_ID",
     "CUDA_VISIBLE_DEVICES",
     "GPUSCOPE_NODE",
+    "SLURM_STEP_GPUS",
+    "NVIDIA_VISIBLE_DEVICES",
+    "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR",
+    "PET_NNODES",
 ]
 
 
@@ -639,7 +644,7 @@ ENV_KEYS = [
 def test_any_launcher_environment_is_a_placement_or_a_placement_error(env: dict[str, str]) -> None:
     TRIED["sdk_env"] += 1
     try:
-        p = detect_placement(env)
+        p = detect_placement(env, uuid_index=dict)
     except PlacementError as exc:
         assert str(exc)
         return
