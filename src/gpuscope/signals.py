@@ -154,6 +154,23 @@ SERVICE_EXTRA_METRICS = _specs(
     ("inference_http_5xx_per_second", "gauge", "HTTP 5xx responses per second"),
 )
 
+#: The scheduler's view (collect/slurm.py). Per partition (labels partition, cluster): demand and
+#: capacity; per job (partition, job_id; pending rows add reason); per node (node).
+SCHEDULER_METRICS = _specs(
+    ("slurm_jobs_pending", "gauge", "Jobs waiting in the partition's queue"),
+    ("slurm_jobs_running", "gauge", "Jobs running in the partition"),
+    ("slurm_gpus_pending", "gauge", "GPUs the pending jobs ask for (demand)"),
+    ("slurm_gpus_running", "gauge", "GPUs the running jobs hold"),
+    ("slurm_gpus_total", "gauge", "GPUs on the partition's nodes (capacity)"),
+    ("slurm_gpus_unavailable", "gauge", "GPUs on down, drained or draining nodes"),
+    ("slurm_oldest_pending_seconds", "gauge", "How long the partition's oldest pending job has waited"),
+    ("slurm_job_pending_seconds", "gauge", "How long this pending job has waited"),
+    ("slurm_job_queue_wait_seconds", "gauge", "How long this running job waited before it started"),
+    ("slurm_job_gpus", "gauge", "GPUs this job asks for or holds"),
+    ("slurm_node_unavailable", "gauge", "1 while the node is down, drained or draining"),
+    ("slurm_node_gpus", "gauge", "GPUs the node has (gres)"),
+)
+
 #: Model quality and error budgets, derived on the hub (gpuscope.quality); labels service, model,
 #: version, and feature / metric / slo / window where they apply.
 QUALITY_METRICS = _specs(
@@ -254,6 +271,7 @@ ALL_METRICS: dict[str, MetricSpec] = {
     **SERVICE_EXTRA_METRICS,
     **DETAIL_METRICS,
     **QUALITY_METRICS,
+    **SCHEDULER_METRICS,
 }
 
 #: Metrics that training ranks report per step in TrainingRecord.metrics.

@@ -34,7 +34,7 @@ from gpuscope.tls import TlsSettings
 log = logging.getLogger("gpuscope.agent")
 
 #: command-line flag -> collector option it sets
-SOURCE_FLAGS = {"--dcgm-url": "dcgm_url", "--scrape": "scrape_urls"}
+SOURCE_FLAGS = {"--dcgm-url": "dcgm_url", "--scrape": "scrape_urls", "--slurm": "slurm"}
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +66,9 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dcgm-url", default=None, help="an existing dcgm-exporter /metrics URL")
     parser.add_argument(
+        "--slurm", action="store_true", help="read the Slurm queue and node states (squeue/sinfo --json)"
+    )
+    parser.add_argument(
         "--scrape", action="append", default=None, metavar="URL", help="a vLLM/Triton/TGI/SGLang /metrics URL"
     )
     parser.add_argument("--proc-root", default="/proc", help="read procfs from this root (default /proc)")
@@ -92,6 +95,8 @@ def context_from_args(args: argparse.Namespace) -> CollectorContext:
         options["dcgm_url"] = args.dcgm_url
     if args.scrape:
         options["scrape_urls"] = list(args.scrape)
+    if getattr(args, "slurm", False):
+        options["slurm"] = True
     return CollectorContext(
         node=args.node or default_node_name(),
         proc_root=args.proc_root,
