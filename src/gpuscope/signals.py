@@ -199,6 +199,7 @@ DETAIL_METRICS = _specs(
     ("gpu_nvlink_link_replay_errors_total", "counter", "NVLink replay errors of this link"),
     ("gpu_nvlink_link_recovery_errors_total", "counter", "NVLink recovery errors of this link"),
     ("gpu_owner_allocated", "gauge", "1 for each owner (pod or job) a GPU is shared with; label owner"),
+    ("gpu_allocatable", "gauge", "1 for each GPU the kubelet can allocate to pods"),
     ("gpu_owner_utilization_percent", "gauge", "GPU utilization of one owner's share (time-sliced GPUs)"),
     ("gpu_owner_memory_used_bytes", "gauge", "Framebuffer memory of one owner's share (time-sliced GPUs)"),
     ("ib_port_up", "gauge", "1 while the InfiniBand/RoCE port is ACTIVE"),

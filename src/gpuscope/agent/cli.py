@@ -34,7 +34,12 @@ from gpuscope.tls import TlsSettings
 log = logging.getLogger("gpuscope.agent")
 
 #: command-line flag -> collector option it sets
-SOURCE_FLAGS = {"--dcgm-url": "dcgm_url", "--scrape": "scrape_urls", "--slurm": "slurm"}
+SOURCE_FLAGS = {
+    "--dcgm-url": "dcgm_url",
+    "--scrape": "scrape_urls",
+    "--slurm": "slurm",
+    "--kubelet-socket": "kubelet_socket",
+}
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +71,11 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dcgm-url", default=None, help="an existing dcgm-exporter /metrics URL")
     parser.add_argument(
+        "--kubelet-socket",
+        default=None,
+        help="the kubelet's pod-resources socket (/var/lib/kubelet/pod-resources/kubelet.sock)",
+    )
+    parser.add_argument(
         "--slurm", action="store_true", help="read the Slurm queue and node states (squeue/sinfo --json)"
     )
     parser.add_argument(
@@ -95,6 +105,8 @@ def context_from_args(args: argparse.Namespace) -> CollectorContext:
         options["dcgm_url"] = args.dcgm_url
     if args.scrape:
         options["scrape_urls"] = list(args.scrape)
+    if getattr(args, "kubelet_socket", None):
+        options["kubelet_socket"] = args.kubelet_socket
     if getattr(args, "slurm", False):
         options["slurm"] = True
     return CollectorContext(
