@@ -225,6 +225,7 @@ def test_an_xid_present_at_start_is_reported_once_with_its_pci_address() -> None
     c = DcgmCollector("n1", fetch=lambda: text[0])
     got = c.collect(1.0).events
     assert [(e.data["code"], e.data["at_start"], e.data["pci"]) for e in got] == [(79, True, "0000:9b:00")]
+    assert got[0].data["message"] == "GPU has fallen off the bus"
     assert c.collect(2.0).events == []
 
 

@@ -228,6 +228,8 @@ class DcgmGpu:
     hostname: str | None
     values: dict[str, float] = field(default_factory=dict)
     xid: float | None = None
+    #: the exporter's ``err_msg`` label of the XID series (gpu_collector.go: its text for the code)
+    xid_message: str = ""
     #: {code: count within the exporter's window} from DCGM_EXP_XID_ERRORS_COUNT
     xid_counts: dict[int, float] = field(default_factory=dict)
     #: pci_bus_id (normalised as the kernel log writes it), model, driver, vbios, serial
@@ -328,6 +330,7 @@ def map_samples(samples: list[Sample], node: str) -> DcgmReading:
         if s.name in XID_FIELDS:
             if not owner or g.xid is None:
                 g.xid = s.value
+                g.xid_message = s.labels.get("err_msg", "")
             continue
         device, copies = g.raw.get(s.name, (None, []))
         if owner:
@@ -405,6 +408,8 @@ class DcgmCollector(Collector):
         self._last_xid[key] = g.xid
         if g.xid != before_xid and 0 < g.xid < 2**31 and g.xid.is_integer():
             data = {**data_base, "code": int(g.xid)}
+            if g.xid_message:
+                data["message"] = g.xid_message
             if before_xid is None:
                 data["at_start"] = True
             out.append(Event(now, "xid", dict(g.labels), data))
