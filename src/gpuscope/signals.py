@@ -70,6 +70,29 @@ GPU_METRICS = _specs(
     ("gpu_nvlink_links_down", "gauge", "NVLink links not in the active state"),
 )
 
+#: Per-GPU telemetry that only some sources give (dcgm-exporter's profiling and clock-event
+#: fields); same entity labels as GPU_METRICS. Kept apart because the simulator mirrors GPU_METRICS.
+GPU_EXTRA_METRICS = _specs(
+    (
+        "gpu_gr_engine_active_ratio",
+        "gauge",
+        "Fraction of time the graphics engine was active (DCGM; on MIG too)",
+    ),
+    ("gpu_encoder_utilization_percent", "gauge", "Percent of time the video encoder was busy"),
+    ("gpu_decoder_utilization_percent", "gauge", "Percent of time the video decoder was busy"),
+    ("gpu_nvlink_data_bytes_total", "counter", "NVLink data sent and received, all links"),
+    (
+        "gpu_violation_hw_thermal_seconds_total",
+        "counter",
+        "Time clocks were cut by the hardware thermal slowdown",
+    ),
+    (
+        "gpu_violation_hw_power_brake_seconds_total",
+        "counter",
+        "Time clocks were cut by the external power brake",
+    ),
+)
+
 #: Per-node telemetry; entity labels: node.
 NODE_METRICS = _specs(
     ("node_cpu_percent", "gauge", "Host CPU utilisation over all cores"),
@@ -114,6 +137,40 @@ SERVICE_METRICS = _specs(
     ("inference_memory_weights_bytes", "gauge", "GPU memory held by the model weights"),
 )
 
+#: Per-service telemetry some engines give beyond the simulated set; same labels as SERVICE_METRICS.
+SERVICE_EXTRA_METRICS = _specs(
+    ("inference_queue_time_p50_seconds", "gauge", "Time requests waited in the queue, median"),
+    ("inference_queue_time_p95_seconds", "gauge", "Time requests waited in the queue, 95th percentile"),
+    ("inference_queue_time_p99_seconds", "gauge", "Time requests waited in the queue, 99th percentile"),
+    ("inference_latency_mean_seconds", "gauge", "End-to-end latency, mean since the last scrape"),
+    ("inference_queue_time_mean_seconds", "gauge", "Queue time, mean since the last scrape"),
+    ("inference_prompt_tokens_total", "counter", "Prompt (prefill) tokens processed"),
+    ("inference_generation_tokens_total", "counter", "Tokens generated"),
+    ("inference_prompt_tokens_per_second", "gauge", "Prompt tokens processed per second"),
+    ("inference_generation_tokens_per_second", "gauge", "Tokens generated per second"),
+    ("inference_rejections_total", "counter", "Requests refused at admission (queue full, overloaded)"),
+    ("inference_rejections_per_second", "gauge", "Requests refused at admission per second"),
+    ("inference_http_5xx_total", "counter", "HTTP responses with a 5xx status"),
+    ("inference_http_5xx_per_second", "gauge", "HTTP 5xx responses per second"),
+)
+
+#: The scheduler's view (collect/slurm.py). Per partition (labels partition, cluster): demand and
+#: capacity; per job (partition, job_id; pending rows add reason); per node (node).
+SCHEDULER_METRICS = _specs(
+    ("slurm_jobs_pending", "gauge", "Jobs waiting in the partition's queue"),
+    ("slurm_jobs_running", "gauge", "Jobs running in the partition"),
+    ("slurm_gpus_pending", "gauge", "GPUs the pending jobs ask for (demand)"),
+    ("slurm_gpus_running", "gauge", "GPUs the running jobs hold"),
+    ("slurm_gpus_total", "gauge", "GPUs on the partition's nodes (capacity)"),
+    ("slurm_gpus_unavailable", "gauge", "GPUs on down, drained or draining nodes"),
+    ("slurm_oldest_pending_seconds", "gauge", "How long the partition's oldest pending job has waited"),
+    ("slurm_job_pending_seconds", "gauge", "How long this pending job has waited"),
+    ("slurm_job_queue_wait_seconds", "gauge", "How long this running job waited before it started"),
+    ("slurm_job_gpus", "gauge", "GPUs this job asks for or holds"),
+    ("slurm_node_unavailable", "gauge", "1 while the node is down, drained or draining"),
+    ("slurm_node_gpus", "gauge", "GPUs the node has (gres)"),
+)
+
 #: Model quality and error budgets, derived on the hub (gpuscope.quality); labels service, model,
 #: version, and feature / metric / slo / window where they apply.
 QUALITY_METRICS = _specs(
@@ -141,6 +198,10 @@ DETAIL_METRICS = _specs(
     ("gpu_nvlink_link_crc_errors_total", "counter", "NVLink CRC flit and data errors of this link"),
     ("gpu_nvlink_link_replay_errors_total", "counter", "NVLink replay errors of this link"),
     ("gpu_nvlink_link_recovery_errors_total", "counter", "NVLink recovery errors of this link"),
+    ("gpu_owner_allocated", "gauge", "1 for each owner (pod or job) a GPU is shared with; label owner"),
+    ("gpu_allocatable", "gauge", "1 for each GPU the kubelet can allocate to pods"),
+    ("gpu_owner_utilization_percent", "gauge", "GPU utilization of one owner's share (time-sliced GPUs)"),
+    ("gpu_owner_memory_used_bytes", "gauge", "Framebuffer memory of one owner's share (time-sliced GPUs)"),
     ("ib_port_up", "gauge", "1 while the InfiniBand/RoCE port is ACTIVE"),
     ("ib_port_rate_gbps", "gauge", "Link rate of the port in Gb/s"),
     ("ib_port_rx_bytes_per_second", "gauge", "Receive throughput of the port"),
@@ -162,14 +223,56 @@ DETAIL_METRICS = _specs(
         "RDMA receiver-not-ready retries exceeded (hw_counters)",
     ),
     ("ib_port_out_of_buffer_total", "counter", "Packets dropped for lack of receive WQEs (hw_counters)"),
+    ("ib_port_rcv_remote_physical_errors_total", "counter", "Packets received with the EBP delimiter"),
+    ("ib_port_rcv_switch_relay_errors_total", "counter", "Packets the switch could not relay"),
+    (
+        "ib_port_local_link_integrity_errors_total",
+        "counter",
+        "Times the link's local error threshold was hit",
+    ),
+    ("ib_port_excessive_buffer_overrun_errors_total", "counter", "Consecutive receive buffer overruns"),
+    ("ib_port_vl15_dropped_total", "counter", "Subnet-management packets dropped (VL15)"),
+    ("ib_port_xmit_constraint_errors_total", "counter", "Packets not sent for partition/constraint"),
+    ("ib_port_rcv_constraint_errors_total", "counter", "Packets dropped for partition/constraint"),
+    ("ib_port_tx_packets_total", "counter", "Packets sent by the port"),
+    ("ib_port_rx_packets_total", "counter", "Packets received by the port"),
+    ("ib_port_duplicate_requests_total", "counter", "Duplicate RDMA requests received (hw_counters)"),
+    ("ib_port_implied_nak_seq_errors_total", "counter", "Implied NAK sequence errors (hw_counters)"),
+    ("ib_port_cnp_sent_total", "counter", "RoCE congestion notifications sent (ECN seen; hw_counters)"),
+    ("ib_port_cnp_handled_total", "counter", "RoCE congestion notifications acted on (hw_counters)"),
+    ("ib_port_cnp_ignored_total", "counter", "RoCE congestion notifications ignored (hw_counters)"),
+    ("ib_port_ecn_marked_packets_total", "counter", "RoCE packets received with ECN marks (hw_counters)"),
+    (
+        "ib_port_transport_retries_exceeded_total",
+        "counter",
+        "QPs that ran out of transport retries and went to error (hw_counters)",
+    ),
+    ("ib_port_rnr_retries_exceeded_total", "counter", "QPs that ran out of RNR retries (hw_counters)"),
+    ("ib_port_req_cqe_errors_total", "counter", "Requester completions with an error (hw_counters)"),
+    ("ib_port_resp_cqe_errors_total", "counter", "Responder completions with an error (hw_counters)"),
+    ("ib_port_req_cqe_flush_errors_total", "counter", "Requester completions flushed (hw_counters)"),
+    ("ib_port_resp_cqe_flush_errors_total", "counter", "Responder completions flushed (hw_counters)"),
+    ("ib_port_req_remote_invalid_requests_total", "counter", "Remote invalid-request NAKs (hw_counters)"),
+    ("ib_port_req_remote_access_errors_total", "counter", "Remote access errors as requester (hw_counters)"),
+    ("ib_port_resp_remote_access_errors_total", "counter", "Remote access errors as responder (hw_counters)"),
+    ("ib_port_resp_local_length_errors_total", "counter", "Local length errors as responder (hw_counters)"),
+    ("ib_port_roce_adaptive_retrans_total", "counter", "RoCE adaptive retransmissions (hw_counters)"),
+    ("ib_port_roce_adaptive_retrans_timeouts_total", "counter", "RoCE adaptive retransmission timeouts"),
+    ("ib_port_roce_slow_restarts_total", "counter", "RoCE slow restarts (hw_counters)"),
+    ("ib_port_roce_slow_restart_cnps_total", "counter", "CNPs sent during RoCE slow restart (hw_counters)"),
+    ("ib_port_roce_slow_restart_trans_total", "counter", "RoCE slow-restart state transitions (hw_counters)"),
+    ("ib_port_rx_icrc_encapsulated_total", "counter", "RoCE packets with an ICRC error (hw_counters)"),
 )
 
 ALL_METRICS: dict[str, MetricSpec] = {
     **GPU_METRICS,
+    **GPU_EXTRA_METRICS,
     **NODE_METRICS,
     **SERVICE_METRICS,
+    **SERVICE_EXTRA_METRICS,
     **DETAIL_METRICS,
     **QUALITY_METRICS,
+    **SCHEDULER_METRICS,
 }
 
 #: Metrics that training ranks report per step in TrainingRecord.metrics.
@@ -208,8 +311,55 @@ EVENT_KINDS = {
     "serving_window": "A service's request and error counts for one window (inference SDK)",
 }
 
-#: XID codes that need a reset or a reboot (DESIGN §3), and those caused by the application.
+#: NVIDIA's XID catalog: "Resolution Bucket (Immediate Action)" per code, from the catalog at
+#: docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html in NVIDIA's machine-readable copy,
+#: NVIDIA/NVSentinel distros/kubernetes/nvsentinel/charts/gpu-health-monitor/xiderrorsmapping.csv
+#: at 6f8b0fcfa8e502bdda78fabf96facef729a9285b (154's action is "follow guidance as it applies to
+#: another Xid": its message names the recovery action).
+XID_ACTIONS: dict[str, frozenset[int]] = {
+    "UNEXPECTED_ERR_REPORT_ISSUE": frozenset(
+        {*range(1, 8), 9, 10, 12, *range(15, 25), *range(26, 31), *range(33, 37), 42, 47}
+        | {*range(49, 54), *range(55, 60), 61, 65, 73, 81, 87, 90, 91, 108, *range(111, 119)}
+        | {*range(122, 126), 138, 142}
+    ),
+    "RESTART_APP": frozenset(
+        {8, 11, 13, 25, 31, 32, *range(39, 42), 60, *range(68, 73), *range(75, 78), 80, *range(82, 87)}
+        | {88, 89, 94, *range(96, 106), *range(126, 136), 139}
+    ),
+    "IGNORE": frozenset(
+        {14, 37, 38, 43, 44, 63, 66, 67, 92, 93, 106, 107, 121, 137, 141, 152, 153, 157, 161}
+    ),
+    "WORKFLOW_XID_45": frozenset({45}),
+    "RESET_GPU": frozenset({46, 62, 64, 95, 109, 110, 119, 120, 136, 140, 143, 155, 156, 158, 162}),
+    "WORKFLOW_XID_48": frozenset({48}),
+    "CHECK_MECHANICALS": frozenset({54}),
+    "WORKFLOW_NVLINK_ERR": frozenset({74}),
+    "UPDATE_SWFW": frozenset({78}),
+    "RESTART_BM": frozenset({79, 160}),
+    "WORKFLOW_NVLINK5_ERR": frozenset(range(144, 151)),
+    "RESTART_VM": frozenset({151}),
+    "FOLLOW_LINKED_XID": frozenset({154}),
+    "CHECK_UVM": frozenset({159}),
+}
+#: The actions NVIDIA's copy marks FATAL (every code with one of them is FATAL there, and no other).
+NVIDIA_FATAL_ACTIONS = frozenset(
+    {
+        "UNEXPECTED_ERR_REPORT_ISSUE",
+        "RESET_GPU",
+        "WORKFLOW_XID_48",
+        "CHECK_MECHANICALS",
+        "WORKFLOW_NVLINK_ERR",
+        "UPDATE_SWFW",
+        "RESTART_BM",
+        "WORKFLOW_NVLINK5_ERR",
+        "RESTART_VM",
+    }
+)
+XID_ACTION: dict[int, str] = {code: action for action, codes in XID_ACTIONS.items() for code in codes}
+#: Codes that page (``gpu_xid_fatal``): NVIDIA's FATAL codes, plus 63, 92, 94 and 154, which DESIGN §3
+#: and the scenario scorer's contract list as fatal although NVIDIA's catalog does not (their
+#: findings carry NVIDIA's action); and those caused by the application (``gpu_xid_app``).
 FATAL_XIDS: frozenset[int] = frozenset(
-    {48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120, 140, 143, 144, 145, 146, 147, 148, 149, 150, 154}
+    {code for code, action in XID_ACTION.items() if action in NVIDIA_FATAL_ACTIONS} | {63, 92, 94, 154}
 )
 APP_XIDS: frozenset[int] = frozenset({13, 31, 43, 45, 68})

@@ -53,16 +53,16 @@ def test_labels_pods_and_unplaced_samples() -> None:
         "namespace": "ray-llm",
     }
     assert a10g.hostname == "ip-11111"
-    assert reading.unplaced == 9  # mapped fields among the fixture's label-less dummy samples
-    assert reading.unmapped == 13  # encoder/decoder utilisation, fan, FP pipes, pstate, licence, ...
+    assert reading.unplaced == 10  # mapped fields among the fixture's label-less dummy samples
+    assert reading.unmapped == 9  # fan, FP pipes, pstate, licence, ...
 
 
 def test_dcgm4_names_and_lowercase_labels() -> None:
     text = "\n".join(
         [
             'DCGM_FI_DEV_CLOCKS_EVENT_REASONS{gpu="1",uuid="GPU-x",hostname="h1"} 96',
-            'DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERMAL_NS{gpu="1",uuid="GPU-x",hostname="h1"} 2500000000',
-            'DCGM_FI_DEV_THERMAL_VIOLATION{gpu="2",UUID="GPU-y",Hostname="h1"} 1500000',
+            'DCGM_FI_DEV_CLOCKS_EVENT_REASON_SW_THERM_SLOWDOWN_NS{gpu="1",uuid="GPU-x",hostname="h1"} 25e8',
+            'DCGM_FI_DEV_THERMAL_VIOLATION{gpu="2",UUID="GPU-y",Hostname="h1"} 1500000000',
             'DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL{gpu="1",uuid="GPU-x",hostname="h1"} 4',
             'DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL{gpu="1",uuid="GPU-x",hostname="h1",} 3',
         ]

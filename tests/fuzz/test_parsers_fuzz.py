@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from fuzz.budget import TRIED
 from gpuscope.agent.metrics_endpoint import render_exposition
 from gpuscope.collect.base import CollectorError
-from gpuscope.collect.dcgm import FIELDS, SUMMED, XID_FIELD, DcgmCollector, map_samples
+from gpuscope.collect.dcgm import KNOWN, DcgmCollector, map_samples
 from gpuscope.collect.infiniband import COUNTERS, HW_COUNTERS, InfinibandCollector, read_ports
 from gpuscope.collect.kmsg import normalise_pci, parse_xid_line
 from gpuscope.collect.procfs import (
@@ -367,13 +367,16 @@ def test_infiniband_ports_read_any_file_contents(files: dict[str, str]) -> None:
 # -- dcgm-exporter (collect/dcgm.py) ----------------------------------------------------------------
 
 DCGM_SAMPLE = st.tuples(
-    st.sampled_from([*FIELDS, *SUMMED, XID_FIELD, "DCGM_FI_UNKNOWN", "other_metric"]),
+    st.sampled_from([*sorted(KNOWN), "DCGM_FI_UNKNOWN", "other_metric"]),
     st.fixed_dictionaries(
         {},
         optional={
             "gpu": st.sampled_from(["0", "1", ""]),
             "UUID": st.sampled_from(["GPU-a", ""]),
             "pod": LABEL_VALUES,
+            "hpc_job": st.sampled_from(["1", "2"]),
+            "xid": st.sampled_from(["79", "x", "13"]),
+            "pci_bus_id": st.sampled_from(["00000000:9B:00.0", "bad"]),
         },
     ),
     FLOATS,
@@ -629,6 +632,11 @@ ENV_KEYS = [
     "SLURM_JOB_ID",
     "CUDA_VISIBLE_DEVICES",
     "GPUSCOPE_NODE",
+    "SLURM_STEP_GPUS",
+    "NVIDIA_VISIBLE_DEVICES",
+    "TORCHELASTIC_RUN_ID",
+    "MASTER_ADDR",
+    "PET_NNODES",
 ]
 
 
@@ -636,7 +644,7 @@ ENV_KEYS = [
 def test_any_launcher_environment_is_a_placement_or_a_placement_error(env: dict[str, str]) -> None:
     TRIED["sdk_env"] += 1
     try:
-        p = detect_placement(env)
+        p = detect_placement(env, uuid_index=dict)
     except PlacementError as exc:
         assert str(exc)
         return

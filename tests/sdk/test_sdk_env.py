@@ -14,7 +14,7 @@ def test_torchrun() -> None:
     assert p.labels == {"job": "llm", "rank": "5", "node": "n3", "gpu": "1"}
 
 
-def test_slurm_job_name_gets_the_id_and_gpu_comes_from_visible_devices() -> None:
+def test_slurm_job_is_its_id_and_gpu_comes_from_visible_devices() -> None:
     env = {
         "SLURM_JOB_NAME": "pretrain",
         "SLURM_JOB_ID": "4411",
@@ -25,7 +25,8 @@ def test_slurm_job_name_gets_the_id_and_gpu_comes_from_visible_devices() -> None
         "CUDA_VISIBLE_DEVICES": "4,5,6,7",
     }
     p = detect_placement(env)
-    assert (p.job, p.rank, p.world_size, p.node, p.gpu) == ("pretrain-4411", 3, 4, "gpu-07", "7")
+    # the id, as the agent (cgroup job_<id>) and dcgm-exporter (hpc_job) name it too
+    assert (p.job, p.rank, p.world_size, p.node, p.gpu) == ("4411", 3, 4, "gpu-07", "7")
     assert detect_placement({**env, "CUDA_VISIBLE_DEVICES": "2"}).gpu == "2"  # one GPU pinned per process
 
 

@@ -116,12 +116,14 @@ def test_second_scrape_gives_rates_and_window_percentiles() -> None:
     ((_, v),) = scraper.rows(later, 110.0)
     assert v["inference_requests_per_second"] == pytest.approx(10.0)
     assert v["inference_errors_per_second"] == pytest.approx(1.0)
+    assert v["inference_rejections_per_second"] == pytest.approx(1.0)  # err="overloaded": refused
     # the 100 new requests all took 4..8 s: the window's median is inside that bucket
     assert 4.0 < v["inference_latency_p50_seconds"] <= 8.0
     # the ITL histogram did not move: no percentiles rather than lifetime ones
     assert "inference_itl_p50_seconds" not in v
     ((_, v),) = scraper.rows(text, 120.0)  # counters went back: an engine restart
-    assert scraper.resets == 2 and v["inference_requests_per_second"] == pytest.approx(120.0)
+    # requests, failures and rejections all went back
+    assert scraper.resets == 3 and v["inference_requests_per_second"] == pytest.approx(120.0)
 
 
 def test_bad_targets_and_expositions_are_clear_errors() -> None:

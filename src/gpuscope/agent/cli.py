@@ -27,13 +27,19 @@ from gpuscope.collect.base import (
     CollectorContext,
     build_collectors,
     enabled_collectors,
+    load_collectors,
 )
 from gpuscope.tls import TlsSettings
 
 log = logging.getLogger("gpuscope.agent")
 
 #: command-line flag -> collector option it sets
-SOURCE_FLAGS = {"--dcgm-url": "dcgm_url", "--scrape": "scrape_urls"}
+SOURCE_FLAGS = {
+    "--dcgm-url": "dcgm_url",
+    "--scrape": "scrape_urls",
+    "--slurm": "slurm",
+    "--kubelet-socket": "kubelet_socket",
+}
 
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
@@ -65,6 +71,14 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--dcgm-url", default=None, help="an existing dcgm-exporter /metrics URL")
     parser.add_argument(
+        "--kubelet-socket",
+        default=None,
+        help="the kubelet's pod-resources socket (/var/lib/kubelet/pod-resources/kubelet.sock)",
+    )
+    parser.add_argument(
+        "--slurm", action="store_true", help="read the Slurm queue and node states (squeue/sinfo --json)"
+    )
+    parser.add_argument(
         "--scrape", action="append", default=None, metavar="URL", help="a vLLM/Triton/TGI/SGLang /metrics URL"
     )
     parser.add_argument("--proc-root", default="/proc", help="read procfs from this root (default /proc)")
@@ -91,6 +105,10 @@ def context_from_args(args: argparse.Namespace) -> CollectorContext:
         options["dcgm_url"] = args.dcgm_url
     if args.scrape:
         options["scrape_urls"] = list(args.scrape)
+    if getattr(args, "kubelet_socket", None):
+        options["kubelet_socket"] = args.kubelet_socket
+    if getattr(args, "slurm", False):
+        options["slurm"] = True
     return CollectorContext(
         node=args.node or default_node_name(),
         proc_root=args.proc_root,
@@ -101,6 +119,7 @@ def context_from_args(args: argparse.Namespace) -> CollectorContext:
 
 def collector_names(args: argparse.Namespace, ctx: CollectorContext) -> list[str]:
     """The collectors to run; raises ValueError when an option has no collector to take it."""
+    load_collectors()  # an explicit --collector list skips enabled_collectors(), which loads them
     names = list(dict.fromkeys(args.collector)) if args.collector else enabled_collectors(ctx)
     for flag, option in SOURCE_FLAGS.items():
         if ctx.options.get(option) and not any(

@@ -46,6 +46,13 @@ RULES: dict[str, RuleSpec] = _rules(
     ("node_unreachable", "P1", "platform", 1.0, "The node's agent stopped reporting"),
     ("gpu_idle_allocated", "P2", "platform", 1.0, "GPUs allocated to a job sit idle"),
     ("job_failed", "P1", "model", 1.0, "A job exited abnormally without finishing"),
+    (
+        "job_pending_too_long",
+        "P2",
+        "platform",
+        0.3,
+        "A job has waited in the scheduler's queue far longer than its partition's usual wait",
+    ),
     ("training_stalled", "P1", "model", 1.0, "The job's step counter stopped advancing"),
     ("rank_lost", "P1", "platform", 1.0, "A rank's heartbeat stopped"),
     ("training_straggler", "P2", "platform", 0.3, "One rank is slower than its peers and holds the job back"),

@@ -170,6 +170,16 @@ PLAYBOOKS: dict[str, Playbook] = {
             "Restart from the last verified checkpoint",
         ),
     ),
+    "job_pending_too_long": Playbook(
+        "A job has waited in the scheduler's queue far longer than its partition usually makes jobs wait.",
+        "Its work is not being done; a stuck queue (drained nodes, a job that never fits) holds others too.",
+        (S("The pending reason and how long it waited", "alert_details"), _RELATED),
+        (
+            "Check the reason: Resources or Priority means demand exceeds capacity; ReqNodeNotAvail, "
+            "PartitionDown or a drained node means capacity is missing",
+            "Resume or repair drained nodes, or resize or requeue the job",
+        ),
+    ),
     "training_stalled": Playbook(
         "The job's step counter stopped advancing against its baseline step time.",
         "Every GPU of the job is burning money without progress; work since the last checkpoint is at risk.",

@@ -3,7 +3,8 @@
 A GPU's samples carry the job using it (DESIGN §2 attribution labels), found from the processes
 NVML lists on it: the Slurm job id from the environment or the cgroup path (``job_1234``), the
 Kubernetes pod UID and container id from the cgroup path, the torchrun run id and rank from the
-environment. An unreadable process (gone, or not ours to read) simply yields fewer labels.
+environment; the job key is the one the SDK and dcgm-exporter use (:func:`gpuscope.identity.job_key`).
+An unreadable process (gone, or not ours to read) simply yields fewer labels.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+
+from gpuscope.identity import job_key
 
 #: ``.../kubepods-burstable-pod<uid>.slice/cri-containerd-<id>.scope`` (systemd driver) or
 #: ``/kubepods/burstable/pod<uid>/<id>`` (cgroupfs driver)
@@ -21,9 +24,6 @@ _CONTAINER = re.compile(
     r"(?:docker|cri-containerd|crio|containerd)-([0-9a-f]{12,64})\.scope|/([0-9a-f]{64})(?:/|$)"
 )
 _SLURM = re.compile(r"/job_(\d+)(?:/|$)")
-
-#: Environment variables read, in order of preference, for the job name.
-JOB_ENV = ("GPUSCOPE_JOB", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID")
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +76,6 @@ def process_owner(pid: int, proc_root: str = "/proc") -> ProcessOwner:
             env = parse_environ(fh.read())
     except OSError:
         env = {}
-    job = next((env[k] for k in JOB_ENV if env.get(k)), None) or cg_job
+    job = job_key(env) or cg_job
     rank = env.get("RANK") or env.get("SLURM_PROCID")
     return ProcessOwner(job=job, pod=pod, container=container, rank=rank)

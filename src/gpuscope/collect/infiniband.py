@@ -19,7 +19,8 @@ from gpuscope.collect.base import Collected, Collector, CollectorContext, Collec
 from gpuscope.collect.nvml import frame
 from gpuscope.signals import DETAIL_METRICS, NODE_METRICS
 
-#: counters/ file -> (metric, factor)
+#: counters/ file -> (metric, factor); names of the kernel's PMA attributes (torvalds/linux
+#: drivers/infiniband/core/sysfs.c PORT_PMA_ATTR list at e04360a)
 COUNTERS = {
     "port_rcv_data": ("ib_port_rx_bytes_total", 4),
     "port_xmit_data": ("ib_port_tx_bytes_total", 4),
@@ -29,13 +30,46 @@ COUNTERS = {
     "link_error_recovery": ("ib_port_link_error_recovery_total", 1),
     "port_xmit_discards": ("ib_port_xmit_discards_total", 1),
     "port_xmit_wait": ("ib_port_xmit_wait_total", 1),
+    "port_rcv_remote_physical_errors": ("ib_port_rcv_remote_physical_errors_total", 1),
+    "port_rcv_switch_relay_errors": ("ib_port_rcv_switch_relay_errors_total", 1),
+    "local_link_integrity_errors": ("ib_port_local_link_integrity_errors_total", 1),
+    "excessive_buffer_overrun_errors": ("ib_port_excessive_buffer_overrun_errors_total", 1),
+    "VL15_dropped": ("ib_port_vl15_dropped_total", 1),
+    "port_xmit_constraint_errors": ("ib_port_xmit_constraint_errors_total", 1),
+    "port_rcv_constraint_errors": ("ib_port_rcv_constraint_errors_total", 1),
+    "port_xmit_packets": ("ib_port_tx_packets_total", 1),
+    "port_rcv_packets": ("ib_port_rx_packets_total", 1),
 }
+#: hw_counters/ file -> metric; mlx5's names (torvalds/linux drivers/infiniband/hw/mlx5/counters.c at
+#: 10d4de4: basic/out-of-sequence/retransmission q counters, cong_cnts, extended_err_cnts, roce_accl_cnts)
 HW_COUNTERS = {
     "out_of_sequence": "ib_port_out_of_sequence_total",
     "packet_seq_err": "ib_port_packet_seq_errors_total",
     "local_ack_timeout_err": "ib_port_local_ack_timeout_errors_total",
     "rnr_nak_retry_err": "ib_port_rnr_nak_retry_errors_total",
     "out_of_buffer": "ib_port_out_of_buffer_total",
+    "duplicate_request": "ib_port_duplicate_requests_total",
+    "implied_nak_seq_err": "ib_port_implied_nak_seq_errors_total",
+    "np_cnp_sent": "ib_port_cnp_sent_total",
+    "rp_cnp_handled": "ib_port_cnp_handled_total",
+    "rp_cnp_ignored": "ib_port_cnp_ignored_total",
+    "np_ecn_marked_roce_packets": "ib_port_ecn_marked_packets_total",
+    "req_transport_retries_exceeded": "ib_port_transport_retries_exceeded_total",
+    "req_rnr_retries_exceeded": "ib_port_rnr_retries_exceeded_total",
+    "req_cqe_error": "ib_port_req_cqe_errors_total",
+    "resp_cqe_error": "ib_port_resp_cqe_errors_total",
+    "req_cqe_flush_error": "ib_port_req_cqe_flush_errors_total",
+    "resp_cqe_flush_error": "ib_port_resp_cqe_flush_errors_total",
+    "req_remote_invalid_request": "ib_port_req_remote_invalid_requests_total",
+    "req_remote_access_errors": "ib_port_req_remote_access_errors_total",
+    "resp_remote_access_errors": "ib_port_resp_remote_access_errors_total",
+    "resp_local_length_error": "ib_port_resp_local_length_errors_total",
+    "roce_adp_retrans": "ib_port_roce_adaptive_retrans_total",
+    "roce_adp_retrans_to": "ib_port_roce_adaptive_retrans_timeouts_total",
+    "roce_slow_restart": "ib_port_roce_slow_restarts_total",
+    "roce_slow_restart_cnps": "ib_port_roce_slow_restart_cnps_total",
+    "roce_slow_restart_trans": "ib_port_roce_slow_restart_trans_total",
+    "rx_icrc_encapsulated": "ib_port_rx_icrc_encapsulated_total",
 }
 NODE_TOTALS = {
     "ib_port_symbol_errors_total": "node_ib_symbol_errors_total",

@@ -211,3 +211,22 @@ class NvmlSession:
 
 def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def uuid_indices(lib: Any = None) -> dict[str, str]:
+    """NVML's ``{uuid: index}`` of every GPU and MIG instance (a MIG instance maps to its GPU's
+    index); empty when NVML cannot start. For a process that only knows its GPU by UUID."""
+    session = NvmlSession(lib)
+    try:
+        devices = session.open()
+    except NvmlUnavailable:
+        return {}
+    try:
+        out: dict[str, str] = {}
+        for dev in devices:
+            out[dev.uuid] = str(dev.index)
+            for child in dev.children:
+                out[child.uuid] = str(dev.index)
+        return out
+    finally:
+        session.close()

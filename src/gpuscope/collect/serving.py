@@ -28,11 +28,10 @@ from gpuscope.collect.nvml import frame
 from gpuscope.collect.promtext import ExpositionError, Sample, parse_exposition
 from gpuscope.collect.serving_engines import (
     BATCH,
-    ERRORS,
     KV,
     KV_BLOCKS,
     QUANTILES,
-    REQUESTS,
+    RATES,
     RUNNING,
     EngineSpec,
     detect_engine,
@@ -54,6 +53,17 @@ SERVING_COLUMNS: tuple[str, ...] = (
     "inference_errors_total",
     "inference_kv_cache_capacity_blocks",
     "inference_memory_kv_cache_bytes",
+    *(f"inference_queue_time_{p}_seconds" for p, _ in QUANTILES),
+    "inference_latency_mean_seconds",
+    "inference_queue_time_mean_seconds",
+    "inference_prompt_tokens_total",
+    "inference_generation_tokens_total",
+    "inference_rejections_total",
+    "inference_http_5xx_total",
+    "inference_prompt_tokens_per_second",
+    "inference_generation_tokens_per_second",
+    "inference_rejections_per_second",
+    "inference_http_5xx_per_second",
 )
 _FRAGMENT_LABELS = ("service", "model", "version", "cluster")
 
@@ -134,11 +144,14 @@ class EngineScraper:
         prev = self.previous.get(key)
         dt = now - prev.ts if prev is not None else 0.0
         if prev is not None and dt > 0:
-            for canon, name in ((REQUESTS, "requests"), (ERRORS, "errors")):
+            for canon, column in RATES.items():
                 if canon in row.counters:
-                    values[f"inference_{name}_per_second"] = self._rate(
-                        row.counters[canon], prev.counters.get(canon), dt
-                    )
+                    values[column] = self._rate(row.counters[canon], prev.counters.get(canon), dt)
+            for dist, (total, factor, count) in spec.mean_counters.items():
+                spent = self._rate(row.raw.get(total, math.nan), prev.raw.get(total), dt)
+                done = self._rate(row.raw.get(count, math.nan), prev.raw.get(count), dt)
+                if done > 0 and spent >= 0:
+                    values[f"inference_{dist}_mean_seconds"] = spent / done * factor
             if spec.batch_ratio is not None:
                 num, den = (
                     self._rate(row.raw.get(n, math.nan), prev.raw.get(n), dt) for n in spec.batch_ratio

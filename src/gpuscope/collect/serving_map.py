@@ -3,7 +3,11 @@
 Histograms become p50/p95/p99 by linear interpolation inside the bucket that holds the rank, as
 Prometheus' ``histogram_quantile`` does; a quantile falling in the ``+Inf`` bucket is the highest
 finite bound. Counters are summed over labels that are not the model's (``finished_reason``,
-``tp_rank``), except that vLLM's aborted requests count as failures.
+``engine``, ``dp_rank``), except that vLLM's aborted requests count as failures. Gauges from several
+engines or ranks of one model (vLLM's ``engine`` under data parallelism, SGLang's ``dp_rank`` and
+``pp_rank``) are summed when they count requests and maxed when they are ratios (KV-cache use);
+ranks that repeat one scheduler's numbers (``tp_rank``) count once. Samples without the model label
+on a page that serves one model (``http_requests_total`` of the API server) join that model's row.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpuscope.collect.promtext import Sample
-from gpuscope.collect.serving_engines import EngineSpec
+from gpuscope.collect.serving_engines import MAX_GAUGES, SHARD_LABELS, EngineSpec
 
 RowKey = tuple[str, str]  # (model, version) as the engine names them; "" when it does not
 
@@ -86,11 +90,24 @@ def read_rows(samples: list[Sample], spec: EngineSpec) -> dict[RowKey, EngineRow
         version = s.labels.get(spec.version_label, "") if spec.version_label else ""
         return model, version
 
+    own = {spec.model_label, spec.version_label}
+
+    def replica(s: Sample) -> tuple[tuple[str, str], ...]:
+        return tuple(sorted((k, v) for k, v in s.labels.items() if k not in own and k not in SHARD_LABELS))
+
     for canon, candidates in spec.gauges.items():
         hit = _first(candidates, present)
-        if hit is not None:
-            for s in by_name[hit[0]]:
-                rows[key(s)].gauges[canon] = s.value * hit[1]
+        if hit is None:
+            continue
+        per_replica: dict[RowKey, dict[tuple[tuple[str, str], ...], float]] = defaultdict(dict)
+        for s in by_name[hit[0]]:
+            if not math.isfinite(s.value):
+                continue
+            slot = per_replica[key(s)]
+            r = replica(s)
+            slot[r] = max(slot.get(r, -math.inf), s.value * hit[1])
+        for k, slot in per_replica.items():
+            rows[k].gauges[canon] = max(slot.values()) if canon in MAX_GAUGES else math.fsum(slot.values())
     for canon, names in spec.counters.items():
         name = next((n for n in names if n in present), None)
         for s in by_name.get(name or "", []):
@@ -98,6 +115,16 @@ def read_rows(samples: list[Sample], spec: EngineSpec) -> dict[RowKey, EngineRow
             target = "inference_errors_total" if failed else canon
             row = rows[key(s)]
             row.counters[target] = row.counters.get(target, 0.0) + s.value
+    for canon, sources in spec.labelled_counters.items():
+        for name, label, prefixes in sources:
+            for s in by_name.get(name, []):
+                if s.labels.get(label, "").startswith(prefixes):
+                    row = rows[key(s)]
+                    row.counters[canon] = row.counters.get(canon, 0.0) + s.value
+    for name in {n for total, _, count in spec.mean_counters.values() for n in (total, count)}:
+        for s in by_name.get(name, []):
+            row = rows[key(s)]
+            row.raw[name] = row.raw.get(name, 0.0) + s.value
     for dist, candidates in spec.histograms.items():
         hit = _first(((n, f) for n, f in candidates if n in bucket_names), bucket_names)
         if hit is None:
@@ -125,4 +152,11 @@ def read_rows(samples: list[Sample], spec: EngineSpec) -> dict[RowKey, EngineRow
             for s in by_name.get(name, []):
                 row = rows[key(s)]
                 row.raw[name] = row.raw.get(name, 0.0) + s.value
+    page = rows.get(("", ""))
+    models = [k for k in rows if k != ("", "")]
+    if page is not None and len(models) == 1 and not page.gauges and not page.histograms:
+        model_row = rows[models[0]]
+        for name, v in page.counters.items():
+            model_row.counters[name] = model_row.counters.get(name, 0.0) + v
+        del rows[("", "")]
     return dict(rows)

@@ -5,13 +5,17 @@ seconds after the last XID of its class on that GPU, or until the GPU is seen an
 after a reset. A reset is recognised from the data: the GPU reappears after a gap in its
 reports longer than its node's usual period allows, or its volatile ECC counters go back down.
 Codes that are neither fatal nor known application codes are treated as application-class
-(a P3 ticket, not a page), unless listed in :data:`gpuscope.signals.FATAL_XIDS`.
+(a P3 ticket, not a page), unless listed in :data:`gpuscope.signals.FATAL_XIDS`, which follows
+NVIDIA's XID catalog; each finding carries NVIDIA's immediate action for its code. XID 154 names
+its recovery action in its message ("GPU recovery action changed from 0x0 (None) to 0x2 (Node
+Reboot Required)"); a 154 whose new action is "None" asks for nothing and is not paged.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +25,7 @@ from gpuscope.detect.baseline import IntervalEstimator
 from gpuscope.detect.frames import GpuKey, view
 from gpuscope.detect.refusals import refuse
 from gpuscope.model import Event, Finding, Frame
-from gpuscope.signals import APP_XIDS, FATAL_XIDS
+from gpuscope.signals import APP_XIDS, FATAL_XIDS, NVIDIA_FATAL_ACTIONS, XID_ACTION
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +50,34 @@ MEANINGS: dict[int, str] = {
     95: "uncontained ECC error",
     119: "GSP RPC timeout",
     120: "GSP error",
+    46: "GPU stopped responding (timeout)",
+    109: "context switch timeout",
+    110: "security fault",
+    136: "NVLink link training failed",
+    140: "ECC error escaped containment",
+    143: "GPU initialisation failed",
+    154: "GPU recovery action changed",
+    155: "NVLink software-defined error",
+    156: "resource retirement event",
+    158: "GPU fatal timeout",
+    160: "channel retirement event",
 }
+#: the new recovery action in XID 154's message: "... changed from 0x0 (None) to 0x2 (Node Reboot Required)"
+_RECOVERY_ACTION = re.compile(r"\bto\s+0x[0-9a-fA-F]+\s+\(([^)]+)\)")
+
+
+def recovery_action(message: str) -> str | None:
+    """XID 154's new recovery action, as the driver names it (None, GPU Reset Required, ...)."""
+    m = _RECOVERY_ACTION.search(message)
+    return m.group(1).strip() if m else None
+
+
+def rule_for(code: int | None, message: str) -> str:
+    """``gpu_xid_fatal`` or ``gpu_xid_app`` for one XID."""
+    if code == 154 and recovery_action(message) == "None":
+        return APP
+    return FATAL if code in FATAL_XIDS else APP
+
 
 _VOLATILE = ("gpu_ecc_sbe_volatile_total", "gpu_ecc_dbe_volatile_total")
 
@@ -120,9 +151,9 @@ class XidDetector(Detector):
                 gpu,
                 raw,
             )
-        rule = FATAL if code in FATAL_XIDS else APP
         message = event.data.get("message")
         text = message if isinstance(message, str) and message else MEANINGS.get(code or -1, "unknown XID")
+        rule = rule_for(code, text)
         state = self._gpus.get((node, gpu))
         if state is None:
             state = self._gpus[(node, gpu)] = _Gpu(last_seen=event.ts)
@@ -190,9 +221,14 @@ class XidDetector(Detector):
         node, gpu = key
         code = "?" if xid.code is None else str(xid.code)
         summary = f"XID {code} on {node} GPU {gpu}: {xid.message}"
+        action = XID_ACTION.get(xid.code) if xid.code is not None else None
+        if xid.code == 154:
+            action = recovery_action(xid.message) or action
+        if action:
+            summary += f" (NVIDIA action: {action})"
         if xid.count > 1:
             summary += f" ({xid.count} XIDs of this class since {xid.first_ts:.0f})"
-        known = xid.code in FATAL_XIDS or xid.code in APP_XIDS
+        known = xid.code in FATAL_XIDS or xid.code in APP_XIDS or xid.code in XID_ACTION
         return Finding(
             rule,
             {"node": node, "gpu": gpu},
@@ -206,5 +242,7 @@ class XidDetector(Detector):
                 "first_ts": xid.first_ts,
                 "last_ts": xid.last_ts,
                 "known_code": known,
+                "nvidia_action": action,
+                "nvidia_fatal": XID_ACTION.get(xid.code or -1) in NVIDIA_FATAL_ACTIONS,
             },
         )

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+from gpuscope.collect.nvml_api import nvml_library_present, uuid_indices
+from gpuscope.identity import job_key, rank_gpu
 
 #: Where each field is looked up, first hit wins: gpuscope's own, torchrun, Slurm, Open MPI / Kubernetes.
 _RANK = ("GPUSCOPE_RANK", "RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
@@ -19,7 +22,8 @@ _LOCAL_RANK = ("GPUSCOPE_LOCAL_RANK", "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_
 _WORLD = ("GPUSCOPE_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
 #: NODE_NAME is what Kubernetes' downward API conventionally sets (spec.nodeName).
 _NODE = ("GPUSCOPE_NODE", "SLURMD_NODENAME", "NODE_NAME")
-_JOB = ("GPUSCOPE_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_NAME", "JOB_NAME")
+#: read only when no launcher names the job (gpuscope.identity.job_key): a bare name, not unique
+_JOB_NAME = ("SLURM_JOB_NAME", "JOB_NAME")
 _HUB = ("GPUSCOPE_HUB",)
 _TOKEN = ("GPUSCOPE_TOKEN",)
 
@@ -38,6 +42,8 @@ class Placement:
     world_size: int
     node: str
     gpu: str
+    #: the GPU's UUID when the environment names it (containers, NVIDIA_VISIBLE_DEVICES)
+    gpu_uuid: str | None = None
 
     @property
     def labels(self) -> dict[str, str]:
@@ -67,28 +73,12 @@ def _int(env: Mapping[str, str], names: tuple[str, ...], default: int) -> int:
     return value
 
 
-def _gpu(env: Mapping[str, str], local_rank: int) -> str:
-    """The GPU index this rank uses: its entry of CUDA_VISIBLE_DEVICES when set, else its local rank.
-
-    A launcher that pins one GPU per process sets CUDA_VISIBLE_DEVICES to that single GPU, which
-    is then the physical index the agent reports too.
-    """
-    visible = [v.strip() for v in env.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    if not visible:
-        return str(local_rank)
-    if len(visible) == 1:
-        return visible[0]
-    return visible[local_rank] if local_rank < len(visible) else str(local_rank)
+def _nvml_uuid_index() -> Mapping[str, str]:
+    return uuid_indices() if nvml_library_present() else {}
 
 
 def _job(env: Mapping[str, str]) -> str | None:
-    found = _first(env, _JOB)
-    if found is None:
-        return None
-    name, value = found
-    if name == "SLURM_JOB_NAME" and env.get("SLURM_JOB_ID"):
-        return f"{value}-{env['SLURM_JOB_ID']}"  # job names repeat across submissions, ids do not
-    return value
+    return job_key(env) or next((env[n] for n in _JOB_NAME if env.get(n)), None)
 
 
 def detect_placement(
@@ -100,14 +90,21 @@ def detect_placement(
     world_size: int | None = None,
     node: str | None = None,
     gpu: str | int | None = None,
+    uuid_index: Callable[[], Mapping[str, str]] = _nvml_uuid_index,
 ) -> Placement:
-    """The placement from explicit arguments, then the environment; raises :class:`PlacementError`."""
+    """The placement from explicit arguments, then the environment; raises :class:`PlacementError`.
+
+    The job and GPU are those the agent and dcgm-exporter report for the same process
+    (:mod:`gpuscope.identity`); ``uuid_index`` is NVML's UUID -> index map, asked only when the
+    environment names the GPU by UUID.
+    """
     env = os.environ if env is None else env
     job = job or _job(env)
     if not job:
         raise PlacementError(
             "no job name: pass gpuscope.init(job=...) or set GPUSCOPE_JOB "
-            "(torchrun's TORCHELASTIC_RUN_ID and Slurm's SLURM_JOB_NAME are read too)"
+            "(Slurm's SLURM_JOB_ID, torchrun's TORCHELASTIC_RUN_ID unless 'none', and a Kubeflow "
+            "PyTorchJob's MASTER_ADDR are read too)"
         )
     rank = _int(env, _RANK, 0) if rank is None else rank
     local_rank = _int(env, _LOCAL_RANK, rank) if local_rank is None else local_rank
@@ -118,13 +115,16 @@ def detect_placement(
         raise PlacementError(f"rank {rank} does not fit in a world of size {world_size}")
     found = _first(env, _NODE)
     node = node or (found[1] if found else socket.gethostname().split(".")[0] or "localhost")
+    ref = rank_gpu(env, local_rank, uuid_index)
     return Placement(
         job=job,
         rank=rank,
         local_rank=local_rank,
         world_size=world_size,
         node=node,
-        gpu=str(gpu) if gpu is not None else _gpu(env, local_rank),
+        # a GPU known only by UUID keeps the UUID rather than a wrong index
+        gpu=str(gpu) if gpu is not None else ref.index or ref.uuid or str(local_rank),
+        gpu_uuid=ref.uuid,
     )
 
 

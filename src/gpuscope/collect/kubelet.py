@@ -1,0 +1,164 @@
+"""Which pod holds which GPU, from the kubelet: the ``kubelet`` collector (``--kubelet-socket``).
+
+Calls the kubelet's PodResources gRPC API (``/var/lib/kubelet/pod-resources/kubelet.sock``;
+``List`` and ``GetAllocatableResources``, GA since Kubernetes 1.28) with the message classes
+generated from the kubelet's own proto (:mod:`gpuscope.kube.podresources_pb2`). Unlike NVML's
+process list, it names the owner of a GPU that runs no process, the idle-allocation case.
+
+Per round, a row per allocatable GPU (``gpu_allocatable``, labels node, uuid and, where NVML
+knows it, gpu) and a row per allocation (``gpu_owner_allocated``, plus the attribution labels pod
+and namespace (the pod's name, as dcgm-exporter writes it), container, and ``owner`` =
+``namespace/pod/container``). Device ids are GPU or MIG UUIDs under the NVIDIA device plugin's default
+``--device-id-strategy=uuid``; time-slicing replicas (``<uuid>::<n>``) are the same GPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, Self
+
+import grpc
+
+from gpuscope.collect.base import Collected, Collector, CollectorContext, CollectorError, register_collector
+from gpuscope.collect.nvml import frame
+from gpuscope.collect.nvml_api import nvml_library_present, uuid_indices
+from gpuscope.kube import podresources_pb2 as pb
+from gpuscope.model import Labels
+from gpuscope.signals import DETAIL_METRICS
+
+DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
+#: the service as the proto declares it (package v1, service PodResourcesLister)
+SERVICE = "/v1.PodResourcesLister"
+GPU_RESOURCES = frozenset({"nvidia.com/gpu"})
+_REPLICA = "::"
+
+
+def device_uuid(device_id: str) -> str:
+    """The GPU a device id names: ``GPU-…::3`` (a time-slicing replica) is ``GPU-…``."""
+    return device_id.split(_REPLICA, 1)[0]
+
+
+def is_gpu(resource: str) -> bool:
+    # MIG strategy "mixed" advertises nvidia.com/mig-1g.10gb and the like
+    return resource in GPU_RESOURCES or resource.startswith("nvidia.com/mig-")
+
+
+def _default_index() -> Mapping[str, str]:
+    return uuid_indices() if nvml_library_present() else {}
+
+
+class PodResourcesClient:
+    """``List`` and ``GetAllocatableResources`` over the kubelet's unix socket."""
+
+    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = 5.0) -> None:
+        self.target = f"unix://{socket_path}"
+        self.timeout = timeout
+        self._channel: Any = None
+
+    def _call(self, method: str, request: Any, response: Any) -> Any:
+        if self._channel is None:
+            self._channel = grpc.insecure_channel(self.target)
+        stub = self._channel.unary_unary(
+            f"{SERVICE}/{method}",
+            request_serializer=type(request).SerializeToString,
+            response_deserializer=response.FromString,
+        )
+        return stub(request, timeout=self.timeout)
+
+    def list(self) -> pb.ListPodResourcesResponse:
+        got: pb.ListPodResourcesResponse = self._call(
+            "List", pb.ListPodResourcesRequest(), pb.ListPodResourcesResponse
+        )
+        return got
+
+    def allocatable(self) -> pb.AllocatableResourcesResponse:
+        got: pb.AllocatableResourcesResponse = self._call(
+            "GetAllocatableResources", pb.AllocatableResourcesRequest(), pb.AllocatableResourcesResponse
+        )
+        return got
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+
+@register_collector
+class KubeletCollector(Collector):
+    """GPU allocations of pods on this node, from the kubelet's pod-resources API."""
+
+    name = "kubelet"
+    enabled_by = ("kubelet_socket",)
+
+    def __init__(
+        self,
+        node: str,
+        *,
+        proc_root: str = "/proc",
+        sys_root: str = "/sys",
+        socket_path: str = DEFAULT_SOCKET,
+        uuid_index: Callable[[], Mapping[str, str]] = _default_index,
+    ) -> None:
+        super().__init__(node, proc_root=proc_root, sys_root=sys_root)
+        self.client = PodResourcesClient(socket_path)
+        self._uuid_index = uuid_index
+        self._index: Mapping[str, str] | None = None
+
+    @classmethod
+    def from_context(cls, ctx: CollectorContext) -> Self:
+        return cls(
+            ctx.node,
+            proc_root=ctx.proc_root,
+            sys_root=ctx.sys_root,
+            socket_path=str(ctx.options["kubelet_socket"]),
+        )
+
+    def _gpu_labels(self, uuid: str) -> Labels:
+        if self._index is None or uuid not in self._index:
+            self._index = self._uuid_index()
+        labels: Labels = {"node": self.node, "uuid": uuid}
+        if uuid in self._index:
+            labels["gpu"] = self._index[uuid]
+        return labels
+
+    def collect(self, now: float) -> Collected:
+        out = Collected()
+        try:
+            pods = self.client.list()
+        except grpc.RpcError as exc:
+            raise RuntimeError(f"kubelet pod-resources List at {self.client.target}: {exc.code()}") from exc
+        rows: list[tuple[Labels, dict[str, float]]] = []
+        try:
+            alloc = self.client.allocatable()
+        except grpc.RpcError as exc:  # kubelets before 1.23 lack it; allocations still count
+            out.errors.append(CollectorError("kubelet_allocatable", f"GetAllocatableResources: {exc.code()}"))
+        else:
+            seen: set[str] = set()
+            for dev in alloc.devices:
+                if is_gpu(dev.resource_name):
+                    for did in dev.device_ids:
+                        uuid = device_uuid(did)
+                        if uuid not in seen:
+                            seen.add(uuid)
+                            rows.append((self._gpu_labels(uuid), {"gpu_allocatable": 1.0}))
+        for pod in pods.pod_resources:
+            for container in pod.containers:
+                for dev in container.devices:
+                    if not is_gpu(dev.resource_name):
+                        continue
+                    for uuid in dict.fromkeys(device_uuid(d) for d in dev.device_ids):
+                        labels = {
+                            **self._gpu_labels(uuid),
+                            "owner": f"{pod.namespace}/{pod.name}/{container.name}",
+                            "pod": pod.name,
+                            "namespace": pod.namespace,
+                            "container": container.name,
+                        }
+                        rows.append((labels, {"gpu_owner_allocated": 1.0}))
+        f = frame(now, DETAIL_METRICS, rows)
+        if f is not None:
+            out.frames.append(f)
+        return out
+
+    def close(self) -> None:
+        self.client.close()

@@ -1,0 +1,1 @@
+"""Kubernetes kubelet APIs gpuscope reads (generated message classes and their provenance)."""
