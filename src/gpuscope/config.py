@@ -14,6 +14,7 @@ from typing import Any
 
 import yaml
 
+from gpuscope.keys import unknown_key
 from gpuscope.store._replay import WARMUP_S
 from gpuscope.store.settings import StorageConfigError, StorageSettings, parse_storage
 from gpuscope.tls import TlsSettings, parse_tls
@@ -70,6 +71,20 @@ def _section(raw: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
+def _known(section: dict[str, Any], where: str, keys: frozenset[str]) -> dict[str, Any]:
+    """``section`` itself, once none of its keys is a typo."""
+    message = unknown_key(section, where, keys)
+    if message is not None:
+        raise ConfigError(message)
+    return section
+
+
+PRICING_KEYS = frozenset({"price_per_gpu_hour"})
+LIMITS_KEYS = frozenset({"max_body_bytes", "max_entities", "max_metrics"})
+RETENTION_KEYS = frozenset({"raw_seconds"})
+DETECTION_KEYS = frozenset({"warmup_s"})
+
+
 def _number(section: dict[str, Any], key: str, where: str, default: float) -> float:
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
@@ -120,15 +135,16 @@ def load_config(path: str | os.PathLike[str] | None = None) -> HubConfig:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     cfg.tokens.extend(t for t in auth.get("tokens") or [] if isinstance(t, str))
-    pricing = _section(raw, "pricing")
+    pricing = _known(_section(raw, "pricing"), "pricing", PRICING_KEYS)
     cfg.price_per_gpu_hour = _number(pricing, "price_per_gpu_hour", "pricing", cfg.price_per_gpu_hour)
-    limits = _section(raw, "limits")
+    limits = _known(_section(raw, "limits"), "limits", LIMITS_KEYS)
     cfg.max_body_bytes = int(_number(limits, "max_body_bytes", "limits", cfg.max_body_bytes))
     cfg.max_entities = int(_number(limits, "max_entities", "limits", cfg.max_entities))
     cfg.max_metrics = int(_number(limits, "max_metrics", "limits", cfg.max_metrics))
-    retention = _section(raw, "retention")
+    retention = _known(_section(raw, "retention"), "retention", RETENTION_KEYS)
     cfg.raw_retention_s = _number(retention, "raw_seconds", "retention", cfg.raw_retention_s)
-    cfg.warmup_s = _number(_section(raw, "detection"), "warmup_s", "detection", cfg.warmup_s)
+    detection = _known(_section(raw, "detection"), "detection", DETECTION_KEYS)
+    cfg.warmup_s = _number(detection, "warmup_s", "detection", cfg.warmup_s)
     from gpuscope.cluster.config import parse_cluster  # imports this module: refused here, used later
 
     cluster = parse_cluster(raw, cfg.host, cfg.port)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from gpuscope.alert.service import AlertingService, attach_alerting
 from gpuscope.config import HubConfig
+from gpuscope.config_check import parse_slos
 from gpuscope.hub import Hub
 from gpuscope.quality.monitor import QualityMonitor
-from gpuscope.quality.slo import slos_from_config
 
 
 def attach_services(hub: Hub, cfg: HubConfig) -> AlertingService:
     """Attach quality monitoring and alerting to ``hub``; the caller starts and stops alerting."""
-    QualityMonitor(slos_from_config(cfg.raw.get("slos"))).attach(hub)
+    QualityMonitor(parse_slos(cfg)).attach(hub)
     return attach_alerting(hub, cfg)
