@@ -165,3 +165,11 @@ def test_a_bad_slos_section_is_a_config_error_when_the_hub_starts(
 def test_reference_command_prints_the_page(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["config", "reference"]) == 0
     assert capsys.readouterr().out == (ROOT / "docs/configuration.md").read_text()
+
+
+def test_the_readme_routing_example_passes_config_check(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Routing alerts to people", 1)[1]
+    example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
+    lines = _check(tmp_path, example)
+    assert "receivers audit, ml-team, oncall, platform; 4 route(s)" in lines

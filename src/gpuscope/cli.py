@@ -15,7 +15,7 @@ from rich.markup import escape
 
 from gpuscope import __version__
 from gpuscope.cli_client import add_verbose_option
-from gpuscope.completion import SHELLS
+from gpuscope.completion import SHELLS, walk
 from gpuscope.completion import script as completion_script
 from gpuscope.config import DEFAULT_PORT, ConfigError, load_config, parse_listen
 from gpuscope.config_check import check_config
@@ -250,8 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     completion.add_argument("shell", choices=SHELLS, help='e.g. eval "$(gpuscope completion bash)"')
     completion.set_defaults(func=_cmd_completion)
 
-    for command in sub.choices.values():
-        add_verbose_option(command)
+    for command in walk(parser):
+        if command is not parser:
+            add_verbose_option(command)
     return parser
 
 

@@ -171,7 +171,7 @@ def run_alerts(args: argparse.Namespace, console: Console | None = None) -> int:
         if args.json:
             sys.stdout.write(orjson.dumps(doc).decode() + "\n")
     except RuntimeError as exc:
-        Console(stderr=True).print(f"[red]gpuscope alerts: {escape(str(exc))}[/red]")
+        Console(stderr=True).print(f"[red]gpuscope alerts: {escape(str(exc))}[/red]", soft_wrap=True)
         return 1
     return 0
 
@@ -193,7 +193,7 @@ def run_incidents(args: argparse.Namespace, console: Console | None = None) -> i
             args, "GET", "/api/v1/alerting/incidents", params={"state": "all" if args.all else "open"}
         )
     except RuntimeError as exc:
-        Console(stderr=True).print(f"[red]gpuscope incidents: {escape(str(exc))}[/red]")
+        Console(stderr=True).print(f"[red]gpuscope incidents: {escape(str(exc))}[/red]", soft_wrap=True)
         return 1
     if args.json:
         sys.stdout.write(orjson.dumps(doc).decode() + "\n")

@@ -22,6 +22,13 @@ def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentP
     return {}
 
 
+def walk(parser: argparse.ArgumentParser) -> Iterator[argparse.ArgumentParser]:
+    """``parser`` and every subcommand's parser below it, depth first."""
+    yield parser
+    for sub in _subparsers(parser).values():
+        yield from walk(sub)
+
+
 def command_words(parser: argparse.ArgumentParser, path: str = "") -> Iterator[tuple[str, list[str]]]:
     """(command path joined by ``_``, the words that may follow it) for every command, depth first."""
     subs = _subparsers(parser)
