@@ -35,6 +35,9 @@ from gpuscope.store.errors import StoreError, StoreFull
 from gpuscope.web.auth import AuditLog, AuthSettings
 from gpuscope.web.guard import PRINCIPAL_KEY, AuthMiddleware
 from gpuscope.web.openapi import openapi_document
+from gpuscope.web.selfmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gpuscope.web.selfmetrics import IngestLag
+from gpuscope.web.selfmetrics import render as render_metrics
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -167,6 +170,8 @@ class HubApi:
         self.storage_error: tuple[float, str] | None = None
         self.auth = auth if auth is not None else AuthSettings.from_plain(tokens or [])
         self.audit = audit if audit is not None else AuditLog(self.auth.audit_log)
+        self.ingest_lag = IngestLag(clock)
+        hub.add_observer(self.ingest_lag.observe)
         routes = [
             Route("/api/v1/ingest", self._guard(self.ingest), methods=["POST"]),
             Route("/api/v1/series", self._guard(self.series), methods=["GET"]),
@@ -179,6 +184,7 @@ class HubApi:
             Route("/api/v1/health", self._guard(self.health), methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/api/v1/audit", self._guard(self.audit_log), methods=["GET"]),
+            Route("/metrics", self._guard(self.metrics), methods=["GET"]),
         ]
         from gpuscope.alert.http import AlertingApi  # imports this module: only once it is loaded
 
@@ -367,6 +373,14 @@ class HubApi:
                 }
             )
         )
+
+    async def metrics(self, request: Request) -> Response:
+        """The hub's own metrics for Prometheus (ingest, refusals, lag, detection cost, outbox)."""
+        uptime = self.clock() - self.started
+        text = await run_in_threadpool(
+            render_metrics, self.hub, self.ingest_lag, uptime, self.storage_error is None
+        )
+        return Response(text, headers={"content-type": METRICS_CONTENT_TYPE})
 
     async def audit_log(self, request: Request) -> Response:
         limit = _int_param(request, "limit", 1000, 1, 10_000)
