@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuscope.counters import Counters
 from gpuscope.web.auth import ADMIN, ANONYMOUS, INGEST, READ, SCOPES, AuditLog, AuthSettings, RateLimiter
+from gpuscope.web.prom_api import PATHS as PROMETHEUS_PATHS
 
 PUBLIC = "public"
 PRINCIPAL_KEY = "gpuscope.principal"
@@ -48,6 +49,8 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/lineage/versions"): ADMIN,
     ("POST", "/api/v1/lineage/promotions"): ADMIN,
 }
+# Prometheus' read API takes its queries as POSTed forms (Grafana, promtool): still reads
+ROUTE_SCOPES |= {("POST", f"/prometheus/api/v1{p}"): READ for p in PROMETHEUS_PATHS}
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
