@@ -8,7 +8,7 @@ import sys
 # import names of the distributions of the ``hub`` extra (pyproject.toml)
 HUB_EXTRA_MODULES = frozenset(
     {"duckdb", "starlette", "uvicorn", "httptools", "uvloop", "rich", "yaml", "psutil", "pynvml"}
-    | {"psycopg", "google", "cramjam"}
+    | {"psycopg", "google", "cramjam", "opentelemetry"}
 )
 
 

@@ -35,6 +35,7 @@ from gpuscope.store.errors import StoreError, StoreFull
 from gpuscope.web.auth import AuditLog, AuthSettings
 from gpuscope.web.guard import PRINCIPAL_KEY, AuthMiddleware
 from gpuscope.web.openapi import openapi_document
+from gpuscope.web.otlp_api import OtlpApi
 from gpuscope.web.prom_api import PrometheusApi
 from gpuscope.web.selfmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpuscope.web.selfmetrics import IngestLag
@@ -188,6 +189,9 @@ class HubApi:
             Route("/metrics", self._guard(self.metrics), methods=["GET"]),
         ]
         routes += PrometheusApi(hub, clock).routes(self._guard)  # under /prometheus: see prom_api
+        routes += OtlpApi(hub, self._read_body, self._authorize_write, self.limits.max_body_bytes).routes(
+            self._guard
+        )
         from gpuscope.alert.http import AlertingApi  # imports this module: only once it is loaded
 
         alerting = AlertingApi(hub, self._authorize_write)
