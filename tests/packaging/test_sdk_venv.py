@@ -8,9 +8,7 @@ ones tested.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 import tomllib
 import venv
 from pathlib import Path
@@ -19,6 +17,7 @@ import numpy
 import pytest
 from packaging.requirements import Requirement
 
+from packaging_support import build_wheel
 from sdk.hubquery import events, records
 from support import HubProcess, free_port
 
@@ -53,27 +52,11 @@ def _lowest(requirements: list[str]) -> list[str]:
     return pins
 
 
-def _wheel(tmp: Path) -> Path:
-    src = tmp / "src-copy"  # built from a copy: the worktree gets no build/ or egg-info
-    for name in ("pyproject.toml", "README.md", "LICENSE"):
-        (src / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(ROOT / name, src / name)
-    shutil.copytree(ROOT / "src", src / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
-    out = tmp / "wheels"
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", out, src],
-        check=True,
-        timeout=300,
-    )
-    (wheel,) = out.glob("gpuscope-*.whl")
-    return wheel
-
-
 def test_sdk_alone_in_a_fresh_venv_trains_against_a_hub(tmp_path: Path) -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     lowest = _lowest(project["dependencies"])
     assert any(p.startswith("numpy==") and p != f"numpy=={numpy.__version__}" for p in lowest)
-    wheel = _wheel(tmp_path)
+    wheel = build_wheel(ROOT, tmp_path)
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     py = str(env_dir / "bin" / "python")
