@@ -172,3 +172,14 @@ def test_zsh_completion(tmp_path: Path) -> None:
     )
     offered = subprocess.run(["zsh", "-c", line], capture_output=True, text=True, check=True).stdout.split()
     assert {"--json", "--hub", "--all", "--rule"} <= set(offered) and "list" not in offered
+
+
+def test_every_positional_argument_has_help() -> None:
+    """Before: the positional arguments of ``alerts ack`` and ``lineage *`` had no help."""
+    bare = [
+        f"{p.prog} {a.dest}"
+        for p in walk(build_parser())
+        for a in p._actions
+        if not a.option_strings and a.nargs != "A..." and not a.help and a.dest != "==SUPPRESS=="
+    ]
+    assert not bare, bare
