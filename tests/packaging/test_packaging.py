@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
@@ -110,3 +112,17 @@ def test_version_has_one_home_and_the_changelog_names_it() -> None:
     assert heading is not None and heading.group(1) == gpuscope.__version__
     license_text = (ROOT / "LICENSE").read_text()
     assert "Apache License" in license_text and "Version 2.0, January 2004" in license_text
+
+
+def test_make_demo_installs_the_hub_extra_only_with_progress() -> None:
+    """Before: ``make demo`` ran ``pip install --quiet -e '.[dev]'`` (1.8 GB, silent for 85 s)."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    demo = subprocess.run([make, "-n", "-B", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert demo.returncode == 0, demo.stderr
+    installs = [line for line in demo.stdout.splitlines() if "pip install" in line]
+    assert installs == [".venv/bin/pip install --constraint constraints.txt --progress-bar on -e '.[hub]'"]
+    assert "about 250 MB" in demo.stdout  # says what is coming before pip starts
+    test = subprocess.run([make, "-n", "-B", "unit"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert "-e '.[hub,dev]'" in test.stdout  # make test still installs everything
