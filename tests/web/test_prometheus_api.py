@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -12,9 +13,12 @@ from collections.abc import Iterator
 import httpx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
+from gpuscope.promql.parse import PromQLError, parse
 from gpuscope.store.duckdb_store import DuckDBStore
 from gpuscope.web.server import HubServer
 
@@ -166,3 +170,43 @@ def test_promtool_query_instant_and_range(hub_url: str) -> None:
     assert ranged.returncode == 0, ranged.stderr
     values = [float(line.split(" @")[0]) for line in ranged.stdout.splitlines() if " @[" in line]
     assert len(values) == 6 and all(v == pytest.approx(200.0, rel=0.02) for v in values), ranged.stdout
+
+
+HOSTILE = [
+    "",
+    "sum(",
+    ")",
+    'x{a=~"("}',
+    "1/0",
+    "0/0",
+    "m{,}",
+    "quantile_over_time(2, gpu_utilization_percent[1m])",
+    "(" * 2000 + "gpu_utilization_percent" + ")" * 2000,  # before: RecursionError, HTTP 500
+    "gpu_utilization_percent+" * 3000 + "gpu_utilization_percent",  # before: RecursionError in evaluation
+    "abs(" * 100 + "gpu_utilization_percent" + ")" * 100,
+    "9" * 400,
+    "x" * 10_000,
+]
+
+
+@pytest.mark.parametrize("query", HOSTILE, ids=lambda q: q[:30])
+def test_hostile_queries_are_answered_not_crashed(hub_url: str, query: str) -> None:
+    for path, extra in (("query", {}), ("query_range", {"start": NOW - 60, "end": NOW, "step": "10"})):
+        r = httpx.post(f"{hub_url}/prometheus/api/v1/{path}", data={"query": query, **extra})
+        assert r.status_code in (200, 400), (r.status_code, r.text[:300])
+        assert r.json()["status"] in ("success", "error")
+
+
+@pytest.mark.parametrize("start", ["1e300", "-5", "nan", "inf"])
+def test_times_out_of_range_are_bad_data(hub_url: str, start: str) -> None:
+    """Before: start=1e300 reached the store and came back as a 503."""
+    params = {"query": "gpu_utilization_percent", "start": start, "end": start, "step": "1"}
+    r = httpx.get(f"{hub_url}/prometheus/api/v1/query_range", params=params)
+    assert r.status_code == 400 and "start" in r.json()["error"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="abcm_{}()[]=~!\"',.+-*/<>5 0123456789sumrate", max_size=60))
+def test_the_parser_raises_only_its_own_error(text: str) -> None:
+    with contextlib.suppress(PromQLError):
+        parse(text)

@@ -27,6 +27,10 @@ FUNCTIONS = {
 }
 AGGREGATIONS = frozenset({"sum", "avg", "min", "max", "count"})
 MATCH_OPS = ("=~", "!~", "!=", "=")
+# bounds instead of a stack overflow: parentheses, calls and aggregations inside each other, and
+# binary operators (a chain of them is a tree as deep as it is long)
+MAX_DEPTH = 64
+MAX_OPERATORS = 200
 # binary operators by precedence, loosest first (Prometheus: comparisons < + - < * / %)
 PRECEDENCE = (("==", "!=", ">=", "<=", ">", "<"), ("+", "-"), ("*", "/"))
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
@@ -96,6 +100,8 @@ class _Tokens:
     items: list[tuple[str, str, int]]
     pos: int = 0
     text: str = field(default="")
+    depth: int = 0
+    operators: int = 0
 
     def peek(self, ahead: int = 0) -> tuple[str, str, int]:
         i = self.pos + ahead
@@ -181,7 +187,17 @@ def _grouping(t: _Tokens) -> tuple[tuple[str, ...], bool] | None:
 
 
 def _primary(t: _Tokens) -> Expr:
+    t.depth += 1
+    try:
+        return _nested(t)
+    finally:
+        t.depth -= 1
+
+
+def _nested(t: _Tokens) -> Expr:
     kind, value, at = t.peek()
+    if t.depth > MAX_DEPTH:
+        raise PromQLError(f"at {at}: nested more than {MAX_DEPTH} levels deep")
     if value == "(" and kind == "op":
         t.take()
         inner = _binary(t, 0)
@@ -241,7 +257,10 @@ def _binary(t: _Tokens, level: int) -> Expr:
         return _primary(t)
     lhs = _binary(t, level + 1)
     while t.peek()[0] == "op" and t.peek()[1] in PRECEDENCE[level]:
-        op = t.take()[1]
+        op, at = t.take()[1:]
+        t.operators += 1
+        if t.operators > MAX_OPERATORS:
+            raise PromQLError(f"at {at}: more than {MAX_OPERATORS} operators in one query")
         lhs = Binary(op, lhs, _binary(t, level + 1))
     return lhs
 

@@ -30,6 +30,7 @@ from gpuscope.promql.parse import PromQLError, Selector, parse, parse_duration
 from gpuscope.store.errors import StoreError
 
 PREFIX = "/prometheus/api/v1"
+LATEST = 253402300799.0  # 9999-12-31T23:59:59Z
 PATHS = ("/query", "/query_range", "/series", "/labels", "/label/{name}/values")
 
 Handler = Callable[[Request], Awaitable[Response]]
@@ -59,8 +60,8 @@ def _time(value: str | None, default: float, name: str) -> float:
         t = float(value)
     except ValueError:
         raise PromQLError(f"{name}: {value!r} is not a unix time in seconds") from None
-    if not math.isfinite(t):
-        raise PromQLError(f"{name}: must be finite")
+    if not 0 <= t <= LATEST:
+        raise PromQLError(f"{name}: {value!r} is not a unix time between 1970 and 9999")
     return t
 
 
