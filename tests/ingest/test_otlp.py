@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import math
 import time
 from collections.abc import Iterator
 
@@ -10,13 +11,18 @@ import httpx
 import pytest
 from opentelemetry.exporter.otlp.proto.http import Compression
 from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
+    ExportMetricsServiceRequest,
+    ExportMetricsServiceResponse,
+)
+from opentelemetry.proto.metrics.v1.metrics_pb2 import AggregationTemporality
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 
 from gpuscope.hub import Hub
 from gpuscope.ingest.otlp import histogram_quantile
+from gpuscope.ingest.payload import Limits
 from gpuscope.store.duckdb_store import DuckDBStore
 from gpuscope.web.server import HubServer
 
@@ -27,7 +33,7 @@ BOUNDS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
 @pytest.fixture
 def served() -> Iterator[tuple[HubServer, Hub]]:
     hub = Hub(DuckDBStore(":memory:", durable=False))
-    server = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN])
+    server = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN], limits=Limits(max_past_s=7 * 86400))
     server.start()
     yield server, hub
     server.stop()
@@ -70,6 +76,7 @@ def test_sdk_histograms_become_rates_and_quantiles(served: tuple[HubServer, Hub]
     for _ in range(5):
         duration.record(0.15, {**attrs, "error.type": "timeout"})
     other.add(3)
+    time.sleep(0.05)  # a rate needs an interval (under a millisecond is not one)
     assert provider.force_flush(10_000)
     first = _latest(hub)
     assert first["inference_latency_p50_seconds"] == pytest.approx(0.1 + 0.1 * (52.5 / 95), rel=1e-6)
@@ -104,6 +111,7 @@ def test_gzip_export_and_the_http_histogram(served: tuple[HubServer, Hub]) -> No
     )
     for status in [200] * 8 + [503] * 2:
         http.record(0.3, {"http.request.method": "POST", "http.response.status_code": status})
+    time.sleep(0.05)  # a rate needs an interval (under a millisecond is not one)
     assert provider.force_flush(10_000)
     values = _latest(hub)
     assert values["inference_errors_per_second"] == pytest.approx(
@@ -136,3 +144,40 @@ def test_histogram_quantile_matches_prometheus() -> None:
     assert histogram_quantile(0.5, [1.0, 2.0], [2, 4, 2]) == 1.5
     assert histogram_quantile(0.99, [1.0, 2.0], [2, 4, 2]) == 2.0  # the overflow bucket: last finite bound
     assert histogram_quantile(0.5, [1.0], [0, 0]) != histogram_quantile(0.5, [1.0], [0, 0])  # NaN
+
+
+def _export(service: str | None, ts_ns: int, bounds: list[float], counts: list[int]) -> bytes:
+    request = ExportMetricsServiceRequest()
+    resource = request.resource_metrics.add()
+    if service is not None:
+        attr = resource.resource.attributes.add()
+        attr.key, attr.value.string_value = "service.name", service
+    metric = resource.scope_metrics.add().metrics.add()
+    metric.name = "gen_ai.server.request.duration"
+    metric.histogram.aggregation_temporality = AggregationTemporality.AGGREGATION_TEMPORALITY_DELTA
+    point = metric.histogram.data_points.add()
+    point.start_time_unix_nano, point.time_unix_nano = ts_ns - 10**10, ts_ns
+    point.explicit_bounds.extend(bounds)
+    point.bucket_counts.extend(counts)
+    point.count = sum(counts)
+    return request.SerializeToString()
+
+
+def test_hand_made_exports_at_the_edges(served: tuple[HubServer, Hub]) -> None:
+    server, hub = served
+    url = f"{server.url}/v1/metrics"
+    auth = {"authorization": f"Bearer {TOKEN}", "content-type": "application/x-protobuf"}
+    now_ns = time.time_ns()
+    # from 1970: refused like any batch older than the hub keeps (before: stored as it came)
+    old = httpx.post(url, content=_export("chat", 10**10, [0.1], [1, 1]), headers=auth)
+    assert old.status_code == 400 and "old" in old.json()["error"]
+    # no service.name: acknowledged as a partial success, nothing stored
+    anonymous = httpx.post(url, content=_export(None, now_ns, [0.1], [1, 1]), headers=auth)
+    answer = ExportMetricsServiceResponse.FromString(anonymous.content)
+    assert anonymous.status_code == 200 and answer.partial_success.rejected_data_points == 1
+    # infinite bounds and a short counts list: stored without the quantiles it cannot have
+    odd = httpx.post(url, content=_export("odd", now_ns, [math.inf, 0.5, 0.1], [3]), headers=auth)
+    assert odd.status_code == 200
+    (row,) = [r for r in hub.store.snapshot(None, None) if r["labels"].get("service") == "odd"]
+    assert all(math.isfinite(v) for v in row["values"].values())
+    assert row["values"]["inference_requests_per_second"] == pytest.approx(0.3)

@@ -47,6 +47,7 @@ HISTOGRAMS = {
 }
 QUANTILES = ((0.5, "p50"), (0.95, "p95"), (0.99, "p99"))
 CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
+MIN_INTERVAL_S = 0.001  # a rate over a shorter interval is noise, not a rate
 
 
 class OtlpError(ValueError):
@@ -241,10 +242,10 @@ class OtlpReceiver:
                 continue  # the HTTP histogram only when the service exports no GenAI one
             end = max(end, slot.end)
             for q, suffix in QUANTILES:
-                values[f"{HISTOGRAMS[metric]}_{suffix}_seconds"] = histogram_quantile(
-                    q, slot.bounds, slot.counts
-                )
-        if requests is not None and requests.seconds > 0:
+                value = histogram_quantile(q, slot.bounds, slot.counts)
+                if math.isfinite(value):  # unsorted or infinite bounds give nothing worth storing
+                    values[f"{HISTOGRAMS[metric]}_{suffix}_seconds"] = value
+        if requests is not None and requests.seconds >= MIN_INTERVAL_S:
             values["inference_requests_per_second"] = requests.requests / requests.seconds
             values["inference_errors_per_second"] = requests.errors / requests.seconds
             end = max(end, requests.end)

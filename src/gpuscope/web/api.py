@@ -189,9 +189,7 @@ class HubApi:
             Route("/metrics", self._guard(self.metrics), methods=["GET"]),
         ]
         routes += PrometheusApi(hub, clock).routes(self._guard)  # under /prometheus: see prom_api
-        routes += OtlpApi(hub, self._read_body, self._authorize_write, self.limits.max_body_bytes).routes(
-            self._guard
-        )
+        routes += OtlpApi(hub, self._read_body, self._authorize_write, self.limits, clock).routes(self._guard)
         from gpuscope.alert.http import AlertingApi  # imports this module: only once it is loaded
 
         alerting = AlertingApi(hub, self._authorize_write)

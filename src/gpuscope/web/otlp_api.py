@@ -7,6 +7,7 @@ The mapping onto gpuscope's inference signals is :mod:`gpuscope.ingest.otlp`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 
 from starlette.concurrency import run_in_threadpool
@@ -16,6 +17,7 @@ from starlette.routing import Route
 
 from gpuscope.hub import Hub
 from gpuscope.ingest.otlp import PATH, OtlpError, OtlpReceiver, response
+from gpuscope.ingest.payload import Limits, PayloadError, check_time_window
 from gpuscope.store.errors import StoreError
 
 PROTOBUF = "application/x-protobuf"
@@ -27,12 +29,14 @@ class OtlpApi:
         hub: Hub,
         read_body: Callable[[Request], Awaitable[bytes]],
         authorize_write: Callable[[Request], None],
-        max_body_bytes: int,
+        limits: Limits,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.hub = hub
         self.read_body = read_body
         self.authorize_write = authorize_write
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
+        self.clock = clock
         self.receiver = OtlpReceiver(hub.counters)
 
     def routes(
@@ -49,11 +53,15 @@ class OtlpApi:
 
         def work() -> Response:
             try:
-                export = self.receiver.decode(body, ctype, encoding, self.max_body_bytes)
+                export = self.receiver.decode(body, ctype, encoding, self.limits.max_body_bytes)
+                batch, rejected = self.receiver.to_batch(export)
+                check_time_window(batch, self.clock(), self.limits)  # as /api/v1/ingest does
             except OtlpError as exc:
                 self.hub.counters.inc("otlp_refused_exports")
                 return JSONResponse({"error": str(exc), "field": "body"}, status_code=400)
-            batch, rejected = self.receiver.to_batch(export)
+            except PayloadError as exc:
+                self.hub.counters.inc("otlp_refused_exports")
+                return JSONResponse({"error": exc.message, "field": exc.field}, status_code=400)
             if batch.frames:
                 try:
                     self.hub.ingest(batch)
