@@ -23,10 +23,11 @@ import threading
 import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 from google.protobuf import json_format
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import (
     ExportMetricsServiceRequest,
     ExportMetricsServiceResponse,
@@ -48,6 +49,9 @@ HISTOGRAMS = {
 QUANTILES = ((0.5, "p50"), (0.95, "p95"), (0.99, "p99"))
 CUMULATIVE = AggregationTemporality.AGGREGATION_TEMPORALITY_CUMULATIVE
 MIN_INTERVAL_S = 0.001  # a rate over a shorter interval is noise, not a rate
+
+
+M = TypeVar("M", bound=Message)
 
 
 class OtlpError(ValueError):
@@ -72,7 +76,29 @@ def histogram_quantile(q: float, bounds: list[float], counts: list[float]) -> fl
     return bounds[-1] if bounds else math.nan
 
 
-def _attrs(items: Iterable[KeyValue]) -> dict[str, str]:
+def decode_export(body: bytes, content_type: str, encoding: str, limit: int, into: M, what: str) -> M:
+    """``into`` filled from ``body`` (protobuf or JSON, optionally gzip); OtlpError when unreadable."""
+    if encoding.strip().lower() == "gzip":
+        try:
+            stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            body = stream.decompress(body, limit + 1)
+        except zlib.error as exc:
+            raise OtlpError(f"not valid gzip: {exc}") from None
+        if len(body) > limit:
+            raise OtlpError(f"more than {limit} bytes once decompressed")
+    elif encoding.strip() not in ("", "identity"):
+        raise OtlpError(f"content-encoding {encoding!r} is not supported (gzip or none)")
+    try:
+        if content_type.split(";")[0].strip().lower() == "application/json":
+            json_format.Parse(body.decode("utf-8"), into, ignore_unknown_fields=True)
+        else:
+            into.ParseFromString(body)
+    except (DecodeError, json_format.ParseError, UnicodeDecodeError, RecursionError) as exc:
+        raise OtlpError(f"not an OTLP {what} export: {exc}") from None
+    return into
+
+
+def attributes(items: Iterable[KeyValue]) -> dict[str, str]:
     out: dict[str, str] = {}
     for kv in items:
         kind = kv.value.WhichOneof("value")
@@ -139,26 +165,8 @@ class OtlpReceiver:
     def decode(
         self, body: bytes, content_type: str, encoding: str, limit: int
     ) -> ExportMetricsServiceRequest:
-        """The export in ``body`` (protobuf or JSON, optionally gzip); OtlpError when unreadable."""
-        if encoding.strip().lower() == "gzip":
-            try:
-                stream = zlib.decompressobj(16 + zlib.MAX_WBITS)
-                body = stream.decompress(body, limit + 1)
-            except zlib.error as exc:
-                raise OtlpError(f"not valid gzip: {exc}") from None
-            if len(body) > limit:
-                raise OtlpError(f"more than {limit} bytes once decompressed")
-        elif encoding.strip() not in ("", "identity"):
-            raise OtlpError(f"content-encoding {encoding!r} is not supported (gzip or none)")
-        request = ExportMetricsServiceRequest()
-        try:
-            if content_type.split(";")[0].strip().lower() == "application/json":
-                json_format.Parse(body.decode("utf-8"), request, ignore_unknown_fields=True)
-            else:
-                request.ParseFromString(body)
-        except (DecodeError, json_format.ParseError, UnicodeDecodeError, RecursionError) as exc:
-            raise OtlpError(f"not an OTLP metrics export: {exc}") from None
-        return request
+        """The metrics export in ``body``; OtlpError when unreadable."""
+        return decode_export(body, content_type, encoding, limit, ExportMetricsServiceRequest(), "metrics")
 
     def _delta(
         self, stream: Stream, point: HistogramDataPoint, temporality: int
@@ -189,7 +197,7 @@ class OtlpReceiver:
         intervals: dict[tuple[str, str, str], _Interval] = {}
         unmapped = rejected = 0
         for resource_metrics in request.resource_metrics:
-            resource = _attrs(resource_metrics.resource.attributes)
+            resource = attributes(resource_metrics.resource.attributes)
             service, node = resource.get("service.name", ""), resource.get("host.name", "")
             for scope in resource_metrics.scope_metrics:
                 for metric in scope.metrics:
@@ -203,7 +211,7 @@ class OtlpReceiver:
                         continue
                     temporality = metric.histogram.aggregation_temporality
                     for point in points:
-                        attrs = _attrs(point.attributes)
+                        attrs = attributes(point.attributes)
                         stream = (
                             service,
                             node,

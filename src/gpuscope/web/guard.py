@@ -35,7 +35,8 @@ PRINCIPAL_KEY = "gpuscope.principal"
 ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/ingest"): INGEST,
     ("POST", "/api/v1/cluster/forward"): INGEST,  # a peer hub passing on agents' batches
-    ("POST", "/v1/metrics"): INGEST,  # OpenTelemetry's OTLP/HTTP metrics export
+    ("POST", "/v1/metrics"): INGEST,  # OpenTelemetry's OTLP/HTTP exports
+    ("POST", "/v1/traces"): INGEST,
     ("GET", "/openapi.json"): PUBLIC,
     ("GET", "/"): PUBLIC,
     ("GET", "/ui"): PUBLIC,
