@@ -9,12 +9,25 @@ TEST_WORKERS ?= 2
 
 .PHONY: demo test lint typecheck unit bench clean system-deps
 
-$(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+DEMO_STAMP := $(VENV)/.installed-demo
+PIP_INSTALL := $(BIN)/pip install --constraint constraints.txt
 
-demo: $(STAMP)
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+# the demo needs the hub extra only (about 250 MB); pip prints each package as it goes
+$(DEMO_STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
+	@echo "installing gpuscope[hub] into $(VENV) (about 250 MB; the first time takes a minute or two)..."
+	$(PIP_INSTALL) --progress-bar on -e '.[hub]'
+	touch $(DEMO_STAMP)
+
+# tests, lint and typecheck: everything, developer tools and the real components of the tests included
+$(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
+	@echo "installing gpuscope[hub,dev] into $(VENV) (torch, transformers, playwright...: about 2 GB)..."
+	$(PIP_INSTALL) --quiet -e '.[hub,dev]'
+	touch $(STAMP) $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/gpuscope demo $(DEMO_ARGS)
 
 lint: $(STAMP)
@@ -33,7 +46,7 @@ unit: $(STAMP) system-deps
 test: lint typecheck unit
 
 bench: $(STAMP) system-deps
-	$(BIN)/pip install --quiet -e '.[dev,bench]'
+	$(PIP_INSTALL) --quiet -e '.[hub,dev,bench]'
 	$(BIN)/python bench/run_all.py
 
 clean:

@@ -3,7 +3,7 @@
 # missing and we are root (CI runs as root); otherwise say what is missing and carry on, and the
 # tests that need them skip (outside CI) with that reason.
 set -euo pipefail
-packages=(prometheus prometheus-alertmanager victoria-metrics chromium postgresql slurmctld slurmd slurm-client munge)
+packages=(prometheus prometheus-alertmanager victoria-metrics chromium postgresql zsh systemd slurmctld slurmd slurm-client munge)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -13,7 +13,12 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpuscope import __version__
+from gpuscope.cli_client import add_verbose_option
+from gpuscope.completion import SHELLS, walk
+from gpuscope.completion import script as completion_script
 from gpuscope.config import DEFAULT_PORT, ConfigError, load_config
+from gpuscope.config_check import check_config
+from gpuscope.config_reference import render as render_reference
 
 Command = Callable[[argparse.Namespace], int]
 
@@ -106,6 +111,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     )
 
 
+def _cmd_config(args: argparse.Namespace) -> int:
+    if args.config_command == "reference":
+        sys.stdout.write(render_reference())
+        return 0
+    for line in check_config(args.file):  # a ConfigError is printed by main, naming the key
+        print(line)
+    print(f"{args.file}: ok")
+    return 0
+
+
+def _cmd_completion(args: argparse.Namespace) -> int:
+    sys.stdout.write(completion_script(build_parser(), args.shell))
+    return 0
+
+
 def _token_cli() -> tuple[Callable[[argparse.ArgumentParser], None], Command]:
     from gpuscope.web.auth import add_token_arguments, run_token
 
@@ -176,10 +196,25 @@ def build_parser() -> argparse.ArgumentParser:
         command.set_defaults(func=run)
 
     sim = sub.add_parser("sim-eval", help="run a scenario in virtual time and print its alerts")
-    sim.add_argument("scenario", help="scenario YAML (DESIGN §4)")
-    sim.add_argument("--json", action="store_true", help="print the alerts JSON of DESIGN §5 on stdout")
+    sim.add_argument("scenario", help="scenario YAML (format: docs/scenarios.md)")
+    sim.add_argument("--json", action="store_true", help="print the alerts as JSON on stdout")
     sim.add_argument("--report", action="store_true", help="score detections against the scenario's faults")
     sim.set_defaults(func=_cmd_sim_eval)
+
+    config = sub.add_parser("config", help="check a config file, or print the reference of every key")
+    config_sub = config.add_subparsers(dest="config_command", required=True)
+    check = config_sub.add_parser("check", help="parse every section as the hub would; nothing is opened")
+    check.add_argument("file", help="config YAML")
+    config_sub.add_parser("reference", help="print docs/configuration.md: every section and key")
+    config.set_defaults(func=_cmd_config)
+
+    completion = sub.add_parser("completion", help="print a shell completion script (bash or zsh)")
+    completion.add_argument("shell", choices=SHELLS, help='e.g. eval "$(gpuscope completion bash)"')
+    completion.set_defaults(func=_cmd_completion)
+
+    for command in walk(parser):
+        if command is not parser:
+            add_verbose_option(command)
     return parser
 
 

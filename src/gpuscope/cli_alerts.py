@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import getpass
-import os
 import sys
 import time
 from typing import Any
@@ -17,10 +16,11 @@ from typing import Any
 import httpx
 import orjson
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from gpuscope.config import DEFAULT_PORT
+from gpuscope.cli_client import add_client_options, error_message, unreachable
 from gpuscope.tls import client_context
 
 SEVERITY_STYLE = {"P1": "bold red", "P2": "yellow", "P3": "cyan"}
@@ -31,18 +31,8 @@ def _console() -> Console:
     return console if console.is_terminal else Console(width=200)  # pipes and logs: keep rows whole
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--hub",
-        default=os.environ.get("GPUSCOPE_HUB", f"http://127.0.0.1:{DEFAULT_PORT}"),
-        help="hub URL (or GPUSCOPE_HUB)",
-    )
-    parser.add_argument("--token", default=os.environ.get("GPUSCOPE_TOKEN"), help="bearer token for writes")
-    parser.add_argument("--json", action="store_true", help="print the hub's JSON answer")
-
-
 def add_alerts_arguments(parser: argparse.ArgumentParser) -> None:
-    _common(parser)
+    add_client_options(parser)
     sub = parser.add_subparsers(dest="alerts_command")
     ls = sub.add_parser("list", help="firing alerts (default), ranked by tier and cost of delay")
     ls.add_argument("--all", action="store_true", help="include resolved alerts (history)")
@@ -50,7 +40,7 @@ def add_alerts_arguments(parser: argparse.ArgumentParser) -> None:
     ack = sub.add_parser(
         "ack", help="acknowledge an alert (al-N) or every firing alert of an incident (inc-N)"
     )
-    ack.add_argument("id")
+    ack.add_argument("id", help="an alert (al-N) or an incident (inc-N)")
     ack.add_argument("--by", default=getpass.getuser(), help="who acknowledges (default: you)")
     ack.add_argument("--comment", default="")
     sil = sub.add_parser("silence", help="mute matching alerts, e.g. node=node-3 'rule=~\"gpu_.*\"'")
@@ -61,13 +51,15 @@ def add_alerts_arguments(parser: argparse.ArgumentParser) -> None:
     sils = sub.add_parser("silences", help="list silences")
     sils.add_argument("--expired", action="store_true", help="include expired silences")
     unsil = sub.add_parser("unsilence", help="expire a silence now")
-    unsil.add_argument("id")
+    unsil.add_argument("id", help="a silence id")
     hist = sub.add_parser("history", help="what happened to an alert: fired, notified, acknowledged, ...")
-    hist.add_argument("id")
+    hist.add_argument("id", help="an alert id (al-N)")
+    for command in sub.choices.values():
+        add_client_options(command, nested=True)
 
 
 def add_incidents_arguments(parser: argparse.ArgumentParser) -> None:
-    _common(parser)
+    add_client_options(parser)
     parser.add_argument("--all", action="store_true", help="include resolved incidents")
 
 
@@ -78,15 +70,17 @@ def _client(args: argparse.Namespace) -> httpx.Client:
 
 
 def _call(args: argparse.Namespace, method: str, path: str, **kw: Any) -> Any:
-    with _client(args) as client:
-        response = client.request(method, path, **kw)
+    try:
+        with _client(args) as client:
+            response = client.request(method, path, **kw)
+    except httpx.HTTPError as exc:
+        raise RuntimeError(unreachable(args.hub, exc)) from None
     if response.status_code >= 400:
-        try:
-            message = response.json().get("error", response.text)
-        except ValueError:
-            message = response.text
-        raise RuntimeError(f"{method} {path}: HTTP {response.status_code}: {message}")
-    return response.json()
+        raise RuntimeError(f"{method} {path}: HTTP {response.status_code}: {error_message(response)}")
+    try:
+        return response.json()
+    except ValueError:
+        raise RuntimeError(error_message(response)) from None
 
 
 def _ago(ts: float | None) -> str:
@@ -176,8 +170,8 @@ def run_alerts(args: argparse.Namespace, console: Console | None = None) -> int:
                 return 0
         if args.json:
             sys.stdout.write(orjson.dumps(doc).decode() + "\n")
-    except (httpx.HTTPError, RuntimeError) as exc:
-        Console(stderr=True).print(f"[red]gpuscope alerts: {exc}[/red]")
+    except RuntimeError as exc:
+        Console(stderr=True).print(f"[red]gpuscope alerts: {escape(str(exc))}[/red]", soft_wrap=True)
         return 1
     return 0
 
@@ -198,8 +192,8 @@ def run_incidents(args: argparse.Namespace, console: Console | None = None) -> i
         doc = _call(
             args, "GET", "/api/v1/alerting/incidents", params={"state": "all" if args.all else "open"}
         )
-    except (httpx.HTTPError, RuntimeError) as exc:
-        Console(stderr=True).print(f"[red]gpuscope incidents: {exc}[/red]")
+    except RuntimeError as exc:
+        Console(stderr=True).print(f"[red]gpuscope incidents: {escape(str(exc))}[/red]", soft_wrap=True)
         return 1
     if args.json:
         sys.stdout.write(orjson.dumps(doc).decode() + "\n")

@@ -17,6 +17,7 @@ import yaml
 from gpuscope.alert.settings import AlertingSettings, parse_alerting
 from gpuscope.cluster.config import ClusterConfig, parse_cluster
 from gpuscope.detect.settings import WARMUP_S, parse_detection
+from gpuscope.keys import unknown_key
 from gpuscope.quality.slo import Slo, slos_from_config
 from gpuscope.store.settings import StorageSettings, StoreLimits, parse_storage
 from gpuscope.tls import TlsSettings, parse_tls
@@ -85,6 +86,20 @@ def _section(raw: dict[str, Any], key: str) -> dict[str, Any]:
     return value
 
 
+def _known(section: dict[str, Any], where: str, keys: frozenset[str]) -> dict[str, Any]:
+    """``section`` itself, once none of its keys is a typo."""
+    message = unknown_key(section, where, keys)
+    if message is not None:
+        raise ConfigError(message)
+    return section
+
+
+PRICING_KEYS = frozenset({"price_per_gpu_hour"})
+LIMITS_KEYS = frozenset({"max_body_bytes", "max_entities", "max_metrics"})
+RETENTION_KEYS = frozenset({"raw_seconds"})
+DETECTION_KEYS = frozenset({"warmup_s"})
+
+
 def _number(section: dict[str, Any], key: str, where: str, default: float) -> float:
     value = section.get(key, default)
     if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
@@ -145,15 +160,15 @@ def _parse_sections(cfg: HubConfig, raw: dict[str, Any], env_token: str | None) 
     cfg.auth = parse_auth(auth, env_token)  # token entries, scopes, rate limits, audit log
     cfg.tls = parse_tls(_section(raw, "tls"))
     cfg.tokens.extend(t for t in auth.get("tokens") or [] if isinstance(t, str))
-    pricing = _section(raw, "pricing")
+    pricing = _known(_section(raw, "pricing"), "pricing", PRICING_KEYS)
     cfg.price_per_gpu_hour = _number(pricing, "price_per_gpu_hour", "pricing", cfg.price_per_gpu_hour)
-    limits = _section(raw, "limits")
+    limits = _known(_section(raw, "limits"), "limits", LIMITS_KEYS)
     cfg.max_body_bytes = int(_number(limits, "max_body_bytes", "limits", cfg.max_body_bytes))
     cfg.max_entities = int(_number(limits, "max_entities", "limits", cfg.max_entities))
     cfg.max_metrics = int(_number(limits, "max_metrics", "limits", cfg.max_metrics))
-    retention = _section(raw, "retention")
+    retention = _known(_section(raw, "retention"), "retention", RETENTION_KEYS)
     cfg.raw_retention_s = _number(retention, "raw_seconds", "retention", cfg.raw_retention_s)
-    cfg.warmup_s = parse_detection(_section(raw, "detection")).warmup_s
+    cfg.warmup_s = parse_detection(_known(_section(raw, "detection"), "detection", DETECTION_KEYS)).warmup_s
     cfg.alerting = parse_alerting(raw)  # receivers, routes and alerting:
     cfg.slos = slos_from_config(raw.get("slos"))
     cfg.cluster = parse_cluster(raw, cfg.host, cfg.port)

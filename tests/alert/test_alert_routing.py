@@ -111,7 +111,7 @@ def test_matchers_and_durations() -> None:
         ({"routes": [{"receiver": "x"}]}, "no receivers"),
         ({"alerting": {"pending": {"gpu_lost": "30s"}}}, "hard fault fires at once"),
         ({"alerting": {"pending": {"no_rule": "30s"}}}, "not a rule"),
-        ({"alerting": {"typo": 1}}, "unknown key 'typo'"),
+        ({"alerting": {"typo": 1}}, r"alerting\.typo: unknown key \(known: escalation"),
         (
             {"receivers": RECEIVERS, "alerting": {"escalation": [{"after": "5m", "receiver": "x"}]}},
             "escalation",

@@ -12,6 +12,7 @@ from typing import Any
 
 from gpuscope.alert.durations import parse_duration
 from gpuscope.alert.labels import Matcher, matches_all, parse_matchers
+from gpuscope.keys import check_keys
 from gpuscope.model import Labels
 
 
@@ -36,6 +37,7 @@ def parse_escalation(raw: Any, receivers: set[str]) -> list[EscalationLevel]:
         where = f"alerting.escalation[{i}]"
         if not isinstance(item, dict):
             raise ValueError(f"{where}: must be a mapping")
+        check_keys(item, where, {"after", "receiver", "matchers", "match"})
         receiver = item.get("receiver")
         if receiver not in receivers:
             raise ValueError(f"{where}.receiver: {receiver!r} is not a defined receiver")

@@ -15,6 +15,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from gpuscope.alert.durations import parse_duration
 from gpuscope.alert.labels import Matcher, matches_all, parse_matchers
+from gpuscope.keys import check_keys
 from gpuscope.model import Labels
 
 WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
@@ -66,11 +67,17 @@ def _weekdays(raw: Any, where: str) -> frozenset[int]:
     return frozenset(out)
 
 
+WINDOW_KEYS = frozenset(
+    {"name", "matchers", "match", "weekdays", "start", "duration", "timezone", "starts_at", "ends_at"}
+)
+
+
 def parse_window(raw: Any, where: str) -> MaintenanceWindow:
     """``{name, matchers, weekdays?, start: "02:00", duration: 2h, timezone?}`` or
     ``{name, matchers, starts_at: UNIX, ends_at: UNIX}``."""
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: must be a mapping")
+    check_keys(raw, where, WINDOW_KEYS)
     name = str(raw.get("name", where))
     matchers = parse_matchers(raw.get("matchers", raw.get("match")), f"{where}.matchers")
     if "starts_at" in raw or "ends_at" in raw:

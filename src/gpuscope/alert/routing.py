@@ -15,7 +15,7 @@ from gpuscope.alert.durations import parse_duration
 from gpuscope.alert.labels import Matcher, matches_all, parse_matchers
 from gpuscope.model import Labels
 
-_ROUTE_KEYS = {
+ROUTE_KEYS = {
     "receiver",
     "match",
     "match_re",
@@ -84,7 +84,7 @@ def parse_route(raw: Any, where: str, receivers: set[str], parent: Route | None 
     """One route (and its children) from config, checked against the known receiver names."""
     if not isinstance(raw, dict):
         raise ValueError(f"{where}: must be a mapping")
-    unknown = set(raw) - _ROUTE_KEYS
+    unknown = set(raw) - ROUTE_KEYS
     if unknown:
         raise ValueError(f"{where}: unknown key {sorted(unknown)[0]!r}")
     receiver = raw.get("receiver", parent.receiver if parent else None)

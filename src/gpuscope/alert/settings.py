@@ -32,8 +32,9 @@ from gpuscope.alert.maintenance import MaintenanceWindow, parse_windows
 from gpuscope.alert.notify import load_notifiers
 from gpuscope.alert.notify.base import Notifier
 from gpuscope.alert.routing import Route, parse_routes
+from gpuscope.keys import check_keys
 
-_ALERTING_KEYS = {
+ALERTING_KEYS = {
     "state_path",
     "external_url",
     "pending",
@@ -85,6 +86,7 @@ def parse_receivers(raw: Any) -> dict[str, Notifier]:
         settings = item[present[0]]
         if not isinstance(settings, dict):
             raise ValueError(f"{where}.{present[0]}: must be a mapping")
+        check_keys(settings, f"{where}.{present[0]}", kinds[present[0]].keys)
         out[name] = kinds[present[0]](name, settings)
     return out
 
@@ -99,9 +101,7 @@ def parse_alerting(raw: dict[str, Any]) -> AlertingSettings:
     section = raw.get("alerting") or {}
     if not isinstance(section, dict):
         raise ValueError("alerting: must be a mapping")
-    unknown = set(section) - _ALERTING_KEYS
-    if unknown:
-        raise ValueError(f"alerting: unknown key {sorted(unknown)[0]!r}")
+    check_keys(section, "alerting", ALERTING_KEYS)
     if "state_path" in section:
         s.state_path = str(section["state_path"])
     s.external_url = str(section.get("external_url", "")).rstrip("/")
@@ -117,6 +117,7 @@ def parse_alerting(raw: dict[str, Any]) -> AlertingSettings:
     flap = section.get("flap") or {}
     if not isinstance(flap, dict):
         raise ValueError("alerting.flap: must be a mapping")
+    check_keys(flap, "alerting.flap", {"threshold", "window"})
     threshold = flap.get("threshold", s.flap_threshold)
     if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 2:
         raise ValueError("alerting.flap.threshold: must be an integer of at least 2")
@@ -128,6 +129,7 @@ def parse_alerting(raw: dict[str, Any]) -> AlertingSettings:
     outbox = section.get("outbox") or {}
     if not isinstance(outbox, dict):
         raise ValueError("alerting.outbox: must be a mapping")
+    check_keys(outbox, "alerting.outbox", {"base_backoff", "max_backoff", "max_age"})
     s.base_backoff = parse_duration(
         outbox.get("base_backoff", s.base_backoff), "alerting.outbox.base_backoff"
     )

@@ -17,6 +17,7 @@ import orjson
 from gpuscope.alert.durations import parse_duration
 from gpuscope.alert.labels import Matcher, matches_all, parse_matchers
 from gpuscope.alert.statedb import StateBackend
+from gpuscope.keys import check_keys
 from gpuscope.model import Labels
 
 
@@ -125,6 +126,7 @@ def parse_config_silences(raw: Any, now: float) -> list[Silence]:
         where = f"alerting.silences[{i}]"
         if not isinstance(item, dict):
             raise ValueError(f"{where}: must be a mapping")
+        check_keys(item, where, {"matchers", "match", "starts_at", "ends_at", "duration", "comment"})
         matchers = parse_matchers(item.get("matchers", item.get("match")), f"{where}.matchers")
         starts = float(item.get("starts_at", now))
         if "ends_at" in item:

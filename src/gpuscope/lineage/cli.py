@@ -1,56 +1,57 @@
 """``gpuscope lineage ...``: register runs, checkpoints and versions, promote, and ask what changed.
 
-Talks to a hub's lineage API (``--hub``, default ``$GPUSCOPE_HUB``), so the registry has one
-owner. Prints the hub's JSON answer; exits 1 with the hub's message when it refuses, 2 on bad
+Talks to a hub's lineage API (``--hub``, default ``$GPUSCOPE_HUB``, else the local hub), so the
+registry has one owner. Prints the hub's JSON answer; exits 1 with the hub's message when it refuses, 2 on bad
 arguments or an unreachable hub.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
 import httpx
 import orjson
 
+from gpuscope.cli_client import add_client_options, error_message, unreachable
 from gpuscope.tls import client_context
 
 BASE = "/api/v1/lineage"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hub", default=None, help="hub base URL (default: $GPUSCOPE_HUB)")
-    parser.add_argument("--token", default=None, help="bearer token for writes (default: $GPUSCOPE_TOKEN)")
+    add_client_options(parser)
     sub = parser.add_subparsers(dest="lineage_command", required=True)
     p = sub.add_parser("run", help="register a training run")
-    p.add_argument("job")
+    p.add_argument("job", help="the training job's name (as gpuscope.init(job=...))")
     p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE")
     p = sub.add_parser("checkpoint", help="register a checkpoint of a run")
-    p.add_argument("job")
-    p.add_argument("step", type=int)
-    p.add_argument("manifest_hash")
+    p.add_argument("job", help="the training job")
+    p.add_argument("step", type=int, help="the step the checkpoint was saved at")
+    p.add_argument("manifest_hash", help="sha256 of the checkpoint's content manifest (hex)")
     p.add_argument("--path", default="")
     p = sub.add_parser("register", help="register a model version made from a checkpoint")
-    p.add_argument("model")
-    p.add_argument("version")
+    p.add_argument("model", help="the model's name")
+    p.add_argument("version", help="the new version's name")
     p.add_argument("--job", required=True)
     p.add_argument("--step", type=int, required=True)
     p.add_argument("--metric", action="append", default=[], metavar="NAME=NUMBER")
     p = sub.add_parser("promote", help="make a version (or @alias) serve a service")
-    p.add_argument("service")
-    p.add_argument("model")
-    p.add_argument("version")
+    p.add_argument("service", help="the serving service")
+    p.add_argument("model", help="the model's name")
+    p.add_argument("version", help="a version or @alias")
     p.add_argument("--traffic", type=float, default=1.0, help="share of traffic (default 1)")
     p.add_argument("--alias", default=None, help="also point this alias (e.g. champion) at it")
     p = sub.add_parser("show", help="a version with its checkpoint, run and deployments")
-    p.add_argument("model")
+    p.add_argument("model", help="the model's name")
     p.add_argument("version", help="a version or @alias")
     p = sub.add_parser("changes", help="what changed for a service just before a time")
-    p.add_argument("service")
+    p.add_argument("service", help="the serving service")
     p.add_argument("--at", type=float, default=None, help="unix time (default: now)")
     p.add_argument("--window", type=float, default=3600.0, help="seconds to look back (default 3600)")
+    for command in sub.choices.values():
+        add_client_options(command, nested=True)
 
 
 def _pairs(items: list[str], numeric: bool) -> dict[str, Any]:
@@ -95,17 +96,13 @@ def _request(args: argparse.Namespace) -> tuple[str, str, dict[str, Any] | None,
 
 
 def run(args: argparse.Namespace) -> int:
-    hub = args.hub or os.environ.get("GPUSCOPE_HUB")
-    if not hub:
-        print("gpuscope lineage: --hub URL is required (or set GPUSCOPE_HUB)", file=sys.stderr)
-        return 2
+    hub = str(args.hub)
     try:
         method, path, body, params = _request(args)
     except ValueError as exc:
         print(f"gpuscope lineage: {exc}", file=sys.stderr)
         return 2
-    token = args.token or os.environ.get("GPUSCOPE_TOKEN")
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    headers = {"Authorization": f"Bearer {args.token}"} if args.token else {}
     try:
         resp = httpx.request(
             method,
@@ -117,15 +114,16 @@ def run(args: argparse.Namespace) -> int:
             verify=client_context() if hub.startswith("https://") else True,  # GPUSCOPE_CA_FILE
         )
     except httpx.HTTPError as exc:
-        print(f"gpuscope lineage: cannot reach {hub}: {exc}", file=sys.stderr)
+        print(f"gpuscope lineage: {unreachable(hub, exc)}", file=sys.stderr)
         return 2
     if resp.status_code >= 400:
-        try:
-            err = resp.json()
-            message = f"{err.get('field')}: {err.get('error')}"
-        except ValueError:
-            message = resp.text[:200]
-        print(f"gpuscope lineage: HTTP {resp.status_code}: {message}", file=sys.stderr)
+        print(f"gpuscope lineage: HTTP {resp.status_code}: {error_message(resp)}", file=sys.stderr)
         return 1
-    print(orjson.dumps(resp.json(), option=orjson.OPT_INDENT_2).decode())
+    try:
+        doc = resp.json()
+    except ValueError:
+        print(f"gpuscope lineage: {error_message(resp)}", file=sys.stderr)
+        return 1
+    # the answer is JSON either way: indented for people, one line with --json for scripts
+    print(orjson.dumps(doc).decode() if args.json else orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
     return 0

@@ -20,6 +20,8 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from gpuscope.keys import check_keys
+
 #: (name, long window s, short window s, burn factor)
 PAIRS: tuple[tuple[str, float, float, float], ...] = (
     ("page_fast", 3600.0, 300.0, 14.4),
@@ -45,6 +47,9 @@ class Slo:
             raise ValueError(f"SLO kind must be availability or latency, got {self.kind!r}")
 
 
+SLO_KEYS = frozenset({"service", "availability", "latency"})
+
+
 def slos_from_config(raw: Any) -> list[Slo]:
     """Parse the ``slos`` list of the config; errors name the entry."""
     if raw is None:
@@ -55,9 +60,7 @@ def slos_from_config(raw: Any) -> list[Slo]:
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict) or not isinstance(entry.get("service"), str):
             raise ValueError(f"slos[{i}]: needs a 'service' name")
-        unknown = set(entry) - {"service", "availability", "latency"}
-        if unknown:
-            raise ValueError(f"slos[{i}]: unknown key(s) {', '.join(sorted(unknown))}")
+        check_keys(entry, f"slos[{i}]", SLO_KEYS)
         try:
             if "availability" in entry:
                 out.append(Slo(entry["service"], "availability", float(entry["availability"])))

@@ -43,6 +43,11 @@ from gpuscope.web.errors import ApiError, error_response, json_safe
 from gpuscope.web.guard import PRINCIPAL_KEY, AuthMiddleware
 from gpuscope.web.lineage_api import LineageApi
 from gpuscope.web.openapi import openapi_document
+from gpuscope.web.otlp_api import OtlpApi
+from gpuscope.web.prom_api import PrometheusApi
+from gpuscope.web.selfmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from gpuscope.web.selfmetrics import IngestLag
+from gpuscope.web.selfmetrics import render as render_metrics
 
 Handler = Callable[[Request], Awaitable[Response]]
 LOOP_PROBE_S = 0.25
@@ -155,6 +160,8 @@ class HubApi:
         self.storage_error: tuple[float, str] | None = None
         self.auth = auth if auth is not None else AuthSettings.from_plain(tokens or [])
         self.audit = audit if audit is not None else AuditLog(self.auth.audit_log)
+        self.ingest_lag = IngestLag(clock)
+        hub.add_observer(self.ingest_lag.observe)
         routes = [
             Route("/api/v1/ingest", self._guard(self.ingest), methods=["POST"]),
             Route("/api/v1/series", self._guard(self.series), methods=["GET"]),
@@ -167,8 +174,13 @@ class HubApi:
             Route("/api/v1/health", self._guard(self.health), methods=["GET"]),
             Route("/openapi.json", self.openapi, methods=["GET"]),
             Route("/api/v1/audit", self._guard(self.audit_log), methods=["GET"]),
+            Route("/metrics", self._guard(self.metrics), methods=["GET"]),
         ]
+        routes += PrometheusApi(hub, clock).routes(self._guard)  # under /prometheus: see prom_api
+        routes += OtlpApi(hub, self._read_body, self._authorize_write, self.limits, clock).routes(self._guard)
         outbox_stats = cluster.outbox_stats if cluster is not None else None
+        # where this hub's notifications really wait: the cluster's shared outbox, else its own
+        self.outbox_stats = outbox_stats or (alerting.outbox.stats if alerting is not None else None)
         alerting_api = AlertingApi(hub, alerting, self._authorize_write, outbox_stats)
         routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting_api.routes()]
         routes += LineageApi(lineage or for_hub(hub), self._authorize_write).routes()
@@ -379,6 +391,14 @@ class HubApi:
                 }
             )
         )
+
+    async def metrics(self, request: Request) -> Response:
+        """The hub's own metrics for Prometheus (ingest, refusals, lag, detection cost, outbox)."""
+        uptime = self.clock() - self.started
+        text = await run_in_threadpool(
+            render_metrics, self.hub, self.ingest_lag, uptime, self.storage_error is None, self.outbox_stats
+        )
+        return Response(text, headers={"content-type": METRICS_CONTENT_TYPE})
 
     async def audit_log(self, request: Request) -> Response:
         limit = _int_param(request, "limit", 1000, 1, 10_000)

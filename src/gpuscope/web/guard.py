@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuscope.counters import Counters
 from gpuscope.web.auth import ADMIN, ANONYMOUS, INGEST, READ, SCOPES, AuditLog, AuthSettings, RateLimiter
+from gpuscope.web.prom_api import PATHS as PROMETHEUS_PATHS
 
 PUBLIC = "public"
 PRINCIPAL_KEY = "gpuscope.principal"
@@ -34,6 +35,8 @@ PRINCIPAL_KEY = "gpuscope.principal"
 ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/ingest"): INGEST,
     ("POST", "/api/v1/cluster/forward"): INGEST,  # a peer hub passing on agents' batches
+    ("POST", "/v1/metrics"): INGEST,  # OpenTelemetry's OTLP/HTTP exports
+    ("POST", "/v1/traces"): INGEST,
     ("GET", "/openapi.json"): PUBLIC,
     ("GET", "/"): PUBLIC,
     ("GET", "/ui"): PUBLIC,
@@ -48,6 +51,8 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
     ("POST", "/api/v1/lineage/versions"): ADMIN,
     ("POST", "/api/v1/lineage/promotions"): ADMIN,
 }
+# Prometheus' read API takes its queries as POSTed forms (Grafana, promtool): still reads
+ROUTE_SCOPES |= {("POST", f"/prometheus/api/v1{p}"): READ for p in PROMETHEUS_PATHS}
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 

@@ -16,6 +16,7 @@ from gpuscope.alert.notify.base import Notification, Notifier, Request, register
 @register_notifier
 class AlertmanagerNotifier(Notifier):
     kind = "alertmanager"
+    keys: ClassVar[frozenset[str]] = frozenset({"url"})
     resend_interval: ClassVar[float | None] = 60.0
 
     def __init__(self, name: str, settings: dict[str, Any]) -> None:

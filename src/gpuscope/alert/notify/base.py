@@ -80,6 +80,8 @@ class Notifier(ABC):
     """Base class; ``settings`` is the receiver's mapping under its kind key."""
 
     kind: ClassVar[str] = ""
+    #: the keys its settings mapping may have (anything else is refused by name at start-up)
+    keys: ClassVar[frozenset[str]] = frozenset({"url"})
     #: receivers that keep their own alert state (Alertmanager) want firing alerts re-sent this often
     resend_interval: ClassVar[float | None] = None
 

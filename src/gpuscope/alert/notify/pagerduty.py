@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from gpuscope.alert.notify.base import Notification, Notifier, Request, register_notifier, rfc3339
 
@@ -13,6 +13,7 @@ SEVERITY = {"P1": "critical", "P2": "error", "P3": "warning"}
 @register_notifier
 class PagerDutyNotifier(Notifier):
     kind = "pagerduty"
+    keys: ClassVar[frozenset[str]] = frozenset({"routing_key", "url"})
 
     def __init__(self, name: str, settings: dict[str, Any]) -> None:
         super().__init__(name, settings)

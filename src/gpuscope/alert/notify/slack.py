@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from gpuscope.alert.notify.base import AlertView, Notification, Notifier, Request, register_notifier
 
@@ -25,6 +25,7 @@ _PLACE = ("node", "gpu", "job", "rank", "service", "model", "version")
 @register_notifier
 class SlackNotifier(Notifier):
     kind = "slack"
+    keys: ClassVar[frozenset[str]] = frozenset({"url", "channel"})
 
     def __init__(self, name: str, settings: dict[str, Any]) -> None:
         super().__init__(name, settings)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from gpuscope.alert.notify.base import Notification, Notifier, Request, register_notifier, rfc3339
 
@@ -37,6 +37,7 @@ def webhook_payload(n: Notification) -> dict[str, Any]:
 @register_notifier
 class WebhookNotifier(Notifier):
     kind = "webhook"
+    keys: ClassVar[frozenset[str]] = frozenset({"url", "headers"})
 
     def __init__(self, name: str, settings: dict[str, Any]) -> None:
         super().__init__(name, settings)

@@ -1,0 +1,1 @@
+"""PromQL: the subset Grafana panels use, evaluated over a hub's store."""

@@ -1,0 +1,158 @@
+"""Deployment artefacts, checked offline: systemd units (systemd-analyze), Kubernetes manifests
+(their API schemas, via kubernetes-validate), the Containerfile, and the command lines they run."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from gpuscope import __version__
+from gpuscope.cli import build_parser
+from gpuscope.config_check import check_config
+
+ROOT = Path(__file__).resolve().parents[2]
+UNITS = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
+MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").rglob("*.yaml"))
+KUBERNETES = "1.37.0"
+
+
+def _need(binary: str, package: str) -> str:
+    found = shutil.which(binary)
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{binary} is not installed: scripts/system-deps.sh should have installed {package}")
+        pytest.skip(f"{binary} (Debian package {package}) is not installed")
+    return found
+
+
+def _parses(argv: list[str]) -> None:
+    """The arguments a unit, a manifest or the image runs are a valid gpuscope command line."""
+    build_parser().parse_args(argv)
+
+
+def _unit_lines(path: Path) -> dict[str, str]:
+    return dict(
+        line.split("=", 1)
+        for line in path.read_text().splitlines()
+        if "=" in line and not line.startswith("#")
+    )
+
+
+@pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
+def test_systemd_unit_verifies_and_is_hardened(unit: Path, tmp_path: Path) -> None:
+    analyze = _need("systemd-analyze", "systemd")
+    # verify needs ExecStart's binary to exist: point it at this environment's gpuscope
+    gpuscope = Path(sys.executable).parent / "gpuscope"
+    assert gpuscope.exists(), gpuscope
+    local = tmp_path / unit.name
+    local.write_text(unit.read_text().replace("/usr/local/bin/gpuscope", str(gpuscope)))
+    verify = subprocess.run(
+        [analyze, "verify", "--man=no", str(local)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
+    assert verify.returncode == 0 and not (verify.stdout + verify.stderr).strip(), (
+        verify.stdout + verify.stderr
+    )
+    security = subprocess.run(
+        [analyze, "security", "--offline=yes", "--threshold=30", str(local)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+    )
+    assert security.returncode == 0, security.stdout[-2000:]  # exposure 3.0 or better ("OK")
+    keys = _unit_lines(unit)
+    assert keys["User"] == "gpuscope" and keys["StateDirectory"].startswith("gpuscope")
+    assert keys["Restart"] in ("on-failure", "always") and keys["NoNewPrivileges"] == "yes"
+    env = {"GPUSCOPE_HUB": "http://hub:7470", "STATE_DIRECTORY": "/var/lib/gpuscope-agent"}
+    command = re.sub(r"\$\{(\w+)\}", lambda m: env[m.group(1)], keys["ExecStart"])
+    _parses(shlex.split(command)[1:])
+
+
+def test_a_broken_unit_is_caught(tmp_path: Path) -> None:
+    analyze = _need("systemd-analyze", "systemd")
+    bad = tmp_path / "bad.service"
+    bad.write_text("[Service]\nExecStart=/nonexistent/gpuscope hub\nRestartt=always\n")
+    verify = subprocess.run(
+        [analyze, "verify", "--man=no", str(bad)], capture_output=True, text=True, timeout=60
+    )
+    assert "Restartt" in verify.stdout + verify.stderr and verify.returncode != 0
+
+
+def _documents() -> list[tuple[Path, dict[str, Any]]]:
+    return [(p, d) for p in MANIFESTS for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+@pytest.mark.parametrize(
+    ("path", "doc"), _documents(), ids=lambda v: v.name if isinstance(v, Path) else v.get("kind", "")
+)
+def test_manifest_matches_the_kubernetes_schema(path: Path, doc: dict[str, Any]) -> None:
+    kubernetes_validate.validate(doc, KUBERNETES, strict=True)
+
+
+def test_the_validator_refuses_a_typo() -> None:
+    (doc,) = [d for p, d in _documents() if d["kind"] == "DaemonSet"]
+    broken = copy.deepcopy(doc)
+    broken["spec"]["template"]["spec"]["containers"][0]["volumeMount"] = []
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, KUBERNETES, strict=True)
+
+
+def _containers(kind: str) -> list[dict[str, Any]]:
+    return [
+        c for _, d in _documents() if d["kind"] == kind for c in d["spec"]["template"]["spec"]["containers"]
+    ]
+
+
+def test_agent_daemonset_sees_the_host_and_the_hub_is_a_statefulset() -> None:
+    (agent,) = [d for _, d in _documents() if d["kind"] == "DaemonSet"]
+    volumes = {
+        v["name"]: v.get("hostPath", {}).get("path") for v in agent["spec"]["template"]["spec"]["volumes"]
+    }
+    assert {"/proc", "/sys", "/dev/kmsg", "/var/lib/kubelet/pod-resources"} <= set(volumes.values())
+    (container,) = agent["spec"]["template"]["spec"]["containers"]
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"} in container["env"]
+    assert "nvidia.com/gpu" not in str(container["resources"])  # the agent takes no GPU from the scheduler
+    hubs = [
+        d for _, d in _documents() if d["kind"] == "StatefulSet" and d["metadata"]["name"] == "gpuscope-hub"
+    ]
+    assert len(hubs) == 1 and hubs[0]["spec"]["volumeClaimTemplates"]
+    for container in _containers("DaemonSet") + _containers("StatefulSet"):
+        if container["image"].startswith("ghcr.io/gpuscope/"):
+            assert container["image"].endswith(f":{__version__}")
+            _parses([a.replace("$(NODE_NAME)", "node-1") for a in container["args"]])
+
+
+def test_hub_configs_in_the_manifests_pass_config_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUSCOPE_TOKEN", "a-token-the-secret-would-hold")  # listen 0.0.0.0 needs one
+    configs = [
+        d.get("data", d.get("stringData"))["hub.yaml"]
+        for _, d in _documents()
+        if d["kind"] in ("ConfigMap", "Secret") and "hub.yaml" in d.get("data", d.get("stringData", {}))
+    ]
+    assert len(configs) == 2
+    for i, text in enumerate(configs):
+        path = tmp_path / f"hub-{i}.yaml"
+        path.write_text(text)
+        assert check_config(path)
+
+
+def test_containerfile_installs_the_pinned_hub_as_a_user() -> None:
+    text = (ROOT / "Containerfile").read_text()
+    assert "--constraint constraints.txt '.[hub]'" in text and "USER 10001" in text
+    assert f'org.opencontainers.image.version="{__version__}"' in text
+    assert re.search(r'^ENTRYPOINT \["gpuscope"\]$', text, re.MULTILINE)
+    (cmd,) = re.findall(r"^CMD (\[.*\])$", text, re.MULTILINE)
+    _parses(yaml.safe_load(cmd))

@@ -1,0 +1,81 @@
+"""The hub's own /metrics: what it ingested, refused, its lag, detection cost, outbox; promtool accepts it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+
+from gpuscope.alert.service import AlertingService
+from gpuscope.alert.settings import parse_alerting
+from gpuscope.hub import Hub
+from gpuscope.ingest.payload import encode_batch
+from gpuscope.model import Batch, Frame
+from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.web.server import HubServer
+
+TOKEN = "a-test-token-of-enough-length"
+
+
+@pytest.fixture
+def server() -> Iterator[HubServer]:
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    service = AlertingService(hub, parse_alerting({}))
+    served = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN])
+    service.start()
+    served.start()
+    yield served
+    served.stop()
+    service.stop()
+
+
+def _frame(ts: float) -> Frame:
+    labels = [{"node": "n1", "gpu": str(i)} for i in range(4)]
+    return Frame(ts, ["gpu_utilization_percent", "gpu_temp_celsius"], labels, np.full((4, 2), 50.0))
+
+
+def test_hub_metrics_count_ingest_refusals_lag_and_pass_promtool(server: HubServer) -> None:
+    auth = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+    sent_at = time.time() - 2.0  # the batch is two seconds old when it arrives
+    body = encode_batch(Batch(source="test", frames=[_frame(sent_at)]))
+    assert httpx.post(f"{server.url}/api/v1/ingest", content=body, headers=auth).status_code == 200
+    assert httpx.post(f"{server.url}/api/v1/ingest", content=b"{not json", headers=auth).status_code == 400
+    assert httpx.post(f"{server.url}/api/v1/ingest", content=body).status_code == 401
+    response = httpx.get(f"{server.url}/metrics", headers={"authorization": f"Bearer {TOKEN}"})
+    assert response.status_code == 200 and response.headers["content-type"].startswith(
+        "text/plain; version=0.0.4"
+    )
+    text = response.text
+    assert 'gpuscope_hub_ingested_total{kind="samples"} 8.0' in text
+    assert 'gpuscope_hub_ingested_total{kind="batches"} 1.0' in text
+    assert 'gpuscope_hub_refused_total{reason="auth_refused_401"} 1.0' in text
+    assert 'gpuscope_hub_refused_total{reason="ingest_rejected_batches"} 1.0' in text
+    lag = float(text.split("\ngpuscope_hub_ingest_lag_seconds ", 1)[1].split("\n", 1)[0])
+    assert 2.0 <= lag < 30.0
+    cost = float(text.split("\ngpuscope_hub_detection_seconds_total ", 1)[1].split("\n", 1)[0])
+    assert cost > 0.0
+    assert 'gpuscope_hub_outbox_notifications{state="pending"} 0.0' in text
+    assert "gpuscope_hub_store_rows{" in text
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("promtool is not installed: scripts/system-deps.sh should have installed prometheus")
+        pytest.skip("promtool (Debian package prometheus) is not installed")
+    check = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_metrics_need_a_read_token_off_loopback_rules(server: HubServer) -> None:
+    """The same scope as every other read: a wrong token is refused."""
+    assert (
+        httpx.get(f"{server.url}/metrics", headers={"authorization": "Bearer wrong-token-x"}).status_code
+        == 403
+    )
