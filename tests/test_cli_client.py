@@ -26,7 +26,7 @@ from support import free_port
 def hub_url() -> Iterator[str]:
     hub = Hub(DuckDBStore(":memory:", durable=False))
     service = AlertingService(hub, parse_alerting({}))
-    server = HubServer(hub, "127.0.0.1", 0)
+    server = HubServer(hub, "127.0.0.1", 0, alerting=service)
     service.start()
     server.start()
     yield server.url

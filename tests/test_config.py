@@ -114,5 +114,5 @@ def test_a_bad_section_is_a_config_error_with_exit_2_not_a_traceback(
     code = main(["hub", "--config", str(path), "--db", str(tmp_path / "h.duckdb")])
     err = capsys.readouterr().err
     assert code == 2
-    assert "config: slos[0]: unknown key(s) availabilty" in err and "Traceback" not in err
+    assert "config: slos[0].availabilty: unknown key" in err and "Traceback" not in err
     assert not (tmp_path / "h.duckdb").exists()  # refused before anything was opened

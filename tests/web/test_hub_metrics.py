@@ -27,7 +27,7 @@ TOKEN = "a-test-token-of-enough-length"
 def server() -> Iterator[HubServer]:
     hub = Hub(DuckDBStore(":memory:", durable=False))
     service = AlertingService(hub, parse_alerting({}))
-    served = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN])
+    served = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN], alerting=service)
     service.start()
     served.start()
     yield served
