@@ -182,6 +182,7 @@ TRAINING_METRICS = {
     "samples_per_second": "Samples processed per second",
     "learning_rate": "Learning rate in force",
     "collective_arrival_skew_seconds": "How late this rank arrived at the step's collective vs the first",
+    "collective_arrival_gap_seconds": "Previous collective's end to this rank's arrival at the step's first",
     "memory_allocated_bytes": "CUDA caching allocator: allocated bytes",
     "memory_reserved_bytes": "CUDA caching allocator: reserved bytes",
     "memory_fragmentation_ratio": "1 - allocated / reserved",

@@ -116,6 +116,8 @@ class RankDetector(Detector):
 
     def _lags(self, job: _Job, view: StepView, ranks: list[_Rank], step: FloatArray) -> None:
         arrival = view.get("collective_arrival_skew_seconds")
+        if np.isfinite(arrival).sum() < 3:  # the SDK reports each rank's own gap; the median is the same
+            arrival = view.get("collective_arrival_gap_seconds")
         if np.isfinite(arrival).sum() >= 3 and job.step_time > 0:
             lags = (arrival - np.nanmedian(arrival)) / job.step_time
         elif np.isfinite(step).sum() >= 3:
