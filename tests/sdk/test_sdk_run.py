@@ -169,3 +169,24 @@ def test_import_gpuscope_stays_cheap() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False", "True"]
+
+
+def test_save_takes_the_step_first_and_the_old_order_with_a_warning(
+    tmp_path: Path, local_hub: HubServer
+) -> None:
+    torch = pytest.importorskip("torch")
+    run = _init(local_hub.url, tmp_path, job="save-order")
+    state = {"w": torch.ones(2)}
+    run.save(1, state, tmp_path / "a.pt").future.result(10)  # type: ignore[union-attr]
+    run.save(state, tmp_path / "b.pt", step=2).future.result(10)  # type: ignore[union-attr]
+    with pytest.warns(DeprecationWarning, match=r"run.save\(step, obj, path\)"):
+        run.save(state, tmp_path / "c.pt", 3).future.result(10)  # type: ignore[union-attr]
+    with pytest.raises(TypeError, match="takes"):
+        run.save(state, tmp_path / "d.pt")
+    run.finish()
+    done = events(local_hub.url, "save-order", "checkpoint_completed")
+    assert sorted((e["data"]["step"], Path(e["data"]["path"]).name) for e in done) == [
+        (1, "a.pt"),
+        (2, "b.pt"),
+        (3, "c.pt"),
+    ]

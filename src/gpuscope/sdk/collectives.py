@@ -11,9 +11,13 @@ entered and how long it has been waiting, so when a job hangs the hub can name t
 never arrived.
 
 ``gpuscope.init`` installs it by itself on the first ``DistributedDataParallel`` model that runs
-forward (:class:`DdpWatch`); by hand, ``tracker.install(ddp_model)`` registers the DDP
-communication hook, or call the wrapped collectives (``tracker.all_reduce(t)``) in place of
-``torch.distributed``'s.
+forward (:class:`DdpWatch`, :meth:`CollectiveTracker.watch`): arrival is when the model's first
+gradient is ready (DDP's first bucket holds the last parameters), the end of the step's
+collectives is the optimizer's step (it starts when DDP's backward has waited for them). Two
+Python calls per step on the training thread, none on the communication thread. For exact
+per-collective timing (and each rank's own gradient norm), ``tracker.install(ddp_model)``
+registers a DDP communication hook instead (dearer: a Python call and a callback per bucket), or
+call the wrapped collectives (``tracker.all_reduce(t)``) in place of ``torch.distributed``'s.
 """
 
 from __future__ import annotations
@@ -68,6 +72,8 @@ class CollectiveTracker:
         self._step_seen = -1
         self._step_wait = 0.0
         self._norms: list[Any] = []
+        self._open: tuple[int, float] | None = None  # watch(): the arrival the optimizer will close
+        self._handles: list[Any] = []
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -160,6 +166,33 @@ class CollectiveTracker:
         ddp_model.register_comm_hook(None, lambda state, bucket: self.comm_hook(state, bucket))
         setattr(ddp_model, _TRACKED, True)
 
+    def watch(self, ddp_model: Any) -> None:
+        """Time arrival from the first gradient ready to the optimizer's step (see the module doc)."""
+        if getattr(ddp_model, _TRACKED, False):
+            return
+        params = [p for p in ddp_model.parameters() if p.requires_grad]
+        if not params:
+            return
+        optimizer = sys.modules["torch.optim.optimizer"]
+        self._handles.append(params[-1].register_post_accumulate_grad_hook(self._grad_ready))
+        self._handles.append(optimizer.register_optimizer_step_pre_hook(self._optimizer_step))
+        setattr(ddp_model, _TRACKED, True)
+
+    def _grad_ready(self, _param: Any) -> None:
+        if self._open is None:
+            self._open = self._arrive("ddp_backward")
+
+    def _optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        opened, self._open = self._open, None
+        if opened is not None:
+            self._done(*opened)
+
+    def close(self) -> None:
+        """Remove the hooks :meth:`watch` installed (the optimizer's is global)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
     def comm_hook(self, _state: Any, bucket: Any) -> Any:
         """DDP's default all-reduce (average), with arrival, wait and local gradient norm recorded."""
         buffer = bucket.buffer()
@@ -207,6 +240,6 @@ class DdpWatch:
             return
         self.remove()
         try:
-            self._tracker().install(module)
+            self._tracker().watch(module)
         except RuntimeError as exc:  # a hook of the user's own, or no process group after all
             log.info("gpuscope: collective timing not installed on %s: %s", type(module).__name__, exc)

@@ -14,6 +14,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
@@ -100,6 +101,24 @@ class _Timed:
             self.run.queues.put((_time(), self.run.current_step(), {"data_wait_seconds": seconds}))
         else:
             self.run.goodput.add(self.kind, seconds)
+
+
+def _save_arguments(args: tuple[Any, ...], step: int | None) -> tuple[Any, str | os.PathLike[str], int]:
+    """(obj, path, step) from ``save``'s three accepted forms."""
+    if step is not None and len(args) == 2:
+        return args[0], args[1], step
+    if step is None and len(args) == 3:
+        first, second, third = args
+        if type(first) is int:
+            return second, third, first
+        if type(third) is int:
+            warnings.warn(
+                "run.save(obj, path, step) is deprecated: use run.save(step, obj, path)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            return first, second, third
+    raise TypeError("run.save takes (step, obj, path) or (obj, path, step=step)")
 
 
 class Run:
@@ -229,9 +248,16 @@ class Run:
         """``with run.checkpoint(step, path): torch.save(...)``: start, end, size and manifest."""
         return CheckpointScope(self.checkpoints, step, Path(path))
 
-    def save(self, obj: Any, path: str | os.PathLike[str], step: int) -> CheckpointScope:
-        """``torch.save(obj, path)`` reported as a checkpoint of ``step``."""
+    def save(self, *args: Any, step: int | None = None) -> CheckpointScope:
+        """``run.save(step, obj, path)``: ``torch.save(obj, path)`` reported as a checkpoint of ``step``.
+
+        The step comes first, as in ``run.log(step, ...)`` and ``run.checkpoint(step, path)``;
+        ``run.save(obj, path, step=step)`` is the same. The old ``run.save(obj, path, step)``
+        still works, with a DeprecationWarning.
+        """
         import torch
+
+        obj, path, step = _save_arguments(args, step)
 
         scope = self.checkpoint(step, path)
         with scope:
@@ -347,9 +373,11 @@ class Run:
         atexit.unregister(self._at_exit)
         if self._ddp_watch is not None:
             self._ddp_watch.remove()
-        # a dying rank may have been interrupted inside the tracker (holding its lock): leave it be
-        if self.collectives is not None and failure is None:
-            self.collectives.finish_step()
+        if self.collectives is not None:
+            self.collectives.close()
+            # a dying rank may have been interrupted inside the tracker (holding its lock)
+            if failure is None:
+                self.collectives.finish_step()
         self.checkpoints.close(timeout)
         data: dict[str, Any] = {"goodput": self.goodput_report().metrics()}
         if failure is None:
@@ -377,6 +405,10 @@ class Run:
             if self._finished:
                 return
             self._finished = True
+        if self._ddp_watch is not None:
+            self._ddp_watch.remove()
+        if self.collectives is not None:
+            self.collectives.close()
         self.checkpoints.close(5.0)
         self.shipper.stop(5.0)
         self.lastwords.uninstall()
