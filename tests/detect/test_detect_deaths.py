@@ -1,10 +1,14 @@
-"""job_failed from ranks' last words: one alert naming the first rank to fail by its own cause."""
+"""job_failed from ranks' last words: one alert naming the first rank to fail by its own cause;
+loss_nan naming the first NaN step."""
 
 from __future__ import annotations
 
+import math
+
 from gpuscope.detect.lifecycle import LifecycleDetector
+from gpuscope.detect.loss import LossDetector
 from gpuscope.detect.training import TrainingLivenessDetector
-from gpuscope.model import Event, Finding
+from gpuscope.model import Event, Finding, TrainingRecord
 
 
 def _labels(rank: int) -> dict[str, str]:
@@ -90,3 +94,15 @@ def test_no_rank_is_lost_after_one_rank_reported_the_failure() -> None:
     det.on_event(_words(1, 10.0, "exception", "ValueError: bad batch"))
     det.on_event(_words(0, 10.5, "signal", "terminated by SIGTERM"))  # a second word changes nothing
     assert [f.rule for t in range(10, 60) for f in det.evaluate(float(t))] == []
+
+
+def test_loss_nan_names_the_first_nan_step_of_the_episode() -> None:
+    det = LossDetector()
+    for step in range(30):
+        loss = math.nan if step >= 21 else 1.0 / (step + 1)
+        for rank in range(3):
+            det.on_training(TrainingRecord(float(step), "j", rank, step, {"loss": loss}))
+        det.evaluate(float(step))
+    [finding] = [f for f in det.evaluate(30.0) if f.rule == "loss_nan"]
+    assert finding.details["step"] == 21 and finding.details["last_step"] == 29
+    assert finding.summary == "Loss of job j is NaN/Inf from step 21 (still at step 29)"
