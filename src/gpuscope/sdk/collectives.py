@@ -70,6 +70,7 @@ class CollectiveTracker:
         self._pending: dict[int, tuple[float, str]] = {}  # seq -> (arrival, name)
         self._last_done: float | None = None
         self._step_seen = -1
+        self._closed = -1  # the step whose wait was reported (as soon as its collectives ended)
         self._step_wait = 0.0
         self._norms: list[Any] = []
         self._open: tuple[int, float] | None = None  # watch(): the arrival the optimizer will close
@@ -101,8 +102,11 @@ class CollectiveTracker:
             self._step_wait += now - arrived
 
     def _close_step(self, step: int) -> None:
-        """The previous step's collectives are over: report its total wait (and local grad norm)."""
+        """The step's collectives are over: report its total wait (and local grad norm), once."""
         with self._lock:
+            if step == self._closed:
+                return
+            self._closed = step
             wait, self._step_wait = self._step_wait, 0.0
             norms, self._norms = self._norms, []
         if step < 0:
@@ -186,6 +190,8 @@ class CollectiveTracker:
         opened, self._open = self._open, None
         if opened is not None:
             self._done(*opened)
+            # reported now, so the step's record is whole before whatever follows (a checkpoint)
+            self._close_step(self._step_seen)
 
     def close(self) -> None:
         """Remove the hooks :meth:`watch` installed (the optimizer's is global)."""
@@ -203,9 +209,12 @@ class CollectiveTracker:
                 self._norms.append(norm)
         buffer.div_(self.world)
         future = self.dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
+        last = bucket.is_last()
 
         def reduced(fut: Any) -> Any:
             self._done(seq, arrived)
+            if last:  # the step's collectives are over: its record is whole before what follows
+                self._close_step(self._step_seen)
             return fut.value()[0]
 
         return future.then(reduced)
