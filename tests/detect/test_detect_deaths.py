@@ -7,6 +7,7 @@ import math
 
 from gpuscope.detect.lifecycle import LifecycleDetector
 from gpuscope.detect.loss import LossDetector
+from gpuscope.detect.ranks import RankDetector
 from gpuscope.detect.training import TrainingLivenessDetector
 from gpuscope.model import Event, Finding, TrainingRecord
 
@@ -106,3 +107,21 @@ def test_loss_nan_names_the_first_nan_step_of_the_episode() -> None:
     [finding] = [f for f in det.evaluate(30.0) if f.rule == "loss_nan"]
     assert finding.details["step"] == 21 and finding.details["last_step"] == 29
     assert finding.summary == "Loss of job j is NaN/Inf from step 21 (still at step 29)"
+
+
+def test_straggler_summary_says_the_lag_injected_mid_run() -> None:
+    det = RankDetector()
+    found: list[Finding] = []
+    for step in range(120):
+        late = 0.112 if step >= 60 else 0.0
+        for rank in range(3):
+            gap = 0.2 + (late if rank == 1 else 0.0) + 0.001 * rank
+            metrics = {"step_seconds": 0.4, "collective_arrival_gap_seconds": gap}
+            det.on_training(TrainingRecord(float(step), "j", rank, step, metrics))
+        found = [f for f in det.evaluate(float(step)) if f.rule == "training_straggler"]
+        if found:
+            break
+    [finding] = found
+    assert finding.entity["rank"] == "1"
+    assert abs(finding.details["lag_seconds"] - 0.112) < 0.005, finding.details
+    assert "(0.111 s of 0.400 s)" in finding.summary or "(0.112 s of 0.400 s)" in finding.summary
