@@ -57,7 +57,7 @@ def worker(out: Path, rounds: int, steps: int) -> None:
                 run = gpuscope.init(job=f"bench-ddp-{shape}-{r}", **OPTIONS) if mode == "sdk" else None
                 losses: list[float] = []
                 dist.barrier()
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 for step in range(steps):
                     x, y = torch.randn(64, 512, generator=gen), torch.randn(64, 1, generator=gen)
                     with run.step(step) if run is not None else contextlib.nullcontext():
@@ -71,11 +71,13 @@ def worker(out: Path, rounds: int, steps: int) -> None:
                     if run is not None:
                         run.log(step, loss=value)
                     losses.append(value)
-                seconds = time.perf_counter() - t0
+                seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
                 if run is not None:
                     run.finish()
-                row = result.setdefault(shape, {"plain": [], "sdk": [], "losses": {}})
+                row = result.setdefault(shape, {"plain": [], "sdk": [], "cpu": {"plain": [], "sdk": []}})
+                row.setdefault("losses", {})
                 row[mode].append(seconds / steps)
+                row["cpu"][mode].append(cpu / steps)
                 row["losses"].setdefault(str(r), {})[mode] = losses
     (out / f"rank-{rank}.json").write_text(json.dumps(result))
     dist.destroy_process_group()
@@ -114,19 +116,24 @@ def main() -> int:
         sdk = statistics.median(t for rk in ranks for t in rk[shape]["sdk"])
         identical = all(pair["plain"] == pair["sdk"] for rk in ranks for pair in rk[shape]["losses"].values())
         slowdown = sdk / plain - 1.0
+        cpu_plain = statistics.median(t for rk in ranks for t in rk[shape]["cpu"]["plain"])
+        cpu_sdk = statistics.median(t for rk in ranks for t in rk[shape]["cpu"]["sdk"])
         within = slowdown <= BUDGETS[shape]
         ok = ok and identical
         figures[shape] = {
             "plain_step_seconds": round(plain, 5),
             "sdk_step_seconds": round(sdk, 5),
             "slowdown": round(slowdown, 4),
+            "plain_cpu_seconds_per_step": round(cpu_plain, 5),
+            "sdk_cpu_seconds_per_step": round(cpu_sdk, 5),
             "budget": BUDGETS[shape],
             "within_budget": within,
             "losses_bit_identical": identical,
         }
         print(
             f"{shape}: no SDK {plain * 1e3:.2f} ms/step (anchor), SDK {sdk * 1e3:.2f} ms/step, "
-            f"slowdown {slowdown:+.2%} (budget {BUDGETS[shape]:.0%}), losses identical: {identical}"
+            f"slowdown {slowdown:+.2%} (budget {BUDGETS[shape]:.0%}), losses identical: {identical}; "
+            f"CPU per step (all threads) {cpu_plain * 1e3:.2f} -> {cpu_sdk * 1e3:.2f} ms"
         )
     print(f"load average (1 min) before/after: {load_before:.2f} / {load_after:.2f}")
     if args.json is not None:
