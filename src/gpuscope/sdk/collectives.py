@@ -230,12 +230,14 @@ class DdpWatch:
     """Installs collective timing on the first ``DistributedDataParallel`` model that runs forward.
 
     A global forward pre-hook sees every module until then, and removes itself at the first DDP
-    model (a module with a reducer and ``register_comm_hook``), so later steps pay nothing. A model
-    that already has a communication hook of its own keeps it, untimed.
+    model (a module with a reducer and ``register_comm_hook``), or after ``patience`` other module
+    calls, so later steps pay nothing.
     """
 
-    def __init__(self, tracker: Callable[[], CollectiveTracker]) -> None:
+    def __init__(self, tracker: Callable[[], CollectiveTracker], patience: int = 10_000) -> None:
         self._tracker = tracker
+        # a job without DDP (FSDP, pipelines) must not pay a Python call per module for ever
+        self._patience = patience
         torch = sys.modules["torch"]
         self._handle: Any = torch.nn.modules.module.register_module_forward_pre_hook(self._pre)
 
@@ -246,9 +248,12 @@ class DdpWatch:
 
     def _pre(self, module: Any, _args: Any) -> None:
         if not (hasattr(module, "register_comm_hook") and hasattr(module, "reducer")):
+            self._patience -= 1
+            if self._patience <= 0:
+                self.remove()
             return
         self.remove()
         try:
             self._tracker().watch(module)
-        except RuntimeError as exc:  # a hook of the user's own, or no process group after all
+        except RuntimeError as exc:  # no process group after all
             log.info("gpuscope: collective timing not installed on %s: %s", type(module).__name__, exc)
