@@ -47,7 +47,7 @@ class LastWords:
     def __init__(self, report: Report, signals: tuple[int, ...] = (signal.SIGTERM,)) -> None:
         self._report = report
         self._signals = signals
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal may arrive while the main thread holds it
         self._spoken = False
         self._speaking = False
         self._deferred: int | None = None

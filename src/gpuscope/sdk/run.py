@@ -361,6 +361,10 @@ class Run:
             cause = {"cause": "requested"}
             self.lastwords.speak(_time(), reason, cause, lambda ts, r, c: self._end(ts, r, c, timeout))
 
+    def crashed(self, exc: BaseException) -> None:
+        """Report that this rank failed with ``exc`` (its type and message), and stop."""
+        self.lastwords.speak(_time(), *exception_cause(type(exc), exc))
+
     def _died(self, ts: float, reason: str, cause: dict[str, Any]) -> None:
         """Last words from an uncaught exception or a terminating signal (see :mod:`.lastwords`)."""
         self._end(ts, reason, cause, self.last_words_timeout)
@@ -419,7 +423,7 @@ class Run:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc_type is None:
+        if exc is None:
             self.finish()
         else:
-            self.lastwords.speak(_time(), *exception_cause(exc_type, exc))
+            self.crashed(exc)
