@@ -197,7 +197,8 @@ EVENT_KINDS = {
     "heartbeat": "A training rank's liveness beat (labels job, rank, node, gpu)",
     "job_started": "A job began; data: kind, placement [[rank, node, gpu], ...]",
     "job_ended": "A job finished normally",
-    "job_failed": "A job's processes exited abnormally; data: reason, exit_code",
+    "job_failed": "A job's processes exited abnormally; data: reason, exit_code (a rank's last words: "
+    "labels rank, node, gpu; data: cause, exception, message, signal, step)",
     "checkpoint_started": "A rank began saving a checkpoint; data: step",
     "checkpoint_completed": "A rank finished saving; data: step, bytes, seconds, manifest",
     "checkpoint_failed": "A save failed; data: step, reason",
