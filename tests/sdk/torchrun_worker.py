@@ -31,9 +31,10 @@ def main() -> None:
     model = DistributedDataParallel(nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)))
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     gen = torch.Generator().manual_seed(rank)
+    # one fixed batch per rank: the loss falls smoothly, so no loss rule has anything to say
+    x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 1, generator=gen)
     for step in range(steps):
         with run.step(step):
-            x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 1, generator=gen)
             if rank == fault_rank and step == fault_step:
                 if mode == "raise":
                     raise RuntimeError(f"injected fault at step {step}")
