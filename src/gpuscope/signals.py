@@ -285,6 +285,7 @@ TRAINING_METRICS = {
     "samples_per_second": "Samples processed per second",
     "learning_rate": "Learning rate in force",
     "collective_arrival_skew_seconds": "How late this rank arrived at the step's collective vs the first",
+    "collective_arrival_gap_seconds": "Previous collective's end to this rank's arrival at the step's first",
     "memory_allocated_bytes": "CUDA caching allocator: allocated bytes",
     "memory_reserved_bytes": "CUDA caching allocator: reserved bytes",
     "memory_fragmentation_ratio": "1 - allocated / reserved",
@@ -299,7 +300,8 @@ EVENT_KINDS = {
     "heartbeat": "A training rank's liveness beat (labels job, rank, node, gpu)",
     "job_started": "A job began; data: kind, placement [[rank, node, gpu], ...]",
     "job_ended": "A job finished normally",
-    "job_failed": "A job's processes exited abnormally; data: reason, exit_code",
+    "job_failed": "A job's processes exited abnormally; data: reason, exit_code (a rank's last words: "
+    "labels rank, node, gpu; data: cause, exception, message, signal, step)",
     "checkpoint_started": "A rank began saving a checkpoint; data: step",
     "checkpoint_completed": "A rank finished saving; data: step, bytes, seconds, manifest",
     "checkpoint_failed": "A save failed; data: step, reason",

@@ -1,7 +1,7 @@
 """End to end on real PyTorch: 3 DDP ranks over gloo as real processes, a real hub process.
 
 Healthy training raises nothing; a rank stuck before a collective stalls the job and is named;
-a killed rank is lost with its node and GPU; a slowed rank is the late rank in arrival skew; a
+a killed rank is lost with its node and GPU; a slowed rank arrives late; a
 corrupted checkpoint file fails verification.
 """
 
@@ -56,7 +56,7 @@ def test_healthy_run_reports_everything_and_raises_nothing(tmp_path: Path, sdk_h
     assert all(len(v) == 24 for v in loss.values())
     for metric in ("step_seconds", "grad_norm", "collective_wait_seconds", "samples_per_second", "mfu_ratio"):
         assert set(_by_rank(records, metric)) == {0, 1, 2}, metric
-    assert len(_by_rank(records, "collective_arrival_skew_seconds")[1]) >= 20
+    assert len(_by_rank(records, "collective_arrival_gap_seconds")[1]) >= 20
     # gradient norms are each rank's own (measured before the all-reduce), so they differ
     norms = _by_rank(records, "grad_norm")
     assert norms[0][3] != norms[1][3]
@@ -115,7 +115,7 @@ def test_killed_rank_is_lost_with_its_node_and_gpu(tmp_path: Path, sdk_hub: HubP
         job.kill()
 
 
-def test_slowed_rank_is_the_late_rank_in_arrival_skew(tmp_path: Path, sdk_hub: HubProcess) -> None:
+def test_slowed_rank_arrives_late_at_every_step(tmp_path: Path, sdk_hub: HubProcess) -> None:
     job = DdpJob(tmp_path, sdk_hub.url, "ddp-slow", "slow", steps=16, FAULT_RANK="1", FAULT_STEP="0")
     try:
         assert job.wait(120) == {0: 0, 1: 0, 2: 0}, job.output()
@@ -123,12 +123,10 @@ def test_slowed_rank_is_the_late_rank_in_arrival_skew(tmp_path: Path, sdk_hub: H
         job.kill()
     wait_until(lambda: job.events("job_ended"), 10, "the job's end")
     records = job.records()
-    skew = {
-        rank: statistics.median(v) for rank, v in _by_rank(records, "collective_arrival_skew_seconds").items()
+    gap = {
+        rank: statistics.median(v) for rank, v in _by_rank(records, "collective_arrival_gap_seconds").items()
     }
-    assert skew[1] > 0.1 and skew[0] < 0.05 and skew[2] < 0.05, skew
-    late = _by_rank(records, "collective_late_rank")
-    assert all(statistics.mode(v) == 1 for v in late.values()), late
+    assert gap[1] > gap[0] + 0.1 and gap[1] > gap[2] + 0.1, gap
     # duration alone blames the others: they waited for rank 1
     wait = {rank: statistics.median(v) for rank, v in _by_rank(records, "collective_wait_seconds").items()}
     assert wait[0] > wait[1] + 0.1 and wait[2] > wait[1] + 0.1, wait

@@ -169,3 +169,70 @@ def test_import_gpuscope_stays_cheap() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False", "True"]
+
+
+def test_save_takes_the_step_first_and_the_old_order_with_a_warning(
+    tmp_path: Path, local_hub: HubServer
+) -> None:
+    torch = pytest.importorskip("torch")
+    run = _init(local_hub.url, tmp_path, job="save-order")
+    state = {"w": torch.ones(2)}
+    run.save(1, state, tmp_path / "a.pt").future.result(10)  # type: ignore[union-attr]
+    run.save(state, tmp_path / "b.pt", step=2).future.result(10)  # type: ignore[union-attr]
+    with pytest.warns(DeprecationWarning, match=r"run.save\(step, obj, path\)"):
+        run.save(state, tmp_path / "c.pt", 3).future.result(10)  # type: ignore[union-attr]
+    with pytest.raises(TypeError, match="takes"):
+        run.save(state, tmp_path / "d.pt")
+    run.finish()
+    done = events(local_hub.url, "save-order", "checkpoint_completed")
+    assert sorted((e["data"]["step"], Path(e["data"]["path"]).name) for e in done) == [
+        (1, "a.pt"),
+        (2, "b.pt"),
+        (3, "c.pt"),
+    ]
+
+
+def test_init_times_the_first_ddp_model_by_itself(tmp_path: Path, local_hub: HubServer) -> None:
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    from torch.nn.modules.module import _global_forward_pre_hooks
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"file://{tmp_path / 'rdv'}")
+    try:
+        run = gpuscope.init(
+            job="auto-coll", hub=local_hub.url, rank=0, world_size=2, node="n", state_dir=tmp_path / "s"
+        )
+        assert run._ddp_watch is not None and len(_global_forward_pre_hooks) == 1
+        torch.nn.Linear(2, 2)(torch.ones(1, 2))  # not DDP: still watching
+        model = DistributedDataParallel(torch.nn.Linear(4, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for step in range(4):
+            with run.step(step):
+                model(torch.ones(2, 4)).sum().backward()
+                opt.step()
+        assert len(_global_forward_pre_hooks) == 0  # gone once the DDP model was found
+        assert run.collectives is not None and run.collectives.seq == 4
+        run.finish()
+    finally:
+        dist.destroy_process_group()
+    rows = {int(r["step"]): r["metrics"] for r in records(local_hub.url, "auto-coll")}
+    assert all("collective_wait_seconds" in rows[s] for s in range(4))
+    assert all(rows[s]["collective_arrival_gap_seconds"] >= 0 for s in (1, 2, 3))
+
+
+def test_ddp_watch_gives_up_on_a_job_without_ddp() -> None:
+    torch = pytest.importorskip("torch")
+    from torch.nn.modules.module import _global_forward_pre_hooks
+
+    from gpuscope.sdk.collectives import CollectiveTracker, DdpWatch
+
+    def never() -> CollectiveTracker:
+        raise AssertionError("no DDP model here")
+
+    watch = DdpWatch(never, patience=3)
+    layer = torch.nn.Linear(2, 2)
+    for _ in range(3):
+        layer(torch.ones(1, 2))
+    assert len(_global_forward_pre_hooks) == 0
+    watch.remove()  # idempotent

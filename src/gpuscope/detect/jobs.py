@@ -85,6 +85,10 @@ class JobTracker:
         job = self.jobs.get(name)
         if job is None:
             job = self.jobs[name] = Job(name, str(event.data.get("kind", "training")))
+        if event.kind == "job_failed" and job.state == FAILED and job.ended_at is not None:
+            # another rank's last words: the job ended when its first rank failed
+            job.ended_at = min(job.ended_at, event.ts)
+            return job
         job.state = ENDED if event.kind == "job_ended" else FAILED
         job.ended_at = event.ts
         if event.kind == "job_failed":

@@ -19,6 +19,7 @@ import numpy as np
 
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
+from gpuscope.detect.deaths import Death, JobDeaths, summary
 from gpuscope.detect.jobs import Job, JobTracker, parse_rank
 from gpuscope.model import Event, Finding
 
@@ -56,19 +57,37 @@ class LifecycleDetector(Detector):
     rules = (FAILED, CKPT_FAILED, CORRUPT, OVERDUE)
 
     def __init__(
-        self, hold: float = 1800.0, incomplete_after: float = 300.0, overdue_factor: float = 2.0
+        self,
+        hold: float = 1800.0,
+        incomplete_after: float = 300.0,
+        overdue_factor: float = 2.0,
+        settle: float = 2.5,
+        silent_window: float = 5.0,
+        max_jobs: int = 4096,
     ) -> None:
         self.hold, self.incomplete_after, self.overdue_factor = hold, incomplete_after, overdue_factor
+        # a failing job's other ranks send their last words within a second or two: wait that
+        # long (hub time) so the alert names the first to fail, not the first to arrive
+        self.settle, self.silent_window, self.max_jobs = settle, silent_window, max_jobs
         self.counters = Counters()
         self._jobs = JobTracker(self.counters)
         self._ckpt: dict[str, _Ckpt] = {}
+        self._deaths: dict[str, JobDeaths] = {}
 
     def on_event(self, event: Event) -> None:
         kind = event.kind
+        if kind == "heartbeat":
+            self._beat(event)
+            return
         if kind.startswith("job_"):
             job = self._jobs.on_event(event)
             if job is not None and kind == "job_started":
                 self._state(job.name).since = event.ts
+                self._deaths.pop(job.name, None)
+            elif job is not None and kind == "job_failed":
+                self._last_words(job, event)
+            elif job is not None and kind == "job_ended":
+                self._deaths.pop(job.name, None)
             return
         if not kind.startswith("checkpoint_"):
             return
@@ -100,6 +119,29 @@ class LifecycleDetector(Detector):
         if len(state.saves) > 8:
             del state.saves[min(state.saves)]
 
+    def _beat(self, event: Event) -> None:
+        name, rank = event.labels.get("job"), parse_rank(event.labels.get("rank"))
+        if not name or rank is None:
+            return  # the liveness detector counts malformed heartbeats
+        deaths = self._deaths.get(name)
+        if deaths is None:
+            if len(self._deaths) >= self.max_jobs:  # jobs that vanished without a word
+                del self._deaths[next(iter(self._deaths))]
+            deaths = self._deaths[name] = JobDeaths()
+        deaths.beat(rank, event.ts, event.labels.get("node", ""), event.labels.get("gpu", ""))
+
+    def _last_words(self, job: Job, event: Event) -> None:
+        rank = parse_rank(event.labels.get("rank"))
+        if rank is None:
+            return  # a job-level failure (scheduler, launcher): judged as it is, at once
+        deaths = self._deaths.get(job.name)
+        if deaths is None:
+            deaths = self._deaths[job.name] = JobDeaths()
+        data = event.data
+        node, gpu = event.labels.get("node", ""), event.labels.get("gpu", "")
+        reason = str(data.get("reason") or "failed")
+        deaths.spoke(Death(rank, event.ts, reason, str(data.get("cause") or "requested"), node, gpu))
+
     def _state(self, name: str) -> _Ckpt:
         state = self._ckpt.get(name)
         if state is None:
@@ -127,7 +169,9 @@ class LifecycleDetector(Detector):
         out: list[Finding] = []
         for known in self._jobs.jobs.values():
             if known.state == "failed" and known.ended_at is not None and now - known.ended_at < self.hold:
-                out.append(self._failed(known))
+                finding = self._failed(known, now)
+                if finding is not None:
+                    out.append(finding)
         for name, state in self._ckpt.items():
             job = self._jobs.jobs.get(name)
             self._incomplete(state, now)
@@ -184,11 +228,33 @@ class LifecycleDetector(Detector):
             details={"seconds_since_good": silence, "interval_seconds": interval, "links": _links(job)},
         )
 
-    def _failed(self, job: Job) -> Finding:
+    def _failed(self, job: Job, now: float) -> Finding | None:
+        deaths = self._deaths.get(job.name)
+        root, order = (None, []) if deaths is None else deaths.root(self.silent_window)
+        if deaths is None or root is None:
+            return Finding(
+                FAILED,
+                {"job": job.name},
+                f"Job {job.name} failed: {job.reason or 'exited abnormally'}",
+                affected_gpus=job.world_size,
+                details={"reason": job.reason, "failed_at": job.ended_at, "links": _links(job)},
+            )
+        if not math.isfinite(deaths.heard_at):
+            deaths.heard_at = now
+        if now - deaths.heard_at < self.settle:
+            return None
+        links = [{"node": root.node, "gpu": root.gpu}] if root.node else _links(job)
         return Finding(
             FAILED,
             {"job": job.name},
-            f"Job {job.name} failed: {job.reason or 'exited abnormally'}",
+            summary(job.name, root, order),
             affected_gpus=job.world_size,
-            details={"reason": job.reason, "failed_at": job.ended_at, "links": _links(job)},
+            details={
+                "reason": root.reason,
+                "cause": root.cause,
+                "first_rank": root.rank,
+                "failed_at": root.ts,
+                "death_order": [d.as_dict() for d in order],
+                "links": links,
+            },
         )

@@ -67,7 +67,8 @@ class _Job:
     loss: _Spiky = field(default_factory=_Spiky)
     grad: _Spiky = field(default_factory=_Spiky)
     nan_at: float = -math.inf
-    nan_step: int = -1
+    nan_step: int = -1  # the first NaN step of the episode the alert is about
+    nan_last: int = -1
     smooth: float = math.nan
     smooth_ts: float = math.nan
     start_ts: float = math.nan
@@ -143,7 +144,9 @@ class LossDetector(Detector):
         job.step = view.step
         losses = view.get("loss")
         if "loss" in view.nonfinite:
-            job.nan_at, job.nan_step = view.ts, view.step
+            if view.ts - job.nan_at >= self.hold or view.step < job.nan_step:  # a new episode
+                job.nan_step = view.step
+            job.nan_at, job.nan_last = view.ts, view.step
         finite = losses[np.isfinite(losses)]
         loss = float(finite.mean()) if finite.size else math.nan
         grads = view.get("grad_norm")
@@ -208,8 +211,9 @@ class LossDetector(Detector):
                 Finding(
                     NAN_RULE,
                     entity,
-                    f"Loss of job {name} is NaN/Inf at step {job.nan_step}",
-                    details={"step": job.nan_step},
+                    f"Loss of job {name} is NaN/Inf from step {job.nan_step}"
+                    + (f" (still at step {job.nan_last})" if job.nan_last > job.nan_step else ""),
+                    details={"step": job.nan_step, "last_step": job.nan_last},
                 )
             )
         for rule, spiky, what in ((SPIKE, job.loss, "Loss"), (GRAD, job.grad, "Gradient norm")):

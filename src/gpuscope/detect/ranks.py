@@ -33,6 +33,7 @@ class _Rank:
     lag_base: float = math.nan
     lag_n: int = 0
     lag_hits: int = 0
+    recent: list[float] = field(default_factory=list)  # the last few unsmoothed lags: what is said
     skew: float = math.nan
     skew_hits: int = 0
     frag0: list[float] = field(default_factory=list)
@@ -116,6 +117,8 @@ class RankDetector(Detector):
 
     def _lags(self, job: _Job, view: StepView, ranks: list[_Rank], step: FloatArray) -> None:
         arrival = view.get("collective_arrival_skew_seconds")
+        if np.isfinite(arrival).sum() < 3:  # the SDK reports each rank's own gap; the median is the same
+            arrival = view.get("collective_arrival_gap_seconds")
         if np.isfinite(arrival).sum() >= 3 and job.step_time > 0:
             lags = (arrival - np.nanmedian(arrival)) / job.step_time
         elif np.isfinite(step).sum() >= 3:
@@ -127,6 +130,8 @@ class RankDetector(Detector):
             if not math.isfinite(x):
                 continue
             state.arrival = arrived
+            state.recent.append(x)
+            del state.recent[: -self.sustain]
             state.lag = x if not math.isfinite(state.lag) else state.lag + self.alpha * (x - state.lag)
             state.lag_n += 1
             learn = min(state.lag, self.normal_cap)
@@ -190,16 +195,21 @@ class RankDetector(Detector):
         entity = {"job": job_name, "rank": str(rank), **self._steps.where(job_name, rank)}
         where = f" on {entity['node']} GPU {entity['gpu']}" if "node" in entity else ""
         if state.lag_hits >= self.sustain:
-            late = state.lag * job.step_time if math.isfinite(job.step_time) else math.nan
+            # the smoothed lag decides; the recent lags say how far behind it is now (the smoothed
+            # one still trails a lag that began mid-run)
+            now_lag = float(np.median(state.recent)) if state.recent else state.lag
+            late = now_lag * job.step_time if math.isfinite(job.step_time) else math.nan
             out.append(
                 Finding(
                     STRAGGLER,
                     entity,
-                    f"Rank {rank} of job {job_name}{where} is a straggler: {state.lag:.0%} of a step "
-                    f"({late:.2f} s of {job.step_time:.2f} s) behind the peer median, sustained",
-                    value=state.lag,
+                    f"Rank {rank} of job {job_name}{where} is a straggler: {now_lag:.0%} of a step "
+                    f"({late:.3f} s of {job.step_time:.3f} s) behind the peer median, sustained",
+                    value=now_lag,
                     details={
-                        "lag_share": state.lag,
+                        "lag_share": now_lag,
+                        "lag_seconds": late,
+                        "smoothed_lag_share": state.lag,
                         "own_baseline": state.lag_base,
                         "step_seconds": job.step_time,
                     },

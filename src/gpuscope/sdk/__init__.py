@@ -32,6 +32,8 @@ def init(
     memory_interval: float | None = 5.0,
     flops_per_step: float | None = None,
     peak_flops: float | None = None,
+    collectives: bool = True,
+    last_words: bool = True,
 ) -> Run:
     """Start reporting this rank of ``job`` to ``hub``.
 
@@ -39,6 +41,11 @@ def init(
     given (torchrun, Slurm, Kubernetes; ``GPUSCOPE_*`` variables override), the hub and token
     from ``GPUSCOPE_HUB`` / ``GPUSCOPE_TOKEN``. ``flops_per_step`` (per rank) and ``peak_flops``
     (of its GPU) turn step times into MFU.
+
+    With ``collectives`` (the default), the first ``DistributedDataParallel`` model to run forward
+    gets collective timing, which names stragglers and ranks that never arrive. With
+    ``last_words`` (the default), an uncaught exception or SIGTERM reports this rank's failure and
+    its cause before the process goes (:mod:`gpuscope.sdk.lastwords`).
     """
     env_hub, env_token = hub_from_env()
     hub = hub or env_hub
@@ -47,7 +54,7 @@ def init(
     placement = detect_placement(
         job=job, rank=rank, local_rank=local_rank, world_size=world_size, node=node, gpu=gpu
     )
-    return Run(
+    run = Run(
         placement,
         hub,
         token=token or env_token,
@@ -58,4 +65,8 @@ def init(
         memory_interval=memory_interval,
         flops_per_step=flops_per_step,
         peak_flops=peak_flops,
+        last_words=last_words,
     )
+    if collectives:
+        run.watch_collectives()
+    return run

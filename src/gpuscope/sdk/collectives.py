@@ -1,22 +1,29 @@
-"""Opt-in timing of ``torch.distributed`` collectives: who arrived when, who waited, who never came.
+"""Timing of ``torch.distributed`` collectives: who arrived when, who waited, who never came.
 
 A collective's duration mostly measures waiting for the slowest rank, so it blames the wrong
 ones. What names the late rank is *arrival*: each rank measures the gap from the end of its
 previous collective to its arrival at the next one (collectives end together on every rank, so
-the gap needs no synchronised clocks), and once per step the ranks exchange these gaps
-asynchronously over a small side gloo group. Each rank then reports
-``collective_arrival_skew_seconds`` (its gap minus the smallest), ``collective_late_rank`` and
-``collective_wait_seconds`` for the step. Heartbeats carry how many collectives the rank entered
-and how long it has been waiting, so when a job hangs the hub can name the rank that never
-arrived.
+the gap needs no synchronised clocks) and reports it once per step as
+``collective_arrival_gap_seconds``, with ``collective_wait_seconds``. The ranks never exchange
+anything for it: the hub lines the ranks' gaps of a step up and names the one beyond the peer
+median, so the training loop gains no collective. Heartbeats carry how many collectives the rank
+entered and how long it has been waiting, so when a job hangs the hub can name the rank that
+never arrived.
 
-Use it with DDP as a communication hook (``tracker.install(ddp_model)``), or call the wrapped
-collectives (``tracker.all_reduce(t)``) in place of ``torch.distributed``'s.
+``gpuscope.init`` installs it by itself on the first ``DistributedDataParallel`` model that runs
+forward (:class:`DdpWatch`, :meth:`CollectiveTracker.watch`): arrival is when the model's first
+gradient is ready (DDP's first bucket holds the last parameters), the end of the step's
+collectives is the optimizer's step (it starts when DDP's backward has waited for them). Two
+Python calls per step on the training thread, none on the communication thread. For exact
+per-collective timing (and each rank's own gradient norm), ``tracker.install(ddp_model)``
+registers a DDP communication hook instead (dearer: a Python call and a callback per bucket), or
+call the wrapped collectives (``tracker.all_reduce(t)``) in place of ``torch.distributed``'s.
 """
 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -26,11 +33,12 @@ from gpuscope.sdk.shipper import Queues
 
 log = logging.getLogger("gpuscope.sdk.collectives")
 
-SKEW = "collective_arrival_skew_seconds"
-LATE_RANK = "collective_late_rank"
-MAX_SKEW = "collective_max_skew_seconds"
+GAP = "collective_arrival_gap_seconds"
 WAIT = "collective_wait_seconds"
 LOCAL_GRAD_NORM = "grad_norm"
+
+
+_TRACKED = "_gpuscope_collectives"
 
 
 def _torch() -> tuple[Any, Any]:
@@ -45,16 +53,10 @@ def _torch() -> tuple[Any, Any]:
 
 
 class CollectiveTracker:
-    """Times collectives of one process group for one run; construct it on every rank at once."""
+    """Times collectives of one process group for one run."""
 
     def __init__(
-        self,
-        queues: Queues,
-        current_step: Callable[[], int],
-        *,
-        group: Any = None,
-        exchange: bool = True,
-        grad_norm: bool = False,
+        self, queues: Queues, current_step: Callable[[], int], *, group: Any = None, grad_norm: bool = False
     ) -> None:
         self.torch, self.dist = _torch()
         self.queues = queues
@@ -62,18 +64,17 @@ class CollectiveTracker:
         self.group = group
         self.world = int(self.dist.get_world_size(group))
         self.rank = int(self.dist.get_rank(group))
-        # a side group keeps the tiny exchange off the user's (maybe NCCL) communicator; creating
-        # it is itself collective, which is why every rank constructs the tracker together
-        self.side = self.dist.new_group(backend="gloo") if exchange and self.world > 1 else None
         self.grad_norm = grad_norm
         self._lock = threading.Lock()
         self.seq = 0  # collectives entered
         self._pending: dict[int, tuple[float, str]] = {}  # seq -> (arrival, name)
         self._last_done: float | None = None
         self._step_seen = -1
+        self._closed = -1  # the step whose wait was reported (as soon as its collectives ended)
         self._step_wait = 0.0
         self._norms: list[Any] = []
-        self.exchanges_failed = 0
+        self._open: tuple[int, float] | None = None  # watch(): the arrival the optimizer will close
+        self._handles: list[Any] = []
 
     # -- bookkeeping ---------------------------------------------------------------------------
 
@@ -89,8 +90,8 @@ class CollectiveTracker:
             last_done = self._last_done
         if new_step:
             self._close_step(previous)
-            if self.side is not None and last_done is not None:
-                self._exchange(step, now - last_done)
+            if last_done is not None:
+                self.queues.put((time.time(), step, {GAP: now - last_done}))
         return seq, now
 
     def _done(self, seq: int, arrived: float) -> None:
@@ -101,8 +102,11 @@ class CollectiveTracker:
             self._step_wait += now - arrived
 
     def _close_step(self, step: int) -> None:
-        """The previous step's collectives are over: report its total wait (and local grad norm)."""
+        """The step's collectives are over: report its total wait (and local grad norm), once."""
         with self._lock:
+            if step == self._closed:
+                return
+            self._closed = step
             wait, self._step_wait = self._step_wait, 0.0
             norms, self._norms = self._norms, []
         if step < 0:
@@ -112,38 +116,6 @@ class CollectiveTracker:
             # a tensor: the SDK thread turns it into a number, so the training thread never syncs
             metrics[LOCAL_GRAD_NORM] = self.torch.linalg.vector_norm(self.torch.stack(norms))
         self.queues.put((time.time(), step, metrics))
-
-    def _exchange(self, step: int, gap: float) -> None:
-        torch = self.torch
-        mine = torch.tensor([gap], dtype=torch.float64)
-        gaps = [torch.empty(1, dtype=torch.float64) for _ in range(self.world)]
-        try:
-            work = self.dist.all_gather(gaps, mine, group=self.side, async_op=True)
-        except RuntimeError as exc:
-            self._exchange_failed(exc)
-            return
-
-        def arrived(_: Any) -> None:
-            try:
-                values = [float(g.item()) for g in gaps]
-                first = min(values)
-                late = max(range(self.world), key=values.__getitem__)
-                self.queues.put(
-                    (
-                        time.time(),
-                        step,
-                        {SKEW: gap - first, LATE_RANK: float(late), MAX_SKEW: values[late] - first},
-                    )
-                )
-            except Exception as exc:  # runs on the communication thread: never raise there
-                self._exchange_failed(exc)
-
-        work.get_future().then(arrived)
-
-    def _exchange_failed(self, exc: BaseException) -> None:
-        self.exchanges_failed += 1
-        if self.exchanges_failed == 1:
-            log.warning("gpuscope: arrival exchange failed (%s); skew not reported for that step", exc)
 
     def state(self) -> dict[str, Any]:
         """What the heartbeat carries: collectives entered, and how long the oldest open one waits."""
@@ -191,9 +163,41 @@ class CollectiveTracker:
     # -- DDP -----------------------------------------------------------------------------------
 
     def install(self, ddp_model: Any) -> None:
-        """Register :meth:`comm_hook` on a ``DistributedDataParallel`` model."""
+        """Register :meth:`comm_hook` on a ``DistributedDataParallel`` model (once per model)."""
+        if getattr(ddp_model, _TRACKED, False):
+            return
         # DDP inspects the hook's annotations (it wants torch's own types); a lambda has none
         ddp_model.register_comm_hook(None, lambda state, bucket: self.comm_hook(state, bucket))
+        setattr(ddp_model, _TRACKED, True)
+
+    def watch(self, ddp_model: Any) -> None:
+        """Time arrival from the first gradient ready to the optimizer's step (see the module doc)."""
+        if getattr(ddp_model, _TRACKED, False):
+            return
+        params = [p for p in ddp_model.parameters() if p.requires_grad]
+        if not params:
+            return
+        optimizer = sys.modules["torch.optim.optimizer"]
+        self._handles.append(params[-1].register_post_accumulate_grad_hook(self._grad_ready))
+        self._handles.append(optimizer.register_optimizer_step_pre_hook(self._optimizer_step))
+        setattr(ddp_model, _TRACKED, True)
+
+    def _grad_ready(self, _param: Any) -> None:
+        if self._open is None:
+            self._open = self._arrive("ddp_backward")
+
+    def _optimizer_step(self, _optimizer: Any, _args: Any, _kwargs: Any) -> None:
+        opened, self._open = self._open, None
+        if opened is not None:
+            self._done(*opened)
+            # reported now, so the step's record is whole before whatever follows (a checkpoint)
+            self._close_step(self._step_seen)
+
+    def close(self) -> None:
+        """Remove the hooks :meth:`watch` installed (the optimizer's is global)."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
 
     def comm_hook(self, _state: Any, bucket: Any) -> Any:
         """DDP's default all-reduce (average), with arrival, wait and local gradient norm recorded."""
@@ -205,9 +209,12 @@ class CollectiveTracker:
                 self._norms.append(norm)
         buffer.div_(self.world)
         future = self.dist.all_reduce(buffer, group=self.group, async_op=True).get_future()
+        last = bucket.is_last()
 
         def reduced(fut: Any) -> Any:
             self._done(seq, arrived)
+            if last:  # the step's collectives are over: its record is whole before what follows
+                self._close_step(self._step_seen)
             return fut.value()[0]
 
         return future.then(reduced)
@@ -217,3 +224,36 @@ class CollectiveTracker:
         with self._lock:
             step, self._step_seen = self._step_seen, -1
         self._close_step(step)
+
+
+class DdpWatch:
+    """Installs collective timing on the first ``DistributedDataParallel`` model that runs forward.
+
+    A global forward pre-hook sees every module until then, and removes itself at the first DDP
+    model (a module with a reducer and ``register_comm_hook``), or after ``patience`` other module
+    calls, so later steps pay nothing.
+    """
+
+    def __init__(self, tracker: Callable[[], CollectiveTracker], patience: int = 10_000) -> None:
+        self._tracker = tracker
+        # a job without DDP (FSDP, pipelines) must not pay a Python call per module for ever
+        self._patience = patience
+        torch = sys.modules["torch"]
+        self._handle: Any = torch.nn.modules.module.register_module_forward_pre_hook(self._pre)
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+    def _pre(self, module: Any, _args: Any) -> None:
+        if not (hasattr(module, "register_comm_hook") and hasattr(module, "reducer")):
+            self._patience -= 1
+            if self._patience <= 0:
+                self.remove()
+            return
+        self.remove()
+        try:
+            self._tracker().watch(module)
+        except RuntimeError as exc:  # no process group after all
+            log.info("gpuscope: collective timing not installed on %s: %s", type(module).__name__, exc)

@@ -11,8 +11,10 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterable
 from concurrent.futures import Future
 from pathlib import Path
@@ -24,9 +26,10 @@ from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
 from gpuscope.model import Event
 from gpuscope.sdk.checkpoint import CheckpointReporter, CheckpointScope, dcp_rank_files
-from gpuscope.sdk.collectives import CollectiveTracker
+from gpuscope.sdk.collectives import CollectiveTracker, DdpWatch
 from gpuscope.sdk.env import Placement
 from gpuscope.sdk.goodput import Goodput, GoodputReport
+from gpuscope.sdk.lastwords import LastWords, exception_cause
 from gpuscope.sdk.manifest import Verification
 from gpuscope.sdk.memory import cuda_memory_sampler
 from gpuscope.sdk.shipper import Queues, Shipper
@@ -100,6 +103,24 @@ class _Timed:
             self.run.goodput.add(self.kind, seconds)
 
 
+def _save_arguments(args: tuple[Any, ...], step: int | None) -> tuple[Any, str | os.PathLike[str], int]:
+    """(obj, path, step) from ``save``'s three accepted forms."""
+    if step is not None and len(args) == 2:
+        return args[0], args[1], step
+    if step is None and len(args) == 3:
+        first, second, third = args
+        if type(first) is int:
+            return second, third, first
+        if type(third) is int:
+            warnings.warn(
+                "run.save(obj, path, step) is deprecated: use run.save(step, obj, path)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            return first, second, third
+    raise TypeError("run.save takes (step, obj, path) or (obj, path, step=step)")
+
+
 class Run:
     """One rank of one training job reporting to a hub. Create with :func:`gpuscope.init`."""
 
@@ -117,6 +138,8 @@ class Run:
         flops_per_step: float | None = None,
         peak_flops: float | None = None,
         spool_bytes: int = 64 * 1024 * 1024,
+        last_words: bool = True,
+        last_words_timeout: float = 3.0,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
@@ -134,6 +157,7 @@ class Run:
         self._finished = False
         self._lock = threading.Lock()
         self.collectives: CollectiveTracker | None = None
+        self._ddp_watch: DdpWatch | None = None
         spool = Spool(self.state_dir / "spool", max_bytes=spool_bytes, counters=self.counters)
         self.sender = Sender(hub, spool=spool, token=token, counters=self.counters, timeout=5.0)
         self.checkpoints = CheckpointReporter(placement, self.queues.event, self.goodput)
@@ -169,6 +193,10 @@ class Run:
         )
         self.shipper.start()
         atexit.register(self._at_exit)
+        self.last_words_timeout = last_words_timeout
+        self.lastwords = LastWords(self._died)
+        if last_words:
+            self.lastwords.install()
 
     # -- the hot path --------------------------------------------------------------------------
 
@@ -220,9 +248,16 @@ class Run:
         """``with run.checkpoint(step, path): torch.save(...)``: start, end, size and manifest."""
         return CheckpointScope(self.checkpoints, step, Path(path))
 
-    def save(self, obj: Any, path: str | os.PathLike[str], step: int) -> CheckpointScope:
-        """``torch.save(obj, path)`` reported as a checkpoint of ``step``."""
+    def save(self, *args: Any, step: int | None = None) -> CheckpointScope:
+        """``run.save(step, obj, path)``: ``torch.save(obj, path)`` reported as a checkpoint of ``step``.
+
+        The step comes first, as in ``run.log(step, ...)`` and ``run.checkpoint(step, path)``;
+        ``run.save(obj, path, step=step)`` is the same. The old ``run.save(obj, path, step)``
+        still works, with a DeprecationWarning.
+        """
         import torch
+
+        obj, path, step = _save_arguments(args, step)
 
         scope = self.checkpoint(step, path)
         with scope:
@@ -251,9 +286,30 @@ class Run:
     # -- collectives, gradients, events --------------------------------------------------------
 
     def track_collectives(self, group: Any = None, *, grad_norm: bool = False) -> CollectiveTracker:
-        """Opt in to collective timing (call on every rank together; see :mod:`gpuscope.sdk.collectives`)."""
+        """Time collectives (see :mod:`gpuscope.sdk.collectives`); ``gpuscope.init`` already does
+        for the first DDP model, so this is for other groups, wrapped collectives or ``grad_norm``."""
+        if self._ddp_watch is not None:
+            self._ddp_watch.remove()
+            self._ddp_watch = None
+        if self.collectives is not None and group is None:
+            self.collectives.grad_norm = self.collectives.grad_norm or grad_norm
+            return self.collectives
         self.collectives = CollectiveTracker(self.queues, self.current_step, group=group, grad_norm=grad_norm)
         return self.collectives
+
+    def watch_collectives(self) -> bool:
+        """Install collective timing on the first DDP model to run forward, when torch is in use
+        and the job has several ranks; True if watching."""
+        if self._ddp_watch is not None or self.collectives is not None:
+            return self._ddp_watch is not None
+        if "torch" not in sys.modules or self.placement.world_size < 2:
+            return False
+        self._ddp_watch = DdpWatch(self._watched)
+        return True
+
+    def _watched(self) -> CollectiveTracker:
+        self._ddp_watch = None
+        return self.track_collectives()
 
     def grad_norm(self, parameters: Iterable[Any], step: int | None = None) -> Any:
         """This rank's gradient norm, reported for ``step`` (default: the current one).
@@ -296,37 +352,70 @@ class Run:
         return out
 
     def finish(self, ok: bool = True, reason: str | None = None, timeout: float = 10.0) -> None:
-        """Ship what is queued and stop. Rank 0 reports the job ended (or failed, with ``reason``)."""
+        """Ship what is queued and stop. Rank 0 reports the job ended; any rank may report that it
+        failed (``ok=False``, with ``reason``): the hub names the first rank to fail."""
+        if ok:
+            self.lastwords.speak(_time(), "", {}, lambda ts, _r, _c: self._end(ts, None, {}, timeout))
+        else:
+            reason = reason or "failed"
+            cause = {"cause": "requested"}
+            self.lastwords.speak(_time(), reason, cause, lambda ts, r, c: self._end(ts, r, c, timeout))
+
+    def crashed(self, exc: BaseException) -> None:
+        """Report that this rank failed with ``exc`` (its type and message), and stop."""
+        self.lastwords.speak(_time(), *exception_cause(type(exc), exc))
+
+    def _died(self, ts: float, reason: str, cause: dict[str, Any]) -> None:
+        """Last words from an uncaught exception or a terminating signal (see :mod:`.lastwords`)."""
+        self._end(ts, reason, cause, self.last_words_timeout)
+
+    def _end(self, ts: float, failure: str | None, cause: dict[str, Any], timeout: float) -> None:
         with self._lock:
             if self._finished:
                 return
             self._finished = True
         atexit.unregister(self._at_exit)
+        if self._ddp_watch is not None:
+            self._ddp_watch.remove()
         if self.collectives is not None:
-            self.collectives.finish_step()
+            self.collectives.close()
+            # a dying rank may have been interrupted inside the tracker (holding its lock)
+            if failure is None:
+                self.collectives.finish_step()
         self.checkpoints.close(timeout)
-        if self.placement.rank == 0:
-            data: dict[str, Any] = {"goodput": self.goodput_report().metrics()}
-            if not ok:
-                data["reason"] = reason or "failed"
-            self.queues.event(
-                Event(_time(), "job_ended" if ok else "job_failed", {"job": self.placement.job}, data)
-            )
+        data: dict[str, Any] = {"goodput": self.goodput_report().metrics()}
+        if failure is None:
+            if self.placement.rank == 0:
+                self.queues.event(Event(ts, "job_ended", {"job": self.placement.job}, data))
+        else:
+            data.update(cause)
+            data["reason"] = failure
+            data["step"] = self.current_step()
+            self.queues.event(Event(ts, "job_failed", self.placement.labels, data))
         self.shipper.stop(timeout)
         self.sender.close()
         self.sender.spool.close()
+        self.lastwords.uninstall()
         dropped = self.queues.dropped_records + self.queues.dropped_events
         if dropped:
             log.warning("gpuscope: %d reports were dropped because the SDK's buffer was full", dropped)
 
     def _at_exit(self) -> None:
         """The interpreter exits without finish(): ship what is queued, claim nothing about the job."""
+        self.lastwords.speak(_time(), "", {}, lambda _ts, _r, _c: self._stop_quietly())
+
+    def _stop_quietly(self) -> None:
         with self._lock:
             if self._finished:
                 return
             self._finished = True
+        if self._ddp_watch is not None:
+            self._ddp_watch.remove()
+        if self.collectives is not None:
+            self.collectives.close()
         self.checkpoints.close(5.0)
         self.shipper.stop(5.0)
+        self.lastwords.uninstall()
 
     def __enter__(self) -> Run:
         return self
@@ -334,4 +423,7 @@ class Run:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        self.finish(ok=exc is None, reason=None if exc is None else f"{type(exc).__name__}: {exc}")
+        if exc is None:
+            self.finish()
+        else:
+            self.crashed(exc)

@@ -71,4 +71,4 @@ class GpuscopeCallback(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._owned and self.run is not None:
-            self.run.finish(ok=False, reason=f"{type(exception).__name__}: {exception}")
+            self.run.crashed(exception)
