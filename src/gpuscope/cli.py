@@ -103,7 +103,8 @@ def _cmd_sim_eval(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from gpuscope.sim.scenario import ScenarioError, load_scenario
-    from gpuscope.simeval.render import print_report
+    from gpuscope.simeval.gpu_hours import compare
+    from gpuscope.simeval.render import print_gpu_hours, print_report
     from gpuscope.simeval.report import evaluate
     from gpuscope.simeval.runner import alerts_json, run_scenario
 
@@ -131,6 +132,9 @@ def _cmd_sim_eval(args: argparse.Namespace) -> int:
         report = evaluate(scenario, result.alerts)
         print_report(report, err)
         output["report"] = report.to_dict()
+        hours = compare(result.measured_gpu_hours, result.true_gpu_hours)
+        print_gpu_hours(hours, err)
+        output["gpu_hours"] = hours
     if args.json or not args.report:
         sys.stdout.write(orjson.dumps(output, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0

@@ -15,6 +15,7 @@ from gpuscope.alert.topology import placements
 from gpuscope.counters import Counters
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.model import Alert, Batch
+from gpuscope.productivity import ProductivityModel
 from gpuscope.store._replay import WARMUP_S
 from gpuscope.store.base import AppendResult, Store
 
@@ -39,6 +40,8 @@ class Hub:
         self.alerts = AlertEngine(
             price_per_gpu_hour=price_per_gpu_hour, places=lambda entity: placements(self.store, entity)
         )
+        #: every GPU-second's state, cause and owner (the one model all pages read)
+        self.productivity = ProductivityModel(price_per_gpu_hour)
         #: routing, silences, acknowledgement and notifiers, when a hub runs them (not in sim-eval)
         self.alerting: AlertingService | None = None
         self._detect_lock = threading.Lock()
@@ -69,6 +72,7 @@ class Hub:
         self.counters.inc("ingest_training_records", result.training)
         self.counters.inc("ingest_refused_samples", result.refused_samples)
         self.detect(batch)
+        self.productivity.observe(batch)
         for observer in self._observers:
             observer(batch)
         return result
@@ -116,6 +120,8 @@ class Hub:
         with self._detect_lock:
             findings = self.detection.evaluate(now)
             changes = self.alerts.update(now, findings)
+            firing = list(self.alerts.firing())
+        self.productivity.advance(now, firing)
         for change in changes:
             self.store.save_alert(change.alert)
             for listener in self._listeners:

@@ -35,6 +35,7 @@ from gpuscope.store.errors import StoreError, StoreFull
 from gpuscope.web.auth import AuditLog, AuthSettings
 from gpuscope.web.guard import PRINCIPAL_KEY, AuthMiddleware
 from gpuscope.web.openapi import openapi_document
+from gpuscope.web.productivity_api import ProductivityApi
 
 Handler = Callable[[Request], Awaitable[Response]]
 
@@ -189,6 +190,7 @@ class HubApi:
         from gpuscope.web.lineage_api import LineageApi
 
         routes += LineageApi(for_hub(hub), self._authorize_write).routes()
+        routes += ProductivityApi(hub, clock).routes()
         from gpuscope.cluster.http import cluster_routes
 
         routes += cluster_routes(hub, self._guard, self.limits)  # none unless the hub is a cluster member
