@@ -16,7 +16,7 @@ def client(served: Served) -> httpx.Client:
 def test_fleet_marks_faulty_gpus_and_counts_idle(client: httpx.Client) -> None:
     body = client.get("/api/v1/ui/fleet", params={"metric": "gpu_temp_celsius"}).json()
     cells = {
-        (n["node"], g[0]): dict(zip(("gpu", "v", "s", "job", "idle"), g, strict=True))
+        (n["node"], g[0]): dict(zip(("gpu", "v", "s", "job", "idle", "pstate", "cause"), g, strict=True))
         for n in body["nodes"]
         for g in n["gpus"]
     }
@@ -34,6 +34,13 @@ def test_fleet_marks_faulty_gpus_and_counts_idle(client: httpx.Client) -> None:
     }
     assert idle["allocated"] == 4
     assert idle["cost_per_hour"] == pytest.approx((idle["allocated"] + idle["unallocated"]) * 2.5)
+    # the productivity model's state of each GPU, as every page shows it
+    assert (cells[("node-2", "6")]["pstate"], cells[("node-2", "6")]["cause"]) == ("down", "lost_gpu")
+    assert {cells[("node-2", str(i))]["pstate"] for i in range(4)} == {"idle_allocated"}
+    assert {cells[("node-3", str(i))]["pstate"] for i in range(4)} == {"productive"}
+    assert cells[("node-3", "7")]["pstate"] == "idle_unallocated"
+    assert body["states_now"]["down"] == 1
+    assert body["productivity"] is not None and body["productivity"]["states"]["down"]["gpu_hours"] > 0
 
 
 def test_fleet_refuses_unknown_metric(client: httpx.Client) -> None:

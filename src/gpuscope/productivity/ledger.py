@@ -108,7 +108,13 @@ def _group_row(group: str, causes: dict[str, list[float]], price: float) -> dict
         row["gpu_hours"] = round(row["gpu_hours"] + hours, 4)
         row["dollars"] = round(row["gpu_hours"] * price, 2)
         row["lost_gpu_hours"] = round(row["lost_gpu_hours"] + lost_h, 4)
-        row["causes"][cause] = {**_money(hours, price), "owner": owner_of(cause)}
+        wasted = hours if state in WASTE_STATES else lost_h
+        row["causes"][cause] = {
+            **_money(hours, price),
+            "owner": owner_of(cause),
+            "waste_gpu_hours": round(wasted, 4),
+            "waste_dollars": round(wasted * price, 2),
+        }
         total += hours
-        waste += hours if state in WASTE_STATES else lost_h
+        waste += wasted
     return {"group": group, **_money(total, price), "states": states, "waste": _money(waste, price)}

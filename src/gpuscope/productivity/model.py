@@ -177,7 +177,7 @@ class ProductivityModel:
     def _count(self, view: GpuView, start: float, end: float, cause: str, lost: float) -> None:
         job = "" if view.job in self.services else view.job
         service = view.job if view.job in self.services else ""
-        team = self.jobs[job].team if job in self.jobs else ""
+        team = (self.jobs[job].team if job in self.jobs else "") or ("unassigned" if job else "")
         if math.isfinite(start) and end > start:
             self.ledger.add(start, end, Slot(view.node, view.gpu, job, team, service, cause), lost)
         view.accounted = end
@@ -192,6 +192,24 @@ class ProductivityModel:
         with self._lock:
             groups = self.ledger.summary(by, start, end, self.price)
         return {"by": by, "start": start, "end": end, "price_per_gpu_hour": self.price, "groups": groups}
+
+    def waste_by_cause(self, start: float, end: float) -> list[dict[str, Any]]:
+        """Wasted GPU-hours and dollars per cause over the fleet (degraded: the lost share), largest first."""
+        rows = self.summary("fleet", start, end)["groups"]
+        out = [
+            {
+                "cause": cause,
+                "state": state,
+                "owner": c["owner"],
+                "gpu_hours": c["waste_gpu_hours"],
+                "dollars": c["waste_dollars"],
+            }
+            for row in rows
+            for state, s in row["states"].items()
+            for cause, c in s["causes"].items()
+            if c["waste_gpu_hours"] > 0
+        ]
+        return sorted(out, key=lambda r: -r["gpu_hours"])
 
     def gpu_hours(self, start: float, end: float) -> dict[str, float]:
         """Fleet GPU-hours per state over ``[start, end]``."""

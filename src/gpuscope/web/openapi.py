@@ -301,7 +301,12 @@ _PRODUCTIVITY_PATHS: dict[str, Any] = {
     },
 }
 _UI_PARAMS: dict[str, list[dict[str, Any]]] = {
-    "fleet": [_query("metric", {"type": "string"}, text="A per-GPU gauge"), _STALE],
+    "fleet": [
+        _query("metric", {"type": "string"}, text="A per-GPU gauge"),
+        _STALE,
+        _query("start", _UI_TS, text="GPU time per state from (default: an hour before end)"),
+        _query("end", _UI_TS),
+    ],
     "node": [_query("node", {"type": "string", "minLength": 1, "maxLength": 256}, True), _STALE],
     "job": [
         _query("job", {"type": "string", "minLength": 1, "maxLength": 256}, True),

@@ -105,6 +105,31 @@ GS.series = async (metric, labels, points = 300) => {
   return body.points;
 };
 
+// GPU-time states of the productivity model (/api/v1/productivity), in the order the bar shows them.
+GS.STATES = [
+  ["productive", "#3fb950"], ["degraded", "#e3b341"], ["busy_not_productive", "#ff7b72"],
+  ["idle_allocated", "#b06c00"], ["idle_unallocated", "#34404c"], ["down", "#8e1b21"], ["maintenance", "#7d6bd6"],
+];
+GS.stateColour = (s) => (GS.STATES.find(([k]) => k === s) || [null, "#232a31"])[1];
+GS.stateTag = (s) => `<span class="pst" data-pstate="${GS.esc(s)}" style="background:${GS.stateColour(s)}">${GS.esc(String(s).replace(/_/g, " "))}</span>`;
+// GPU-hours (and dollars) per state as one bar plus a table of states and causes with their owners.
+GS.hours = (row, id) => {
+  if (!row || !row.gpu_hours) return '<p class="muted">no GPU time counted in this range yet</p>';
+  const total = row.gpu_hours;
+  const bar = GS.STATES.map(([k, c]) => {
+    const h = row.states[k].gpu_hours;
+    return h > 0 ? `<span data-state="${k}" style="width:${((100 * h) / total).toFixed(2)}%;background:${c}" title="${k} ${GS.fmt(h, 2)} GPU-h"></span>` : "";
+  }).join("");
+  const rows = GS.STATES.filter(([k]) => row.states[k].gpu_hours > 0).map(([k]) => {
+    const st = row.states[k];
+    const causes = Object.entries(st.causes).sort((a, b) => b[1].gpu_hours - a[1].gpu_hours)
+      .map(([c, v]) => `${GS.esc(c.replace(/_/g, " "))} ${GS.fmt(v.gpu_hours, 2)} h <span class="muted">(${GS.esc(v.owner)})</span>`).join(" · ");
+    return `<tr data-state="${k}"><td>${GS.stateTag(k)}</td><td class="num" data-hours="${st.gpu_hours}">${GS.fmt(st.gpu_hours, 2)}</td><td class="num">${((100 * st.gpu_hours) / total).toFixed(1)} %</td><td class="num">$${GS.fmt(st.dollars, 2)}</td><td>${causes}</td></tr>`;
+  }).join("");
+  return `<div class="bar" id="${id}">${bar}</div><table class="hours"><tr><th>state</th><th>GPU-h</th><th>share</th><th>cost</th><th>causes (owner)</th></tr>${rows}</table>
+    <p class="muted">wasted: <b data-waste="${row.waste.gpu_hours}">${GS.fmt(row.waste.gpu_hours, 2)} GPU-h · $${GS.fmt(row.waste.dollars, 2)}</b> of ${GS.fmt(total, 2)} GPU-h</p>`;
+};
+
 const PALETTE = ["#6cb6ff", "#3fb950", "#f5a524", "#c9a6ff", "#ff7b72", "#39c5cf", "#e3b341", "#f778ba"];
 GS.color = (i) => PALETTE[i % PALETTE.length];
 

@@ -11,11 +11,12 @@
   }
 
   GS.pages.fleet = {
-    metric: "gpu_utilization_percent",
+    metric: "state",
     mount(root) {
       root.innerHTML = `<h1>Fleet</h1>
         <div class="cards" id="f-cards"></div>
-        <div class="legend">metric <select id="f-metric"></select>
+        <h2>GPU time in this range</h2><div id="f-hours"></div>
+        <div class="legend">colour by <select id="f-metric"></select> <span id="f-states">${GS.STATES.map(([k, c]) => `<span><i style="background:${c}"></i>${k.replace(/_/g, " ")}</span>`).join("")}</span>
           <span><span class="grad"></span> <span id="f-lo"></span> → <span id="f-hi"></span></span>
           <span><i style="background:var(--p1)"></i>P1 fault</span><span><i style="background:var(--p2)"></i>P2</span>
           <span><i style="background:var(--p3)"></i>P3</span><span><i style="background:var(--stale)"></i>silent</span>
@@ -28,10 +29,14 @@
       });
     },
     async update(root) {
-      const d = await GS.api("/api/v1/ui/fleet", { metric: this.metric });
+      const byState = this.metric === "state";
+      const { start, end } = GS.window();
+      const d = await GS.api("/api/v1/ui/fleet", { metric: byState ? "gpu_utilization_percent" : this.metric, start, end });
       const sel = root.querySelector("#f-metric");
       if (!sel.options.length)
-        sel.innerHTML = d.metrics.map((m) => `<option ${m === d.metric ? "selected" : ""}>${esc(m)}</option>`).join("");
+        sel.innerHTML = ["state", ...d.metrics].map((m) => `<option ${m === this.metric ? "selected" : ""}>${esc(m)}</option>`).join("");
+      root.querySelector("#f-hours").innerHTML = GS.hours(d.productivity, "f-hoursbar");
+      root.querySelector("#f-heat").classList.toggle("bystate", byState);
       let [lo, hi] = d.range;
       if (d.metric.endsWith("_percent")) [lo, hi] = [0, 100];
       root.querySelector("#f-lo").textContent = fmt(lo);
@@ -43,14 +48,19 @@
         <div class="card">idle GPUs<b id="f-idle-count">${d.idle.allocated + d.idle.unallocated}</b>
           <span class="muted">${d.idle.allocated} allocated · ${d.idle.unallocated} free</span></div>
         <div class="card">idle cost<b id="f-idle-cost">$${fmt(d.idle.cost_per_hour, 2)}/h</b>
-          <span class="muted">allocated $${fmt(d.idle.allocated_cost_per_hour, 2)}/h</span></div>`;
+          <span class="muted">allocated $${fmt(d.idle.allocated_cost_per_hour, 2)}/h</span></div>
+        <div class="card">GPUs now by state<b style="font-size:12px" id="f-now">${GS.STATES.filter(([k]) => d.states_now[k]).map(([k]) => `${GS.stateTag(k)} <span data-now="${k}">${d.states_now[k]}</span>`).join("<br>") || "–"}</b></div>
+        <div class="card">waste by cause<b style="font-size:12px" id="f-waste">${d.waste_by_cause.slice(0, 4).map((w) => `${esc(w.cause.replace(/_/g, " "))} ${fmt(w.gpu_hours, 2)} GPU-h · $${fmt(w.dollars, 2)}`).join("<br>") || "none"}</b></div>`;
       const parts = [];
       for (const n of d.nodes) {
         const node = encodeURIComponent(n.node);
-        parts.push(`<div class="node" data-node="${esc(n.node)}"><div class="nh"><a href="#/node/${node}">${esc(n.node)}</a>${sev(n.badge)}</div><div class="cells">`);
-        for (const [gpu, v, s, job, idle] of n.gpus) {
-          const tip = `${n.node} GPU ${gpu}: ${fmt(v)}${job ? " · job " + job : ""}${s !== "ok" ? " · " + s : ""}${idle ? " · idle" : ""}`;
-          parts.push(`<a class="cell${idle ? " idle" : ""}" href="#/gpu/${node}/${encodeURIComponent(gpu)}" data-node="${esc(n.node)}" data-gpu="${esc(gpu)}" data-state="${s}" title="${esc(tip)}" style="background:${heatColor(v, lo, hi)}"></a>`);
+        const worstState = ["down", "busy_not_productive", "idle_allocated", "degraded", "maintenance"].find((k) => n.states[k]);
+        const badge = n.badge === "ok" && worstState ? GS.stateTag(worstState) : sev(n.badge);
+        parts.push(`<div class="node" data-node="${esc(n.node)}" data-worst="${esc(worstState || "")}"><div class="nh"><a href="#/node/${node}">${esc(n.node)}</a>${badge}</div><div class="cells">`);
+        for (const [gpu, v, s, job, idle, ps, cause] of n.gpus) {
+          const tip = `${n.node} GPU ${gpu}: ${ps ? ps.replace(/_/g, " ") + (cause ? " (" + cause.replace(/_/g, " ") + ")" : "") + " · " : ""}util ${fmt(v)}${job ? " · job " + job : ""}${s !== "ok" ? " · " + s : ""}${idle ? " · idle" : ""}`;
+          const bg = byState ? GS.stateColour(ps) : heatColor(v, lo, hi);
+          parts.push(`<a class="cell${idle ? " idle" : ""}" href="#/gpu/${node}/${encodeURIComponent(gpu)}" data-node="${esc(n.node)}" data-gpu="${esc(gpu)}" data-state="${s}" data-pstate="${esc(ps || "")}" title="${esc(tip)}" style="background:${bg}"></a>`);
         }
         parts.push("</div></div>");
       }
