@@ -38,6 +38,7 @@ def main() -> None:
     args = parser.parse_args()
     paths = [p for suite in SUITES for p in sorted(suite.rglob("*.yaml"))]
     paths = [p for p in paths if (not args.only or p.stem in args.only) and p.stem not in args.skip]
+    paths.sort(key=lambda p: load_scenario(p).duration)  # short ones first: figures come early
     pooled_true: dict[str, float] = defaultdict(float)
     pooled_measured: dict[str, float] = defaultdict(float)
     worst = 0.0

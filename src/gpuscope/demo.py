@@ -42,13 +42,60 @@ from gpuscope.web.server import HubServer
 SEVERITY_STYLE = {"P1": "bold red", "P2": "yellow", "P3": "cyan"}
 
 
-def _util_cell(util: float | None, alive: bool) -> Text:
+#: terminal colours of the productivity model's states (the dashboard's, as near as a terminal gets)
+STATE_STYLE = {
+    "productive": "green",
+    "degraded": "yellow",
+    "busy_not_productive": "bold red",
+    "idle_allocated": "dark_orange",
+    "idle_unallocated": "dim",
+    "down": "bold white on red",
+    "maintenance": "magenta",
+}
+
+
+def _util_cell(util: float | None, alive: bool, state: str | None = None) -> Text:
     if not alive:
         return Text(" ✕ ", style="bold white on red")
     if util is None:
         return Text(" · ", style="dim")
+    if state is not None:
+        return Text(f"{util:3.0f}", style=STATE_STYLE.get(state, ""))
     style = "green" if util >= 60 else "yellow" if util >= 15 else "dim"
     return Text(f"{util:3.0f}", style=style)
+
+
+def gpu_time_table(doc: dict[str, Any]) -> Table:
+    """GPU-hours and dollars per state and cause: the figures of ``/api/v1/productivity``."""
+    groups = doc.get("groups") or []
+    fleet = groups[0] if groups else None
+    title = "GPU time by state"
+    if fleet is not None:
+        waste = fleet["waste"]
+        title += f": {fleet['gpu_hours']:.3f} GPU-h, wasted {waste['gpu_hours']:.3f} GPU-h"
+        title += f" (${waste['dollars']:.2f})"
+    table = Table(title=title, expand=False)
+    for col, justify in (
+        ("state", "left"),
+        ("GPUs now", "right"),
+        ("GPU-h", "right"),
+        ("$", "right"),
+        ("causes", "left"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    now = doc.get("now", {})
+    for state, row in (fleet["states"] if fleet else {}).items():
+        if row["gpu_hours"] <= 0 and not now.get(state):
+            continue
+        causes = ", ".join(f"{c.replace('_', ' ')} {v['gpu_hours']:.3f}" for c, v in row["causes"].items())
+        table.add_row(
+            Text(state.replace("_", " "), style=STATE_STYLE.get(state, "")),
+            str(now.get(state, 0)),
+            f"{row['gpu_hours']:.3f}",
+            f"{row['dollars']:.2f}",
+            causes,
+        )
+    return table
 
 
 class DemoView:
@@ -66,6 +113,11 @@ class DemoView:
             params={"metrics": "gpu_utilization_percent,gpu_temp_celsius,gpu_power_watts,node_cpu_percent"},
         ).json()
         alerts = self.client.get("/api/v1/alerts", params={"state": "firing"}).json()["alerts"]
+        hours = self.client.get("/api/v1/productivity", params={"by": "fleet", "range": "1d"}).json()
+        states = {
+            (g["node"], g["gpu"]): g["state"]
+            for g in self.client.get("/api/v1/productivity/gpus").json()["gpus"]
+        }
         gpus: dict[str, dict[str, dict[str, Any]]] = {}
         now = time.time()
         for row in snapshot["entities"]:
@@ -73,7 +125,7 @@ class DemoView:
             if "gpu" in labels:
                 fresh = now - row["ts"] < 5 * self.scenario.interval
                 gpus.setdefault(labels["node"], {})[labels["gpu"]] = {**row["values"], "fresh": fresh}
-        fleet = Table(title="fleet: GPU utilization %", expand=False)
+        fleet = Table(title="fleet: GPU utilization %, coloured by state", expand=False)
         fleet.add_column("node")
         for g in range(self.scenario.cluster.gpus_per_node):
             fleet.add_column(f"gpu{g}", justify="right")
@@ -85,6 +137,7 @@ class DemoView:
                 _util_cell(
                     row_gpus.get(str(g), {}).get("gpu_utilization_percent"),
                     row_gpus.get(str(g), {}).get("fresh", False),
+                    states.get((node, str(g))),
                 )
                 for g in range(self.scenario.cluster.gpus_per_node)
             ]
@@ -110,7 +163,7 @@ class DemoView:
             f"t={t:.0f}s / {self.end:.0f}s  ",
             f"faults injected: {', '.join(injected) or 'none yet'}",
         )
-        return Group(Panel(header), fleet, table)
+        return Group(Panel(header), fleet, gpu_time_table(hours), table)
 
 
 def run_demo(
