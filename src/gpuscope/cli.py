@@ -175,7 +175,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     # subcommands whose arguments and action live with the stage they drive
     from gpuscope.agent.cli import add_agent_arguments, run_agent
-    from gpuscope.cli_alerts import add_alerts_arguments, add_incidents_arguments, run_alerts, run_incidents
+    from gpuscope.cli_alerts import (
+        add_alerts_arguments,
+        add_incidents_arguments,
+        add_node_arguments,
+        run_alerts,
+        run_incidents,
+        run_node,
+    )
     from gpuscope.lineage.cli import add_arguments as add_lineage_arguments
     from gpuscope.lineage.cli import run as run_lineage
     from gpuscope.loadgen.cli import add_arguments as add_loadgen_arguments
@@ -192,6 +199,12 @@ def build_parser() -> argparse.ArgumentParser:
             "a hub's incidents, root cause first, costliest first",
             add_incidents_arguments,
             run_incidents,
+        ),
+        (
+            "node",
+            "drain a node for maintenance (its GPU time is maintenance, its alerts muted)",
+            add_node_arguments,
+            run_node,
         ),
         (
             "lineage",

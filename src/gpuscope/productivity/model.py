@@ -55,6 +55,7 @@ class Drain:
     until: float
     reason: str
     by: str
+    silence: str | None = None  # the silence muting the node's alerts meanwhile, when alerting runs
 
 
 class ProductivityModel:
@@ -77,6 +78,9 @@ class ProductivityModel:
                 job = event.labels.get("job")
                 if job is not None:
                     self._job(job).on_event(event)
+                elif event.kind == "agent_stopping":  # the node left on purpose: not down, gone
+                    node = event.labels.get("node")
+                    self.gpus = {k: v for k, v in self.gpus.items() if v.node != node}
             for record in batch.training:
                 self._job(record.job).on_record(record)
             for frame in batch.frames:
@@ -115,9 +119,9 @@ class ProductivityModel:
         with self._lock:
             return sorted(self.drains.values(), key=lambda d: d.node)
 
-    def undrain(self, node: str) -> bool:
+    def undrain(self, node: str) -> Drain | None:
         with self._lock:
-            return self.drains.pop(node, None) is not None
+            return self.drains.pop(node, None)
 
     def _job(self, name: str) -> JobView:
         view = self.jobs.get(name)

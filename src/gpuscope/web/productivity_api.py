@@ -9,6 +9,7 @@ silenced for as long (writes need the admin scope, like every write without a de
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 import time
@@ -122,8 +123,12 @@ class ProductivityApi:
             raise _Refused(400, "node", "must be 1 to 256 characters")
         model = self.hub.productivity
         if request.method == "DELETE":
-            if not model.undrain(node):
+            ended = model.undrain(node)
+            if ended is None:
                 raise _Refused(404, "node", f"{node} is not drained")
+            if ended.silence is not None and self.hub.alerting is not None:
+                with contextlib.suppress(KeyError):  # expired by hand already
+                    self.hub.alerting.expire_silence(ended.silence)
             return JSONResponse({"node": node, "drained": False})
         try:
             body = orjson.loads(await request.body())
@@ -144,13 +149,18 @@ class ProductivityApi:
         who = getattr(request.scope[PRINCIPAL_KEY], "name", "")
         now = self.clock()
         drain = model.drain(node, now + float(seconds), reason, who)
-        silence = None
         if self.hub.alerting is not None:
-            silence = self.hub.alerting.silence(
+            drain.silence = self.hub.alerting.silence(
                 [Matcher("node", "=", node)], float(seconds), by=who or "drain", comment=f"drained: {reason}"
             ).id
-        return JSONResponse({**drain_json(drain), "silence": silence})
+        return JSONResponse(drain_json(drain))
 
 
 def drain_json(drain: Any) -> dict[str, Any]:
-    return {"node": drain.node, "until": drain.until, "reason": drain.reason, "by": drain.by}
+    return {
+        "node": drain.node,
+        "until": drain.until,
+        "reason": drain.reason,
+        "by": drain.by,
+        "silence": drain.silence,
+    }
