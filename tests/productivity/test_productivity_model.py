@@ -64,8 +64,9 @@ def test_a_stall_is_counted_busy_not_productive_while_it_happens() -> None:
     model = ProductivityModel(price_per_gpu_hour=3.6)
     run_training(model, 200.0, steps_until=100.0)
     causes = seconds_by_cause(model)
-    # steps stop at 100 s; after 10 s of silence (5 step times, at least 10 s) the GPUs are hung
-    assert math.isclose(causes["hung"], GPUS * 90.0, abs_tol=GPUS * 1.0), causes
+    # steps stop at 100 s; after 10 s of silence (5 step times, at least 10 s) the GPUs are hung,
+    # and the seconds since the last step are recounted as hung
+    assert math.isclose(causes["hung"], GPUS * 100.0, abs_tol=GPUS * 1.0), causes
     assert math.isclose(causes["startup"], GPUS * 4.0, abs_tol=GPUS * 1.0), causes
     assert model.job_status("train", 200.0) == "stalled"
     states = {g["state"] for g in model.gpu_states()}
@@ -184,3 +185,36 @@ def test_rollups_fold_minutes_into_hours_and_keep_the_totals() -> None:
     assert min(model.ledger.minutes) * 60 >= end - MINUTES_KEPT_S - 60
     total = model.summary("fleet", 0.0, end)["groups"][0]["gpu_hours"]
     assert math.isclose(total, GPUS * (end - 60) / HOUR, rel_tol=1e-4)
+
+
+def test_a_gpu_clocked_down_slows_its_whole_job_from_the_first_steps() -> None:
+    model = ProductivityModel()
+    model.observe(started(0.0))
+    for t in range(1, 61):
+        ts = float(t)
+        clocks = [1980.0, 1980.0, 1980.0, 1980.0 if ts <= 30 else 1386.0]  # GPU 3 at 70 % from 30 s
+        entities = [{"node": "node-0", "gpu": str(g), "job": "train"} for g in range(GPUS)]
+        values = np.array([[99.0, c] for c in clocks])
+        model.observe(
+            Batch(
+                "node-0",
+                frames=[Frame(ts, ["gpu_utilization_percent", "gpu_sm_clock_mhz"], entities, values)],
+            )
+        )
+        model.observe(Batch("sdk", training=step_records(ts, t)))
+        model.advance(ts, [])
+    throttled = model.summary("fleet", 0.0, 1e6)["groups"][0]["states"]["degraded"]
+    assert math.isclose(throttled["causes"]["throttled"]["gpu_hours"] * HOUR, GPUS * 30, abs_tol=GPUS * 2)
+    assert math.isclose(throttled["lost_gpu_hours"] / throttled["gpu_hours"], 0.3, abs_tol=0.01)
+
+
+def test_a_gpu_computing_again_after_a_fatal_xid_was_reset_and_is_not_down() -> None:
+    model = ProductivityModel()
+    xid = Alert("al-1", "gpu_xid_fatal", "P1", "platform", {"node": "node-0", "gpu": "0"}, 5.0, "XID 94", 2.5)
+    for t in range(1, 41):
+        ts = float(t)
+        model.observe(Batch("node-0", frames=[frame(ts, job=None, util=0.0 if ts <= 20 else 60.0, gpus=1)]))
+        model.advance(ts, [xid])  # the alert is held on after the reset
+    causes = seconds_by_cause(model)
+    assert math.isclose(causes["fatal_xid"], 20.0, abs_tol=1.0), causes
+    assert math.isclose(causes["unattributed"], 20.0, abs_tol=1.0), causes

@@ -35,6 +35,10 @@ class JobView:
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     beats: dict[str, float] = field(default_factory=dict)
     outcome: str = ""  # failed | finished once the job is over
+    #: each of its GPUs' SM clock over its full speed while computing (1.0 when idle or unknown)
+    clock_ratio: dict[tuple[str, str], float] = field(default_factory=dict)
+    _clock_at: float = -math.inf
+    _clock_slowdown: float = 1.0
     _base: float = math.nan
 
     def on_event(self, event: Event) -> None:
@@ -49,6 +53,7 @@ class JobView:
             self.in_checkpoint.clear()
             self.beats.clear()
             self.recent.clear()
+            self.clock_ratio.clear()
         elif kind == "checkpoint_started":
             if not self.in_checkpoint:
                 self.checkpoint_since = event.ts
@@ -89,6 +94,15 @@ class JobView:
         if math.isnan(base) or len(self.recent) < RECENT_STEPS:
             return 1.0
         return statistics.median(self.recent) / base
+
+    def clock_slowdown(self, now: float) -> float:
+        """How much its slowest GPU's clock slows the job (synchronous steps wait for it);
+        recomputed at most once a second, so a large job costs O(GPUs) per second, not per GPU."""
+        if now - self._clock_at >= 1.0:
+            self._clock_at = now
+            slowest = min(self.clock_ratio.values(), default=1.0)
+            self._clock_slowdown = 1.0 / slowest if slowest > 0 else 1.0
+        return self._clock_slowdown
 
     def status(self, now: float) -> str:
         """One of: startup, restart, checkpoint, hung, collective_wait, running."""

@@ -8,7 +8,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from gpuscope.productivity.states import STATES, WASTE_STATES, owner_of, state_of
+from gpuscope.productivity.states import CAUSES, DEGRADED, STATES, WASTE_STATES, owner_of, state_of
 
 GROUPINGS: tuple[str, ...] = ("fleet", "node", "job", "team", "service")
 MINUTE = 60.0
@@ -36,6 +36,8 @@ class Slot:
 
 
 Bucket = dict[Slot, list[float]]  # [seconds, lost seconds]
+#: causes whose seconds carry no lost share (only degraded seconds are partly lost)
+_LOSSLESS = frozenset(c for c, spec in CAUSES.items() if spec.state != DEGRADED)
 
 
 class Ledger:
@@ -55,6 +57,28 @@ class Ledger:
             cell[1] += (upto - t) * lost_fraction
             t = upto
         self.latest = max(self.latest, end)
+
+    def move(self, start: float, end: float, old: Slot, new: Slot) -> float:
+        """Recount what ``old`` holds of ``(start, end]`` as ``new`` (a state learned late, such as
+        a stall known only some seconds after the last step); only minute buckets can be amended.
+        Returns the seconds moved."""
+        moved = 0.0
+        for minute in range(math.floor(start / MINUTE), math.floor(end / MINUTE) + 1):
+            bucket = self.minutes.get(minute)
+            cell = bucket.get(old) if bucket is not None else None
+            if bucket is None or cell is None or cell[0] <= 0:
+                continue
+            overlap = min(end, (minute + 1) * MINUTE) - max(start, minute * MINUTE)
+            secs = min(max(overlap, 0.0), cell[0])
+            share = secs / cell[0]
+            lost = cell[1] * share
+            cell[0] -= secs
+            cell[1] -= lost
+            target = bucket[new]
+            target[0] += secs
+            target[1] += 0.0 if new.cause in _LOSSLESS else lost
+            moved += secs
+        return moved
 
     def fold(self, now: float) -> None:
         """Roll minute buckets older than :data:`MINUTES_KEPT_S` into hours; apply the retention."""

@@ -26,6 +26,8 @@ STALE_MIN_S = 3.0
 #: below this utilisation a GPU computes nothing
 IDLE_UTIL = 5.0
 FATAL_RULES = frozenset({"gpu_xid_fatal", "gpu_ecc_uncorrectable"})
+_STALLS = frozenset({"hung", "collective_wait"})
+_PROGRESS = frozenset({"training", "slow_steps", "throttled"})
 _THROTTLE_FLAGS = (
     "gpu_throttle_hw_slowdown",
     "gpu_throttle_sw_thermal",
@@ -43,6 +45,7 @@ class GpuView:
     last_seen: float = -math.inf
     interval: float = 1.0
     throttled: bool = False
+    clock_max: float = 0.0  # highest SM clock seen while it computed: its full speed
     state: str = ""
     cause: str = ""
     since: float = 0.0
@@ -136,6 +139,7 @@ class ProductivityModel:
         util = frame.column("gpu_utilization_percent")
         assert util is not None
         flags = [c for c in (frame.column(m) for m in _THROTTLE_FLAGS) if c is not None]
+        clocks = frame.column("gpu_sm_clock_mhz")
         for i, labels in enumerate(frame.entities):
             node, gpu = labels.get("node"), labels.get("gpu")
             if node is None or gpu is None:
@@ -153,14 +157,28 @@ class ProductivityModel:
                 view.last_seen = ts
             view.job = labels.get("job", "")
             view.throttled = any(c[i] > 0 for c in flags)
-            cause, lost = self._classify(view, float(util[i]), ts)
+            busy = float(util[i])
+            job = self.jobs.get(view.job) if view.job else None
+            if job is not None and clocks is not None:
+                clock = float(clocks[i])
+                ratio = 1.0
+                if busy >= 50.0 and math.isfinite(clock) and clock > 0:
+                    view.clock_max = max(view.clock_max, clock)
+                    ratio = clock / view.clock_max
+                job.clock_ratio[key] = ratio
+            cause, lost = self._classify(view, busy, ts)
+            if cause in _STALLS and view.cause in _PROGRESS and job is not None:
+                # the stall began at the job's last step, not when it was recognised
+                self.ledger.move(
+                    job.last_step_ts, view.accounted, self._slot(view, view.cause), self._slot(view, cause)
+                )
             self._count(view, view.accounted, ts, cause, lost)
 
     def _classify(self, view: GpuView, util: float, ts: float) -> tuple[str, float]:
         key = (view.node, view.gpu)
         if view.node in self.drains:
             return "drained", 0.0
-        if key in self.fatal:
+        if key in self.fatal and util < IDLE_UTIL:  # a GPU that computes again has been reset
             return "fatal_xid", 0.0
         if not view.job:
             return ("unattributed" if util >= 50.0 else "no_job"), 0.0
@@ -172,18 +190,21 @@ class ProductivityModel:
             return ("dead_rank" if status == "collective_wait" else "idle_job"), 0.0
         if status != "running":
             return status, 0.0
-        slowdown = job.slowdown()
+        by_clock = job.clock_slowdown(ts)
+        slowdown = max(job.slowdown(), by_clock)
         if slowdown > DEGRADED_AT:
-            throttled = any(g.throttled for g in self.gpus.values() if g.job == view.job)
-            return ("throttled" if throttled else "slow_steps"), 1.0 - 1.0 / slowdown
+            return ("throttled" if by_clock > DEGRADED_AT else "slow_steps"), 1.0 - 1.0 / slowdown
         return "training", 0.0
 
-    def _count(self, view: GpuView, start: float, end: float, cause: str, lost: float) -> None:
+    def _slot(self, view: GpuView, cause: str) -> Slot:
         job = "" if view.job in self.services else view.job
         service = view.job if view.job in self.services else ""
         team = (self.jobs[job].team if job in self.jobs else "") or ("unassigned" if job else "")
+        return Slot(view.node, view.gpu, job, team, service, cause)
+
+    def _count(self, view: GpuView, start: float, end: float, cause: str, lost: float) -> None:
         if math.isfinite(start) and end > start:
-            self.ledger.add(start, end, Slot(view.node, view.gpu, job, team, service, cause), lost)
+            self.ledger.add(start, end, self._slot(view, cause), lost)
         view.accounted = end
         if cause != view.cause:
             view.since = start
