@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import pytest
 
 from dashboard.conftest import Served
+from gpuscope.hub import Hub
+from gpuscope.model import Batch, Frame
+from gpuscope.store.duckdb_store import DuckDBStore
+from gpuscope.web.dashboard.fleet import node_view
 
 
 @pytest.fixture
@@ -99,3 +104,22 @@ def test_pages_and_assets_are_served_locally(client: httpx.Client) -> None:
     assert js.status_code == 200 and "uPlot" in js.text
     caps = client.get("/api/v1/ui/capabilities").json()
     assert caps["alerting"] is True and caps["lineage"] is True
+
+
+def test_a_lost_gpus_last_values_are_stale_at_once() -> None:
+    """Seen: a GPU 40 s off the bus showed util 100 % and 580 W as current (stale only after 15 s of
+    the node reporting without it, and not at all on the GPU page)."""
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    try:
+        for t in range(1, 31):
+            gpus = 2 if t <= 25 else 1  # GPU 1 falls off the bus at 25 s
+            entities = [{"node": "node-0", "gpu": str(g)} for g in range(gpus)]
+            values = np.array([[100.0, 580.0]] * gpus)
+            frame = Frame(float(t), ["gpu_utilization_percent", "gpu_power_watts"], entities, values)
+            hub.ingest(Batch("node-0", frames=[frame]))
+            hub.evaluate(float(t))
+        gpus = {g["gpu"]: g for g in node_view(hub, "node-0", 15.0)["gpus"]}
+        assert gpus["1"]["stale"] and gpus["1"]["pstate"] == "down" and gpus["1"]["cause"] == "lost_gpu"
+        assert not gpus["0"]["stale"] and gpus["0"]["pstate"] == "productive"
+    finally:
+        hub.store.close()

@@ -116,6 +116,7 @@ def node_view(hub: Hub, node: str, stale_after: float) -> dict[str, Any]:
         raise KeyError(node)
     newest = max(r["ts"] for r in rows)
     index = AlertIndex(hub.firing())
+    now_states = {g["gpu"]: g for g in hub.productivity.gpu_states() if g["node"] == node}
     host = next((r for r in rows if set(r["labels"]) == {"node"}), None)
     gpus = []
     services = []
@@ -125,9 +126,14 @@ def node_view(hub: Hub, node: str, stale_after: float) -> dict[str, Any]:
             services.append({"labels": labels, "values": row["values"], "ts": row["ts"]})
         if "gpu" not in labels or not GPU_ENTITY_KEYS.issuperset(labels):
             continue
-        stale = newest - row["ts"] > stale_after
+        pstate = now_states.get(labels["gpu"], {})
+        # a GPU the model counts lost (or its node unreachable) shows its last values as stale at once
+        stale = newest - row["ts"] > stale_after or bool(pstate.get("stale"))
         gpus.append(
             {
+                "stale": stale,
+                "pstate": pstate.get("state"),
+                "cause": pstate.get("cause"),
                 "gpu": labels["gpu"],
                 "uuid": labels.get("uuid"),
                 "job": labels.get("job"),

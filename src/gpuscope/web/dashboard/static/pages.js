@@ -97,8 +97,8 @@
         <div class="card">IB rx/tx<b>${fmt(h.node_ib_rx_bytes_per_second)} / ${fmt(h.node_ib_tx_bytes_per_second)} B/s</b><span class="muted">ports down ${fmt(h.node_ib_ports_down)}</span></div>
         <div class="card">last report<b>${GS.ago(d.host && d.host.ts)}</b></div>`;
       root.querySelector("#n-gpus").innerHTML = `<table><tr><th>GPU</th><th>state</th><th>job</th><th>util %</th><th>temp °C</th><th>power W</th><th>memory used</th><th>SM MHz</th></tr>${d.gpus
-        .map((g) => `<tr><td><a href="#/gpu/${encodeURIComponent(node)}/${encodeURIComponent(g.gpu)}">GPU ${esc(g.gpu)}</a></td><td>${sev(g.state)}</td><td>${g.job ? `<a href="#/job/${encodeURIComponent(g.job)}">${esc(g.job)}</a>` : "–"}</td><td>${fmt(g.values.gpu_utilization_percent)}</td><td>${fmt(g.values.gpu_temp_celsius)}</td><td>${fmt(g.values.gpu_power_watts)}</td><td>${fmt(g.values.gpu_memory_used_bytes)}B</td><td>${fmt(g.values.gpu_sm_clock_mhz)}</td></tr>`)
-        .join("")}</table>${d.services.map((s) => `<p>serves <a href="#/service/${encodeURIComponent(s.labels.service)}">${esc(s.labels.service)}</a></p>`).join("")}`;
+        .map((g) => `<tr><td><a href="#/gpu/${encodeURIComponent(node)}/${encodeURIComponent(g.gpu)}">GPU ${esc(g.gpu)}</a></td><td>${sev(g.state)}</td><td>${g.job ? `<a href="#/job/${encodeURIComponent(g.job)}">${esc(g.job)}</a>` : "–"}</td>${["gpu_utilization_percent", "gpu_temp_celsius", "gpu_power_watts"].map((m) => `<td${g.stale ? ' class="muted stale" title="last value before the GPU went silent"' : ""}>${fmt(g.values[m])}${g.stale ? " (stale)" : ""}</td>`).join("")}<td>${fmt(g.values.gpu_memory_used_bytes)}B</td><td>${fmt(g.values.gpu_sm_clock_mhz)}</td></tr>`)
+        .join("")}</table>${[...new Set(d.services.map((s) => s.labels.service))].map((name) => `<p class="serves">serves <a href="#/service/${encodeURIComponent(name)}">${esc(name)}</a></p>`).join("")}`;
       root.querySelector("#n-alerts").innerHTML = GS.alertRows(d.alerts);
       const gpus = d.gpus.map((g) => g.gpu);
       const per = async (metric) => GS.align(await Promise.all(gpus.map((g) => GS.series(metric, { node, gpu: g }))));
@@ -136,7 +136,8 @@
       ]);
       const me = nodeView.gpus.find((g) => g.gpu === gpu) || { values: {}, state: "unknown" };
       const v = me.values;
-      root.querySelector("#g-now").innerHTML = `<div class="card">state<b>${sev(me.state)}</b></div>
+      const stale = me.stale ? `<span class="muted" id="g-stale">last report ${GS.ago(me.ts)} ago: values are stale</span>` : "";
+      root.querySelector("#g-now").innerHTML = `<div class="card">state<b>${sev(me.state)}</b>${me.pstate ? GS.stateTag(me.pstate) : ""} ${stale}</div>
         <div class="card">job<b>${me.job ? `<a href="#/job/${encodeURIComponent(me.job)}">${esc(me.job)}</a>` : "–"}</b></div>
         <div class="card">util<b>${fmt(v.gpu_utilization_percent)} %</b></div><div class="card">temp<b>${fmt(v.gpu_temp_celsius)} °C</b></div>
         <div class="card">power<b>${fmt(v.gpu_power_watts)} W</b><span class="muted">limit ${fmt(v.gpu_power_limit_watts)}</span></div>
@@ -144,7 +145,7 @@
         <div class="card">uuid<b style="font-size:11px">${esc(me.uuid || "–")}</b></div>`;
       const events = evs.flatMap((e) => e.events).sort((a, b) => a.ts - b.ts);
       root.querySelector("#g-events").innerHTML = events.length
-        ? `<table><tr><th>time</th><th>kind</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}${e.data.code ? " " + esc(e.data.code) : ""}</td><td>${esc(e.data.message || e.data.reason || JSON.stringify(e.data))}</td></tr>`).join("")}</table>`
+        ? `<table><tr><th>time</th><th>kind</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind.replace(/_/g, " "))}${e.kind === "xid" && e.data.code ? " " + esc(e.data.code) : ""}</td><td>${esc(e.data.message || e.data.reason || GS.detail(e.data))}</td></tr>`).join("")}</table>`
         : '<p class="muted">no XID, ECC or lost-GPU event in this range</p>';
       const mine = alerts.alerts.filter((a) => a.entity.node === node && a.entity.gpu === gpu);
       root.querySelector("#g-alerts").innerHTML = mine.length ? GS.alertRows(mine) : '<p class="muted">none</p>';

@@ -146,7 +146,7 @@
         ${rank("by cause", "r-by-cause", w.by_cause, "cause", (c) => `${esc(c.replace(/_/g, " "))}`)}
         ${rank("by team", "r-by-team", w.by_team.map((r) => ({ ...r, team: r.group })), "team", (t) => esc(t))}
         ${rank("by job", "r-by-job", w.by_job.map((r) => ({ ...r, job: r.group })), "job", jobLink)}`;
-      GS.chart(root.querySelector("#c-trend"), "fleet GPU utilization %, daily mean", [d.trend.map((p) => p[0]), d.trend.map((p) => p[1])], [{ label: "mean utilization %", points: { show: true, size: 6 } }]);
+      GS.chart(root.querySelector("#c-trend"), "fleet GPU utilization %, daily mean", [d.trend.map((p) => p[0]), d.trend.map((p) => p[1])], [{ label: "mean utilization %", points: { show: true, size: 6 } }], { x: [d.start, d.end], y: [0, 100] });
       root.querySelector("#r-fail").innerHTML = d.failing_candidates.length
         ? `<table><tr><th>GPU</th><th>score</th><th>alerts by rule</th><th>firing</th></tr>${d.failing_candidates.map((c) => `<tr data-candidate="${esc(c.node)}/${esc(c.gpu)}"><td><a href="#/gpu/${encodeURIComponent(c.node)}/${encodeURIComponent(c.gpu)}">${esc(c.node)} GPU ${esc(c.gpu)}</a></td><td>${c.score}</td><td>${Object.entries(c.rules).map(([r, n]) => `${esc(r)}×${n}`).join(", ")}</td><td>${c.firing}</td></tr>`).join("")}</table>`
         : '<p class="muted">no GPU raised a hardware alert</p>';
@@ -177,7 +177,7 @@
       const lists = await Promise.all(LINEAGE_KINDS.map((kind) => GS.api("/api/v1/events", { kind, start, end, limit: 200 })));
       const events = lists.flatMap((l) => l.events).sort((a, b) => b.ts - a.ts).slice(0, 200);
       root.querySelector("#l-body").innerHTML = events.length
-        ? `<table><tr><th>time</th><th>event</th><th>where</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${GS.entityLinks(e.labels)}</td><td>${esc(JSON.stringify(e.data).slice(0, 160))}</td></tr>`).join("")}</table>`
+        ? `<table><tr><th>time</th><th>event</th><th>where</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${GS.entityLinks(e.labels)}</td><td>${esc(GS.detail(e.data).slice(0, 160))}</td></tr>`).join("")}</table>`
         : '<p class="muted">no checkpoint or model-version event in this range</p>';
     },
   };
