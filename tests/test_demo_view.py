@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import numpy as np
 from rich.console import Console
@@ -53,3 +54,16 @@ def test_terminal_view_shows_gpu_hours_by_state_as_the_api_does() -> None:
         assert f"wasted {api['waste']['gpu_hours']:.3f} GPU-h" in text
     finally:
         hub.store.close()
+
+
+def test_the_default_make_demo_plays_every_fault_it_announces() -> None:
+    """Seen: ``make demo`` ran 180 s of a 900 s scenario, so 5 of the 8 announced faults never played."""
+    makefile = (Path(__file__).resolve().parents[1] / "Makefile").read_text()
+    args = next(
+        line.split("?=", 1)[1].split() for line in makefile.splitlines() if line.startswith("DEMO_ARGS")
+    )
+    scenario = load_scenario(builtin_scenario("demo"))
+    end = float(args[args.index("--duration") + 1]) if "--duration" in args else scenario.duration
+    assert len(scenario.faults) == 8
+    for fault in scenario.faults:
+        assert fault.at + (fault.duration or 0) <= end, fault.label()

@@ -35,6 +35,8 @@ class JobView:
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     beats: dict[str, float] = field(default_factory=dict)
     outcome: str = ""  # failed | finished once the job is over
+    #: when the first step after the latest (re)start began: the end of its start-up
+    first_step_start: float = -math.inf
     #: each of its GPUs' SM clock over its full speed while computing (1.0 when idle or unknown)
     clock_ratio: dict[tuple[str, str], float] = field(default_factory=dict)
     _clock_at: float = -math.inf
@@ -72,11 +74,13 @@ class JobView:
         if record.step <= self.last_step:
             return
         gap = record.ts - self.last_step_ts
+        seconds = record.metrics.get("step_seconds", gap)
+        if self.started_at > self.last_step_ts and math.isfinite(seconds):
+            self.first_step_start = max(self.started_at, record.ts - seconds)
         self.last_step = record.step
         self.last_step_ts = record.ts
         if record.ts > self.checkpoint_since:
             self.in_checkpoint.clear()  # a later step completed: the checkpoint is over
-        seconds = record.metrics.get("step_seconds", gap)
         if not math.isfinite(seconds) or seconds <= 0:
             return
         self.recent.append(seconds)

@@ -28,6 +28,7 @@ IDLE_UTIL = 5.0
 FATAL_RULES = frozenset({"gpu_xid_fatal", "gpu_ecc_uncorrectable"})
 _STALLS = frozenset({"hung", "collective_wait"})
 _PROGRESS = frozenset({"training", "slow_steps", "throttled"})
+_STARTS = frozenset({"startup", "restart"})
 _THROTTLE_FLAGS = (
     "gpu_throttle_hw_slowdown",
     "gpu_throttle_sw_thermal",
@@ -167,12 +168,23 @@ class ProductivityModel:
                     ratio = clock / view.clock_max
                 job.clock_ratio[key] = ratio
             cause, lost = self._classify(view, busy, ts)
-            if cause in _STALLS and view.cause in _PROGRESS and job is not None:
-                # the stall began at the job's last step, not when it was recognised
-                self.ledger.move(
-                    job.last_step_ts, view.accounted, self._slot(view, view.cause), self._slot(view, cause)
-                )
+            if job is not None and cause != view.cause:
+                self._recount(view, job, cause)
             self._count(view, view.accounted, ts, cause, lost)
+
+    def _recount(self, view: GpuView, job: JobView, cause: str) -> None:
+        """Move the seconds a change of state was learned late: a stall began at the job's last
+        step and ended about one step before the next; a start-up ended when its first step began
+        (known once that step is reported)."""
+        if cause in _STALLS and view.cause in _PROGRESS:
+            since = job.last_step_ts
+        elif cause in _PROGRESS and view.cause in _STARTS:
+            since = job.first_step_start
+        elif cause in _PROGRESS and view.cause in _STALLS and math.isfinite(job.step_time):
+            since = job.last_step_ts - job.step_time  # work resumed about one step before it was reported
+        else:
+            return
+        self.ledger.move(since, view.accounted, self._slot(view, view.cause), self._slot(view, cause))
 
     def _classify(self, view: GpuView, util: float, ts: float) -> tuple[str, float]:
         key = (view.node, view.gpu)
