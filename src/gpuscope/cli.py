@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -144,7 +145,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from gpuscope.demo import run_demo
 
     return run_demo(
-        scenario_path=args.scenario, duration=args.duration, port=args.port, config_path=args.config
+        scenario_path=args.scenario,
+        duration=args.duration,
+        port=args.port,
+        config_path=args.config,
+        linger=None if args.exit else threading.Event(),  # set by nothing: Ctrl-C ends it
     )
 
 
@@ -165,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scenario", type=Path, default=None, help="scenario YAML (default: built-in demo)")
     demo.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"hub port (default {DEFAULT_PORT})")
     demo.add_argument("--config", default=None, help="config YAML (or GPUSCOPE_CONFIG)")
+    demo.add_argument(
+        "--exit", action="store_true", help="stop the hub when the run ends (default: serve until Ctrl-C)"
+    )
     demo.set_defaults(func=_cmd_demo)
 
     hub = sub.add_parser("hub", help="run a hub: ingest, store, detect, alert, query API")

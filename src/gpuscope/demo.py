@@ -10,8 +10,10 @@ the fleet, the jobs and the alerts as the hub raises them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -172,7 +174,10 @@ def run_demo(
     duration: float | None = None,
     port: int = 7470,
     config_path: str | None = None,
+    linger: threading.Event | None = None,
 ) -> int:
+    """Play the scenario live; then, with ``linger``, keep the hub and dashboard up until it is
+    set or Ctrl-C (the agents tell the hub they left, so nothing pages meanwhile)."""
     console = Console(log_path=False)
     if not console.is_terminal:
         console = Console(log_path=False, width=140)  # logs and CI: keep the tables readable
@@ -243,6 +248,7 @@ def run_demo(
     view = DemoView(reader, scenario, server.url, end)
     injected: list[str] = []
     interactive = console.is_terminal
+    interrupted = False
     try:
         with (
             Live(console=console, refresh_per_second=2, auto_refresh=False)
@@ -274,15 +280,32 @@ def run_demo(
                 if interactive and int(tick.t) % 2 == 0:
                     live.update(view.render(tick.t, injected), refresh=True)
     except KeyboardInterrupt:
+        interrupted = True
         console.print("interrupted")
     finally:
         for agent in agents.values():
+            agent.leave("the demo is over")
             agent.close()
         sdk.close()
         reader.close()
         time.sleep(1.5)  # one more evaluation for the last data
+    try:
+        _report(console, hub, scenario, end, t0)
+        console.print(f"data kept in {workdir}")
+        if linger is not None and not interrupted:
+            console.print(
+                f"[bold]the run is over; the dashboard stays up at {server.url}/ui/ until Ctrl-C[/bold]"
+            )
+            with contextlib.suppress(KeyboardInterrupt):
+                linger.wait()
+    finally:
         server.stop()
         alerting.stop()
+    return 0
+
+
+def _report(console: Console, hub: Hub, scenario: Scenario, end: float, t0: float) -> None:
+    """How the live run scored against the faults it played."""
     shifted = [
         dataclasses.replace(
             a, started_at=a.started_at - t0, resolved_at=None if a.resolved_at is None else a.resolved_at - t0
@@ -294,8 +317,6 @@ def run_demo(
     )
     report = evaluate(played, shifted)
     print_report(report, console)
-    console.print(f"data kept in {workdir}")
-    return 0
 
 
 def sim_nvml_nodes(sim: Simulator, proc_root: Path) -> dict[str, SimNvmlNode]:
