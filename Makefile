@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEMO_ARGS ?= --duration 180
+DEMO_ARGS ?=
 # tests wait on real processes (hubs, databases, browsers) as much as they compute: two workers
 TEST_WORKERS ?= 2
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -70,7 +71,8 @@ def _cmd_sim_eval(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
     from gpuscope.sim.scenario import ScenarioError, load_scenario
-    from gpuscope.simeval.render import print_report
+    from gpuscope.simeval.gpu_hours import compare
+    from gpuscope.simeval.render import print_gpu_hours, print_report
     from gpuscope.simeval.report import evaluate
     from gpuscope.simeval.runner import alerts_json, run_scenario
 
@@ -98,6 +100,9 @@ def _cmd_sim_eval(args: argparse.Namespace) -> int:
         report = evaluate(scenario, result.alerts)
         print_report(report, err)
         output["report"] = report.to_dict()
+        hours = compare(result.measured_gpu_hours, result.true_gpu_hours)
+        print_gpu_hours(hours, err)
+        output["gpu_hours"] = hours
     if args.json or not args.report:
         sys.stdout.write(orjson.dumps(output, option=orjson.OPT_INDENT_2).decode() + "\n")
     return 0
@@ -107,7 +112,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from gpuscope.demo import run_demo
 
     return run_demo(
-        scenario_path=args.scenario, duration=args.duration, port=args.port, config_path=args.config
+        scenario_path=args.scenario,
+        duration=args.duration,
+        port=args.port,
+        config_path=args.config,
+        linger=None if args.exit else threading.Event(),  # set by nothing: Ctrl-C ends it
     )
 
 
@@ -143,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--scenario", type=Path, default=None, help="scenario YAML (default: built-in demo)")
     demo.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"hub port (default {DEFAULT_PORT})")
     demo.add_argument("--config", default=None, help="config YAML (or GPUSCOPE_CONFIG)")
+    demo.add_argument(
+        "--exit", action="store_true", help="stop the hub when the run ends (default: serve until Ctrl-C)"
+    )
     demo.set_defaults(func=_cmd_demo)
 
     hub = sub.add_parser("hub", help="run a hub: ingest, store, detect, alert, query API")
@@ -153,7 +165,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     # subcommands whose arguments and action live with the stage they drive
     from gpuscope.agent.cli import add_agent_arguments, run_agent
-    from gpuscope.cli_alerts import add_alerts_arguments, add_incidents_arguments, run_alerts, run_incidents
+    from gpuscope.cli_alerts import (
+        add_alerts_arguments,
+        add_incidents_arguments,
+        add_node_arguments,
+        run_alerts,
+        run_incidents,
+        run_node,
+    )
     from gpuscope.lineage.cli import add_arguments as add_lineage_arguments
     from gpuscope.lineage.cli import run as run_lineage
     from gpuscope.loadgen.cli import add_arguments as add_loadgen_arguments
@@ -170,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
             "a hub's incidents, root cause first, costliest first",
             add_incidents_arguments,
             run_incidents,
+        ),
+        (
+            "node",
+            "drain a node for maintenance (its GPU time is maintenance, its alerts muted)",
+            add_node_arguments,
+            run_node,
         ),
         (
             "lineage",

@@ -1,4 +1,5 @@
-"""``gpuscope alerts`` (list, ack, silence, silences, unsilence, history) and ``gpuscope incidents``.
+"""``gpuscope alerts`` (list, ack, silence, silences, unsilence, history), ``gpuscope incidents``
+and ``gpuscope node`` (drain, undrain, drains).
 
 Both talk to a running hub over its HTTP API, as any operator tool would, and print rich tables
 ranked by tier and cost of delay (``--json`` prints the API's answer instead).
@@ -20,6 +21,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from gpuscope.alert.durations import parse_duration
 from gpuscope.cli_client import add_client_options, error_message, unreachable
 from gpuscope.tls import client_context
 
@@ -214,4 +216,49 @@ def run_incidents(args: argparse.Namespace, console: Console | None = None) -> i
             inc.get("diagnosis") or "",
         )
     out.print(table)
+    return 0
+
+
+def add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="node_command", required=True)
+    drain = sub.add_parser("drain", help="take a node out of service: GPU time is maintenance, alerts muted")
+    drain.add_argument("node")
+    drain.add_argument("--for", dest="duration", default="2h", help="how long (30m, 2h, 1d; default 2h)")
+    drain.add_argument("--reason", default="", help="why (shown with the drain and its silence)")
+    undrain = sub.add_parser("undrain", help="end a node's drain now")
+    undrain.add_argument("node")
+    drains = sub.add_parser("drains", help="list drained nodes")
+    add_client_options(parser)
+    for command in (drain, undrain, drains):
+        add_client_options(command, nested=True)
+
+
+def run_node(args: argparse.Namespace, console: Console | None = None) -> int:
+    out = console or _console()
+    try:
+        if args.node_command == "drain":
+            try:
+                seconds = parse_duration(args.duration, "--for")
+            except ValueError as exc:
+                raise RuntimeError(str(exc)) from None
+            body = {"for_seconds": seconds, "reason": args.reason}
+            doc = _call(args, "POST", f"/api/v1/nodes/{args.node}/drain", json=body)
+            text = f"{doc['node']} drained until {_when(doc['until'])}"
+            if not args.json:
+                out.print(text + (f": {doc['reason']}" if doc["reason"] else ""))
+        elif args.node_command == "undrain":
+            doc = _call(args, "DELETE", f"/api/v1/nodes/{args.node}/drain")
+            if not args.json:
+                out.print(f"{doc['node']} back in service")
+        else:
+            doc = _call(args, "GET", "/api/v1/nodes/drains")
+            if not args.json:
+                for d in doc["drains"]:
+                    out.print(f"{d['node']} until {_when(d['until'])} by {d['by'] or '-'}: {d['reason']}")
+                return 0
+        if args.json:
+            sys.stdout.write(orjson.dumps(doc).decode() + "\n")
+    except (httpx.HTTPError, RuntimeError) as exc:
+        Console(stderr=True).print(f"[red]gpuscope node: {exc}[/red]")
+        return 1
     return 0

@@ -10,8 +10,10 @@ the fleet, the jobs and the alerts as the hub raises them.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,7 @@ from gpuscope.agent.agent import Agent
 from gpuscope.alert.engine import AlertChange
 from gpuscope.collect.sim_node import SimNvmlNode
 from gpuscope.config import load_config
+from gpuscope.hub import Hub
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.runtime import assemble
 from gpuscope.sim.cluster import Simulator
@@ -40,13 +43,60 @@ from gpuscope.web.auth import Token, digest, new_token
 SEVERITY_STYLE = {"P1": "bold red", "P2": "yellow", "P3": "cyan"}
 
 
-def _util_cell(util: float | None, alive: bool) -> Text:
+#: terminal colours of the productivity model's states (the dashboard's, as near as a terminal gets)
+STATE_STYLE = {
+    "productive": "green",
+    "degraded": "yellow",
+    "busy_not_productive": "bold red",
+    "idle_allocated": "dark_orange",
+    "idle_unallocated": "dim",
+    "down": "bold white on red",
+    "maintenance": "magenta",
+}
+
+
+def _util_cell(util: float | None, alive: bool, state: str | None = None) -> Text:
     if not alive:
         return Text(" ✕ ", style="bold white on red")
     if util is None:
         return Text(" · ", style="dim")
+    if state is not None:
+        return Text(f"{util:3.0f}", style=STATE_STYLE.get(state, ""))
     style = "green" if util >= 60 else "yellow" if util >= 15 else "dim"
     return Text(f"{util:3.0f}", style=style)
+
+
+def gpu_time_table(doc: dict[str, Any]) -> Table:
+    """GPU-hours and dollars per state and cause: the figures of ``/api/v1/productivity``."""
+    groups = doc.get("groups") or []
+    fleet = groups[0] if groups else None
+    title = "GPU time by state"
+    if fleet is not None:
+        waste = fleet["waste"]
+        title += f": {fleet['gpu_hours']:.3f} GPU-h, wasted {waste['gpu_hours']:.3f} GPU-h"
+        title += f" (${waste['dollars']:.2f})"
+    table = Table(title=title, expand=False)
+    for col, justify in (
+        ("state", "left"),
+        ("GPUs now", "right"),
+        ("GPU-h", "right"),
+        ("$", "right"),
+        ("causes", "left"),
+    ):
+        table.add_column(col, justify=justify)  # type: ignore[arg-type]
+    now = doc.get("now", {})
+    for state, row in (fleet["states"] if fleet else {}).items():
+        if row["gpu_hours"] <= 0 and not now.get(state):
+            continue
+        causes = ", ".join(f"{c.replace('_', ' ')} {v['gpu_hours']:.3f}" for c, v in row["causes"].items())
+        table.add_row(
+            Text(state.replace("_", " "), style=STATE_STYLE.get(state, "")),
+            str(now.get(state, 0)),
+            f"{row['gpu_hours']:.3f}",
+            f"{row['dollars']:.2f}",
+            causes,
+        )
+    return table
 
 
 class DemoView:
@@ -64,6 +114,11 @@ class DemoView:
             params={"metrics": "gpu_utilization_percent,gpu_temp_celsius,gpu_power_watts,node_cpu_percent"},
         ).json()
         alerts = self.client.get("/api/v1/alerts", params={"state": "firing"}).json()["alerts"]
+        hours = self.client.get("/api/v1/productivity", params={"by": "fleet", "range": "1d"}).json()
+        states = {
+            (g["node"], g["gpu"]): g["state"]
+            for g in self.client.get("/api/v1/productivity/gpus").json()["gpus"]
+        }
         gpus: dict[str, dict[str, dict[str, Any]]] = {}
         now = time.time()
         for row in snapshot["entities"]:
@@ -71,7 +126,7 @@ class DemoView:
             if "gpu" in labels:
                 fresh = now - row["ts"] < 5 * self.scenario.interval
                 gpus.setdefault(labels["node"], {})[labels["gpu"]] = {**row["values"], "fresh": fresh}
-        fleet = Table(title="fleet: GPU utilization %", expand=False)
+        fleet = Table(title="fleet: GPU utilization %, coloured by state", expand=False)
         fleet.add_column("node")
         for g in range(self.scenario.cluster.gpus_per_node):
             fleet.add_column(f"gpu{g}", justify="right")
@@ -83,6 +138,7 @@ class DemoView:
                 _util_cell(
                     row_gpus.get(str(g), {}).get("gpu_utilization_percent"),
                     row_gpus.get(str(g), {}).get("fresh", False),
+                    states.get((node, str(g))),
                 )
                 for g in range(self.scenario.cluster.gpus_per_node)
             ]
@@ -108,7 +164,7 @@ class DemoView:
             f"t={t:.0f}s / {self.end:.0f}s  ",
             f"faults injected: {', '.join(injected) or 'none yet'}",
         )
-        return Group(Panel(header), fleet, table)
+        return Group(Panel(header), fleet, gpu_time_table(hours), table)
 
 
 def run_demo(
@@ -117,7 +173,10 @@ def run_demo(
     duration: float | None = None,
     port: int = 7470,
     config_path: str | None = None,
+    linger: threading.Event | None = None,
 ) -> int:
+    """Play the scenario live; then, with ``linger``, keep the hub and dashboard up until it is
+    set or Ctrl-C (the agents tell the hub they left, so nothing pages meanwhile)."""
     console = Console(log_path=False)
     if not console.is_terminal:
         console = Console(log_path=False, width=140)  # logs and CI: keep the tables readable
@@ -186,6 +245,7 @@ def run_demo(
     view = DemoView(reader, scenario, server.url, end)
     injected: list[str] = []
     interactive = console.is_terminal
+    interrupted = False
     try:
         with (
             Live(console=console, refresh_per_second=2, auto_refresh=False)
@@ -217,14 +277,31 @@ def run_demo(
                 if interactive and int(tick.t) % 2 == 0:
                     live.update(view.render(tick.t, injected), refresh=True)
     except KeyboardInterrupt:
+        interrupted = True
         console.print("interrupted")
     finally:
         for agent in agents.values():
+            agent.leave("the demo is over")
             agent.close()
         sdk.close()
         reader.close()
         time.sleep(1.5)  # one more evaluation for the last data
+    try:
+        _report(console, hub, scenario, end, t0)
+        console.print(f"data kept in {workdir}")
+        if linger is not None and not interrupted:
+            console.print(
+                f"[bold]the run is over; the dashboard stays up at {server.url}/ui/ until Ctrl-C[/bold]"
+            )
+            with contextlib.suppress(KeyboardInterrupt):
+                linger.wait()
+    finally:
         runtime.stop()
+    return 0
+
+
+def _report(console: Console, hub: Hub, scenario: Scenario, end: float, t0: float) -> None:
+    """How the live run scored against the faults it played."""
     shifted = [
         dataclasses.replace(
             a, started_at=a.started_at - t0, resolved_at=None if a.resolved_at is None else a.resolved_at - t0
@@ -236,8 +313,6 @@ def run_demo(
     )
     report = evaluate(played, shifted)
     print_report(report, console)
-    console.print(f"data kept in {workdir}")
-    return 0
 
 
 def sim_nvml_nodes(sim: Simulator, proc_root: Path) -> dict[str, SimNvmlNode]:

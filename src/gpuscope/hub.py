@@ -18,6 +18,7 @@ from gpuscope.detect.engine import DetectionEngine
 from gpuscope.detect.settings import WARMUP_S
 from gpuscope.ingest.overload import OverloadMonitor
 from gpuscope.model import Alert, Batch
+from gpuscope.productivity import ProductivityModel
 from gpuscope.store.base import AppendResult, Store
 
 AlertListener = Callable[[AlertChange], None]
@@ -40,6 +41,8 @@ class Hub:
         self.alerts = AlertEngine(
             price_per_gpu_hour=price_per_gpu_hour, places=lambda entity: placements(self.store, entity)
         )
+        #: every GPU-second's state, cause and owner (the one model all pages read)
+        self.productivity = ProductivityModel(price_per_gpu_hour)
         self._detect_lock = threading.Lock()
         self._listeners: list[AlertListener] = []
         self._observers: list[Callable[[Batch], None]] = []
@@ -70,6 +73,7 @@ class Hub:
         self.counters.inc("ingest_training_records", result.training)
         self.counters.inc("ingest_refused_samples", result.refused_samples)
         self.detect(batch)
+        self.productivity.observe(batch)
         for observer in self._observers:
             observer(batch)
         return result
@@ -121,6 +125,8 @@ class Hub:
             self.detection.hub_behind(now, bool(findings))
             findings += self.detection.evaluate(now)
             changes = self.alerts.update(now, findings)
+            firing = list(self.alerts.firing())
+        self.productivity.advance(now, firing)
         for change in changes:
             self.store.save_alert(change.alert)
         self._tell(changes)

@@ -309,6 +309,7 @@ EVENT_KINDS = {
     "model_version_registered": "A model version was registered; data: model, version, source",
     "model_version_promoted": "A model version started serving; data: model, version, service",
     "agent_started": "An agent (re)started; data: version, collectors",
+    "agent_stopping": "An agent stopped cleanly (SIGTERM/SIGINT): its node left on purpose; data: reason",
     "quality_sketch": "A service's prediction/confidence/input sketch for one window (inference SDK)",
     "serving_window": "A service's request and error counts for one window (inference SDK)",
 }

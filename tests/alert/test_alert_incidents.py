@@ -113,3 +113,26 @@ def test_an_ended_incident_is_reopened_only_by_an_alert_soon_after_it_ended() ->
     tracker.add(later)
     assert [first.incident, flapped.incident, later.incident] == ["inc-1", "inc-1", "inc-2"]
     assert tracker.incidents()[0].resolved_at == 200.0
+
+
+def test_a_fault_elsewhere_never_joins_an_incident_whose_root_cause_resolved() -> None:
+    """Seen in the demo: an ECC error on node-0 filed under "gpu_lost on node-2 GPU 3", through the
+    stalled job (still firing) that runs on both nodes."""
+    tracker = IncidentTracker(window=600.0, reopen_within=120.0)
+    places = [{"node": f"node-{n}"} for n in range(3)]
+    lost = alert("al-1", "gpu_lost", {"node": "node-2", "gpu": "3"}, 0.0)
+    tracker.add(lost)
+    stalled = alert("al-2", "training_stalled", {"job": "llm"}, 5.0)
+    tracker.add(stalled, places)
+    early = alert("al-3", "gpu_ecc_uncorrectable", {"node": "node-0", "gpu": "1"}, 50.0)
+    tracker.add(early)  # while the root fires, a fault on the job's nodes may be its knock-on
+    lost.resolved_at = 100.0  # the GPU is back; the job is still stalled
+    ecc = alert("al-4", "gpu_ecc_uncorrectable", {"node": "node-0", "gpu": "5"}, 200.0)
+    tracker.add(ecc)
+    again = alert("al-5", "gpu_xid_fatal", {"node": "node-2", "gpu": "3"}, 150.0)
+    tracker.add(again)  # the root's own GPU, soon after: the same story
+    failed = alert("al-6", "job_failed", {"job": "llm"}, 210.0)
+    tracker.add(failed, places)  # links both; joins the one whose root still fires, merges nothing
+    incidents = [a.incident for a in (lost, stalled, early, ecc, again, failed)]
+    assert incidents == ["inc-1", "inc-1", "inc-1", "inc-2", "inc-1", "inc-2"]
+    assert tracker.get("inc-1") is not None and tracker.get("inc-1").root == "al-1"  # type: ignore[union-attr]

@@ -3,7 +3,7 @@
 The scenario is replayed in virtual time so that it ends now (its last tick just before the
 jobs end, so they still hold their GPUs), through the real ingest, detectors, alert engine and
 alerting service; the hub then serves it over HTTP on a free loopback port. The evaluator is
-stopped once the server is up so nothing fires or resolves while the browser looks.
+stopped before the server starts so nothing fires or resolves while the browser looks.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -184,3 +185,37 @@ def test_lineage_page_draws_run_checkpoint_version_deployment(page: Page, served
     row.wait_for(timeout=10_000)
     text = row.inner_text()
     assert "llm-pretrain" in text and "step 120" in text and "@champion" in text and "chat-api" in text
+
+
+def test_node_to_gpu_within_100_ms_shows_the_gpu_page_without_an_error(page: Page, served: Served) -> None:
+    """Seen: an error banner and the node's charts under the GPU's title until the next refresh."""
+    page.goto(f"{served.url}/ui/?refresh=60#/node/node-1")
+    page.wait_for_timeout(100)
+    page.evaluate("location.hash = '#/gpu/node-1/5'")
+    page.wait_for_selector('body[data-page="gpu"][data-ready="1"]', timeout=15_000)
+    assert not page.is_visible("#banner")
+    assert page.locator("#g-now .card").count() >= 5
+    assert page.inner_text("#c-util .title") == "utilization %"  # the GPU's chart, not the node's
+    assert page.locator("#n-gpus").count() == 0
+
+
+def test_node_page_names_each_service_once_and_timelines_read_as_words(page: Page, served: Served) -> None:
+    open_page(page, served, "#/node/node-3")
+    assert page.locator(".serves").all_inner_texts() == ["serves chat-api"]
+    open_page(page, served, "#/gpu/node-2/6")
+    timeline = page.inner_text("#g-events")
+    assert "xid 79" in timeline and "{" not in timeline and '"' not in timeline
+
+
+def test_reports_trend_axis_spans_the_report_window(page: Page, served: Served) -> None:
+    """Seen: one dot on an axis running from 2027 to 2029, y up to 150 %."""
+    open_page(page, served, "#/reports")
+    x0, x1, y0, y1 = page.evaluate(
+        "(() => { const u = GS.charts.get('c-trend').u;"
+        " return [u.scales.x.min, u.scales.x.max, u.scales.y.min, u.scales.y.max]; })()"
+    )
+    now = time.time()
+    assert now - 30 * 86400 - 600 <= x0 < x1 <= now
+    assert (y0, y1) == (0, 100)
+    ticks = page.locator("#c-trend .u-axis").first.inner_text()
+    assert "2027" not in ticks and "2029" not in ticks

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import httpx
+import numpy as np
 import pytest
 
 from dashboard.conftest import Served
+from gpuscope.hub import Hub
+from gpuscope.model import Batch, Frame
+from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.web.dashboard.fleet import node_view
 
 
 @pytest.fixture
@@ -16,7 +21,7 @@ def client(served: Served) -> httpx.Client:
 def test_fleet_marks_faulty_gpus_and_counts_idle(client: httpx.Client) -> None:
     body = client.get("/api/v1/ui/fleet", params={"metric": "gpu_temp_celsius"}).json()
     cells = {
-        (n["node"], g[0]): dict(zip(("gpu", "v", "s", "job", "idle"), g, strict=True))
+        (n["node"], g[0]): dict(zip(("gpu", "v", "s", "job", "idle", "pstate", "cause"), g, strict=True))
         for n in body["nodes"]
         for g in n["gpus"]
     }
@@ -34,6 +39,13 @@ def test_fleet_marks_faulty_gpus_and_counts_idle(client: httpx.Client) -> None:
     }
     assert idle["allocated"] == 4
     assert idle["cost_per_hour"] == pytest.approx((idle["allocated"] + idle["unallocated"]) * 2.5)
+    # the productivity model's state of each GPU, as every page shows it
+    assert (cells[("node-2", "6")]["pstate"], cells[("node-2", "6")]["cause"]) == ("down", "lost_gpu")
+    assert {cells[("node-2", str(i))]["pstate"] for i in range(4)} == {"idle_allocated"}
+    assert {cells[("node-3", str(i))]["pstate"] for i in range(4)} == {"productive"}
+    assert cells[("node-3", "7")]["pstate"] == "idle_unallocated"
+    assert body["states_now"]["down"] == 1
+    assert body["productivity"] is not None and body["productivity"]["states"]["down"]["gpu_hours"] > 0
 
 
 def test_fleet_refuses_unknown_metric(client: httpx.Client) -> None:
@@ -92,3 +104,22 @@ def test_pages_and_assets_are_served_locally(client: httpx.Client) -> None:
     assert js.status_code == 200 and "uPlot" in js.text
     caps = client.get("/api/v1/ui/capabilities").json()
     assert caps["alerting"] is True and caps["lineage"] is True
+
+
+def test_a_lost_gpus_last_values_are_stale_at_once() -> None:
+    """Seen: a GPU 40 s off the bus showed util 100 % and 580 W as current (stale only after 15 s of
+    the node reporting without it, and not at all on the GPU page)."""
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    try:
+        for t in range(1, 31):
+            gpus = 2 if t <= 25 else 1  # GPU 1 falls off the bus at 25 s
+            entities = [{"node": "node-0", "gpu": str(g)} for g in range(gpus)]
+            values = np.array([[100.0, 580.0]] * gpus)
+            frame = Frame(float(t), ["gpu_utilization_percent", "gpu_power_watts"], entities, values)
+            hub.ingest(Batch("node-0", frames=[frame]))
+            hub.evaluate(float(t))
+        gpus = {g["gpu"]: g for g in node_view(hub, "node-0", 15.0)["gpus"]}
+        assert gpus["1"]["stale"] and gpus["1"]["pstate"] == "down" and gpus["1"]["cause"] == "lost_gpu"
+        assert not gpus["0"]["stale"] and gpus["0"]["pstate"] == "productive"
+    finally:
+        hub.store.close()

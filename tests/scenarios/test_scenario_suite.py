@@ -3,8 +3,10 @@
 Each scenario file lists its faults (the ground truth); the run must detect every one with its
 rule on its target within its window, raise no P1/P2 alert that no fault explains, keep precision
 at 0.95 or better and find hard faults within the time budget (p95 <= 15 s). Healthy scenarios
-must raise nothing at P1/P2. The 24 simulated hours of ``healthy/healthy-6h-*.yaml`` take minutes,
-so ``make test`` runs the one-hour healthy scenario and ``eval/eval_scenarios.py`` runs them all.
+must raise nothing at P1/P2. In every run the productivity model's GPU-hours per state are within
+2 % of all GPU-hours of the simulator's ground truth. The 24 simulated hours of
+``healthy/healthy-6h-*.yaml`` take minutes, so ``make test`` runs the one-hour healthy scenario
+and ``eval/eval_scenarios.py`` runs them all.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pytest
 from gpuscope.alert.catalog import FAULT_RULES, rule_for_fault
 from gpuscope.sim.kinds import FAULT_KINDS
 from gpuscope.sim.scenario import load_scenario
+from gpuscope.simeval.gpu_hours import compare
 from gpuscope.simeval.report import evaluate
 from gpuscope.simeval.runner import run_scenario
 
@@ -35,6 +38,8 @@ def test_every_fault_is_detected_and_nothing_serious_is_unexplained(path: Path) 
     assert report.precision >= 0.95, [a.to_dict() for a in report.unexplained]
     p95 = report.percentile(0.95)
     assert p95 is None or p95 <= 15.0, report.ttd_hard
+    hours = compare(result.measured_gpu_hours, result.true_gpu_hours)  # vs the simulator's truth
+    assert hours["max_error_pct"] <= 2.0, hours
 
 
 def test_healthy_hour_raises_no_alert() -> None:
@@ -42,6 +47,8 @@ def test_healthy_hour_raises_no_alert() -> None:
     result = run_scenario(scenario)
     assert not scenario.faults
     assert not [a.to_dict() for a in result.alerts if a.severity in ("P1", "P2")]
+    hours = compare(result.measured_gpu_hours, result.true_gpu_hours)
+    assert hours["max_error_pct"] <= 2.0, hours
 
 
 def test_suite_covers_every_simulated_fault_kind_and_every_rule_they_raise() -> None:

@@ -201,6 +201,15 @@ class Agent:
         out["hub_ok"] = int(self.sender.hub_ok)
         return out
 
+    def leave(self, reason: str = "shutdown", wait: float = 2.0) -> None:
+        """Tell the hub this node is leaving on purpose (a clean stop, a rolling upgrade), so its
+        silence from now on is not an outage; waits at most ``wait`` seconds for the hub."""
+        now = self.clock()
+        event = Event(ts=now, kind="agent_stopping", labels={"node": self.node}, data={"reason": reason})
+        batch = Batch(source=self.node, events=[event], batch_id=f"{self.node}:{self.boot_id}:{self._seq}")
+        self._seq += 1
+        self.sender.submit(encode_batch(batch), 0, deadline=now + wait)
+
     def close(self) -> None:
         """Close collectors, the HTTP client and the spool (what is spooled stays for next start)."""
         if self._closed:
@@ -237,6 +246,7 @@ def run_until_signalled(agent: Agent) -> dict[str, int]:
     previous = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         agent.run(stop)
+        agent.leave("stopped by a signal")
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

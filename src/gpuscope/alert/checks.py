@@ -8,6 +8,7 @@ or ``unknown`` (no data to say). A check never raises into the alert path: error
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 import statistics
 from collections.abc import Callable
@@ -95,12 +96,28 @@ def _gpu_row(ctx: Context, node: str, gpu: str) -> dict[str, Any] | None:
     )
 
 
+def when(ts: float) -> str:
+    """A timestamp as people read it (UTC), never raw epoch seconds."""
+    return dt.datetime.fromtimestamp(ts, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def readable(key: str, value: Any) -> str:
+    """A detail value for a playbook line: times as dates, floats to 4 significant digits."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return str(value)
+    if (key == "ts" or key.endswith("_ts")) and math.isfinite(value) and value > 1e8:
+        return when(float(value))
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
 @check("alert_details")
 def alert_details(ctx: Context) -> CheckResult:
     details = {k: v for k, v in ctx.alert.details.items() if k not in {"links", "playbook", "ack"}}
     if not details:
         return CheckResult("unknown", "the detector attached no details")
-    text = ", ".join(f"{k}={v}" for k, v in sorted(details.items()) if not isinstance(v, dict | list))
+    text = ", ".join(
+        f"{k}={readable(k, v)}" for k, v in sorted(details.items()) if not isinstance(v, dict | list)
+    )
     return CheckResult("found", text or "see data", details)
 
 
@@ -186,7 +203,7 @@ def faults_nearby(ctx: Context) -> CheckResult:
         )
     parts = [
         f"{e.kind}{' ' + str(e.data['code']) if 'code' in e.data else ''} on {e.labels.get('node')} "
-        f"GPU {e.labels.get('gpu', '?')} at {e.ts:.0f}"
+        f"GPU {e.labels.get('gpu', '?')} at {when(e.ts)}"
         for e in sorted(events, key=lambda e: e.ts)[:5]
     ]
     parts += [f"{a.rule} firing on {a.entity.get('node')} GPU {a.entity.get('gpu', '-')}" for a in alerts[:5]]

@@ -6,8 +6,10 @@ its job, node and GPU; a job alert may list the nodes it runs on in ``details["l
 label sets). An alert joins every incident it links to that started at most ``window`` seconds
 before it (several such incidents merge into the oldest), unless that incident had already ended
 (every member resolved) more than ``reopen_within`` seconds earlier: a new fault in the same place
-after the last one was fixed is a new incident. The root cause is the alert on the lowest layer
-(GPU < node < rank < job < service), the gravest tier and then the earliest first.
+after the last one was fixed is a new incident. Nor does it join an incident whose root cause has
+resolved unless it touches the root's own places (a fault elsewhere is not that root's knock-on),
+and when it links to incidents whose root still fires it joins only those. The root cause is the
+alert on the lowest layer (GPU < node < rank < job < service), the gravest tier, the earliest.
 """
 
 from __future__ import annotations
@@ -110,6 +112,14 @@ class _Group:
         """Were all members resolved, the last one before ``ts``?"""
         return all(a.resolved_at is not None and a.resolved_at < ts for a in self.members)
 
+    def root_over_elsewhere(self, ts: float, keys: set[str]) -> bool:
+        """Had the root cause resolved by ``ts``, and does an alert touching ``keys`` share none of
+        the root's own places? Then it is a new fault, whatever knock-on alerts still fire here."""
+        root = self.root()
+        if root.resolved_at is None or root.resolved_at > ts:
+            return False
+        return not keys & link_keys(root.entity, root.details.get("links"))
+
     def root(self) -> Alert:
         # Lowest layer first; on one layer the graver fault (P1 before P2) is the likelier cause.
         return min(self.members, key=lambda a: (layer(a.entity), a.severity, a.started_at, _number(a.id)))
@@ -152,8 +162,13 @@ class IncidentTracker:
                 group = self._groups[gid]
                 if alert.started_at - group.started_at > self.window:
                     ids.discard(gid)  # too old to take new members through this vertex
+                elif group.root_over_elsewhere(alert.started_at, keys):
+                    continue
                 elif not group.ended_before(alert.started_at - self.reopen_within):
                     joined.add(gid)
+        live = {g for g in joined if self._groups[g].root().resolved_at is None}
+        if live:  # incidents whose root cause still fires are likelier causes; ended roots stay apart
+            joined = live
         if joined:
             group = min((self._groups[g] for g in joined), key=lambda g: g.seq)
             for gid in joined - {group.id}:

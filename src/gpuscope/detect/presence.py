@@ -133,6 +133,12 @@ class NodeUnreachableDetector(Detector):
             for node, n in counts.items():
                 self._gpus[node] = max(self._gpus.get(node, 0), n)
 
+    def on_event(self, event: Event) -> None:
+        # a node whose agent stopped cleanly left on purpose: its silence is no outage (until it
+        # reports again, which makes it a sender like any other)
+        if event.kind == "agent_stopping" and "node" in event.labels:
+            self._live.forget(event.labels["node"])
+
     def replayed(self, now: float) -> None:
         self._live.replayed(now)
 

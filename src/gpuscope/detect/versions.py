@@ -5,7 +5,9 @@ of the last ten minutes, so an earlier incident that has ended does not skew the
 the reference. For ``window`` seconds after, if the service's p95 latency
 (short EWMA) stays ``ratio`` times the reference, or its error ratio rises by ``error_rise``
 above it, for ``sustain`` seconds, the new version is named as the cause. A rollback is a new
-promotion whose reference is the bad version, so recovering does not fire.
+promotion whose reference is the bad version, so recovering does not fire. A version the service's
+reports never name after its promotion (promoted by hand, never deployed) served no request and is
+not blamed; reports that carry no version label at all leave the promotion as the only clue.
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ class _Svc:
     promoted: tuple[float, str, str, float, float] | None = None  # ts, model, version, latency ref, error ref
     since: float | None = None
     text: str = ""
+    #: since the promotion: were the service's reports labelled with a version, and with this one?
+    labelled: bool = False
+    served: bool = False
     samples: deque[tuple[float, float, float]] = field(default_factory=deque)  # (ts, p95, error ratio)
 
 
@@ -68,6 +73,7 @@ class VersionDetector(Detector):
         version = event.labels.get("version") or str(event.data.get("version", ""))
         svc.promoted = (event.ts, model, version, svc.latency_base, svc.errors_base)
         svc.since = None
+        svc.labelled = svc.served = False
 
     def evaluate(self, now: float) -> list[Finding]:
         return self.judge(now, self._agg.snapshots())
@@ -83,10 +89,15 @@ class VersionDetector(Detector):
             svc.errors = _ewma(svc.errors, ratio, dt, 120.0)
             if svc.promoted is None or s.ts - svc.promoted[0] > self.window:
                 self._reference(svc, s.ts, s.p95, ratio)
+            elif s.version and s.ts >= svc.promoted[0]:
+                svc.labelled = True
+                svc.served = svc.served or s.version == svc.promoted[2]
             self._judge(svc, s.ts)
         out: list[Finding] = []
         for name, svc in self._svcs.items():
             if svc.promoted is None or svc.since is None or svc.last - svc.since < self.sustain:
+                continue
+            if svc.labelled and not svc.served:  # reports name the versions serving: not this one
                 continue
             ts, model, version, _, _ = svc.promoted
             if now - ts > self.window + 600.0:

@@ -98,6 +98,7 @@ class CheckpointReporter:
                 "seconds": seconds,
                 "hash_seconds": time.monotonic() - t0,
                 "manifest": str(where),
+                "manifest_hash": manifest.digest,
             },
         )
 

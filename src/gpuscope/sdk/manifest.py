@@ -48,6 +48,13 @@ class Manifest:
     def total_bytes(self) -> int:
         return sum(f.bytes for f in self.files)
 
+    @property
+    def digest(self) -> str:
+        """The checkpoint's identity in lineage: sha256 over its files' paths and hashes, so the
+        same bytes saved again give the same hash and any changed file gives another."""
+        lines = sorted(f"{f.path}\0{f.sha256}" for f in self.files)
+        return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,

@@ -24,6 +24,7 @@ from gpuscope.sim.inference import SERVICE_COLUMNS, InferenceService
 from gpuscope.sim.nodes import NODE_COLUMNS
 from gpuscope.sim.scenario import FaultSpec, Scenario
 from gpuscope.sim.training import TrainingJob
+from gpuscope.sim.truth import GroundTruth
 from gpuscope.sim.world import World
 
 # order of instants that fall on the same time: starts, then fault ends, fault onsets, job ends
@@ -71,6 +72,8 @@ class Simulator:
         self._instants = sorted(instants)
         self._next = 0
         self._effects: dict[int, Effect] = {}
+        #: what every GPU truly did, interval by interval (the productivity model's ground truth)
+        self.truth = GroundTruth()
         self._gpu_labels: list[Labels] = [
             {"node": w.fleet.node_of[i], "gpu": str(i % w.per_node), "uuid": w.fleet.uuids[i]}
             for i in range(w.fleet.n)
@@ -113,6 +116,7 @@ class Simulator:
             for node, labels, row in svc.sample(t, dt, demand, up):
                 service_rows.setdefault(node, []).append((labels, row))
         gpu_values = w.fleet.sample(dt)
+        self.truth.record(w, dt)
         node_values = w.nodes.sample(dt)
         ts = self.t0 + t
         return Tick(

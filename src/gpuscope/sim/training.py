@@ -457,3 +457,19 @@ class TrainingJob:
             np.add.at(host.busy_gpus, self.node_idx[alive], 1.0)
             if self.multi_node:
                 np.add.at(host.ib_bw, self.node_idx[alive], 3e9)
+
+
+def true_slowdown(job: TrainingJob) -> float:
+    """How much longer the job's current step takes than it would on healthy GPUs and links
+    (ground truth for the productivity model; noise and data-loader waits count as healthy)."""
+    if not job.alive.any():
+        return 1.0
+    c, alive = job.cond, job.alive
+    perf = job.fleet.perf[job.gpu_idx][alive]
+    base = COMPUTE_SHARE * job.nominal * job.noise[alive]
+    comm = (1.0 - COMPUTE_SHARE) * job.nominal
+    healthy = float((base + job.wait[alive]).max()) + comm
+    actual = (
+        float((base * c.rank_slow[alive] / perf + job.wait[alive]).max()) + comm * c.comm_factor
+    ) * c.job_factor
+    return actual / healthy

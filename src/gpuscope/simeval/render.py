@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from rich.console import Console
 from rich.table import Table
 
@@ -37,3 +39,13 @@ def print_report(report: Report, console: Console) -> None:
             else ""
         )
     )
+
+
+def print_gpu_hours(hours: dict[str, Any], console: Console) -> None:
+    """GPU-hours per state, measured by the hub vs the simulator's truth."""
+    table = Table(title=f"GPU-hours per state ({hours['total_gpu_hours']:.2f} in all)")
+    for col in ("state", "true", "measured", "error (% of all)"):
+        table.add_column(col)
+    for state, row in hours["states"].items():
+        table.add_row(state, f"{row['true']:.3f}", f"{row['measured']:.3f}", f"{row['error_pct']:.2f}")
+    console.print(table)

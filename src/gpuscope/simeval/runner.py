@@ -30,6 +30,9 @@ class RunResult:
     ticks: int
     samples: int
     stats: dict[str, Any] = field(default_factory=dict)
+    #: GPU-hours per state: as the hub's productivity model measured them, and the simulator's truth
+    measured_gpu_hours: dict[str, float] = field(default_factory=dict)
+    true_gpu_hours: dict[str, float] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float:
@@ -48,8 +51,9 @@ def run_scenario(
     hub = evaluation_hub(store, scenario.cluster.price_per_gpu_hour)  # the runtime's detection side
     started = time.perf_counter()
     ticks = samples = 0
+    sim = Simulator(scenario, t0=0.0)
     try:
-        for tick in Simulator(scenario, t0=0.0).ticks():
+        for tick in sim.ticks():
             for batch in [*tick.node_batches.values(), *tick.sdk_batches]:
                 result = hub.ingest(_through_wire(batch) if wire else batch)
                 samples += result.samples
@@ -60,9 +64,11 @@ def run_scenario(
         hub.evaluate(float(scenario.duration))
         alerts = sorted(hub.alerts.all(), key=lambda a: (a.started_at, a.id))
         stats = {"counters": hub.counters.snapshot()}
+        measured = hub.productivity.gpu_hours(0.0, float(scenario.duration))
     finally:
         store.close()
-    return RunResult(scenario, alerts, time.perf_counter() - started, ticks, samples, stats)
+    wall = time.perf_counter() - started
+    return RunResult(scenario, alerts, wall, ticks, samples, stats, measured, sim.truth.gpu_hours())
 
 
 def alerts_json(result: RunResult) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from gpuscope.web.guard import PRINCIPAL_KEY, AuthMiddleware
 from gpuscope.web.lineage_api import LineageApi
 from gpuscope.web.openapi import openapi_document
 from gpuscope.web.otlp_api import OtlpApi
+from gpuscope.web.productivity_api import ProductivityApi
 from gpuscope.web.prom_api import PrometheusApi
 from gpuscope.web.selfmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpuscope.web.selfmetrics import IngestLag
@@ -152,6 +153,7 @@ class HubApi:
         cluster: ClusterHub | None = None,
     ) -> None:
         self.hub = hub
+        self.alerting = alerting
         self.cluster = cluster  # the same hub as a cluster member, when it is one
         self.limits = limits or Limits()
         self.clock = clock
@@ -185,6 +187,7 @@ class HubApi:
         routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting_api.routes()]
         routes += LineageApi(lineage or for_hub(hub), self._authorize_write).routes()
         routes += cluster_routes(cluster, self._guard, self.limits)  # none unless a cluster member
+        routes += ProductivityApi(hub, alerting, clock).routes()
 
         self.app = Starlette(
             routes=[*routes, *dashboard_routes(hub, alerting=alerting is not None)],

@@ -97,7 +97,8 @@ class DashboardApi:
         if metric not in PICKER_METRICS:
             raise BadParam("metric", f"{metric!r} is not a per-GPU gauge")
         stale = _num(request, "stale_after", 15.0, 1.0, 86400.0)
-        return _json(await run_in_threadpool(fleet_view, self.hub, metric, stale))
+        window = self._range(request)
+        return _json(await run_in_threadpool(fleet_view, self.hub, metric, stale, window))
 
     async def node(self, request: Request) -> Response:
         node = _text(request, "node")

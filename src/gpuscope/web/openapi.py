@@ -131,6 +131,11 @@ _MATCHER = {
 #: what each write operation reads from its JSON body (other keys are ignored)
 BODIES: dict[str, dict[str, Any]] = {
     "ack": _obj([], by=_STR, comment={"type": "string", "maxLength": 1024}),
+    "drain": _obj(
+        ["for_seconds"],
+        for_seconds={"type": "number", "exclusiveMinimum": 0, "maximum": 30 * 86400},
+        reason={"type": "string", "maxLength": 1000},
+    ),
     "silence": _obj(
         ["matchers"],
         matchers={
@@ -268,8 +273,40 @@ _LINEAGE_PATHS: dict[str, Any] = {
 
 _STALE = _query("stale_after", {"type": "number", "minimum": 1, "maximum": 86400})
 _UI_TS = {"type": "number", "minimum": 0, "maximum": 1e11}
+_PRODUCTIVITY_PATHS: dict[str, Any] = {
+    "/api/v1/productivity": {
+        "get": _op(
+            "GPU-hours and dollars per state (productive, degraded, busy_not_productive, idle_allocated, "
+            "idle_unallocated, down, maintenance) and cause, with owners, per group; `now`: GPUs per state",
+            params=[
+                _query("by", {"enum": ["fleet", "node", "job", "team", "service"]}, text="grouping"),
+                _query(
+                    "range", {"type": "string", "pattern": "^[1-9][0-9]{0,5}[smhd]$"}, text="e.g. 1h, 30d"
+                ),
+                _query("start", _UI_TS),
+                _query("end", _UI_TS),
+            ],
+        )
+    },
+    "/api/v1/productivity/gpus": {"get": _op("Each GPU's state now, with cause, owner and since when")},
+    "/api/v1/nodes/drains": {"get": _op("Nodes drained for maintenance, and until when")},
+    "/api/v1/nodes/{node}/drain": {
+        "post": _op(
+            "Drain a node for `for_seconds`: its GPU time counts as maintenance, its alerts are silenced",
+            params=[_path("node")],
+            body="drain",
+            write=True,
+        ),
+        "delete": _op("End a node's drain", params=[_path("node")], write=True),
+    },
+}
 _UI_PARAMS: dict[str, list[dict[str, Any]]] = {
-    "fleet": [_query("metric", {"type": "string"}, text="A per-GPU gauge"), _STALE],
+    "fleet": [
+        _query("metric", {"type": "string"}, text="A per-GPU gauge"),
+        _STALE,
+        _query("start", _UI_TS, text="GPU time per state from (default: an hour before end)"),
+        _query("end", _UI_TS),
+    ],
     "node": [_query("node", {"type": "string", "minLength": 1, "maxLength": 256}, True), _STALE],
     "job": [
         _query("job", {"type": "string", "minLength": 1, "maxLength": 256}, True),
@@ -400,6 +437,7 @@ def openapi_document(version: str) -> dict[str, Any]:
                 **_ALERTING_PATHS,
                 **_LINEAGE_PATHS,
                 **_UI_PATHS,
+                **_PRODUCTIVITY_PATHS,
                 "/api/v1/audit": {
                     "get": _op(
                         "Admin actions, most recent first: token name, action, target, time, source",

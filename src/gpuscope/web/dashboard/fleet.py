@@ -8,6 +8,7 @@ GPU that fell silent while its peers kept reporting does.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any
 
 from gpuscope.hub import Hub
@@ -22,9 +23,13 @@ GPU_ENTITY_KEYS = frozenset({"node", "gpu", "uuid", "job", "pod", "container", "
 PICKER_METRICS = tuple(name for name, spec in GPU_METRICS.items() if spec.kind == "gauge")
 
 
-def fleet_view(hub: Hub, metric: str, stale_after: float) -> dict[str, Any]:
-    """One entry per node with its GPUs in index order, each ``[gpu, value, state, job, idle]``;
-    states: P1/P2/P3 (worst firing alert naming the GPU), stale, ok."""
+def fleet_view(
+    hub: Hub, metric: str, stale_after: float, window: tuple[float, float] | None = None
+) -> dict[str, Any]:
+    """One entry per node with its GPUs in index order, each ``[gpu, value, state, job, idle,
+    productivity state, cause]``; states: P1/P2/P3 (worst firing alert naming the GPU), stale, ok.
+    ``productivity``: the fleet's GPU-hours and dollars per state and cause over ``window``."""
+    now_states = {(g["node"], g["gpu"]): g for g in hub.productivity.gpu_states()}
     rows = hub.store.snapshot(list(dict.fromkeys([metric, UTIL])), None)
     node_rows = hub.store.snapshot(["node_cpu_percent"], None)
     gpu_rows = [r for r in rows if "gpu" in r["labels"] and "node" in r["labels"]]
@@ -54,8 +59,11 @@ def fleet_view(hub: Hub, metric: str, stale_after: float) -> dict[str, Any]:
         if value is not None and not stale:
             lo = value if lo is None or value < lo else lo
             hi = value if hi is None or value > hi else hi
-        # one short list per GPU: [gpu, value, state, job, idle] keeps 8,192 GPUs a small payload
-        nodes.setdefault(node, []).append([gpu, value, state, job, is_idle])
+        now = now_states.get((node, gpu), {})
+        # one short list per GPU keeps 8,192 GPUs a small payload
+        nodes.setdefault(node, []).append(
+            [gpu, value, state, job, is_idle, now.get("state"), now.get("cause")]
+        )
     out_nodes = []
     for node in sorted(nodes, key=natural_key):
         gpus = sorted(nodes[node], key=lambda g: (len(g[0]), g[0]))
@@ -63,7 +71,8 @@ def fleet_view(hub: Hub, metric: str, stale_after: float) -> dict[str, Any]:
         node_stale = seen is not None and newest is not None and newest - seen > stale_after
         badge = index.node_severity(node) or ("stale" if node_stale else "ok")
         alerts = len(index.by_node.get(node, []))
-        out_nodes.append({"node": node, "badge": badge, "alerts": alerts, "gpus": gpus})
+        states = Counter(g[5] for g in gpus if g[5])
+        out_nodes.append({"node": node, "badge": badge, "alerts": alerts, "gpus": gpus, "states": states})
     allocated = [g for g in idle if g["job"]]
     firing = hub.firing()
     return {
@@ -87,7 +96,17 @@ def fleet_view(hub: Hub, metric: str, stale_after: float) -> dict[str, Any]:
             "firing": {sev: sum(1 for a in firing if a.severity == sev) for sev in ("P1", "P2", "P3")},
         },
         "metrics": list(PICKER_METRICS),
+        "states_now": Counter(g["state"] for g in now_states.values()),
+        "productivity": _fleet_hours(hub, window),
+        "waste_by_cause": [] if window is None else hub.productivity.waste_by_cause(*window)[:8],
     }
+
+
+def _fleet_hours(hub: Hub, window: tuple[float, float] | None) -> dict[str, Any] | None:
+    if window is None:
+        return None
+    rows = hub.productivity.summary("fleet", *window)["groups"]
+    return rows[0] if rows else None
 
 
 def node_view(hub: Hub, node: str, stale_after: float) -> dict[str, Any]:
@@ -97,6 +116,7 @@ def node_view(hub: Hub, node: str, stale_after: float) -> dict[str, Any]:
         raise KeyError(node)
     newest = max(r["ts"] for r in rows)
     index = AlertIndex(hub.firing())
+    now_states = {g["gpu"]: g for g in hub.productivity.gpu_states() if g["node"] == node}
     host = next((r for r in rows if set(r["labels"]) == {"node"}), None)
     gpus = []
     services = []
@@ -106,9 +126,14 @@ def node_view(hub: Hub, node: str, stale_after: float) -> dict[str, Any]:
             services.append({"labels": labels, "values": row["values"], "ts": row["ts"]})
         if "gpu" not in labels or not GPU_ENTITY_KEYS.issuperset(labels):
             continue
-        stale = newest - row["ts"] > stale_after
+        pstate = now_states.get(labels["gpu"], {})
+        # a GPU the model counts lost (or its node unreachable) shows its last values as stale at once
+        stale = newest - row["ts"] > stale_after or bool(pstate.get("stale"))
         gpus.append(
             {
+                "stale": stale,
+                "pstate": pstate.get("state"),
+                "cause": pstate.get("cause"),
                 "gpu": labels["gpu"],
                 "uuid": labels.get("uuid"),
                 "job": labels.get("job"),

@@ -11,7 +11,7 @@ import statistics
 from typing import Any
 
 from gpuscope.hub import Hub
-from gpuscope.model import Event, TrainingRecord
+from gpuscope.model import Alert, Event, TrainingRecord
 from gpuscope.web.dashboard.common import AlertIndex, alert_brief, finite, natural_key, worst
 
 JOB_EVENTS = ("job_started", "job_ended", "job_failed")
@@ -56,12 +56,34 @@ def jobs_view(hub: Hub, now: float) -> dict[str, Any]:
     for name in sorted(jobs, key=natural_key):
         job = jobs[name]
         alerts = index.by_job.get(name, [])
+        job["status"] = job_status(hub, name, now, alerts, job.get("state", "running"))
         job["restarts"] = max(0, job["restarts"])
         job["gpus_now"] = held.get(name, 0)
         job["alerts"] = len(alerts)
         job["worst"] = worst(a.severity for a in alerts)
         out.append(job)
     return {"jobs": out}
+
+
+#: firing alerts that settle a job's status whatever the GPUs show (the alert text and the list agree)
+STALL_RULES = frozenset({"training_stalled", "rank_lost"})
+DEGRADE_RULES = frozenset({"training_straggler", "step_time_regression", "gpu_underperforming"})
+
+
+def job_status(hub: Hub, job: str, now: float, alerts: list[Alert], lifecycle_state: str) -> str:
+    """running, stalled, degraded, failed or finished: the productivity model's view of the job's
+    GPUs, overridden by a firing stall/failure alert so the list never contradicts the alerts."""
+    rules = {a.rule for a in alerts}
+    if "job_failed" in rules or lifecycle_state == "failed":
+        return "failed"
+    if lifecycle_state == "ended":
+        return "finished"
+    if rules & STALL_RULES:
+        return "stalled"
+    status = hub.productivity.job_status(job, now)
+    if status in ("running", "stalled", "degraded"):
+        return "degraded" if status == "running" and rules & DEGRADE_RULES else status
+    return "running"
 
 
 def _bucketed(
@@ -203,7 +225,13 @@ def job_view(hub: Hub, job: str, start: float, end: float, points: int) -> dict[
             placement[rec.rank] = {"node": rec.labels["node"], "gpu": rec.labels["gpu"]}
     last_step = max((r.step for r in records), default=None)
     index = AlertIndex(hub.firing())
+    alerts = index.by_job.get(job, [])
+    state = next((e.kind for e in reversed(lifecycle)), "job_started")
+    lifecycle_state = {"job_ended": "ended", "job_failed": "failed"}.get(state, "running")
+    mine = [g for g in hub.productivity.summary("job", start, end)["groups"] if g["group"] == job]
     return {
+        "status": job_status(hub, job, end, alerts, lifecycle_state),
+        "productivity": mine[0] if mine else None,
         "job": job,
         "start": start,
         "end": end,

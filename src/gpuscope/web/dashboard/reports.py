@@ -81,10 +81,29 @@ def reports_view(hub: Hub, now: float, days: int) -> dict[str, Any]:
             "cost": None if unused_hours is None else round(unused_hours * price, 2),
         },
         "failing_candidates": failing_candidates(history, start),
+        "waste": waste_ranking(hub, start, now),
         "trend": [[p.ts, finite(p.value)] for p in daily],
         "by_node": [
             {"node": g["group"], "mean": finite(g["mean"]), "max": finite(g["max"])} for g in per_node
         ],
+    }
+
+
+def waste_ranking(hub: Hub, start: float, end: float, top: int = 10) -> dict[str, Any]:
+    """Wasted GPU-hours and dollars ranked by cause, team and job (from the productivity model)."""
+    model = hub.productivity
+    fleet = model.summary("fleet", start, end)["groups"]
+
+    def ranked(by: str) -> list[dict[str, Any]]:
+        rows = [r for r in model.summary(by, start, end)["groups"] if r["waste"]["gpu_hours"] > 0]
+        return [{"group": r["group"], **r["waste"], "gpu_hours_total": r["gpu_hours"]} for r in rows[:top]]
+
+    return {
+        "total": fleet[0]["waste"] if fleet else {"gpu_hours": 0.0, "dollars": 0.0},
+        "states": {s: v["gpu_hours"] for s, v in fleet[0]["states"].items()} if fleet else {},
+        "by_cause": model.waste_by_cause(start, end)[:top],
+        "by_team": ranked("team"),
+        "by_job": ranked("job"),
     }
 
 

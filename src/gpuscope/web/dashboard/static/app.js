@@ -24,6 +24,22 @@ GS.fmt = (v, digits = 1) => {
   if (a !== 0 && a < 0.01) return v.toExponential(1);
   return Number(v.toFixed(a < 10 ? 3 : digits)).toString();
 };
+// Short tick labels that do not run into each other: time of day within two days, else the date.
+GS.timeTicks = (u, vals) => {
+  const span = vals.length > 1 ? vals[vals.length - 1] - vals[0] : 0;
+  return vals.map((v) => {
+    const d = new Date(v * 1000);
+    return span > 2 * 86400
+      ? d.toLocaleDateString(undefined, { month: "short", day: "numeric" })
+      : d.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" });
+  });
+};
+// Event data as words, not JSON: "code 79 · source nvml".
+GS.detail = (data) =>
+  Object.entries(data || {})
+    .filter(([, v]) => v !== "" && v !== null && v !== undefined)
+    .map(([k, v]) => `${k.replace(/_/g, " ")} ${typeof v === "object" ? JSON.stringify(v) : v}`)
+    .join(" · ");
 GS.time = (ts) => (ts ? new Date(ts * 1000).toLocaleString() : "–");
 GS.ago = (ts) => {
   if (!ts) return "–";
@@ -105,6 +121,31 @@ GS.series = async (metric, labels, points = 300) => {
   return body.points;
 };
 
+// GPU-time states of the productivity model (/api/v1/productivity), in the order the bar shows them.
+GS.STATES = [
+  ["productive", "#3fb950"], ["degraded", "#e3b341"], ["busy_not_productive", "#ff7b72"],
+  ["idle_allocated", "#b06c00"], ["idle_unallocated", "#34404c"], ["down", "#8e1b21"], ["maintenance", "#7d6bd6"],
+];
+GS.stateColour = (s) => (GS.STATES.find(([k]) => k === s) || [null, "#232a31"])[1];
+GS.stateTag = (s) => `<span class="pst" data-pstate="${GS.esc(s)}" style="background:${GS.stateColour(s)}">${GS.esc(String(s).replace(/_/g, " "))}</span>`;
+// GPU-hours (and dollars) per state as one bar plus a table of states and causes with their owners.
+GS.hours = (row, id) => {
+  if (!row || !row.gpu_hours) return '<p class="muted">no GPU time counted in this range yet</p>';
+  const total = row.gpu_hours;
+  const bar = GS.STATES.map(([k, c]) => {
+    const h = row.states[k].gpu_hours;
+    return h > 0 ? `<span data-state="${k}" style="width:${((100 * h) / total).toFixed(2)}%;background:${c}" title="${k} ${GS.fmt(h, 2)} GPU-h"></span>` : "";
+  }).join("");
+  const rows = GS.STATES.filter(([k]) => row.states[k].gpu_hours > 0).map(([k]) => {
+    const st = row.states[k];
+    const causes = Object.entries(st.causes).sort((a, b) => b[1].gpu_hours - a[1].gpu_hours)
+      .map(([c, v]) => `${GS.esc(c.replace(/_/g, " "))} ${GS.fmt(v.gpu_hours, 2)} h <span class="muted">(${GS.esc(v.owner)})</span>`).join(" · ");
+    return `<tr data-state="${k}"><td>${GS.stateTag(k)}</td><td class="num" data-hours="${st.gpu_hours}">${GS.fmt(st.gpu_hours, 2)}</td><td class="num">${((100 * st.gpu_hours) / total).toFixed(1)} %</td><td class="num">$${GS.fmt(st.dollars, 2)}</td><td>${causes}</td></tr>`;
+  }).join("");
+  return `<div class="bar" id="${id}">${bar}</div><table class="hours"><tr><th>state</th><th>GPU-h</th><th>share</th><th>cost</th><th>causes (owner)</th></tr>${rows}</table>
+    <p class="muted">wasted: <b data-waste="${row.waste.gpu_hours}">${GS.fmt(row.waste.gpu_hours, 2)} GPU-h · $${GS.fmt(row.waste.dollars, 2)}</b> of ${GS.fmt(total, 2)} GPU-h</p>`;
+};
+
 const PALETTE = ["#6cb6ff", "#3fb950", "#f5a524", "#c9a6ff", "#ff7b72", "#39c5cf", "#e3b341", "#f778ba"];
 GS.color = (i) => PALETTE[i % PALETTE.length];
 
@@ -133,10 +174,16 @@ GS.chart = (box, title, data, series, opts = {}) => {
       width,
       height: opts.height || 180,
       series: [{}, ...series.map((s, i) => ({ stroke: GS.color(i), width: 1.25, spanGaps: true, points: { show: false }, ...s }))],
-      axes: [{ stroke: "#8b97a5", grid: { stroke: "#2a333d" } }, { stroke: "#8b97a5", grid: { stroke: "#2a333d" }, size: 56 }],
+      axes: [
+        { stroke: "#8b97a5", grid: { stroke: "#2a333d" }, space: 90, values: GS.timeTicks },
+        { stroke: "#8b97a5", grid: { stroke: "#2a333d" }, size: 72, values: (u, vals) => vals.map((v) => GS.fmt(v)) },
+      ],
       legend: { show: series.length <= 12 },
       cursor: { drag: { x: true, y: false } },
-      scales: { x: { time: true } },
+      scales: {
+        x: { time: true, ...(opts.x ? { range: () => opts.x } : {}) },
+        ...(opts.y ? { y: { range: () => opts.y } } : {}),
+      },
     },
     data,
     box,
@@ -156,34 +203,42 @@ function route() {
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.page === name || (a.dataset.page === "jobs" && name === "job") || (a.dataset.page === "services" && name === "service") || (a.dataset.page === "alerts" && name === "alert"));
   for (const { u } of GS.charts.values()) u.destroy();
   GS.charts.clear();
+  // each page gets a fresh container: an update of the page just left, still in flight, writes
+  // into its own detached container, never into the new page's boxes (which share ids)
   const main = document.getElementById("main");
-  main.innerHTML = "";
+  const view = document.createElement("div");
+  main.replaceChildren(view);
   document.body.dataset.page = name;
   document.body.dataset.ready = "0";
-  GS.current = { page, args: parts.slice(1), root: main };
-  page.mount(main, GS.current.args);
+  GS.banner("");
+  GS.current = { page, args: parts.slice(1), root: view };
+  page.mount(view, GS.current.args);
   update();
 }
 
 async function update() {
   const cur = GS.current;
-  if (!cur || GS.busy) return;
+  if (!cur) return;
+  if (GS.busy) { GS.again = true; return; } // run once the update in flight is done
   GS.busy = true;
+  GS.again = false;
   const t0 = performance.now();
   try {
     await cur.page.update(cur.root, cur.args);
-    document.body.dataset.updateMs = (performance.now() - t0).toFixed(1);
     if (cur !== GS.current) return;
+    document.body.dataset.updateMs = (performance.now() - t0).toFixed(1);
     GS.updates += 1;
     document.body.dataset.updates = String(GS.updates);
     document.body.dataset.ready = "1";
     document.getElementById("updated").textContent = `updated ${new Date().toLocaleTimeString()}`;
     GS.banner("");
   } catch (err) {
+    if (cur !== GS.current) return; // the page was left meanwhile: its failure is no news
     GS.banner(`could not load this page: ${err.message}`);
     document.body.dataset.ready = "error";
   } finally {
     GS.busy = false;
+    if (GS.again || cur !== GS.current) { GS.again = false; update(); }
   }
 }
 GS.refresh = update;

@@ -11,11 +11,12 @@
   }
 
   GS.pages.fleet = {
-    metric: "gpu_utilization_percent",
+    metric: "state",
     mount(root) {
       root.innerHTML = `<h1>Fleet</h1>
         <div class="cards" id="f-cards"></div>
-        <div class="legend">metric <select id="f-metric"></select>
+        <h2>GPU time in this range</h2><div id="f-hours"></div>
+        <div class="legend">colour by <select id="f-metric"></select> <span id="f-states">${GS.STATES.map(([k, c]) => `<span><i style="background:${c}"></i>${k.replace(/_/g, " ")}</span>`).join("")}</span>
           <span><span class="grad"></span> <span id="f-lo"></span> → <span id="f-hi"></span></span>
           <span><i style="background:var(--p1)"></i>P1 fault</span><span><i style="background:var(--p2)"></i>P2</span>
           <span><i style="background:var(--p3)"></i>P3</span><span><i style="background:var(--stale)"></i>silent</span>
@@ -28,10 +29,14 @@
       });
     },
     async update(root) {
-      const d = await GS.api("/api/v1/ui/fleet", { metric: this.metric });
+      const byState = this.metric === "state";
+      const { start, end } = GS.window();
+      const d = await GS.api("/api/v1/ui/fleet", { metric: byState ? "gpu_utilization_percent" : this.metric, start, end });
       const sel = root.querySelector("#f-metric");
       if (!sel.options.length)
-        sel.innerHTML = d.metrics.map((m) => `<option ${m === d.metric ? "selected" : ""}>${esc(m)}</option>`).join("");
+        sel.innerHTML = ["state", ...d.metrics].map((m) => `<option ${m === this.metric ? "selected" : ""}>${esc(m)}</option>`).join("");
+      root.querySelector("#f-hours").innerHTML = GS.hours(d.productivity, "f-hoursbar");
+      root.querySelector("#f-heat").classList.toggle("bystate", byState);
       let [lo, hi] = d.range;
       if (d.metric.endsWith("_percent")) [lo, hi] = [0, 100];
       root.querySelector("#f-lo").textContent = fmt(lo);
@@ -43,14 +48,19 @@
         <div class="card">idle GPUs<b id="f-idle-count">${d.idle.allocated + d.idle.unallocated}</b>
           <span class="muted">${d.idle.allocated} allocated · ${d.idle.unallocated} free</span></div>
         <div class="card">idle cost<b id="f-idle-cost">$${fmt(d.idle.cost_per_hour, 2)}/h</b>
-          <span class="muted">allocated $${fmt(d.idle.allocated_cost_per_hour, 2)}/h</span></div>`;
+          <span class="muted">allocated $${fmt(d.idle.allocated_cost_per_hour, 2)}/h</span></div>
+        <div class="card">GPUs now by state<b style="font-size:12px" id="f-now">${GS.STATES.filter(([k]) => d.states_now[k]).map(([k]) => `${GS.stateTag(k)} <span data-now="${k}">${d.states_now[k]}</span>`).join("<br>") || "–"}</b></div>
+        <div class="card">waste by cause<b style="font-size:12px" id="f-waste">${d.waste_by_cause.slice(0, 4).map((w) => `${esc(w.cause.replace(/_/g, " "))} ${fmt(w.gpu_hours, 2)} GPU-h · $${fmt(w.dollars, 2)}`).join("<br>") || "none"}</b></div>`;
       const parts = [];
       for (const n of d.nodes) {
         const node = encodeURIComponent(n.node);
-        parts.push(`<div class="node" data-node="${esc(n.node)}"><div class="nh"><a href="#/node/${node}">${esc(n.node)}</a>${sev(n.badge)}</div><div class="cells">`);
-        for (const [gpu, v, s, job, idle] of n.gpus) {
-          const tip = `${n.node} GPU ${gpu}: ${fmt(v)}${job ? " · job " + job : ""}${s !== "ok" ? " · " + s : ""}${idle ? " · idle" : ""}`;
-          parts.push(`<a class="cell${idle ? " idle" : ""}" href="#/gpu/${node}/${encodeURIComponent(gpu)}" data-node="${esc(n.node)}" data-gpu="${esc(gpu)}" data-state="${s}" title="${esc(tip)}" style="background:${heatColor(v, lo, hi)}"></a>`);
+        const worstState = ["down", "busy_not_productive", "idle_allocated", "degraded", "maintenance"].find((k) => n.states[k]);
+        const badge = n.badge === "ok" && worstState ? GS.stateTag(worstState) : sev(n.badge);
+        parts.push(`<div class="node" data-node="${esc(n.node)}" data-worst="${esc(worstState || "")}"><div class="nh"><a href="#/node/${node}">${esc(n.node)}</a>${badge}</div><div class="cells">`);
+        for (const [gpu, v, s, job, idle, ps, cause] of n.gpus) {
+          const tip = `${n.node} GPU ${gpu}: ${ps ? ps.replace(/_/g, " ") + (cause ? " (" + cause.replace(/_/g, " ") + ")" : "") + " · " : ""}util ${fmt(v)}${job ? " · job " + job : ""}${s !== "ok" ? " · " + s : ""}${idle ? " · idle" : ""}`;
+          const bg = byState ? GS.stateColour(ps) : heatColor(v, lo, hi);
+          parts.push(`<a class="cell${idle ? " idle" : ""}" href="#/gpu/${node}/${encodeURIComponent(gpu)}" data-node="${esc(n.node)}" data-gpu="${esc(gpu)}" data-state="${s}" data-pstate="${esc(ps || "")}" title="${esc(tip)}" style="background:${bg}"></a>`);
         }
         parts.push("</div></div>");
       }
@@ -87,8 +97,8 @@
         <div class="card">IB rx/tx<b>${fmt(h.node_ib_rx_bytes_per_second)} / ${fmt(h.node_ib_tx_bytes_per_second)} B/s</b><span class="muted">ports down ${fmt(h.node_ib_ports_down)}</span></div>
         <div class="card">last report<b>${GS.ago(d.host && d.host.ts)}</b></div>`;
       root.querySelector("#n-gpus").innerHTML = `<table><tr><th>GPU</th><th>state</th><th>job</th><th>util %</th><th>temp °C</th><th>power W</th><th>memory used</th><th>SM MHz</th></tr>${d.gpus
-        .map((g) => `<tr><td><a href="#/gpu/${encodeURIComponent(node)}/${encodeURIComponent(g.gpu)}">GPU ${esc(g.gpu)}</a></td><td>${sev(g.state)}</td><td>${g.job ? `<a href="#/job/${encodeURIComponent(g.job)}">${esc(g.job)}</a>` : "–"}</td><td>${fmt(g.values.gpu_utilization_percent)}</td><td>${fmt(g.values.gpu_temp_celsius)}</td><td>${fmt(g.values.gpu_power_watts)}</td><td>${fmt(g.values.gpu_memory_used_bytes)}B</td><td>${fmt(g.values.gpu_sm_clock_mhz)}</td></tr>`)
-        .join("")}</table>${d.services.map((s) => `<p>serves <a href="#/service/${encodeURIComponent(s.labels.service)}">${esc(s.labels.service)}</a></p>`).join("")}`;
+        .map((g) => `<tr><td><a href="#/gpu/${encodeURIComponent(node)}/${encodeURIComponent(g.gpu)}">GPU ${esc(g.gpu)}</a></td><td>${sev(g.state)}</td><td>${g.job ? `<a href="#/job/${encodeURIComponent(g.job)}">${esc(g.job)}</a>` : "–"}</td>${["gpu_utilization_percent", "gpu_temp_celsius", "gpu_power_watts"].map((m) => `<td${g.stale ? ' class="muted stale" title="last value before the GPU went silent"' : ""}>${fmt(g.values[m])}${g.stale ? " (stale)" : ""}</td>`).join("")}<td>${fmt(g.values.gpu_memory_used_bytes)}B</td><td>${fmt(g.values.gpu_sm_clock_mhz)}</td></tr>`)
+        .join("")}</table>${[...new Set(d.services.map((s) => s.labels.service))].map((name) => `<p class="serves">serves <a href="#/service/${encodeURIComponent(name)}">${esc(name)}</a></p>`).join("")}`;
       root.querySelector("#n-alerts").innerHTML = GS.alertRows(d.alerts);
       const gpus = d.gpus.map((g) => g.gpu);
       const per = async (metric) => GS.align(await Promise.all(gpus.map((g) => GS.series(metric, { node, gpu: g }))));
@@ -126,7 +136,8 @@
       ]);
       const me = nodeView.gpus.find((g) => g.gpu === gpu) || { values: {}, state: "unknown" };
       const v = me.values;
-      root.querySelector("#g-now").innerHTML = `<div class="card">state<b>${sev(me.state)}</b></div>
+      const stale = me.stale ? `<span class="muted" id="g-stale">last report ${GS.ago(me.ts)} ago: values are stale</span>` : "";
+      root.querySelector("#g-now").innerHTML = `<div class="card">state<b>${sev(me.state)}</b>${me.pstate ? GS.stateTag(me.pstate) : ""} ${stale}</div>
         <div class="card">job<b>${me.job ? `<a href="#/job/${encodeURIComponent(me.job)}">${esc(me.job)}</a>` : "–"}</b></div>
         <div class="card">util<b>${fmt(v.gpu_utilization_percent)} %</b></div><div class="card">temp<b>${fmt(v.gpu_temp_celsius)} °C</b></div>
         <div class="card">power<b>${fmt(v.gpu_power_watts)} W</b><span class="muted">limit ${fmt(v.gpu_power_limit_watts)}</span></div>
@@ -134,7 +145,7 @@
         <div class="card">uuid<b style="font-size:11px">${esc(me.uuid || "–")}</b></div>`;
       const events = evs.flatMap((e) => e.events).sort((a, b) => a.ts - b.ts);
       root.querySelector("#g-events").innerHTML = events.length
-        ? `<table><tr><th>time</th><th>kind</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}${e.data.code ? " " + esc(e.data.code) : ""}</td><td>${esc(e.data.message || e.data.reason || JSON.stringify(e.data))}</td></tr>`).join("")}</table>`
+        ? `<table><tr><th>time</th><th>kind</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind.replace(/_/g, " "))}${e.kind === "xid" && e.data.code ? " " + esc(e.data.code) : ""}</td><td>${esc(e.data.message || e.data.reason || GS.detail(e.data))}</td></tr>`).join("")}</table>`
         : '<p class="muted">no XID, ECC or lost-GPU event in this range</p>';
       const mine = alerts.alerts.filter((a) => a.entity.node === node && a.entity.gpu === gpu);
       root.querySelector("#g-alerts").innerHTML = mine.length ? GS.alertRows(mine) : '<p class="muted">none</p>';

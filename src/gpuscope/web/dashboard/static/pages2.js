@@ -12,7 +12,7 @@
       const d = await GS.api("/api/v1/ui/jobs");
       root.querySelector("#j-list").innerHTML = d.jobs.length
         ? `<table><tr><th>job</th><th>kind</th><th>state</th><th>ranks</th><th>GPUs now</th><th>restarts</th><th>started</th><th>alerts</th></tr>${d.jobs
-            .map((j) => `<tr data-job="${esc(j.job)}"><td>${j.kind === "inference" ? `<a href="#/service/${encodeURIComponent(j.job)}">${esc(j.job)}</a>` : jobLink(j.job)}</td><td>${esc(j.kind)}</td><td>${esc(j.state)}</td><td>${j.world_size ?? "–"}</td><td>${j.gpus_now}</td><td>${j.restarts}</td><td>${GS.time(j.started_at)}</td><td>${j.alerts ? sev(j.worst) + " " + j.alerts : "–"}</td></tr>`)
+            .map((j) => `<tr data-job="${esc(j.job)}"><td>${j.kind === "inference" ? `<a href="#/service/${encodeURIComponent(j.job)}">${esc(j.job)}</a>` : jobLink(j.job)}</td><td>${esc(j.kind)}</td><td data-status="${esc(j.status)}"><span class="jst ${esc(j.status)}">${esc(j.status)}</span></td><td>${j.world_size ?? "–"}</td><td>${j.gpus_now}</td><td>${j.restarts}</td><td>${GS.time(j.started_at)}</td><td>${j.alerts ? sev(j.worst) + " " + j.alerts : "–"}</td></tr>`)
             .join("")}</table>`
         : '<p class="muted">no job has reported in the last 30 days</p>';
     },
@@ -25,7 +25,7 @@
   GS.pages.job = {
     mount(root, [job, rank]) {
       root.innerHTML = `<h1>Job ${esc(job)}${rank !== undefined ? ` · rank ${esc(rank)}` : ""}</h1>
-        <div class="cards" id="jb-cards"></div><h2>Goodput</h2><div id="jb-good"></div>
+        <div class="cards" id="jb-cards"></div><h2>GPU time</h2><div id="jb-hours"></div><h2>Goodput (step records)</h2><div id="jb-good"></div>
         <h2>Per-rank curves</h2><div id="jb-charts"></div>
         <h2>Checkpoints</h2><div id="jb-ckpt"></div><h2>Alerts</h2><div id="jb-alerts"></div>
         <h2>Ranks</h2><div id="jb-ranks"></div>`;
@@ -36,7 +36,9 @@
       const d = await GS.api("/api/v1/ui/job", { job, start, end, points: 300 });
       const strags = d.stragglers.map((s) => String(s.rank));
       const focus = rank !== undefined ? String(rank) : null;
-      root.querySelector("#jb-cards").innerHTML = `<div class="card">last step<b>${d.last_step ?? "–"}</b></div>
+      root.querySelector("#jb-hours").innerHTML = GS.hours(d.productivity, "jb-hoursbar");
+      root.querySelector("#jb-cards").innerHTML = `<div class="card">status<b id="jb-status" data-status="${esc(d.status)}"><span class="jst ${esc(d.status)}">${esc(d.status)}</span></b></div>
+        <div class="card">last step<b>${d.last_step ?? "–"}</b></div>
         <div class="card">ranks<b>${d.ranks.length}</b></div>
         <div class="card">straggler<b id="jb-strag">${strags.length ? strags.map((r) => `rank <a href="#/job/${encodeURIComponent(job)}/${r}">${r}</a>`).join(", ") : "none"}</b><span class="muted">${d.stragglers.map((s) => esc(s.source)).join(", ")}</span></div>
         <div class="card">checkpoints<b>${d.checkpoints.filter((c) => c.completed).length}</b><span class="muted">${d.checkpoints.filter((c) => c.failed).length} failed</span></div>
@@ -129,7 +131,7 @@
   GS.pages.reports = {
     mount(root) {
       root.innerHTML = `<h1>Reports · last 30 days</h1><div class="cards" id="r-cards"></div>
-        <div class="charts"><div class="chart" id="c-trend" data-chart="trend"></div></div>
+        <div class="charts"><div class="chart" id="r-waste" data-chart="waste"></div><div class="chart" id="c-trend" data-chart="trend"></div></div>
         <h2>Failing-GPU candidates</h2><div id="r-fail"></div><h2>Utilization by node</h2><div id="r-nodes"></div>`;
     },
     async update(root) {
@@ -138,7 +140,13 @@
       root.querySelector("#r-cards").innerHTML = `<div class="card">idle allocated GPU-hours<b id="r-idle-hours">${fmt(ia.gpu_hours, 2)}</b><span class="muted">$${fmt(ia.cost, 2)} at $${fmt(d.price_per_gpu_hour, 2)}/GPU-h</span></div>
         <div class="card">unused capacity<b>${fmt(uc.gpu_hours, 2)} GPU-h</b><span class="muted">$${fmt(uc.cost, 2)} · mean util ${fmt(uc.mean_utilization_percent)} % over ${uc.gpus} GPUs</span></div>
         <div class="card">idle by job<b style="font-size:12px">${Object.entries(ia.by_job).map(([j, h]) => `${jobLink(j)} ${fmt(h, 2)} h`).join("<br>") || "none"}</b></div>`;
-      GS.chart(root.querySelector("#c-trend"), "fleet GPU utilization %, daily mean", [d.trend.map((p) => p[0]), d.trend.map((p) => p[1])], [{ label: "mean utilization %", points: { show: true, size: 6 } }]);
+      const w = d.waste;
+      const rank = (title, id, rows, key, link) => `<h3>${title}</h3>${rows.length ? `<table id="${id}"><tr><th>${key}</th><th>wasted GPU-h</th><th>cost</th></tr>${rows.map((r) => `<tr data-${key}="${esc(r[key])}"><td>${link(r[key])}</td><td class="num">${fmt(r.gpu_hours, 2)}</td><td class="num">$${fmt(r.dollars, 2)}</td></tr>`).join("")}</table>` : '<p class="muted">none</p>'}`;
+      root.querySelector("#r-waste").innerHTML = `<div class="title">wasted GPU time · <b id="r-waste-total">${fmt(w.total.gpu_hours, 2)} GPU-h · $${fmt(w.total.dollars, 2)}</b></div>
+        ${rank("by cause", "r-by-cause", w.by_cause, "cause", (c) => `${esc(c.replace(/_/g, " "))}`)}
+        ${rank("by team", "r-by-team", w.by_team.map((r) => ({ ...r, team: r.group })), "team", (t) => esc(t))}
+        ${rank("by job", "r-by-job", w.by_job.map((r) => ({ ...r, job: r.group })), "job", jobLink)}`;
+      GS.chart(root.querySelector("#c-trend"), "fleet GPU utilization %, daily mean", [d.trend.map((p) => p[0]), d.trend.map((p) => p[1])], [{ label: "mean utilization %", points: { show: true, size: 6 } }], { x: [d.start, d.end], y: [0, 100] });
       root.querySelector("#r-fail").innerHTML = d.failing_candidates.length
         ? `<table><tr><th>GPU</th><th>score</th><th>alerts by rule</th><th>firing</th></tr>${d.failing_candidates.map((c) => `<tr data-candidate="${esc(c.node)}/${esc(c.gpu)}"><td><a href="#/gpu/${encodeURIComponent(c.node)}/${encodeURIComponent(c.gpu)}">${esc(c.node)} GPU ${esc(c.gpu)}</a></td><td>${c.score}</td><td>${Object.entries(c.rules).map(([r, n]) => `${esc(r)}×${n}`).join(", ")}</td><td>${c.firing}</td></tr>`).join("")}</table>`
         : '<p class="muted">no GPU raised a hardware alert</p>';
@@ -169,7 +177,7 @@
       const lists = await Promise.all(LINEAGE_KINDS.map((kind) => GS.api("/api/v1/events", { kind, start, end, limit: 200 })));
       const events = lists.flatMap((l) => l.events).sort((a, b) => b.ts - a.ts).slice(0, 200);
       root.querySelector("#l-body").innerHTML = events.length
-        ? `<table><tr><th>time</th><th>event</th><th>where</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${GS.entityLinks(e.labels)}</td><td>${esc(JSON.stringify(e.data).slice(0, 160))}</td></tr>`).join("")}</table>`
+        ? `<table><tr><th>time</th><th>event</th><th>where</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${GS.entityLinks(e.labels)}</td><td>${esc(GS.detail(e.data).slice(0, 160))}</td></tr>`).join("")}</table>`
         : '<p class="muted">no checkpoint or model-version event in this range</p>';
     },
   };

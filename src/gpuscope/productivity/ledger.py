@@ -1,0 +1,144 @@
+"""GPU-seconds per state and cause, kept as rollups: per-minute buckets for the recent past, folded
+into per-hour buckets (without the GPU index) once older, and dropped past the retention."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from gpuscope.productivity.states import CAUSES, DEGRADED, STATES, WASTE_STATES, owner_of, state_of
+
+GROUPINGS: tuple[str, ...] = ("fleet", "node", "job", "team", "service")
+MINUTE = 60.0
+HOUR = 3600.0
+#: minute buckets older than this fold into hour buckets
+MINUTES_KEPT_S = 2 * HOUR
+RETENTION_S = 31 * 24 * HOUR
+
+
+@dataclass(frozen=True, slots=True)
+class Slot:
+    """Who a GPU-second belongs to and why it is in its state (``gpu`` is '' once rolled up)."""
+
+    node: str
+    gpu: str
+    job: str
+    team: str
+    service: str
+    cause: str
+
+    def group(self, by: str) -> str:
+        if by == "fleet":
+            return "fleet"
+        return str(getattr(self, by))
+
+
+Bucket = dict[Slot, list[float]]  # [seconds, lost seconds]
+#: causes whose seconds carry no lost share (only degraded seconds are partly lost)
+_LOSSLESS = frozenset(c for c, spec in CAUSES.items() if spec.state != DEGRADED)
+
+
+class Ledger:
+    def __init__(self) -> None:
+        self.minutes: dict[int, Bucket] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+        self.hours: dict[int, Bucket] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+        self.latest = -math.inf
+
+    def add(self, start: float, end: float, slot: Slot, lost_fraction: float = 0.0) -> None:
+        """Count ``(start, end]`` of one GPU in ``slot`` (split at minute boundaries)."""
+        t = start
+        while t < end:
+            minute = math.floor(t / MINUTE)
+            upto = min(end, (minute + 1) * MINUTE)
+            cell = self.minutes[minute][slot]
+            cell[0] += upto - t
+            cell[1] += (upto - t) * lost_fraction
+            t = upto
+        self.latest = max(self.latest, end)
+
+    def move(self, start: float, end: float, old: Slot, new: Slot) -> float:
+        """Recount what ``old`` holds of ``(start, end]`` as ``new`` (a state learned late, such as
+        a stall known only some seconds after the last step); only minute buckets can be amended.
+        Returns the seconds moved."""
+        moved = 0.0
+        for minute in range(math.floor(start / MINUTE), math.floor(end / MINUTE) + 1):
+            bucket = self.minutes.get(minute)
+            cell = bucket.get(old) if bucket is not None else None
+            if bucket is None or cell is None or cell[0] <= 0:
+                continue
+            overlap = min(end, (minute + 1) * MINUTE) - max(start, minute * MINUTE)
+            secs = min(max(overlap, 0.0), cell[0])
+            share = secs / cell[0]
+            lost = cell[1] * share
+            cell[0] -= secs
+            cell[1] -= lost
+            target = bucket[new]
+            target[0] += secs
+            target[1] += 0.0 if new.cause in _LOSSLESS else lost
+            moved += secs
+        return moved
+
+    def fold(self, now: float) -> None:
+        """Roll minute buckets older than :data:`MINUTES_KEPT_S` into hours; apply the retention."""
+        for minute in [m for m in self.minutes if (m + 1) * MINUTE < now - MINUTES_KEPT_S]:
+            hour = self.hours[math.floor(minute * MINUTE / HOUR)]
+            for slot, (secs, lost) in self.minutes.pop(minute).items():
+                cell = hour[Slot(slot.node, "", slot.job, slot.team, slot.service, slot.cause)]
+                cell[0] += secs
+                cell[1] += lost
+        for hour_key in [h for h in self.hours if (h + 1) * HOUR < now - RETENTION_S]:
+            del self.hours[hour_key]
+
+    def _buckets(self, start: float, end: float) -> list[Bucket]:
+        """Buckets overlapping ``[start, end)``: whole buckets (rollup resolution)."""
+        out = [b for m, b in self.minutes.items() if m * MINUTE < end and (m + 1) * MINUTE > start]
+        out += [b for h, b in self.hours.items() if h * HOUR < end and (h + 1) * HOUR > start]
+        return out
+
+    def summary(self, by: str, start: float, end: float, price_per_gpu_hour: float) -> list[dict[str, Any]]:
+        """GPU-hours and dollars per state and cause for each group, largest waste first."""
+        if by not in GROUPINGS:
+            raise ValueError(f"by must be one of {', '.join(GROUPINGS)}")
+        totals: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+        for bucket in self._buckets(start, end):
+            for slot, (secs, lost) in bucket.items():
+                group = slot.group(by)
+                if not group:
+                    continue
+                cell = totals[group][slot.cause]
+                cell[0] += secs
+                cell[1] += lost
+        rows = [_group_row(group, causes, price_per_gpu_hour) for group, causes in totals.items()]
+        rows.sort(key=lambda r: (-r["waste"]["gpu_hours"], r["group"]))
+        return rows
+
+
+def _money(gpu_hours: float, price: float) -> dict[str, float]:
+    return {"gpu_hours": round(gpu_hours, 4), "dollars": round(gpu_hours * price, 2)}
+
+
+def _group_row(group: str, causes: dict[str, list[float]], price: float) -> dict[str, Any]:
+    states: dict[str, dict[str, Any]] = {
+        s: {**_money(0.0, price), "lost_gpu_hours": 0.0, "causes": {}} for s in STATES
+    }
+    waste = 0.0
+    total = 0.0
+    for cause, (secs, lost) in sorted(causes.items()):
+        state = state_of(cause)
+        hours, lost_h = secs / HOUR, lost / HOUR
+        row = states[state]
+        row["gpu_hours"] = round(row["gpu_hours"] + hours, 4)
+        row["dollars"] = round(row["gpu_hours"] * price, 2)
+        row["lost_gpu_hours"] = round(row["lost_gpu_hours"] + lost_h, 4)
+        wasted = hours if state in WASTE_STATES else lost_h
+        row["causes"][cause] = {
+            **_money(hours, price),
+            "owner": owner_of(cause),
+            "waste_gpu_hours": round(wasted, 4),
+            "waste_dollars": round(wasted * price, 2),
+        }
+        total += hours
+        waste += wasted
+    return {"group": group, **_money(total, price), "states": states, "waste": _money(waste, price)}
