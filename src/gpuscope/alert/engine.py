@@ -5,7 +5,7 @@ alert fires (pending → firing → resolved); ``started_at`` is the time it fir
 never wait. Detectors restate every condition that holds at each evaluation; this layer turns a finding that
 appears into a fired alert and one that has been absent for ``resolve_after`` seconds into a
 resolved one (a short absence is treated as the same alert, so a condition at its threshold does
-not flap). A later re-occurrence is a new alert. Severity and owner come from the catalog; the
+not flap). A later re-occurrence is a new alert. Severity and owner come from :mod:`gpuscope.rules`; the
 cost of delay is ``affected_gpus x price_per_gpu_hour x work_at_risk``. It knows nothing of where
 findings came from.
 """
@@ -17,16 +17,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuscope.alert.catalog import HARD_FAULTS, RULES, rule_for_fault
 from gpuscope.alert.incidents import Incident, IncidentTracker
 from gpuscope.model import Alert, Finding, Labels
+from gpuscope.rules import RULES
 
 ChangeKind = Literal["fired", "resolved"]
 FindingKey = tuple[str, tuple[tuple[str, str], ...]]
 Places = Callable[[Labels], list[Labels]]
 
-#: Rules of hard faults: they fire at once (no pending time), as the time-to-detect budget needs.
-HARD_RULES: frozenset[str] = frozenset(rule_for_fault(kind) for kind in HARD_FAULTS)
 #: ``details`` keys the alert layer attaches itself; a detector's refresh must not wipe them.
 KEPT_DETAILS = ("playbook", "ack", "pending_since")
 
@@ -206,7 +204,7 @@ def check_pending(pending_for: Mapping[str, float]) -> dict[str, float]:
             raise ValueError(f"pending time for {rule!r}: not a rule of the alert catalog")
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
             raise ValueError(f"pending time for {rule}: must be a non-negative number of seconds")
-        if seconds > 0 and rule in HARD_RULES:
+        if seconds > 0 and RULES[rule].hard:
             raise ValueError(f"pending time for {rule}: a hard fault fires at once (time to detect)")
         out[rule] = float(seconds)
     return out

@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscope.counters import Counters
-from gpuscope.detect.base import Detector
+from gpuscope.detect.base import StepDetector, register
 from gpuscope.detect.baseline import RollingMedian
-from gpuscope.detect.steps import StepGatherer, StepView
-from gpuscope.model import Event, Finding, TrainingRecord
+from gpuscope.detect.steps import StepView
+from gpuscope.model import Event, Finding
 
 NAN_RULE, SPIKE, DIVERGE, PLATEAU, GRAD = (
     "loss_nan",
@@ -86,7 +86,8 @@ class _Job:
         self.plateau_checks = 0
 
 
-class LossDetector(Detector):
+@register
+class LossDetector(StepDetector):
     rules = (NAN_RULE, SPIKE, DIVERGE, PLATEAU, GRAD)
 
     def __init__(
@@ -109,11 +110,8 @@ class LossDetector(Detector):
         self.divergence, self.sustain = divergence, sustain
         self.plateau_window, self.plateau_gain = plateau_window, plateau_gain
         self.counters = Counters()
-        self._steps = StepGatherer()
+        super().__init__()
         self._jobs: dict[str, _Job] = {}
-
-    def on_training(self, record: TrainingRecord) -> None:
-        self._steps.add(record)
 
     def on_event(self, event: Event) -> None:
         if event.kind in ("job_started", "job_ended", "job_failed"):
@@ -121,11 +119,6 @@ class LossDetector(Detector):
             job = self._jobs.get(name or "")
             if job is not None:
                 job.restart()
-
-    def evaluate(self, now: float) -> list[Finding]:
-        for view in self._steps.closed():
-            self.step(view)
-        return self.findings(now)
 
     def findings(self, now: float) -> list[Finding]:
         out: list[Finding] = []

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuscope.detect.base import Detector
-from gpuscope.detect.steps import StepGatherer, StepView
-from gpuscope.model import Event, Finding, FloatArray, TrainingRecord
+from gpuscope.detect.base import StepDetector, register
+from gpuscope.detect.steps import StepView
+from gpuscope.model import Event, Finding, FloatArray
 
 STRAGGLER, SKEW, FRAG = "training_straggler", "gradient_skew", "memory_fragmentation"
 
@@ -50,7 +50,8 @@ class _Job:
     step_time: float = math.nan
 
 
-class RankDetector(Detector):
+@register
+class RankDetector(StepDetector):
     rules = (STRAGGLER, SKEW, FRAG)
 
     def __init__(
@@ -73,20 +74,12 @@ class RankDetector(Detector):
         self.skew_log = math.log(skew_ratio)
         self.frag_rise, self.retry_window, self.min_retries = frag_rise, retry_window, min_retries
         self.sustain, self.warm_steps = sustain, warm_steps
-        self._steps = StepGatherer()
+        super().__init__()
         self._jobs: dict[str, _Job] = {}
-
-    def on_training(self, record: TrainingRecord) -> None:
-        self._steps.add(record)
 
     def on_event(self, event: Event) -> None:
         if event.kind in ("job_started", "job_ended", "job_failed"):
             self._jobs.pop(event.labels.get("job", ""), None)  # new processes: new baselines
-
-    def evaluate(self, now: float) -> list[Finding]:
-        for view in self._steps.closed():
-            self.step(view)
-        return self.findings(now)
 
     def findings(self, now: float) -> list[Finding]:
         out: list[Finding] = []
@@ -187,7 +180,7 @@ class RankDetector(Detector):
 
     def _findings(self, job_name: str, job: _Job, rank: int, state: _Rank) -> list[Finding]:
         out: list[Finding] = []
-        entity = {"job": job_name, "rank": str(rank), **self._steps.where(job_name, rank)}
+        entity = {"job": job_name, "rank": str(rank), **self.steps.where(job_name, rank)}
         where = f" on {entity['node']} GPU {entity['gpu']}" if "node" in entity else ""
         if state.lag_hits >= self.sustain:
             late = state.lag * job.step_time if math.isfinite(job.step_time) else math.nan

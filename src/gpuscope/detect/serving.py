@@ -22,10 +22,9 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from gpuscope.detect.base import Detector, register
-from gpuscope.detect.services import ServiceAggregator, Snapshot
-from gpuscope.detect.versions import VersionDetector
-from gpuscope.model import Event, Finding, Frame
+from gpuscope.detect.base import ServiceDetector, register
+from gpuscope.detect.services import Snapshot
+from gpuscope.model import Finding
 
 LATENCY, TTFT, ERRORS, QUEUE, KV = (
     "inference_latency_regression",
@@ -112,8 +111,8 @@ class _Svc:
 
 
 @register
-class ServingDetector(Detector):
-    rules = (LATENCY, TTFT, ERRORS, QUEUE, KV, *VersionDetector.rules)
+class ServingDetector(ServiceDetector):
+    rules = (LATENCY, TTFT, ERRORS, QUEUE, KV)
 
     def __init__(
         self,
@@ -136,19 +135,8 @@ class ServingDetector(Detector):
         self.fast_burn, self.slow_burn = fast_burn, slow_burn
         self.min_queue, self.kv_full, self.kv_jump = min_queue, kv_full, kv_jump
         self.sustain, self.warmup, self.kv_sustain = sustain, warmup, kv_sustain
-        self._agg = ServiceAggregator()
+        super().__init__()
         self._svcs: dict[str, _Svc] = {}
-        self.versions = VersionDetector()
-
-    def on_frame(self, frame: Frame) -> None:
-        self._agg.on_frame(frame)
-
-    def on_event(self, event: Event) -> None:
-        self.versions.on_event(event)
-
-    def evaluate(self, now: float) -> list[Finding]:
-        snapshots = self._agg.snapshots()
-        return self.judge(now, snapshots) + self.versions.judge(now, snapshots)
 
     def judge(self, now: float, snapshots: dict[str, Snapshot]) -> list[Finding]:
         """Fold in the services' new snapshots; the findings that hold at ``now``."""

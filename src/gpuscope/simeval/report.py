@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.alert.catalog import HARD_FAULTS, rule_for_fault
 from gpuscope.model import Alert
+from gpuscope.sim.kinds import HARD_FAULTS, rule_for_fault
 from gpuscope.sim.scenario import FaultSpec, Scenario
 
 DEFAULT_WINDOW = 600.0
