@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 Tier = Literal["P1", "P2", "P3"]
+#: gravest first
+TIERS: tuple[Tier, ...] = ("P1", "P2", "P3")
 Owner = Literal["platform", "model", "serving", "product"]
 Layer = Literal["hardware", "training", "serving", "quality"]
 

@@ -1,12 +1,15 @@
 """One rank against its peers: ``training_straggler``, ``gradient_skew``, ``memory_fragmentation``.
 
 Per closed step every rank gets a *lag*: how late it arrived at the collective beyond the peer
-median (``collective_arrival_skew_seconds``, as a share of the step time) or, when ranks report
-their own step times instead, how much longer its step took than the peer median. Lags are
-clipped (a one-step data-loader hiccup is not a straggler) and smoothed per rank (EWMA over
-steps). A straggler's smoothed lag is at least ``lag`` *and* ``excess`` above its own long-run lag
-(learned at most up to ``normal_cap``), so ranks that are always a little slower (fixed offsets
-on shared hardware) stay quiet, while a rank that was slow from its first step still stands out.
+reference (``collective_arrival_skew_seconds``, as a share of the step time) or, when ranks report
+their own step times instead, how much longer its step took than the reference. The reference is
+the ``ref_quantile`` quantile of the ranks, not their median, so it stays with the healthy ranks
+when up to three quarters of them slow down together (a shared switch, a bad rack). A rank's lag
+is the median of its last ``window`` lags: a one-step data-loader hiccup is not a straggler, and
+a straggler that gets worse shows it (no clipping). A straggler's lag is at least ``lag`` *and*
+``excess`` above its own normal lag, learned while it is not slow (at most up to ``normal_cap``),
+so ranks that are always a little slower (fixed offsets on shared hardware) stay quiet, while a
+rank that was slow from its first step still stands out.
 
 Gradient skew: a rank's smoothed log-ratio of gradient norm to the peer median beyond
 ``log(skew_ratio)``. Fragmentation: a rank's allocator fragmentation ``frag_rise`` above its own
@@ -16,6 +19,7 @@ early level, or allocator retries climbing. Verdicts need ``sustain`` steps in a
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +34,7 @@ STRAGGLER, SKEW, FRAG = "training_straggler", "gradient_skew", "memory_fragmenta
 @dataclass(slots=True)
 class _Rank:
     lag: float = math.nan
+    lags: deque[float] = field(default_factory=deque)  # the last ``window`` lags
     lag_base: float = math.nan
     lag_n: int = 0
     lag_hits: int = 0
@@ -56,11 +61,11 @@ class RankDetector(StepDetector):
 
     def __init__(
         self,
-        alpha: float = 0.08,
+        window: int = 9,
         base_alpha: float = 0.02,
-        lag: float = 0.12,
-        excess: float = 0.07,
-        clip: float = 0.6,
+        lag: float = 0.06,
+        excess: float = 0.05,
+        ref_quantile: float = 0.25,
         normal_cap: float = 0.15,
         skew_ratio: float = 1.35,
         frag_rise: float = 0.05,
@@ -69,7 +74,8 @@ class RankDetector(StepDetector):
         sustain: int = 5,
         warm_steps: int = 20,
     ) -> None:
-        self.alpha, self.base_alpha, self.lag, self.excess, self.clip = alpha, base_alpha, lag, excess, clip
+        self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
+        self.ref_quantile = ref_quantile
         self.normal_cap = normal_cap
         self.skew_log = math.log(skew_ratio)
         self.frag_rise, self.retry_window, self.min_retries = frag_rise, retry_window, min_retries
@@ -95,7 +101,10 @@ class RankDetector(StepDetector):
         job = self._jobs.get(view.job)
         if job is None or view.rollback:
             job = self._jobs[view.job] = _Job()
-        ranks = [job.ranks.setdefault(r, _Rank()) for r in view.ranks]
+        ranks = [
+            job.ranks.get(r) or job.ranks.setdefault(r, _Rank(lags=deque(maxlen=self.window)))
+            for r in view.ranks
+        ]
         for state in ranks:
             state.seen = view.ts
         step = view.get("step_seconds")
@@ -110,24 +119,25 @@ class RankDetector(StepDetector):
     def _lags(self, job: _Job, view: StepView, ranks: list[_Rank], step: FloatArray) -> None:
         arrival = view.get("collective_arrival_skew_seconds")
         if np.isfinite(arrival).sum() >= 3 and job.step_time > 0:
-            lags = (arrival - np.nanmedian(arrival)) / job.step_time
+            lags = (arrival - np.nanquantile(arrival, self.ref_quantile)) / job.step_time
         elif np.isfinite(step).sum() >= 3:
-            lags = step / np.nanmedian(step) - 1.0
+            lags = step / np.nanquantile(step, self.ref_quantile) - 1.0
         else:
             return
-        lags = np.where(np.isfinite(lags), np.clip(lags, -self.clip, self.clip), math.nan)
         for state, x, arrived in zip(ranks, lags.tolist(), arrival.tolist(), strict=True):
             if not math.isfinite(x):
                 continue
             state.arrival = arrived
-            state.lag = x if not math.isfinite(state.lag) else state.lag + self.alpha * (x - state.lag)
+            state.lags.append(x)
+            state.lag = float(np.median(state.lags))
             state.lag_n += 1
-            learn = min(state.lag, self.normal_cap)
-            state.lag_base = (
-                learn
-                if not math.isfinite(state.lag_base)
-                else state.lag_base + self.base_alpha * (learn - state.lag_base)
-            )
+            if state.lag_hits == 0:  # the normal is learned while the rank is not judged slow
+                learn = min(state.lag, self.normal_cap)
+                state.lag_base = (
+                    learn
+                    if not math.isfinite(state.lag_base)
+                    else state.lag_base + self.base_alpha * (learn - state.lag_base)
+                )
             slow = (
                 state.lag_n >= self.warm_steps
                 and state.lag >= self.lag

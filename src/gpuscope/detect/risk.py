@@ -6,7 +6,8 @@ ones is 1; rows remapped before the hub first saw the GPU do not count), throttl
 (rising edges of any thermal or power flag; ``throttle_full`` is 1), XIDs (a fatal one is 1, an
 application one 0.25) and peer lag (SM clock below the median of its job's GPUs, as a share of
 time). The score is their sum; it fires at ``threshold`` and only with evidence of at least two
-kinds, so one noisy counter is never a risk.
+kinds, so one noisy counter is never a risk. At ``imminent`` the alert escalates to P2: the GPU
+is about to take its work down with it.
 """
 
 from __future__ import annotations
@@ -43,11 +44,12 @@ class FailureRiskDetector(GpuTableDetector):
         sbe_full: float = 200.0,
         throttle_full: float = 20.0,
         rows_full: float = 4.0,
+        imminent: float = 3.0,
     ) -> None:
         self.tau, self.threshold, self.sbe_full, self.throttle_full = tau, threshold, sbe_full, throttle_full
         super().__init__()
         self._ev = {k: np.zeros(0) for k in _KINDS}
-        self.rows_full = rows_full
+        self.rows_full, self.imminent = rows_full, imminent
         self._prev_sbe: FloatArray = np.zeros(0)
         self._prev_rows: FloatArray = np.zeros(0)
         self._prev_flag: FloatArray = np.zeros(0)
@@ -118,6 +120,7 @@ class FailureRiskDetector(GpuTableDetector):
                     f"{node} GPU {gpu} failure risk {score[i]:.2f} (evidence: {listed})",
                     value=float(score[i]),
                     details={"score": float(score[i]), "evidence": evidence},
+                    severity="P2" if score[i] >= self.imminent else None,
                 )
             )
         return out
