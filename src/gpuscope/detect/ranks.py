@@ -7,7 +7,8 @@ the ``ref_quantile`` quantile of the ranks, not their median, so it stays with t
 when up to three quarters of them slow down together (a shared switch, a bad rack). A rank's lag
 is the median of its last ``window`` lags: a one-step data-loader hiccup is not a straggler, and
 a straggler that gets worse shows it (no clipping). A straggler's lag is at least ``lag`` *and*
-``excess`` above its own normal lag, learned while it is not slow (at most up to ``normal_cap``),
+``excess`` (or ``noise_k`` times its own healthy spread, if larger) above its own normal lag,
+learned while it is not slow (at most up to ``normal_cap``),
 so ranks that are always a little slower (fixed offsets on shared hardware) stay quiet, while a
 rank that was slow from its first step still stands out.
 
@@ -36,6 +37,7 @@ class _Rank:
     lag: float = math.nan
     lags: deque[float] = field(default_factory=deque)  # the last ``window`` lags
     lag_base: float = math.nan
+    lag_spread: float = 0.0  # mean absolute deviation of its raw lags from their median, while healthy
     lag_n: int = 0
     lag_hits: int = 0
     skew: float = math.nan
@@ -66,6 +68,7 @@ class RankDetector(StepDetector):
         lag: float = 0.06,
         excess: float = 0.05,
         ref_quantile: float = 0.25,
+        noise_k: float = 5.0,
         normal_cap: float = 0.15,
         skew_ratio: float = 1.35,
         frag_rise: float = 0.05,
@@ -75,7 +78,7 @@ class RankDetector(StepDetector):
         warm_steps: int = 20,
     ) -> None:
         self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
-        self.ref_quantile = ref_quantile
+        self.ref_quantile, self.noise_k = ref_quantile, noise_k
         self.normal_cap = normal_cap
         self.skew_log = math.log(skew_ratio)
         self.frag_rise, self.retry_window, self.min_retries = frag_rise, retry_window, min_retries
@@ -132,16 +135,19 @@ class RankDetector(StepDetector):
             state.lag = float(np.median(state.lags))
             state.lag_n += 1
             if state.lag_hits == 0:  # the normal is learned while the rank is not judged slow
+                # a running mean at first, so the normal does not hang on the first sample
+                alpha = max(self.base_alpha, 1.0 / state.lag_n)
                 learn = min(state.lag, self.normal_cap)
-                state.lag_base = (
-                    learn
-                    if not math.isfinite(state.lag_base)
-                    else state.lag_base + self.base_alpha * (learn - state.lag_base)
-                )
+                base = state.lag_base if math.isfinite(state.lag_base) else learn
+                state.lag_base = base + alpha * (learn - base)
+                # a data-loader hiccup is an outlier, not the spread of the rank's pace
+                state.lag_spread += alpha * (min(abs(x - state.lag), 0.1) - state.lag_spread)
+            # noisy ranks (real data loaders, shared hosts) must stand out of their own noise
+            excess = max(self.excess, self.noise_k * state.lag_spread)
             slow = (
                 state.lag_n >= self.warm_steps
                 and state.lag >= self.lag
-                and state.lag - state.lag_base >= self.excess
+                and state.lag - state.lag_base >= excess
             )
             state.lag_hits = state.lag_hits + 1 if slow else 0
 
