@@ -147,7 +147,7 @@ _KINDS = (
         "gpu_failure_risk",
         GPU_FAILURE_RISK,
         GPU_TARGET,
-        ramp=Param(3600.0, 600.0, 7 * 86400.0, help="seconds from the first symptoms to the fatal XID"),
+        ramp=Param(3600.0, 60.0, 7 * 86400.0, help="seconds from the first symptoms to the fatal XID"),
         sbe_rate=Param(0.2, 0.001, 1e4, help="corrected errors per second reached at the end"),
         rows=Param(8, 1, 512, help="rows remapped over the ramp"),
         temp=Param(92.0, 80.0, 105.0, help="temperature of the throttle episodes, Celsius"),
