@@ -111,6 +111,8 @@ def _window(scenario: Scenario, fault: FaultSpec) -> float:
             600.0,
         )
         return 2 * every + 300
+    if fault.kind == "gpu_failure_risk":  # the point is to name the GPU before its fatal XID
+        return float(fault.params["ramp"])
     return WINDOWS.get(fault.kind, DEFAULT_WINDOW)
 
 
