@@ -129,6 +129,8 @@ def random_faults(
         }
         if kind == "xid":
             fault["params"] = {"code": rng.choice(XID_CODES)}
+        elif kind == "gpu_failure_risk":  # the wear and its fatal XID fit inside the fault's slot
+            fault["params"] = {"ramp": max(60.0, round(0.9 * fault["duration"]))}
         faults.append(fault)
     return faults
 

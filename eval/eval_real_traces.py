@@ -22,10 +22,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from gpuscope.detect.engine import DetectionEngine
 from gpuscope.detect.loss import LossDetector
 from gpuscope.detect.pace import PaceDetector
-from gpuscope.detect.stepwise import StepwiseDetector
-from gpuscope.model import Finding, TrainingRecord
+from gpuscope.detect.ranks import RankDetector
+from gpuscope.model import Batch, Finding, TrainingRecord
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 Detected = dict[str, tuple[float, dict[str, str]]]  # rule -> (first step it held, entity)
@@ -42,15 +43,14 @@ def alibaba(path: Path) -> Detected:
     by_step: dict[int, dict[int, float]] = defaultdict(dict)
     for row in rows:
         by_step[int(row["time"])][int(row["worker"])] = float(row["batch_time_norm"])
-    detector = StepwiseDetector()
+    detector = DetectionEngine([LossDetector(), RankDetector(), PaceDetector()])
     found: Detected = {}
     for step in sorted(by_step):
         ts = float(step)
         for worker, seconds in by_step[step].items():
             labels = {"node": f"worker-{worker}", "gpu": "0"}
-            detector.on_training(
-                TrainingRecord(ts, path.stem, worker, step, {"step_seconds": seconds}, labels)
-            )
+            record = TrainingRecord(ts, path.stem, worker, step, {"step_seconds": seconds}, labels)
+            detector.observe(Batch(path.stem, training=[record]))
         _first(found, detector.evaluate(ts), ts)
     return found
 

@@ -67,6 +67,31 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_replay(args: argparse.Namespace) -> int:
+    from gpuscope.simeval.replay import ReplayError, replay_document
+
+    try:
+        doc = replay_document(Path(args.file))
+    except ReplayError as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]")
+        return 2
+    for line in doc["refused"][:20]:
+        err.print(f"[yellow]refused {escape(line)}[/yellow]")
+    if len(doc["refused"]) > 20:
+        err.print(f"[yellow]... {len(doc['refused']) - 20} more rows refused[/yellow]")
+    err.print(
+        f"{args.file}: {doc['records']} records, {len(doc['refused'])} refused, {len(doc['alerts'])} alerts"
+    )
+    if args.json:
+        sys.stdout.write(orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        for a in doc["alerts"]:
+            sys.stdout.write(
+                f"{a['started_at']:>12.1f} {a['severity']} {a['rule']} {a['entity']} {a['summary']}\n"
+            )
+    return 0
+
+
 def _cmd_sim_eval(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -225,6 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--json", action="store_true", help="print the alerts as JSON on stdout")
     sim.add_argument("--report", action="store_true", help="score detections against the scenario's faults")
     sim.set_defaults(func=_cmd_sim_eval)
+
+    rep = sub.add_parser("replay", help="replay recorded training records through the detectors")
+    rep.add_argument(
+        "file", help="CSV (ts,job,rank,step[,node,gpu],metric...) or JSON Lines of training records"
+    )
+    rep.add_argument("--json", action="store_true", help="print the alerts JSON of DESIGN §5 on stdout")
+    rep.set_defaults(func=_cmd_replay)
 
     config = sub.add_parser("config", help="check a config file, or print the reference of every key")
     config_sub = config.add_subparsers(dest="config_command", required=True)

@@ -206,7 +206,7 @@ def run_demo(
     def on_change(change: AlertChange) -> None:
         a = change.alert
         style = SEVERITY_STYLE.get(a.severity, "")
-        verb = "FIRING  " if change.kind == "fired" else "resolved"
+        verb = {"fired": "FIRING  ", "escalated": "ESCALATE"}.get(change.kind, "resolved")
         console.log(
             Text.assemble(
                 (f"{verb} {a.severity} {a.rule} ", style),

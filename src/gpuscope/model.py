@@ -103,6 +103,8 @@ class Finding:
     value: float | None = None
     affected_gpus: int = 1
     details: dict[str, Any] = field(default_factory=dict)
+    #: a tier graver than the rule's own, when the condition has grown into it (None: the rule's)
+    severity: str | None = None
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:

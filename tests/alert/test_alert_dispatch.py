@@ -8,6 +8,7 @@ import pytest
 
 from alert.rig import Rig, hot, lost
 from alert.sink import Clock, Sink
+from gpuscope.model import Finding
 
 
 def hook_cfg(sink: Sink, **route: object) -> dict[str, object]:
@@ -204,3 +205,38 @@ def test_pagerduty_and_slack_payloads(sink: Sink, clock: Clock, rigs: list[Rig])
     assert fire_msg["channel"] == "#gpu" and fire_msg["text"].startswith("[FIRING] 1 firing")
     assert "*P1 gpu_lost* gpu=3 node=node-1 · $2/h" in fire_msg["attachments"][0]["text"]
     assert resolve_msg["text"].startswith("[RESOLVED] 0 firing, 1 resolved")
+
+
+def risk(score: float, severity: str | None = None) -> Finding:
+    return Finding(
+        "gpu_failure_risk",
+        {"node": "node-1", "gpu": "2"},
+        f"node-1 GPU 2 failure risk {score:.2f}",
+        value=score,
+        severity=severity,
+    )
+
+
+def test_an_alert_that_reaches_a_graver_tier_escalates_and_is_notified_again(
+    sink: Sink, clock: Clock, rigs: list[Rig]
+) -> None:
+    rig = Rig(hook_cfg(sink, group_interval="30s"), clock)
+    rigs.append(rig)
+    rig.step(1, [risk(1.6)])
+    (first,) = sink.wait_for(1)
+    assert first["alerts"][0]["labels"]["severity"] == "P3"
+    rig.step(5, [risk(2.4)])  # worse, same tier: the alert follows, no new notification
+    alert = rig.hub.alerts.get("al-1")
+    assert alert is not None and alert.value == 2.4 and "2.40" in alert.summary and alert.severity == "P3"
+    rig.step(5, [risk(3.5, "P2")])
+    rig.step(30, [risk(3.5, "P2")])
+    second = sink.wait_for(2)[1]
+    (a,) = second["alerts"]
+    assert (
+        a["labels"]["severity"] == "P2" and a["status"] == "firing" and "3.50" in a["annotations"]["summary"]
+    )
+    assert alert.severity == "P2" and len(rig.hub.alerts.all()) == 1  # the same alert, escalated
+    rig.step(5, [risk(2.0)])  # easing off never de-escalates
+    assert alert.severity == "P2"
+    history = [h["what"] for h in rig.service.history("al-1")]
+    assert history[:3] == ["fired", "notified_firing", "escalated"] and history.count("notified_firing") == 2

@@ -7,11 +7,11 @@ import math
 import numpy as np
 
 from detect.rig import Driver, FakeCluster, FakeJob
-from gpuscope.alert.catalog import RULES
 from gpuscope.detect.base import Detector
 from gpuscope.detect.engine import DetectionEngine, load_detectors
 from gpuscope.detect.frames import view
 from gpuscope.model import Batch, Event, Finding, Frame, TrainingRecord
+from gpuscope.rules import RULES
 
 
 class Recorder(Detector):

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from gpuscope.ingest.overload import HUB_OVERLOADED, OverloadMonitor, OverloadSettings
+from gpuscope.ingest.overload import OverloadMonitor, OverloadSettings
+from gpuscope.rules import HUB_OVERLOADED
 
 
 def monitor(**kw: float) -> OverloadMonitor:

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.alert.catalog import FAULT_RULES, rule_for_fault
-from gpuscope.sim.kinds import FAULT_KINDS
+from gpuscope.sim.kinds import FAULT_KINDS, rule_for_fault
 from gpuscope.sim.scenario import load_scenario
 from gpuscope.simeval.gpu_hours import compare
 from gpuscope.simeval.report import evaluate
@@ -56,7 +55,7 @@ def test_suite_covers_every_simulated_fault_kind_and_every_rule_they_raise() -> 
     simulated = {name for name, kind in FAULT_KINDS.items() if kind.simulated}
     assert simulated <= kinds, sorted(simulated - kinds)
     rules = {rule_for_fault(f.kind, f.params) for path in FAULTY for f in load_scenario(path).faults}
-    expected = {FAULT_RULES[k] for k in simulated if k in FAULT_RULES} | {"gpu_xid_fatal", "gpu_xid_app"}
+    expected = {FAULT_KINDS[k].rule for k in simulated} | {"gpu_xid_fatal", "gpu_xid_app"}
     assert expected <= rules, sorted(expected - rules)
 
 

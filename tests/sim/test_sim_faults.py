@@ -123,6 +123,24 @@ def test_gpu_lost_vanishes_and_its_rank_dies() -> None:
     assert_job_stalls_after(trace, AT)
 
 
+def test_gpu_failure_risk_creeps_up_then_ends_in_a_fatal_xid() -> None:
+    trace = fault(
+        "- {at: 300, kind: gpu_failure_risk, target: {node: node-1, gpu: 1}, params: {ramp: 1200}}",
+        duration=1500,
+    )
+    sbe = trace.gpu("node-1", 1, "gpu_ecc_sbe_aggregate_total", AT, AT + 1199)
+    early, late = np.diff(sbe[: len(sbe) // 3]).sum(), np.diff(sbe[-len(sbe) // 3 :]).sum()
+    assert late > 3 * max(early, 1.0)  # corrected errors come faster as it wears
+    rows = trace.gpu("node-1", 1, "gpu_remapped_rows_correctable", AT - 100, AT + 1199)
+    assert rows[-1] - rows[0] >= 6 and np.all(np.diff(rows) >= 0)
+    assert during(trace, "gpu_throttle_sw_thermal", t0=AT, t1=AT + 1199).max() == 1  # throttle episodes
+    assert before(trace, "gpu_throttle_sw_thermal").max() == 0
+    xid = trace.events("xid", node="node-1", gpu="1")
+    assert [(e.data["code"]) for e in xid] == [79] and AT + 1199 <= xid[0].ts <= AT + 1201
+    assert max(trace.gpu_times("node-1", 1)) <= xid[0].ts  # it fell off the bus
+    assert trace.beats("train", 5, xid[0].ts + 1, AT + 1400) == []
+
+
 def test_node_down_sends_nothing_and_its_ranks_and_replicas_go_silent() -> None:
     text = (
         small("- {at: 300, kind: node_down, target: {node: node-1}, duration: 120}")

@@ -17,9 +17,10 @@ from gpuscope.agent.sender import Sender
 from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
 from gpuscope.hub import Hub
-from gpuscope.ingest.overload import HUB_OVERLOADED, OverloadMonitor, OverloadSettings
+from gpuscope.ingest.overload import OverloadMonitor, OverloadSettings
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Batch
+from gpuscope.rules import HUB_OVERLOADED
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 from support import wait_until

@@ -16,19 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.model import Alert, Labels
+from gpuscope.rules import RULES
 from gpuscope.store.base import Store
 
 FAULT_EVENTS = ("xid", "gpu_lost", "ecc_dbe")
-FAULT_RULES = frozenset(
-    {
-        "gpu_xid_fatal",
-        "gpu_lost",
-        "gpu_ecc_uncorrectable",
-        "node_unreachable",
-        "nvlink_errors",
-        "network_degraded",
-    }
-)
+#: hardware faults that may explain another alert on the node: the hardware layer's P1 and P2 rules
+FAULT_RULES = frozenset(name for name, s in RULES.items() if s.layer == "hardware" and s.tier != "P3")
 BUSY_PERCENT = 20.0
 
 

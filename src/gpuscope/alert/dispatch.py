@@ -81,6 +81,9 @@ class Dispatcher:
 
     def fired(self, alert: Alert, now: float) -> None:
         self.flap.fired(alert)
+        self._route(alert, now)
+
+    def _route(self, alert: Alert, now: float) -> None:
         self._firing[alert.id] = alert
         labels = alert_labels(alert)
         routes = find_routes(self.routes, labels)
@@ -103,6 +106,13 @@ class Dispatcher:
                 self._groups[(route.receiver, gkey)] = group
             group.members[alert.id] = alert
         self.flush(now)
+
+    def escalated(self, alert: Alert, now: float) -> None:
+        """The alert reached a graver tier: route it again (a graver tier may reach other
+        receivers) and tell every group it is in, as if it were new."""
+        for group in self._groups.values():
+            group.notified.discard(alert.id)
+        self._route(alert, now)
 
     def resolved(self, alert: Alert, now: float) -> None:
         self._firing.pop(alert.id, None)

@@ -2,12 +2,15 @@
 
 A rule may have a pending time (``pending_for``): its condition must hold that long before the
 alert fires (pending → firing → resolved); ``started_at`` is the time it fired. Hard-fault rules
-never wait. Detectors restate every condition that holds at each evaluation; this layer turns a finding that
-appears into a fired alert and one that has been absent for ``resolve_after`` seconds into a
-resolved one (a short absence is treated as the same alert, so a condition at its threshold does
-not flap). A later re-occurrence is a new alert. Severity and owner come from the catalog; the
-cost of delay is ``affected_gpus x price_per_gpu_hour x work_at_risk``. It knows nothing of where
-findings came from.
+never wait. Detectors restate every condition that holds at each evaluation; this layer turns a
+finding that appears into a fired alert and one that has been absent for ``resolve_after``
+seconds into a resolved one (a short absence is treated as the same alert, so a condition at its
+threshold does not flap). A later re-occurrence is a new alert. A firing alert follows its
+condition: each evaluation refreshes its value, summary and cost, and a finding that reaches a
+graver tier than the alert's escalates it (an ``escalated`` change, notified again); an alert
+never de-escalates. Severity and owner come from :mod:`gpuscope.rules`; the cost of delay is
+``affected_gpus x price_per_gpu_hour x work_at_risk``. It knows nothing of where findings came
+from.
 """
 
 from __future__ import annotations
@@ -17,16 +20,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuscope.alert.catalog import HARD_FAULTS, RULES, rule_for_fault
 from gpuscope.alert.incidents import Incident, IncidentTracker
 from gpuscope.model import Alert, Finding, Labels
+from gpuscope.rules import RULES, TIERS
 
-ChangeKind = Literal["fired", "resolved"]
+ChangeKind = Literal["fired", "escalated", "resolved"]
 FindingKey = tuple[str, tuple[tuple[str, str], ...]]
 Places = Callable[[Labels], list[Labels]]
 
-#: Rules of hard faults: they fire at once (no pending time), as the time-to-detect budget needs.
-HARD_RULES: frozenset[str] = frozenset(rule_for_fault(kind) for kind in HARD_FAULTS)
 #: ``details`` keys the alert layer attaches itself; a detector's refresh must not wipe them.
 KEPT_DETAILS = ("playbook", "ack", "pending_since")
 
@@ -109,7 +110,11 @@ class AlertEngine:
                 self._active[key] = alert
                 changes.append(AlertChange("fired", alert))
             else:
+                was = alert.severity
                 self._refresh(alert, now, finding)
+                if alert.severity != was:
+                    alert.details["escalated_from"] = was
+                    changes.append(AlertChange("escalated", alert))
         for key in [k for k in self._pending if k not in current]:
             del self._pending[key]  # pending requires the condition to hold throughout
             self.pending_cleared += 1
@@ -167,9 +172,10 @@ class AlertEngine:
 
     def _refresh(self, alert: Alert, now: float, finding: Finding) -> None:
         alert.last_seen = now
+        alert.severity = graver(alert.severity, finding.severity)
         alert.summary = finding.summary
         alert.value = finding.value if finding.value is not None and math.isfinite(finding.value) else None
-        kept = {k: alert.details[k] for k in KEPT_DETAILS if k in alert.details}
+        kept = {k: alert.details[k] for k in (*KEPT_DETAILS, "escalated_from") if k in alert.details}
         alert.details = {**finding.details, **kept}
         alert.cost_per_hour = self.cost_per_hour(finding)
 
@@ -206,7 +212,14 @@ def check_pending(pending_for: Mapping[str, float]) -> dict[str, float]:
             raise ValueError(f"pending time for {rule!r}: not a rule of the alert catalog")
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
             raise ValueError(f"pending time for {rule}: must be a non-negative number of seconds")
-        if seconds > 0 and rule in HARD_RULES:
+        if seconds > 0 and RULES[rule].hard:
             raise ValueError(f"pending time for {rule}: a hard fault fires at once (time to detect)")
         out[rule] = float(seconds)
     return out
+
+
+def graver(tier: str, other: str | None) -> str:
+    """The graver of two tiers (P1 is gravest); ``None`` leaves ``tier`` as it is."""
+    if other is None or other not in TIERS:
+        return tier
+    return min(tier, other, key=TIERS.index)

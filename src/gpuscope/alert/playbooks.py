@@ -1,4 +1,5 @@
-"""Playbook text per rule: Meaning, Impact, Diagnosis (ordered), Mitigation. Data only.
+"""Playbook text per rule: Impact, Diagnosis (ordered), Mitigation. Data only; the meaning of a
+rule is in :mod:`gpuscope.rules`.
 
 A diagnosis step that data can answer names a check (:mod:`gpuscope.alert.checks`); the check runs
 when the alert fires and its result is attached to the alert. Steps without a check are for the
@@ -18,7 +19,6 @@ class Step:
 
 @dataclass(frozen=True, slots=True)
 class Playbook:
-    meaning: str
     impact: str
     diagnosis: tuple[Step, ...]
     mitigation: tuple[str, ...]
@@ -37,7 +37,6 @@ _SERVICE = S("The service's latency, errors, queue and KV cache against their re
 
 PLAYBOOKS: dict[str, Playbook] = {
     "gpu_xid_fatal": Playbook(
-        "The driver reported an XID that needs a GPU reset or a node reboot.",
         "Every job on this GPU has lost its work since the last checkpoint and cannot continue here.",
         (
             S("The XID code, its count and when it first appeared", "alert_details"),
@@ -52,7 +51,6 @@ PLAYBOOKS: dict[str, Playbook] = {
         ),
     ),
     "gpu_xid_app": Playbook(
-        "An application-class XID: a CUDA kernel faulted (bad address, illegal instruction) or was killed.",
         "Usually one process crashed; the GPU itself is healthy.",
         (
             S("The XID code and the process/job on the GPU", "alert_details"),
@@ -62,7 +60,6 @@ PLAYBOOKS: dict[str, Playbook] = {
         ("Hand to the job owner with the XID code", "Escalate to platform only if it repeats across jobs"),
     ),
     "gpu_ecc_uncorrectable": Playbook(
-        "An uncorrectable (double-bit) memory error: data in GPU memory is suspect.",
         "Results computed since the error may be silently wrong; the process touching it is usually killed.",
         (_GPU_STATE, S("Jobs and ranks placed on this GPU", "workloads_on_gpu"), _HW_NEARBY),
         (
@@ -72,13 +69,11 @@ PLAYBOOKS: dict[str, Playbook] = {
         ),
     ),
     "gpu_ecc_correctable_rising": Playbook(
-        "Corrected (single-bit) ECC errors are rising above this GPU's baseline and its peers.",
         "No data lost yet; a rising trend often precedes an uncorrectable error.",
         (_GPU_STATE, _RELATED),
         ("Schedule a GPU reset at the next maintenance window", "Open an RMA ticket if the trend continues"),
     ),
     "gpu_lost": Playbook(
-        "The GPU fell off the bus or stopped answering NVML.",
         "Every job using this GPU is stalled or dead; collectives on its peers hang.",
         (S("Jobs and ranks placed on this GPU", "workloads_on_gpu"), _HW_NEARBY, _GPU_STATE),
         (
@@ -88,7 +83,6 @@ PLAYBOOKS: dict[str, Playbook] = {
         ),
     ),
     "gpu_thermal_throttle": Playbook(
-        "The GPU's clocks are held down by temperature under load.",
         "The GPU runs slower; a synchronous job runs at the pace of its slowest GPU.",
         (_GPU_STATE, S("Temperature of this GPU against its node peers", "gpu_vs_peers"), _RELATED),
         (
@@ -97,51 +91,41 @@ PLAYBOOKS: dict[str, Playbook] = {
         ),
     ),
     "gpu_power_throttle": Playbook(
-        "The GPU's clocks are held down by a power cap or power brake under load.",
         "The GPU runs slower than its peers, slowing jobs that synchronize with it.",
         (_GPU_STATE, S("Power of this GPU against its node peers", "gpu_vs_peers"), _RELATED),
         ("Check the configured power limit (nvidia-smi -q -d POWER)", "Check PSU and rack power budget"),
     ),
     "gpu_underperforming": Playbook(
-        "The GPU is slower than its peers doing the same work.",
         "The whole job waits for it at every collective.",
         (_GPU_STATE, S("This GPU against its node peers", "gpu_vs_peers"), _RELATED),
         ("Move the rank off this GPU", "Reset the GPU; run diagnostics (dcgmi diag -r 3)"),
     ),
     "gpu_failure_risk": Playbook(
-        "A composite failure-risk score (ECC trend, throttling, peer lag, XIDs) is high.",
         "No loss yet; this GPU is likely to fail and take a job down with it.",
         (_GPU_STATE, _HW_NEARBY),
         ("Drain at the next maintenance window and run diagnostics",),
     ),
     "nvlink_errors": Playbook(
-        "NVLink CRC, replay or recovery errors are above baseline.",
         "Collectives slow down or hang; data may be retransmitted repeatedly.",
         (_GPU_STATE, _HW_NEARBY, _RELATED),
         ("Drain the node and run NVLink diagnostics", "Reseat the baseboard/NVSwitch tray if errors persist"),
     ),
     "pcie_replay_rising": Playbook(
-        "PCIe replays are rising above baseline.",
         "Host-device transfers slow; often an early sign of a link or riser problem.",
         (_GPU_STATE, _HW_NEARBY),
         ("Check link width/speed (lspci -vv)", "Reseat the GPU at the next window"),
     ),
     "network_degraded": Playbook(
-        "InfiniBand symbol/receive errors, a link down, or a TCP retransmit spike on the node.",
         "Collectives and data loading slow down; inference on the node may see latency.",
         (_RELATED, S("Jobs and services running on this node", "workloads_on_node")),
         ("Check the port and cable (ibstat, perfquery)", "Move latency-sensitive work off the node"),
     ),
     "node_unreachable": Playbook(
-        "The node's agent stopped reporting.",
         "Either the node is down (its jobs are lost) or monitoring is blind there.",
         (S("Jobs and services running on this node", "workloads_on_node"), _HW_NEARBY, _RELATED),
         ("Check the node out of band (BMC, ping)", "If down: drain it and restart its jobs elsewhere"),
     ),
     "hub_overloaded": Playbook(
-        "The hub cannot store what its senders offer: its oldest ingest request waited past its "
-        "budget, or its evaluation loop ran late, and it now refuses new batches with 503 and "
-        "Retry-After.",
         "Nothing is lost (senders spool what was refused and send it again), but alerts come "
         "late, and while this fires the hub raises no node_unreachable, rank_lost or "
         "training_stalled for senders it may itself be holding back.",
@@ -156,13 +140,11 @@ PLAYBOOKS: dict[str, Playbook] = {
         ),
     ),
     "gpu_idle_allocated": Playbook(
-        "GPUs allocated to a job have been idle for long.",
         "GPU-hours are paid for and wasted; others wait for them.",
         (_JOB_UTIL, S("The job's training progress", "training_trend"), _RELATED),
         ("Ask the job owner to release or fix the job", "Enforce an idle reclaim policy in the scheduler"),
     ),
     "job_failed": Playbook(
-        "A job's processes exited abnormally without finishing.",
         "All work since the last checkpoint is lost and the GPUs sit idle until restarted.",
         (S("The reported reason and exit code", "alert_details"), _HW_NEARBY, _CKPT, _FIRST_RANK),
         (
@@ -171,7 +153,6 @@ PLAYBOOKS: dict[str, Playbook] = {
         ),
     ),
     "job_pending_too_long": Playbook(
-        "A job has waited in the scheduler's queue far longer than its partition usually makes jobs wait.",
         "Its work is not being done; a stuck queue (drained nodes, a job that never fits) holds others too.",
         (S("The pending reason and how long it waited", "alert_details"), _RELATED),
         (
@@ -181,7 +162,6 @@ PLAYBOOKS: dict[str, Playbook] = {
         ),
     ),
     "training_stalled": Playbook(
-        "The job's step counter stopped advancing against its baseline step time.",
         "Every GPU of the job is burning money without progress; work since the last checkpoint is at risk.",
         (_JOB_UTIL, _CKPT, _HW_NEARBY, _FIRST_RANK, S("Stack traces of the ranks (py-spy dump) for a hang")),
         (
@@ -191,25 +171,21 @@ PLAYBOOKS: dict[str, Playbook] = {
         ),
     ),
     "rank_lost": Playbook(
-        "A rank's heartbeat stopped.",
         "The job cannot make progress without it; the other ranks will hang in their next collective.",
         (S("Last step and heartbeat of the rank", "alert_details"), _HW_NEARBY, _CKPT),
         ("Check the rank's process and node", "Restart the job from its last verified checkpoint"),
     ),
     "training_straggler": Playbook(
-        "One rank is slower than the median of its peers, sustained.",
         "The whole job runs at the pace of this rank.",
         (S("The GPU this rank runs on", "gpu_state"), _HW_NEARBY, _STEP_TREND),
         ("Move the rank off the slow GPU/node", "Check data loading skew on that rank"),
     ),
     "step_time_regression": Playbook(
-        "The job's step time shifted above its rolling baseline.",
         "The job takes longer and costs more per step.",
         (_STEP_TREND, _JOB_UTIL, _HW_NEARBY),
         ("Check recent code/config changes and data loading", "Check for throttled or slow GPUs in the job"),
     ),
     "loss_nan": Playbook(
-        "The loss became NaN or infinite.",
         "Every further step is wasted and may overwrite good checkpoints.",
         (_STEP_TREND, _CKPT, S("Gradient norm before the NaN"), S("Mixed precision loss scaling")),
         (
@@ -218,13 +194,11 @@ PLAYBOOKS: dict[str, Playbook] = {
         ),
     ),
     "loss_spike": Playbook(
-        "The loss jumped far above its rolling baseline.",
         "Training may recover or diverge; recent steps may be wasted.",
         (_STEP_TREND, S("The data batch at the spike"), S("Gradient norm at the spike")),
         ("Watch for recovery; roll back to the last checkpoint if it does not", "Skip the offending batch"),
     ),
     "loss_divergence": Playbook(
-        "The loss trends upward.",
         "The run is getting worse; continuing wastes GPU-hours.",
         (
             _STEP_TREND,
@@ -235,49 +209,41 @@ PLAYBOOKS: dict[str, Playbook] = {
         ("Roll back to the last good checkpoint", "Lower the learning rate or fix the data"),
     ),
     "loss_plateau": Playbook(
-        "The loss stopped improving over a long window.",
         "GPU-hours spent without learning.",
         (_STEP_TREND, S("Learning-rate schedule"), S("Evaluation metrics")),
         ("Decide with the model owner whether to stop or change the schedule",),
     ),
     "grad_norm_explosion": Playbook(
-        "The gradient norm jumped far above its baseline.",
         "The next steps may diverge or produce NaN.",
         (_STEP_TREND, S("Gradient clipping settings"), S("Learning-rate schedule")),
         ("Enable or lower gradient clipping", "Roll back and lower the learning rate"),
     ),
     "gradient_skew": Playbook(
-        "Gradient norms disagree across ranks.",
         "Ranks may be training on different data or one has corrupt state.",
         (_STEP_TREND, S("The GPU of the skewed rank", "gpu_state"), S("Data sharding per rank")),
         ("Check the skewed rank's data shard and GPU", "Restart from a checkpoint if state diverged"),
     ),
     "checkpoint_failed": Playbook(
-        "A checkpoint save failed or not every rank completed it.",
         "Work since the last good checkpoint is unprotected.",
         (S("The failure reason", "alert_details"), _CKPT, _HW_NEARBY),
         ("Check storage capacity and health", "Trigger a new checkpoint once storage is fixed"),
     ),
     "checkpoint_corrupt": Playbook(
-        "A checkpoint failed integrity verification.",
         "A restore from it would fail or load bad weights.",
         (S("The verification result", "alert_details"), _CKPT),
         ("Mark the checkpoint bad so it is never restored", "Trigger a fresh checkpoint; check storage"),
     ),
     "checkpoint_overdue": Playbook(
-        "No good checkpoint within several expected intervals.",
         "Work at risk grows every minute: a crash now loses everything since the last one.",
         (_CKPT, S("Checkpoint save errors", "alert_details"), _JOB_UTIL),
         ("Trigger a checkpoint now", "Fix the checkpoint path (storage, permissions, callbacks)"),
     ),
     "memory_fragmentation": Playbook(
-        "Allocator fragmentation or retries are rising: the job is heading for an out-of-memory error.",
         "An OOM kills the job and loses work since the last checkpoint.",
         (_STEP_TREND, S("The rank's GPU memory", "gpu_state")),
         ("Set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", "Checkpoint and restart to defragment"),
     ),
     "inference_latency_regression": Playbook(
-        "Request latency is above its baseline.",
         "Users wait longer; SLOs burn.",
         (
             _SERVICE,
@@ -287,55 +253,46 @@ PLAYBOOKS: dict[str, Playbook] = {
         ("Roll back a recent version", "Scale out or shed load", "Move off a degraded node"),
     ),
     "inference_ttft_regression": Playbook(
-        "Time to first token is above its baseline.",
         "Interactive users see the model as slow to answer.",
         (_SERVICE, _VERSION, S("Prefill load and queueing on the service's nodes", "related_alerts")),
         ("Scale out prefill capacity", "Roll back a recent version"),
     ),
     "inference_error_rate": Playbook(
-        "Errors burn the error budget fast (multi-window burn rate).",
         "Users get failed requests now.",
         (_SERVICE, _VERSION, _RELATED),
         ("Roll back a recent version", "Fail over to a healthy replica"),
     ),
     "inference_queue_buildup": Playbook(
-        "Requests queue up: the service is saturated.",
         "Latency grows for everyone; timeouts follow.",
         (_SERVICE, _RELATED),
         ("Scale out replicas", "Shed or rate-limit low-priority traffic"),
     ),
     "kv_cache_pressure": Playbook(
-        "The KV cache is near full and requests are preempted.",
         "Throughput drops and latency rises as requests are recomputed.",
         (_SERVICE, _RELATED),
         ("Lower max concurrent sequences or context length", "Add replicas or GPU memory"),
     ),
     "prediction_drift": Playbook(
-        "The prediction distribution drifted from its reference.",
         "Model decisions may no longer be what was validated.",
         (S("Input distributions", "service_state"), S("Recent retraining"), _VERSION),
         ("Review with the model owner; retrain or roll back",),
     ),
     "confidence_shift": Playbook(
-        "The confidence distribution shifted from its reference.",
         "The model may be less certain (new inputs) or over-confident (a bug).",
         (S("Input distributions", "service_state"), S("Recent retraining"), _VERSION),
         ("Review with the model owner",),
     ),
     "input_drift": Playbook(
-        "Input feature distributions drifted from the reference.",
         "Predictions are made on data unlike the training data.",
         (S("Input distributions", "service_state"), S("Upstream data pipeline changes"), _VERSION),
         ("Fix the upstream pipeline or retrain on recent data",),
     ),
     "business_metric_drop": Playbook(
-        "A downstream business metric for the service fell below its baseline.",
         "Revenue or user outcomes are affected now.",
         (_SERVICE, _VERSION, _RELATED),
         ("Roll back a recent version", "Involve the product owner"),
     ),
     "version_regression": Playbook(
-        "Latency or quality regressed starting at a model version promotion.",
         "Every request served by the new version is affected.",
         (_VERSION, _SERVICE),
         ("Roll back to the previous version", "Compare the versions offline"),

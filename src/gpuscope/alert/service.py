@@ -131,6 +131,10 @@ class AlertingService:
                 self.record(alert.id, "fired", alert.summary)
                 self.triage(alert)
                 self.dispatcher.fired(alert, now)
+            elif change.kind == "escalated":
+                tiers = f"{alert.details.get('escalated_from')} -> {alert.severity}"
+                self.record(alert.id, "escalated", tiers)
+                self.dispatcher.escalated(alert, now)
             else:
                 self.record(alert.id, "resolved", alert.summary)
                 self.dispatcher.resolved(alert, now)

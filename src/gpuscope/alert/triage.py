@@ -15,6 +15,7 @@ from gpuscope.alert.checks import CHECKS, CheckResult, Context
 from gpuscope.alert.playbooks import PLAYBOOKS
 from gpuscope.counters import Counters
 from gpuscope.model import Alert
+from gpuscope.rules import RULES
 from gpuscope.store.base import Store
 
 log = logging.getLogger("gpuscope.alert.triage")
@@ -44,7 +45,7 @@ def run_playbook(
                 found.append(result.text)
         steps.append(entry)
     return {
-        "meaning": book.meaning,
+        "meaning": RULES[alert.rule].meaning,
         "impact": book.impact,
         "diagnosis": steps,
         "mitigation": list(book.mitigation),

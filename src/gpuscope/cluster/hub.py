@@ -315,6 +315,8 @@ class ClusterHub(Hub):
             ]
             for change in self.alerts.update(now, findings):
                 alert = change.alert
+                if change.kind == "escalated":
+                    continue  # the cluster's state records firing and resolved only
                 if change.kind == "fired" and self.alerting is not None:
                     self.alerting.triage(alert)  # stored with the alert, and told to receivers
                 notes = self._notifications(change, now)

@@ -1,9 +1,16 @@
 """The detector seam: detectors see samples, events and training records and emit findings.
 
-A detector is one module that subclasses :class:`Detector` and decorates it with
-:func:`register`; the engine finds it in the registry. Detectors are stateful and streaming
-(they never query the store on the hot path) and are driven by the data's own timestamps, so
-the same code runs live (wall clock) and in ``sim-eval`` (virtual time).
+A detector is one module that subclasses :class:`Detector` (or one of the fed kinds below) and
+decorates it with :func:`register`; the engine finds it in the registry. Detectors are stateful
+and streaming (they never query the store on the hot path) and are driven by the data's own
+timestamps, so the same code runs live (wall clock) and in ``sim-eval`` (virtual time).
+
+Shared pre-processing is the engine's: a detector declares its ``feed`` and the engine builds one
+:class:`~gpuscope.detect.gputable.GpuTable` (latest values per GPU, over the union of the table
+detectors' metrics), one :class:`~gpuscope.detect.steps.StepGatherer` (closed training steps)
+and one :class:`~gpuscope.detect.services.ServiceAggregator` (per-service snapshots) and hands
+them to every detector of that feed through :meth:`Detector.attach`. On its own (tests) a fed
+detector builds its own and feeds itself.
 
 ``evaluate(now)`` returns every finding whose condition holds *now*: the alert layer turns a
 finding that appears into a firing alert and one that disappears into a resolved alert.
@@ -12,16 +19,44 @@ finding that appears into a firing alert and one that disappears into a resolved
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
+from gpuscope.detect.frames import view
+from gpuscope.detect.gputable import GpuTable
+from gpuscope.detect.services import ServiceAggregator, Snapshot
+from gpuscope.detect.steps import StepGatherer, StepView
 from gpuscope.model import Event, Finding, Frame, TrainingRecord
+
+Feed = Literal["batch", "gpu_table", "steps", "services"]
+
+
+@dataclass(slots=True)
+class Feeds:
+    """The engine's shared pre-processing, one of each for all detectors."""
+
+    table: GpuTable
+    steps: StepGatherer = field(default_factory=StepGatherer)
+    services: ServiceAggregator = field(default_factory=ServiceAggregator)
+
+
+@dataclass(slots=True)
+class Tick:
+    """What the shared feeds produced since the last evaluation."""
+
+    steps: list[StepView] = field(default_factory=list)
+    snapshots: dict[str, Snapshot] = field(default_factory=dict)
 
 
 class Detector:
     """Base class: override the ``on_*`` hooks a detector needs and :meth:`evaluate`."""
 
-    #: rule names (DESIGN §3) this detector can raise
+    #: rule names (:mod:`gpuscope.rules`) this detector can raise
     rules: ClassVar[tuple[str, ...]] = ()
+    #: what the engine feeds it: raw batches (the ``on_*`` hooks) or a shared pre-processing
+    feed: ClassVar[Feed] = "batch"
+    #: the GPU metrics a ``gpu_table`` detector reads
+    metrics: ClassVar[tuple[str, ...]] = ()
 
     def on_frame(self, frame: Frame) -> None:
         """A telemetry frame arrived (one timestamp, many entities)."""
@@ -32,9 +67,16 @@ class Detector:
     def on_training(self, record: TrainingRecord) -> None:
         """A training record arrived."""
 
+    def attach(self, feeds: Feeds) -> None:
+        """Read the engine's shared pre-processing instead of one's own."""
+
     def evaluate(self, now: float) -> list[Finding]:
         """Findings whose condition holds at ``now``."""
         return []
+
+    def evaluate_tick(self, now: float, tick: Tick) -> list[Finding]:
+        """Findings at ``now`` when the engine feeds the shared pre-processing (``tick``)."""
+        return self.evaluate(now)
 
     def replayed(self, now: float) -> None:
         """What arrived since the last evaluation was stored history replayed at ``now`` (hub
@@ -45,11 +87,83 @@ class Detector:
         ``now``; called before each :meth:`evaluate`. A detector that judges silence withholds it."""
 
 
+class GpuTableDetector(Detector):
+    """A vectorised per-GPU rule over the latest values of :attr:`metrics` in a GPU table."""
+
+    feed: ClassVar[Feed] = "gpu_table"
+
+    def __init__(self) -> None:
+        self.table = GpuTable(self.metrics)
+
+    def attach(self, feeds: Feeds) -> None:
+        self.table = feeds.table
+
+    def on_frame(self, frame: Frame) -> None:
+        self.table.ingest(view(frame))
+
+
+class StepDetector(Detector):
+    """A rule over closed training steps: :meth:`step` folds one in, :meth:`findings` judges."""
+
+    feed: ClassVar[Feed] = "steps"
+
+    def __init__(self) -> None:
+        self.steps = StepGatherer()
+
+    def attach(self, feeds: Feeds) -> None:
+        self.steps = feeds.steps
+
+    def on_training(self, record: TrainingRecord) -> None:
+        self.steps.add(record)
+
+    def step(self, view: StepView) -> None:
+        """Fold in one closed step."""
+
+    def findings(self, now: float) -> list[Finding]:
+        """Findings that hold at ``now`` over the steps folded in so far."""
+        return []
+
+    def evaluate(self, now: float) -> list[Finding]:
+        return self.evaluate_tick(now, Tick(steps=list(self.steps.closed())))
+
+    def evaluate_tick(self, now: float, tick: Tick) -> list[Finding]:
+        for closed in tick.steps:
+            self.step(closed)
+        return self.findings(now)
+
+
+class ServiceDetector(Detector):
+    """A rule over per-service snapshots (latency, errors, queue, KV cache of all replicas)."""
+
+    feed: ClassVar[Feed] = "services"
+
+    def __init__(self) -> None:
+        self.services = ServiceAggregator()
+
+    def attach(self, feeds: Feeds) -> None:
+        self.services = feeds.services
+
+    def on_frame(self, frame: Frame) -> None:
+        self.services.on_frame(frame)
+
+    def judge(self, now: float, snapshots: dict[str, Snapshot]) -> list[Finding]:
+        """Fold in the services' new snapshots; the findings that hold at ``now``."""
+        return []
+
+    def evaluate(self, now: float) -> list[Finding]:
+        return self.judge(now, self.services.snapshots())
+
+    def evaluate_tick(self, now: float, tick: Tick) -> list[Finding]:
+        return self.judge(now, tick.snapshots)
+
+
 DETECTORS: dict[str, type[Detector]] = {}
 
 
 def register(cls: type[Detector]) -> type[Detector]:
     """Class decorator: make a detector known to the engine."""
+    if cls.__name__ in DETECTORS and DETECTORS[cls.__name__] is not cls:
+        raise ValueError(f"two detectors are named {cls.__name__}")
     DETECTORS[cls.__name__] = cls
     return cls
 

@@ -14,11 +14,11 @@ import math
 
 import numpy as np
 
-from gpuscope.detect.base import Detector
-from gpuscope.detect.frames import BoolArray, view
+from gpuscope.detect.base import GpuTableDetector, register
+from gpuscope.detect.frames import BoolArray
 from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.vectors import group_count, group_median, grow
-from gpuscope.model import Finding, FloatArray, Frame
+from gpuscope.model import Finding, FloatArray
 
 POWER, SLOW = "gpu_power_throttle", "gpu_underperforming"
 SW_POWER, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
@@ -77,8 +77,10 @@ class _Share:
         return firing
 
 
-class ClockDetector(Detector):
+@register
+class ClockDetector(GpuTableDetector):
     rules = (POWER, SLOW)
+    metrics = _METRICS
 
     def __init__(
         self,
@@ -87,14 +89,11 @@ class ClockDetector(Detector):
         lag_ratio: float = 0.96,
         min_peers: int = 3,
     ) -> None:
-        self.table = GpuTable(_METRICS)
+        super().__init__()
         self.load_percent, self.lag_ratio, self.min_peers = load_percent, lag_ratio, min_peers
         self._power = _Share(tau, 0.5, 0.25)
         self._slow = _Share(tau, 0.6, 0.3)
         self._ratio: FloatArray = np.zeros(0)
-
-    def on_frame(self, frame: Frame) -> None:
-        self.table.ingest(view(frame))
 
     def evaluate(self, now: float) -> list[Finding]:
         t = self.table

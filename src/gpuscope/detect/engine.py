@@ -2,6 +2,8 @@
 
 Detectors are found in the registry of :mod:`gpuscope.detect.base`; every module of this package
 is imported once so that a new detector module registers itself without being listed anywhere.
+The engine owns the shared pre-processing (one GPU table, one step gatherer, one service
+aggregator): each frame and record is folded in once, whatever the number of detectors reading it.
 One failing detector must not blind the others, so a hook that raises is logged and counted and
 the rest carry on.
 """
@@ -16,7 +18,8 @@ import pkgutil
 import gpuscope.detect as detect_package
 from gpuscope.counters import Counters
 from gpuscope.detect import frames
-from gpuscope.detect.base import DETECTORS, Detector
+from gpuscope.detect.base import DETECTORS, Detector, Feeds, Tick
+from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.refusals import refuse
 from gpuscope.model import Batch, Finding
 
@@ -49,9 +52,18 @@ class DetectionEngine:
             detectors = [registry[name]() for name in sorted(registry)]
         self.detectors = detectors
         self.counters = counters or Counters()
-        self._on_frame = [d for d in detectors if _overrides(d, "on_frame")]
+        metrics = sorted({m for d in detectors if d.feed == "gpu_table" for m in d.metrics})
+        self.feeds = Feeds(GpuTable(tuple(metrics)))
+        for detector in detectors:
+            detector.attach(self.feeds)
+        fed = {d.feed for d in detectors}
+        self._table = "gpu_table" in fed
+        self._services = "services" in fed
+        self._steps = "steps" in fed
+        raw = [d for d in detectors if d.feed == "batch"]
+        self._on_frame = [d for d in raw if _overrides(d, "on_frame")]
         self._on_event = [d for d in detectors if _overrides(d, "on_event")]
-        self._on_training = [d for d in detectors if _overrides(d, "on_training")]
+        self._on_training = [d for d in raw if _overrides(d, "on_training")]
 
     def observe(self, batch: Batch) -> None:
         """Let every detector see one batch; cheap enough for the ingest hot path."""
@@ -71,6 +83,10 @@ class DetectionEngine:
             unplaced = frames.index(frame).unplaced_gpu_rows
             if unplaced:
                 self.counters.inc("detect_gpu_rows_without_node", unplaced)
+            if self._table:
+                self.feeds.table.ingest(frames.view(frame))
+            if self._services:
+                self.feeds.services.on_frame(frame)
             for detector in self._on_frame:
                 try:
                     detector.on_frame(frame)
@@ -89,6 +105,8 @@ class DetectionEngine:
             if not math.isfinite(record.ts):
                 self.counters.inc("detect_training_refused")
                 continue
+            if self._steps:
+                self.feeds.steps.add(record)
             for detector in self._on_training:
                 try:
                     detector.on_training(record)
@@ -99,10 +117,18 @@ class DetectionEngine:
         """Every finding that holds at ``now`` (the hub's clock: wall time live, simulated in sim-eval)."""
         if not math.isfinite(now):
             raise ValueError(f"evaluation time must be a finite number of seconds, got {now!r}")
+        tick = Tick()
+        if self._steps:
+            tick.steps = list(self.feeds.steps.closed())
+            if self.feeds.steps.dropped:
+                self.counters.inc("training_records_late", self.feeds.steps.dropped)
+                self.feeds.steps.dropped = 0
+        if self._services:
+            tick.snapshots = self.feeds.services.snapshots()
         findings: list[Finding] = []
         for detector in self.detectors:
             try:
-                findings.extend(detector.evaluate(now))
+                findings.extend(detector.evaluate_tick(now, tick))
             except Exception:
                 self._failed(detector, "evaluate")
         return findings

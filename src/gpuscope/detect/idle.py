@@ -14,17 +14,17 @@ import math
 
 import numpy as np
 
-from gpuscope.detect.base import Detector
-from gpuscope.detect.frames import view
-from gpuscope.detect.gputable import GpuTable
+from gpuscope.detect.base import GpuTableDetector, register
 from gpuscope.detect.vectors import group_count, grow
-from gpuscope.model import Finding, FloatArray, Frame
+from gpuscope.model import Finding, FloatArray
 
 RULE = "gpu_idle_allocated"
 
 
-class IdleAllocationDetector(Detector):
+@register
+class IdleAllocationDetector(GpuTableDetector):
     rules = (RULE,)
+    metrics = ("gpu_utilization_percent", "gpu_sm_active_ratio")
 
     def __init__(
         self, tau: float = 60.0, idle_share: float = 0.9, job_share: float = 0.75, util_percent: float = 3.0
@@ -35,12 +35,9 @@ class IdleAllocationDetector(Detector):
             job_share,
             util_percent,
         )
-        self.table = GpuTable(("gpu_utilization_percent", "gpu_sm_active_ratio"))
+        super().__init__()
         self._share: FloatArray = np.zeros(0)
         self._last: float | None = None
-
-    def on_frame(self, frame: Frame) -> None:
-        self.table.ingest(view(frame))
 
     def evaluate(self, now: float) -> list[Finding]:
         t = self.table

@@ -9,7 +9,8 @@ over ranks, so one skewed rank is :mod:`~gpuscope.detect.ranks`' business, not a
   on two steps in a row), and far outside its MAD-scaled spread; the gradient the same way.
 * Divergence: the smoothed loss (time EWMA) rose ``divergence`` above the best it reached and is
   still rising, for ``sustain`` seconds. Plateau: over the last ``plateau_window`` seconds the
-  smoothed loss improved by less than ``plateau_gain`` and by far less than in the window before.
+  smoothed loss improved by less than ``plateau_gain`` and by far less than in each of the two
+  windows before.
   Every baseline restarts after a rollback to an earlier step or a job restart.
 """
 
@@ -22,10 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscope.counters import Counters
-from gpuscope.detect.base import Detector
+from gpuscope.detect.base import StepDetector, register
 from gpuscope.detect.baseline import RollingMedian
-from gpuscope.detect.steps import StepGatherer, StepView
-from gpuscope.model import Event, Finding, TrainingRecord
+from gpuscope.detect.steps import StepView
+from gpuscope.model import Event, Finding
 
 NAN_RULE, SPIKE, DIVERGE, PLATEAU, GRAD = (
     "loss_nan",
@@ -87,7 +88,8 @@ class _Job:
         self.plateau_checks = 0
 
 
-class LossDetector(Detector):
+@register
+class LossDetector(StepDetector):
     rules = (NAN_RULE, SPIKE, DIVERGE, PLATEAU, GRAD)
 
     def __init__(
@@ -110,11 +112,8 @@ class LossDetector(Detector):
         self.divergence, self.sustain = divergence, sustain
         self.plateau_window, self.plateau_gain = plateau_window, plateau_gain
         self.counters = Counters()
-        self._steps = StepGatherer()
+        super().__init__()
         self._jobs: dict[str, _Job] = {}
-
-    def on_training(self, record: TrainingRecord) -> None:
-        self._steps.add(record)
 
     def on_event(self, event: Event) -> None:
         if event.kind in ("job_started", "job_ended", "job_failed"):
@@ -122,11 +121,6 @@ class LossDetector(Detector):
             job = self._jobs.get(name or "")
             if job is not None:
                 job.restart()
-
-    def evaluate(self, now: float) -> list[Finding]:
-        for view in self._steps.closed():
-            self.step(view)
-        return self.findings(now)
 
     def findings(self, now: float) -> list[Finding]:
         out: list[Finding] = []
@@ -169,7 +163,7 @@ class LossDetector(Detector):
         job.best = min(job.best, job.smooth)
         if not job.history or ts - job.history[-1][0] >= 60.0:
             job.history.append((ts, job.smooth))
-            while job.history and ts - job.history[0][0] > 2.2 * self.plateau_window:
+            while job.history and ts - job.history[0][0] > 3.2 * self.plateau_window:
                 job.history.popleft()
             self._plateau(job, ts)
         past = [s for t, s in job.history if ts - t >= self.smooth_tau]
@@ -181,13 +175,15 @@ class LossDetector(Detector):
 
     def _plateau(self, job: _Job, ts: float) -> None:
         """Flat now, after clearly improving before: the gain over the last window is below
-        ``plateau_gain`` and well below that of the window before it (a healthy curve flattens slowly)."""
+        ``plateau_gain`` and well below that of *both* windows before it (a healthy curve flattens
+        slowly; one window that held a learning-rate drop is not the pace the curve was on)."""
         hist, w = job.history, self.plateau_window
-        if ts - job.start_ts < 2 * w or hist[-1][0] - hist[0][0] < 1.9 * w:
+        if ts - job.start_ts < 3 * w or hist[-1][0] - hist[0][0] < 2.9 * w:
             job.plateau_checks = 0
             return
-        a, b, c = (self._at(hist, ts - k * w) for k in (2, 1, 0))
-        prev, gain = (a - b) / abs(a), (b - c) / abs(b)
+        z, a, b, c = (self._at(hist, ts - k * w) for k in (3, 2, 1, 0))
+        prev = min((z - a) / abs(z), (a - b) / abs(a))
+        gain = (b - c) / abs(b)
         was_improving = prev >= 4.0 * self.plateau_gain  # a curve that was already flat is not news
         flat = (
             was_improving

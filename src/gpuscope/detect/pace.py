@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuscope.detect.base import Detector
-from gpuscope.detect.steps import StepGatherer, StepView
+from gpuscope.detect.base import StepDetector, register
+from gpuscope.detect.steps import StepView
 from gpuscope.detect.vectors import Cusum
-from gpuscope.model import Event, Finding, TrainingRecord
+from gpuscope.model import Event, Finding
 
 RULE = "step_time_regression"
 
@@ -33,7 +33,8 @@ class _Job:
     base: float = math.nan
 
 
-class PaceDetector(Detector):
+@register
+class PaceDetector(StepDetector):
     rules = (RULE,)
 
     def __init__(
@@ -47,21 +48,13 @@ class PaceDetector(Detector):
     ) -> None:
         self.recent_n, self.baseline_n, self.min_baseline = recent, baseline, min_baseline
         self.ratio, self.cusum_ratio, self.sustain = ratio, cusum_ratio, sustain
-        self._steps = StepGatherer()
+        super().__init__()
         self._jobs: dict[str, _Job] = {}
         self._touched: set[str] = set()
-
-    def on_training(self, record: TrainingRecord) -> None:
-        self._steps.add(record)
 
     def on_event(self, event: Event) -> None:
         if event.kind in ("job_started", "job_ended", "job_failed"):
             self._jobs.pop(event.labels.get("job", ""), None)
-
-    def evaluate(self, now: float) -> list[Finding]:
-        for view in self._steps.closed():
-            self.step(view)
-        return self.findings(now)
 
     def findings(self, now: float) -> list[Finding]:
         for name in self._touched:

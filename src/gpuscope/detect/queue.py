@@ -20,8 +20,9 @@ import numpy as np
 
 from gpuscope.detect.base import Detector, register
 from gpuscope.model import Finding, Frame
+from gpuscope.rules import JOB_PENDING_TOO_LONG
 
-RULE = "job_pending_too_long"
+RULE = JOB_PENDING_TOO_LONG
 #: pending reasons that are the job's own choice (Slurm's job_reason strings)
 SELF_INFLICTED = frozenset({"Dependency", "BeginTime", "JobHeldUser", "JobArrayTaskLimit"})
 

@@ -1,12 +1,16 @@
 """One rank against its peers: ``training_straggler``, ``gradient_skew``, ``memory_fragmentation``.
 
 Per closed step every rank gets a *lag*: how late it arrived at the collective beyond the peer
-median (``collective_arrival_skew_seconds``, as a share of the step time) or, when ranks report
-their own step times instead, how much longer its step took than the peer median. Lags are
-clipped (a one-step data-loader hiccup is not a straggler) and smoothed per rank (EWMA over
-steps). A straggler's smoothed lag is at least ``lag`` *and* ``excess`` above its own long-run lag
-(learned at most up to ``normal_cap``), so ranks that are always a little slower (fixed offsets
-on shared hardware) stay quiet, while a rank that was slow from its first step still stands out.
+reference (``collective_arrival_skew_seconds``, as a share of the step time) or, when ranks report
+their own step times instead, how much longer its step took than the reference. The reference is
+the ``ref_quantile`` quantile of the ranks, not their median, so it stays with the healthy ranks
+when up to three quarters of them slow down together (a shared switch, a bad rack). A rank's lag
+is the median of its last ``window`` lags: a one-step data-loader hiccup is not a straggler, and
+a straggler that gets worse shows it (no clipping). A straggler's lag is at least ``lag`` *and*
+``excess`` (or ``noise_k`` times its own healthy spread, if larger) above its own normal lag,
+learned while it is not slow (at most up to ``normal_cap``),
+so ranks that are always a little slower (fixed offsets on shared hardware) stay quiet, while a
+rank that was slow from its first step still stands out.
 
 Gradient skew: a rank's smoothed log-ratio of gradient norm to the peer median beyond
 ``log(skew_ratio)``. Fragmentation: a rank's allocator fragmentation ``frag_rise`` above its own
@@ -16,13 +20,14 @@ early level, or allocator retries climbing. Verdicts need ``sustain`` steps in a
 from __future__ import annotations
 
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuscope.detect.base import Detector
-from gpuscope.detect.steps import StepGatherer, StepView
-from gpuscope.model import Event, Finding, FloatArray, TrainingRecord
+from gpuscope.detect.base import StepDetector, register
+from gpuscope.detect.steps import StepView
+from gpuscope.model import Event, Finding, FloatArray
 
 STRAGGLER, SKEW, FRAG = "training_straggler", "gradient_skew", "memory_fragmentation"
 
@@ -30,7 +35,9 @@ STRAGGLER, SKEW, FRAG = "training_straggler", "gradient_skew", "memory_fragmenta
 @dataclass(slots=True)
 class _Rank:
     lag: float = math.nan
+    lags: deque[float] = field(default_factory=deque)  # the last ``window`` lags
     lag_base: float = math.nan
+    lag_spread: float = 0.0  # mean absolute deviation of its raw lags from their median, while healthy
     lag_n: int = 0
     lag_hits: int = 0
     recent: list[float] = field(default_factory=list)  # the last few unsmoothed lags: what is said
@@ -51,16 +58,18 @@ class _Job:
     step_time: float = math.nan
 
 
-class RankDetector(Detector):
+@register
+class RankDetector(StepDetector):
     rules = (STRAGGLER, SKEW, FRAG)
 
     def __init__(
         self,
-        alpha: float = 0.08,
+        window: int = 9,
         base_alpha: float = 0.02,
-        lag: float = 0.12,
-        excess: float = 0.07,
-        clip: float = 0.6,
+        lag: float = 0.06,
+        excess: float = 0.05,
+        ref_quantile: float = 0.25,
+        noise_k: float = 5.0,
         normal_cap: float = 0.15,
         skew_ratio: float = 1.35,
         frag_rise: float = 0.05,
@@ -69,25 +78,18 @@ class RankDetector(Detector):
         sustain: int = 5,
         warm_steps: int = 20,
     ) -> None:
-        self.alpha, self.base_alpha, self.lag, self.excess, self.clip = alpha, base_alpha, lag, excess, clip
+        self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
+        self.ref_quantile, self.noise_k = ref_quantile, noise_k
         self.normal_cap = normal_cap
         self.skew_log = math.log(skew_ratio)
         self.frag_rise, self.retry_window, self.min_retries = frag_rise, retry_window, min_retries
         self.sustain, self.warm_steps = sustain, warm_steps
-        self._steps = StepGatherer()
+        super().__init__()
         self._jobs: dict[str, _Job] = {}
-
-    def on_training(self, record: TrainingRecord) -> None:
-        self._steps.add(record)
 
     def on_event(self, event: Event) -> None:
         if event.kind in ("job_started", "job_ended", "job_failed"):
             self._jobs.pop(event.labels.get("job", ""), None)  # new processes: new baselines
-
-    def evaluate(self, now: float) -> list[Finding]:
-        for view in self._steps.closed():
-            self.step(view)
-        return self.findings(now)
 
     def findings(self, now: float) -> list[Finding]:
         out: list[Finding] = []
@@ -103,7 +105,10 @@ class RankDetector(Detector):
         job = self._jobs.get(view.job)
         if job is None or view.rollback:
             job = self._jobs[view.job] = _Job()
-        ranks = [job.ranks.setdefault(r, _Rank()) for r in view.ranks]
+        ranks = [
+            job.ranks.get(r) or job.ranks.setdefault(r, _Rank(lags=deque(maxlen=self.window)))
+            for r in view.ranks
+        ]
         for state in ranks:
             state.seen = view.ts
         step = view.get("step_seconds")
@@ -120,30 +125,34 @@ class RankDetector(Detector):
         if np.isfinite(arrival).sum() < 3:  # the SDK reports each rank's own gap; the median is the same
             arrival = view.get("collective_arrival_gap_seconds")
         if np.isfinite(arrival).sum() >= 3 and job.step_time > 0:
-            lags = (arrival - np.nanmedian(arrival)) / job.step_time
+            lags = (arrival - np.nanquantile(arrival, self.ref_quantile)) / job.step_time
         elif np.isfinite(step).sum() >= 3:
-            lags = step / np.nanmedian(step) - 1.0
+            lags = step / np.nanquantile(step, self.ref_quantile) - 1.0
         else:
             return
-        lags = np.where(np.isfinite(lags), np.clip(lags, -self.clip, self.clip), math.nan)
         for state, x, arrived in zip(ranks, lags.tolist(), arrival.tolist(), strict=True):
             if not math.isfinite(x):
                 continue
             state.arrival = arrived
             state.recent.append(x)
             del state.recent[: -self.sustain]
-            state.lag = x if not math.isfinite(state.lag) else state.lag + self.alpha * (x - state.lag)
+            state.lags.append(x)
+            state.lag = float(np.median(state.lags))
             state.lag_n += 1
-            learn = min(state.lag, self.normal_cap)
-            state.lag_base = (
-                learn
-                if not math.isfinite(state.lag_base)
-                else state.lag_base + self.base_alpha * (learn - state.lag_base)
-            )
+            if state.lag_hits == 0:  # the normal is learned while the rank is not judged slow
+                # a running mean at first, so the normal does not hang on the first sample
+                alpha = max(self.base_alpha, 1.0 / state.lag_n)
+                learn = min(state.lag, self.normal_cap)
+                base = state.lag_base if math.isfinite(state.lag_base) else learn
+                state.lag_base = base + alpha * (learn - base)
+                # a data-loader hiccup is an outlier, not the spread of the rank's pace
+                state.lag_spread += alpha * (min(abs(x - state.lag), 0.1) - state.lag_spread)
+            # noisy ranks (real data loaders, shared hosts) must stand out of their own noise
+            excess = max(self.excess, self.noise_k * state.lag_spread)
             slow = (
                 state.lag_n >= self.warm_steps
                 and state.lag >= self.lag
-                and state.lag - state.lag_base >= self.excess
+                and state.lag - state.lag_base >= excess
             )
             state.lag_hits = state.lag_hits + 1 if slow else 0
 
@@ -192,7 +201,7 @@ class RankDetector(Detector):
 
     def _findings(self, job_name: str, job: _Job, rank: int, state: _Rank) -> list[Finding]:
         out: list[Finding] = []
-        entity = {"job": job_name, "rank": str(rank), **self._steps.where(job_name, rank)}
+        entity = {"job": job_name, "rank": str(rank), **self.steps.where(job_name, rank)}
         where = f" on {entity['node']} GPU {entity['gpu']}" if "node" in entity else ""
         if state.lag_hits >= self.sustain:
             # the smoothed lag decides; the recent lags say how far behind it is now (the smoothed

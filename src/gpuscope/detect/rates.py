@@ -15,11 +15,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gpuscope.detect.base import Detector
-from gpuscope.detect.frames import BoolArray, view
-from gpuscope.detect.gputable import GpuTable
+from gpuscope.detect.base import GpuTableDetector, register
+from gpuscope.detect.frames import BoolArray
 from gpuscope.detect.vectors import grow
-from gpuscope.model import Finding, FloatArray, Frame
+from gpuscope.model import Finding, FloatArray
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,17 +73,15 @@ class _State:
             self.firing = firing
 
 
-class ErrorRateDetector(Detector):
+@register
+class ErrorRateDetector(GpuTableDetector):
     rules = tuple(r.rule for r in RULES)
+    metrics = tuple(sorted({m for r in RULES for m in r.metrics} | set(FALLBACK.values()) | {LINKS_DOWN}))
 
     def __init__(self) -> None:
-        metrics = {m for r in RULES for m in r.metrics} | set(FALLBACK.values()) | {LINKS_DOWN}
-        self.table = GpuTable(tuple(sorted(metrics)))
+        super().__init__()
         self._states = {r.rule: _State() for r in RULES}
         self._links0: FloatArray = np.zeros(0)
-
-    def on_frame(self, frame: Frame) -> None:
-        self.table.ingest(view(frame))
 
     def _total(self, rule: CounterRule) -> FloatArray:
         total: FloatArray | None = None

@@ -1,10 +1,13 @@
 """A GPU that is wearing out: ``gpu_failure_risk``, a composite score per GPU.
 
-Four kinds of evidence decay over ``tau`` (a day by default), each scaled to 0..1:
-corrected ECC errors (``sbe_full`` of them is 1), throttle episodes (rising edges of any thermal or
-power flag; ``throttle_full`` is 1), XIDs (a fatal one is 1, an application one 0.25) and peer lag
-(SM clock below the median of its job's GPUs, as a share of time). The score is their sum; it fires
-at ``threshold`` and only with evidence of at least two kinds, so one noisy counter is never a risk.
+Five kinds of evidence decay over ``tau`` (a day by default), each scaled to 0..1: corrected ECC
+errors (``sbe_full`` of them is 1), rows remapped after correctable errors (``rows_full`` new
+ones is 1; rows remapped before the hub first saw the GPU do not count), throttle episodes
+(rising edges of any thermal or power flag; ``throttle_full`` is 1), XIDs (a fatal one is 1, an
+application one 0.25) and peer lag (SM clock below the median of its job's GPUs, as a share of
+time). The score is their sum; it fires at ``threshold`` and only with evidence of at least two
+kinds, so one noisy counter is never a risk. At ``imminent`` the alert escalates to P2: the GPU
+is about to take its work down with it.
 """
 
 from __future__ import annotations
@@ -13,11 +16,9 @@ import math
 
 import numpy as np
 
-from gpuscope.detect.base import Detector
-from gpuscope.detect.frames import view
-from gpuscope.detect.gputable import GpuTable
+from gpuscope.detect.base import GpuTableDetector, register
 from gpuscope.detect.vectors import group_median, grow
-from gpuscope.model import Event, Finding, FloatArray, Frame
+from gpuscope.model import Event, Finding, FloatArray
 from gpuscope.signals import FATAL_XIDS
 
 RULE = "gpu_failure_risk"
@@ -27,11 +28,14 @@ _FLAGS = (
     "gpu_throttle_sw_power",
     "gpu_throttle_hw_power_brake",
 )
-_KINDS = ("ecc", "throttle", "xid", "lag")
+_KINDS = ("ecc", "rows", "throttle", "xid", "lag")
+ROWS = "gpu_remapped_rows_correctable"
 
 
-class FailureRiskDetector(Detector):
+@register
+class FailureRiskDetector(GpuTableDetector):
     rules = (RULE,)
+    metrics = ("gpu_ecc_sbe_aggregate_total", ROWS, "gpu_sm_clock_mhz", "gpu_utilization_percent", *_FLAGS)
 
     def __init__(
         self,
@@ -39,19 +43,18 @@ class FailureRiskDetector(Detector):
         threshold: float = 1.5,
         sbe_full: float = 200.0,
         throttle_full: float = 20.0,
+        rows_full: float = 4.0,
+        imminent: float = 3.0,
     ) -> None:
         self.tau, self.threshold, self.sbe_full, self.throttle_full = tau, threshold, sbe_full, throttle_full
-        self.table = GpuTable(
-            ("gpu_ecc_sbe_aggregate_total", "gpu_sm_clock_mhz", "gpu_utilization_percent", *_FLAGS)
-        )
+        super().__init__()
         self._ev = {k: np.zeros(0) for k in _KINDS}
+        self.rows_full, self.imminent = rows_full, imminent
         self._prev_sbe: FloatArray = np.zeros(0)
+        self._prev_rows: FloatArray = np.zeros(0)
         self._prev_flag: FloatArray = np.zeros(0)
         self._xids: list[tuple[tuple[str, str], float]] = []
         self._last: float | None = None
-
-    def on_frame(self, frame: Frame) -> None:
-        self.table.ingest(view(frame))
 
     def on_event(self, event: Event) -> None:
         if event.kind == "xid":
@@ -59,6 +62,14 @@ class FailureRiskDetector(Detector):
             code = event.data.get("code")
             if node is not None and gpu is not None:
                 self._xids.append(((node, gpu), 1.0 if code in FATAL_XIDS else 0.25))
+
+    @staticmethod
+    def _rise(total: FloatArray, prev: FloatArray) -> FloatArray:
+        """How much a cumulative counter grew since the last evaluation (updates ``prev`` in place)."""
+        known = np.isfinite(total)
+        rise: FloatArray = np.where(known & np.isfinite(prev), np.maximum(total - prev, 0.0), 0.0)
+        prev[known] = total[known]
+        return rise
 
     def evaluate(self, now: float) -> list[Finding]:
         t = self.table
@@ -68,17 +79,17 @@ class FailureRiskDetector(Detector):
         for k in _KINDS:
             self._ev[k] = grow(self._ev[k], n, 0.0)
         self._prev_sbe = grow(self._prev_sbe, n)
+        self._prev_rows = grow(self._prev_rows, n)
         self._prev_flag = grow(self._prev_flag, n, 0.0)
         dt = 1.0 if self._last is None else max(now - self._last, 0.0)
         self._last = now
         decay = math.exp(-dt / self.tau)
         for k in _KINDS:
             self._ev[k][:n] *= decay
-        sbe = t.column("gpu_ecc_sbe_aggregate_total")
-        prev = self._prev_sbe[:n]
-        rise = np.where(np.isfinite(sbe) & np.isfinite(prev), np.maximum(sbe - prev, 0.0), 0.0)
-        prev[np.isfinite(sbe)] = sbe[np.isfinite(sbe)]
-        self._ev["ecc"][:n] += rise / self.sbe_full
+        self._ev["ecc"][:n] += (
+            self._rise(t.column("gpu_ecc_sbe_aggregate_total"), self._prev_sbe[:n]) / self.sbe_full
+        )
+        self._ev["rows"][:n] += self._rise(t.column(ROWS), self._prev_rows[:n]) / self.rows_full
         flag = np.zeros(n)
         for m in _FLAGS:
             flag = np.maximum(flag, np.nan_to_num(t.column(m)) > 0.5)
@@ -109,6 +120,7 @@ class FailureRiskDetector(Detector):
                     f"{node} GPU {gpu} failure risk {score[i]:.2f} (evidence: {listed})",
                     value=float(score[i]),
                     details={"score": float(score[i]), "evidence": evidence},
+                    severity="P2" if score[i] >= self.imminent else None,
                 )
             )
         return out

@@ -9,8 +9,10 @@ fires, so a regression is not learned as normal):
 * ``inference_error_rate``: multi-window burn rate of an error budget (``slo``): both the 30 s and
   5 min windows burn ``fast_burn`` times faster than allowed, or the 5 min and 1 h ``slow_burn``;
 * ``inference_queue_buildup``: the queue far above its usual depth (at least ``min_queue``);
-* ``kv_cache_pressure``: the KV cache nearly full, a sudden jump in its use, or preemptions;
-* ``version_regression``: delegated to :mod:`~gpuscope.detect.versions` on the same snapshots.
+* ``kv_cache_pressure``: against the service's own operating point: the cache nearly full and
+  ``kv_margin`` above its usual level, a sudden jump in its use, or preemptions ``preempt_ratio``
+  times their usual rate (and at least ``min_preemptions`` a minute); a service that always runs
+  near full with a few preemptions a minute stays quiet.
 
 Each must hold for ``sustain`` seconds (the KV cache ``kv_sustain``: a busy cache brushes full);
 the first ``warmup`` seconds of a service only learn.
@@ -22,10 +24,9 @@ import bisect
 import math
 from dataclasses import dataclass, field
 
-from gpuscope.detect.base import Detector, register
-from gpuscope.detect.services import ServiceAggregator, Snapshot
-from gpuscope.detect.versions import VersionDetector
-from gpuscope.model import Event, Finding, Frame
+from gpuscope.detect.base import ServiceDetector, register
+from gpuscope.detect.services import Snapshot
+from gpuscope.model import Finding
 
 LATENCY, TTFT, ERRORS, QUEUE, KV = (
     "inference_latency_regression",
@@ -112,8 +113,8 @@ class _Svc:
 
 
 @register
-class ServingDetector(Detector):
-    rules = (LATENCY, TTFT, ERRORS, QUEUE, KV, *VersionDetector.rules)
+class ServingDetector(ServiceDetector):
+    rules = (LATENCY, TTFT, ERRORS, QUEUE, KV)
 
     def __init__(
         self,
@@ -127,6 +128,9 @@ class ServingDetector(Detector):
         min_queue: float = 10.0,
         kv_full: float = 0.92,
         kv_jump: float = 0.3,
+        kv_margin: float = 0.04,
+        min_preemptions: float = 5.0,
+        preempt_ratio: float = 3.0,
         sustain: float = 20.0,
         kv_sustain: float = 45.0,
         warmup: float = 300.0,
@@ -135,20 +139,10 @@ class ServingDetector(Detector):
         self.budget = 1.0 - slo
         self.fast_burn, self.slow_burn = fast_burn, slow_burn
         self.min_queue, self.kv_full, self.kv_jump = min_queue, kv_full, kv_jump
+        self.kv_margin, self.min_preemptions, self.preempt_ratio = kv_margin, min_preemptions, preempt_ratio
         self.sustain, self.warmup, self.kv_sustain = sustain, warmup, kv_sustain
-        self._agg = ServiceAggregator()
+        super().__init__()
         self._svcs: dict[str, _Svc] = {}
-        self.versions = VersionDetector()
-
-    def on_frame(self, frame: Frame) -> None:
-        self._agg.on_frame(frame)
-
-    def on_event(self, event: Event) -> None:
-        self.versions.on_event(event)
-
-    def evaluate(self, now: float) -> list[Finding]:
-        snapshots = self._agg.snapshots()
-        return self.judge(now, snapshots) + self.versions.judge(now, snapshots)
 
     def judge(self, now: float, snapshots: dict[str, Snapshot]) -> list[Finding]:
         """Fold in the services' new snapshots; the findings that hold at ``now``."""
@@ -218,14 +212,24 @@ class ServingDetector(Detector):
         state = svc.rule(KV)
         short = svc.ewma("kv", self.tau, s.kv, dt)
         base = svc.ewma("kv", self.base_tau, s.kv, dt, frozen=state.since is not None)
-        preempt = svc.ewma("preempt", 60.0, s.preempted / max(dt, 1e-9) if dt > 0 else math.nan, dt)
-        full = short >= self.kv_full
-        jump = short >= 0.5 and short - base >= self.kv_jump
-        preempting = preempt * 60.0 >= 5.0
+        rate = s.preempted / max(dt, 1e-9) * 60.0 if dt > 0 else math.nan
+        preempt = svc.ewma("preempt", 60.0, rate, dt)
+        usual = svc.ewma("preempt", self.base_tau, rate, dt, frozen=state.since is not None)
+        # judged against the service's own operating point: a service that always runs its cache
+        # near full with a few preemptions a minute is sized that way, not under pressure
+        above = short - base
+        full = short >= self.kv_full and above >= self.kv_margin
+        jump = short >= 0.5 and above >= self.kv_jump
+        limit = max(self.min_preemptions, self.preempt_ratio * usual + self.min_preemptions)
+        preempting = preempt >= limit
         cond = warm and (full or jump or preempting)
-        state.hold(cond, short < base + 0.5 * self.kv_jump and not full, s.ts, self.kv_sustain)
+        clear = not full and above < 0.5 * self.kv_jump and preempt < 0.5 * limit
+        state.hold(cond, clear, s.ts, self.kv_sustain)
         state.value = short
-        state.text = f"KV cache {short:.0%} full (usually {base:.0%}), {preempt * 60:.0f} preemptions/min"
+        state.text = (
+            f"KV cache {short:.0%} full (usually {base:.0%}), {preempt:.0f} preemptions/min "
+            f"(usually {usual:.0f})"
+        )
 
     def _finding(self, name: str, s: Snapshot, rule: str, state: _Rule) -> Finding:
         return Finding(

@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuscope.detect.base import Detector
-from gpuscope.detect.services import ServiceAggregator, Snapshot
-from gpuscope.model import Event, Finding, Frame
+from gpuscope.detect.base import ServiceDetector, register
+from gpuscope.detect.services import Snapshot
+from gpuscope.model import Event, Finding
 
 RULE = "version_regression"
 
@@ -49,18 +49,16 @@ def _ewma(mean: float, value: float, dt: float, tau: float) -> float:
     return mean + (1.0 - math.exp(-dt / tau)) * (value - mean)
 
 
-class VersionDetector(Detector):
+@register
+class VersionDetector(ServiceDetector):
     rules = (RULE,)
 
     def __init__(
         self, window: float = 1800.0, ratio: float = 1.25, error_rise: float = 0.01, sustain: float = 30.0
     ) -> None:
         self.window, self.ratio, self.error_rise, self.sustain = window, ratio, error_rise, sustain
-        self._agg = ServiceAggregator()
+        super().__init__()
         self._svcs: dict[str, _Svc] = {}
-
-    def on_frame(self, frame: Frame) -> None:
-        self._agg.on_frame(frame)
 
     def on_event(self, event: Event) -> None:
         if event.kind != "model_version_promoted":
@@ -74,9 +72,6 @@ class VersionDetector(Detector):
         svc.promoted = (event.ts, model, version, svc.latency_base, svc.errors_base)
         svc.since = None
         svc.labelled = svc.served = False
-
-    def evaluate(self, now: float) -> list[Finding]:
-        return self.judge(now, self._agg.snapshots())
 
     def judge(self, now: float, snapshots: dict[str, Snapshot]) -> list[Finding]:
         """Fold in the services' new snapshots; the findings that hold at ``now``."""

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuscope.model import Finding
-
-HUB_OVERLOADED = "hub_overloaded"
+from gpuscope.rules import HUB_OVERLOADED
 
 
 @dataclass(frozen=True, slots=True)

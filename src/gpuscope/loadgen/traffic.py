@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from gpuscope.alert.catalog import HARD_FAULTS, rule_for_fault
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Batch
 from gpuscope.sim.cluster import Simulator
+from gpuscope.sim.kinds import HARD_FAULTS, rule_for_fault
 from gpuscope.sim.scenario import FaultSpec, Scenario, parse_scenario
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuscope.alert.catalog import spec
+from gpuscope.rules import spec
 
 PRODUCTIVE = "productive"
 BUSY_NOT_PRODUCTIVE = "busy_not_productive"

@@ -105,6 +105,8 @@ class Simulator:
             w.refresh(inst.t)
         for job in w.jobs.values():
             job.advance(t)
+        for effect in w.active:
+            effect.advance(t)
 
         demand = w.fleet.reset_demand()
         w.nodes.reset_demand()

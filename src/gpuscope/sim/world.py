@@ -25,6 +25,8 @@ from gpuscope.sim.training import JobConditions, TrainingJob
 class ActiveEffect(Protocol):
     def apply(self) -> None: ...
 
+    def advance(self, t: float) -> None: ...
+
 
 class World:
     def __init__(self, scenario: Scenario) -> None:

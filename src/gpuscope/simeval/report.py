@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.alert.catalog import HARD_FAULTS, rule_for_fault
 from gpuscope.model import Alert
+from gpuscope.sim.kinds import HARD_FAULTS, rule_for_fault
 from gpuscope.sim.scenario import FaultSpec, Scenario
 
 DEFAULT_WINDOW = 600.0
@@ -111,6 +111,8 @@ def _window(scenario: Scenario, fault: FaultSpec) -> float:
             600.0,
         )
         return 2 * every + 300
+    if fault.kind == "gpu_failure_risk":  # the point is to name the GPU before its fatal XID
+        return float(fault.params["ramp"])
     return WINDOWS.get(fault.kind, DEFAULT_WINDOW)
 
 

@@ -73,9 +73,14 @@ def run_scenario(
 
 def alerts_json(result: RunResult) -> dict[str, Any]:
     """The output contract of DESIGN §5 (``sim-eval --json``)."""
+    return alerts_document(result.scenario.name, result.scenario.duration, result.alerts)
+
+
+def alerts_document(name: str, seconds: float, alerts: list[Alert]) -> dict[str, Any]:
+    """DESIGN §5's alerts document for a run called ``name`` over ``seconds`` of its own time."""
     return {
-        "scenario": result.scenario.name,
-        "simulated_seconds": result.scenario.duration,
+        "scenario": name,
+        "simulated_seconds": seconds,
         "alerts": [
             {
                 "rule": a.rule,
@@ -87,6 +92,6 @@ def alerts_json(result: RunResult) -> dict[str, Any]:
                 "incident": a.incident,
                 "cost_per_hour": round(a.cost_per_hour, 2),
             }
-            for a in result.alerts
+            for a in alerts
         ],
     }

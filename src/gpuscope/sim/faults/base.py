@@ -2,7 +2,8 @@
 
 An effect has three moments: :meth:`Effect.begin` at onset (one-off consequences: driver
 events, dead processes), :meth:`Effect.apply` whenever conditions are rebuilt while it is
-active (ongoing consequences: heat, lost GPU, slow rank), and :meth:`Effect.finish` when its
+active (ongoing consequences: heat, lost GPU, slow rank), :meth:`Effect.advance` every tick
+(consequences that grow over time), and :meth:`Effect.finish` when its
 ``duration`` ends (recovery that needs more than dropping the conditions, e.g. a restart).
 """
 
@@ -29,6 +30,9 @@ class Effect:
 
     def apply(self) -> None:
         """Ongoing consequences, set into the world's conditions."""
+
+    def advance(self, t: float) -> None:
+        """Consequences that develop with time (a part wearing out), every tick while active."""
 
     def finish(self, t: float) -> None:
         """Recovery when the fault's duration ends."""

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 from gpuscope.model import Event
 from gpuscope.signals import APP_XIDS, FATAL_XIDS
 from gpuscope.sim.faults.base import Effect, register
 from gpuscope.sim.hardware import XID_PROCESS_SURVIVES, xid_message
+from gpuscope.sim.scenario import FaultSpec
+from gpuscope.sim.world import World
 
 
 class _GpuEffect(Effect):
@@ -181,3 +185,63 @@ class NodeDown(Effect):
 
     def apply(self) -> None:
         self.world.nodes.down[self.node_index] = True
+
+
+@register
+class GpuFailureRisk(_GpuEffect):
+    """A GPU wearing out: over ``ramp`` seconds its corrected ECC errors, remapped rows and thermal
+    throttle episodes creep up (episodes come more often as it degrades), then a fatal XID
+    (``code``) takes it down; it stays unusable until the fault ends (replaced or reset)."""
+
+    kinds = ("gpu_failure_risk",)
+
+    def __init__(self, fault: FaultSpec, world: World) -> None:
+        super().__init__(fault, world)
+        self.t0 = math.nan
+        self.progress = 0.0
+        self.sbe = 0.0  # this fault's share of the GPU's corrected-error rate now
+        self.rows = 0
+        self.next_episode = math.inf
+        self.episode_end = -math.inf
+        self.dead = False
+
+    def begin(self, t: float) -> None:
+        self.t0 = t
+        self.next_episode = t + self._period()
+
+    def _period(self) -> float:
+        # a third of the ramp between episodes at first, a twentieth at the end
+        return self.param("ramp") * (1.0 / 3.0 - (1.0 / 3.0 - 1.0 / 20.0) * self.progress)
+
+    def advance(self, t: float) -> None:
+        if self.dead:
+            return
+        i, fleet = self.gpu_index, self.world.fleet
+        self.progress = min(max((t - self.t0) / self.param("ramp"), 0.0), 1.0)
+        sbe = self.param("sbe_rate") * self.progress
+        fleet.mods.sbe_rate[i] += sbe - self.sbe
+        self.sbe = sbe
+        rows = int(self.param("rows") * self.progress)
+        fleet.rows_corr[i] += rows - self.rows
+        self.rows = rows
+        if t >= self.next_episode:
+            self.episode_end = t + 90.0
+            self.next_episode = t + self._period()
+        fleet.mods.temp[i] = self.param("temp") if t < self.episode_end else math.nan
+        if self.progress >= 1.0:
+            self.dead = True
+            code = int(self.param("code"))
+            self.node_event(t, "xid", {"code": code, "message": xid_message(code)})
+            if code == 79:
+                self.node_event(t, "gpu_lost", {"reason": "GPU has fallen off the bus (Xid 79)"})
+            self.world.kill_gpu_process(i, t, self.fault.index, f"CUDA error after Xid {code}")
+            self.apply()
+
+    def apply(self) -> None:
+        mods, i = self.world.fleet.mods, self.gpu_index
+        mods.sbe_rate[i] += self.sbe
+        if self.dead:
+            if int(self.param("code")) == 79:
+                mods.lost[i] = True
+            else:
+                mods.killed[i] = True

@@ -11,25 +11,12 @@ from __future__ import annotations
 from typing import Any
 
 from gpuscope.hub import Hub
+from gpuscope.rules import rules_of
 from gpuscope.web.dashboard.common import SEVERITY_RANK, finite, natural_key
 
 UTIL = "gpu_utilization_percent"
 OBSERVED_BUCKET_SECONDS = 300.0
-HARDWARE_RULES = frozenset(
-    {
-        "gpu_xid_fatal",
-        "gpu_xid_app",
-        "gpu_ecc_uncorrectable",
-        "gpu_ecc_correctable_rising",
-        "gpu_lost",
-        "gpu_thermal_throttle",
-        "gpu_power_throttle",
-        "gpu_underperforming",
-        "gpu_failure_risk",
-        "nvlink_errors",
-        "pcie_replay_rising",
-    }
-)
+HARDWARE_RULES = rules_of("hardware")
 
 
 def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:

@@ -9,10 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from gpuscope.hub import Hub
+from gpuscope.rules import rules_of
 from gpuscope.signals import SERVICE_METRICS
 from gpuscope.web.dashboard.common import AlertIndex, alert_brief, finite, natural_key, worst
 
-DRIFT_RULES = ("prediction_drift", "confidence_shift", "input_drift", "business_metric_drop")
+DRIFT_RULES = rules_of("quality")
 VERSION_EVENTS = ("model_version_registered", "model_version_promoted")
 LOOKBACK_SECONDS = 30 * 86400.0
 

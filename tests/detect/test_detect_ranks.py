@@ -1,0 +1,72 @@
+"""Stragglers against a robust peer reference: many slow ranks at once, small slowdowns, a
+straggler that gets worse, and healthy jobs with fixed per-rank offsets and data-loader hiccups."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuscope.detect.ranks import RankDetector
+from gpuscope.model import Finding, TrainingRecord
+
+STEP = 1.0
+WORLD = 8
+
+
+def run(slow: dict[int, list[tuple[int, float]]], steps: int = 400, seed: int = 3) -> list[list[Finding]]:
+    """Feed a synchronous job: rank r computes ``0.85 * factor`` of a step, ``slow[r]`` lists
+    (from_step, factor) changes; each rank reports how late it arrived at the collective."""
+    rng = np.random.default_rng(seed)
+    offsets = rng.uniform(0.95, 1.05, WORLD)  # fixed per-GPU speed differences
+    detector = RankDetector()
+    out: list[list[Finding]] = []
+    for k in range(steps):
+        factor = np.ones(WORLD)
+        for rank, changes in slow.items():
+            for start, f in changes:
+                if k >= start:
+                    factor[rank] = f
+        compute = 0.85 * STEP * offsets * factor * (1.0 - np.abs(0.012 * rng.standard_normal(WORLD)))
+        if rng.random() < 0.02:  # a data-loader hiccup
+            compute[int(rng.integers(WORLD))] += rng.uniform(0.3, 1.2)
+        skew = compute - compute.min()
+        step_seconds = float(compute.max()) + 0.15
+        ts = float(k) * STEP
+        for r in range(WORLD):
+            metrics = {"step_seconds": step_seconds, "collective_arrival_skew_seconds": float(skew[r])}
+            detector.on_training(
+                TrainingRecord(ts, "j", r, k, metrics, {"node": f"n{r // 4}", "gpu": str(r % 4)})
+            )
+        detector.on_training(TrainingRecord(ts + 0.5, "j", 0, k + 1, {}))  # opens the next step
+        out.append(detector.evaluate(ts + 0.6))
+    return out
+
+
+def flagged(findings: list[list[Finding]], since: int = 0) -> set[int]:
+    return {int(f.entity["rank"]) for fs in findings[since:] for f in fs if f.rule == "training_straggler"}
+
+
+def test_healthy_job_with_offsets_and_hiccups_raises_nothing() -> None:
+    for seed in range(5):
+        assert flagged(run({}, seed=seed)) == set()
+
+
+def test_five_of_eight_ranks_slowing_together_are_all_flagged() -> None:
+    slow = {r: [(150, 1.3)] for r in range(5)}
+    findings = run(slow)
+    assert flagged(findings) == set(range(5))
+    first = min(k for k, fs in enumerate(findings) if fs)
+    assert 150 <= first <= 165
+
+
+def test_a_ten_percent_straggler_is_flagged_and_stays_flagged() -> None:
+    findings = run({6: [(150, 1.1)]})
+    assert flagged(findings) == {6}
+    assert all(any(f.entity["rank"] == "6" for f in fs) for fs in findings[170:])
+
+
+def test_a_worsening_straggler_moves_its_value() -> None:
+    findings = run({2: [(150, 1.3), (250, 4.0)]})
+    value = [next(f.value for f in fs if f.entity["rank"] == "2") for fs in findings[200:240]]
+    worse = [next(f.value for f in fs if f.entity["rank"] == "2") for fs in findings[300:340]]
+    assert worse[-1] is not None and value[-1] is not None
+    assert worse[-1] > 2.5 * value[-1]  # a share of the (now longer) step: 0.25 -> 0.7
