@@ -36,8 +36,9 @@ def test_listeners_hear_fired_and_resolved_on_a_cluster_member(postgres_dsn: str
     runtime = assemble(
         load_config(path), store=DuckDBStore(":memory:", durable=False), serve=False, evaluate_interval=None
     )
-    hub = runtime.cluster
-    assert hub is not None
+    member = runtime.cluster
+    assert member is not None
+    hub = runtime.hub
     script = Scripted()
     hub.detection = DetectionEngine([script])
     hub.alerts.resolve_after = 0.0
@@ -45,7 +46,7 @@ def test_listeners_hear_fired_and_resolved_on_a_cluster_member(postgres_dsn: str
     hub.add_listener(heard.append)
     runtime.start()
     try:
-        wait_until(lambda: len(hub.node.owned) == SHARDS, 10, "the member to own every shard")
+        wait_until(lambda: len(member.node.owned) == SHARDS, 10, "the member to own every shard")
         now = time.time()
         script.findings = [lost()]
         fired = hub.evaluate(now)

@@ -7,7 +7,8 @@ appears into a fired alert and one that has been absent for ``resolve_after`` se
 resolved one (a short absence is treated as the same alert, so a condition at its threshold does
 not flap). A later re-occurrence is a new alert. Severity and owner come from the catalog; the
 cost of delay is ``affected_gpus x price_per_gpu_hour x work_at_risk``. It knows nothing of where
-findings came from.
+findings came from, and records what it decides in an :class:`~gpuscope.alert.state.AlertState`
+(this hub's memory, or a cluster's PostgreSQL).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuscope.alert.catalog import HARD_FAULTS, RULES, rule_for_fault
-from gpuscope.alert.incidents import Incident, IncidentTracker
+from gpuscope.alert.incidents import Incident
+from gpuscope.alert.state import AlertState, LocalAlertState
 from gpuscope.model import Alert, Finding, Labels
 
 ChangeKind = Literal["fired", "resolved"]
@@ -68,6 +70,7 @@ class AlertEngine:
         *,
         pending_for: Mapping[str, float] | None = None,
         places: Places | None = None,
+        state: AlertState | None = None,
     ) -> None:
         if not math.isfinite(price_per_gpu_hour) or price_per_gpu_hour < 0:
             raise ValueError(f"price_per_gpu_hour must be a non-negative number, got {price_per_gpu_hour!r}")
@@ -79,11 +82,12 @@ class AlertEngine:
         self.places = places
         self._pending: dict[FindingKey, tuple[float, Finding]] = {}
         self.pending_cleared = 0  # findings that vanished before their pending time was up
-        self._alerts: list[Alert] = []
         self._active: dict[FindingKey, Alert] = {}
-        self._incidents = IncidentTracker(incident_window)
-        #: alert numbers used before this engine started (a restarted hub continues after them)
-        self.id_offset = 0
+        self.state: AlertState = state if state is not None else LocalAlertState(None, incident_window)
+        #: fired alerts that another hub already fired: continued instead of notified again
+        self.continued = 0
+        #: how long an alert continued from another hub waits for this hub's detectors to see it
+        self.continue_grace = 0.0
 
     def update(self, now: float, findings: list[Finding]) -> list[AlertChange]:
         """Apply the findings of the evaluation at ``now``; returns what fired and what resolved."""
@@ -106,6 +110,11 @@ class AlertEngine:
                     self._pending.pop(key, None)
                     finding.details = {**finding.details, "pending_since": since}
                 alert = self._fire(now, finding)
+                theirs = self.state.fired(alert, self.places_of(alert), now)
+                if theirs is not None:
+                    self.continued += 1
+                    self.adopt([theirs], now, self.continue_grace)
+                    continue
                 self._active[key] = alert
                 changes.append(AlertChange("fired", alert))
             else:
@@ -117,7 +126,8 @@ class AlertEngine:
             if key not in current and now - alert.last_seen >= self.resolve_after:
                 alert.resolved_at = now
                 del self._active[key]
-                changes.append(AlertChange("resolved", alert))
+                if self.state.resolved(alert, now):
+                    changes.append(AlertChange("resolved", alert))
         return changes
 
     def _fire(self, now: float, finding: Finding) -> Alert:
@@ -134,8 +144,6 @@ class AlertEngine:
             last_seen=now,
         )
         self._refresh(alert, now, finding)
-        self._alerts.append(alert)
-        self._incidents.add(alert, self.places_of(alert))
         return alert
 
     def places_of(self, alert: Alert) -> list[Labels] | None:
@@ -147,23 +155,32 @@ class AlertEngine:
 
     def next_id(self) -> str:
         """The id of the next alert (sharded hubs draw ids from a cluster-wide sequence)."""
-        return f"al-{self.id_offset + len(self._alerts) + 1}"
+        return self.state.next_id()
 
     def adopt(self, alerts: list[Alert], now: float, grace: float) -> int:
         """Continue alerts fired earlier (by this hub before a restart, or by another hub): they
         are not fired again, and resolve only if their condition stays absent for ``grace`` +
         ``resolve_after`` seconds (time for the detectors to see the data)."""
-        adopted = 0
+        taken: list[Alert] = []
         for alert in alerts:
             key = (alert.rule, tuple(sorted(alert.entity.items())))
             if key in self._active:
                 continue
             alert.last_seen = max(alert.last_seen, now + grace)
             self._active[key] = alert
-            self._alerts.append(alert)
-            self._incidents.add(alert, None)
-            adopted += 1
-        return adopted
+            taken.append(alert)
+        self.state.continued(taken)
+        return len(taken)
+
+    def drop(self, gone: Callable[[Labels], bool]) -> int:
+        """Forget (without resolving) the alerts and pending conditions of entities this hub no
+        longer decides (a cluster member's released shards); their new owner continues them."""
+        keys = [k for k, a in self._active.items() if gone(a.entity)]
+        for key in keys:
+            del self._active[key]
+        for key in [k for k in self._pending if gone(dict(k[1]))]:
+            del self._pending[key]
+        return len(keys)
 
     def _refresh(self, alert: Alert, now: float, finding: Finding) -> None:
         alert.last_seen = now
@@ -179,7 +196,7 @@ class AlertEngine:
 
     def all(self) -> list[Alert]:
         """Every alert raised so far, firing or resolved, in the order they fired."""
-        return list(self._alerts)
+        return self.state.view()[0]
 
     def firing(self) -> list[Alert]:
         return list(self._active.values())
@@ -192,10 +209,10 @@ class AlertEngine:
         ]
 
     def get(self, alert_id: str) -> Alert | None:
-        return next((a for a in reversed(self._alerts) if a.id == alert_id), None)
+        return next((a for a in reversed(self.all()) if a.id == alert_id), None)
 
     def incidents(self) -> list[Incident]:
-        return self._incidents.incidents()
+        return self.state.view()[1]
 
 
 def check_pending(pending_for: Mapping[str, float]) -> dict[str, float]:

@@ -62,6 +62,8 @@ class AlertSource(Protocol):
 
     def firing(self) -> list[Alert]: ...
 
+    def save_alert(self, alert: Alert) -> None: ...
+
     def add_listener(self, listener: Callable[[AlertChange], None]) -> None: ...
 
 
@@ -141,7 +143,7 @@ class AlertingService:
             alert.details["playbook"] = run_playbook(
                 alert, self.hub.store, alert.started_at, self.hub.firing(), self.counters
             )
-            self.hub.store.save_alert(alert)
+            self.hub.save_alert(alert)
         except Exception:  # triage is help, not a gate: the alert still goes out
             self.counters.inc("playbook_errors")
             log.exception("playbook for %s failed", alert.id)
@@ -179,7 +181,7 @@ class AlertingService:
                 alert.details["ack"] = doc
                 self._history(con, now, alert.id, "acknowledged", f"by {by}: {comment}".rstrip(": "))
         for alert in alerts:
-            self.hub.store.save_alert(alert)
+            self.hub.save_alert(alert)
         return alerts
 
     def _resolve_target(self, target: str) -> list[Alert]:

@@ -7,6 +7,7 @@ hub answers the same. A hub that dies loses its locks with its connection, and t
 its shards over, continuing its firing alerts. Silences, acknowledgements, alert history and the
 lineage registry run their single-hub code on PostgreSQL (:mod:`.sql`); incidents are grouped over
 the shared alerts; notification timing is kept in the shared outbox (:mod:`.notify`). See
-:mod:`.membership`, :mod:`.state`, :mod:`.outbox` and :mod:`.hub`; a hub joins in
-:mod:`gpuscope.runtime`.
+:mod:`.membership`, :mod:`.state`, :mod:`.outbox`, :mod:`.placement` and :mod:`.member`: the
+cluster is backends of the hub's seams (:class:`~gpuscope.placement.Placement`,
+:class:`~gpuscope.alert.state.AlertState`), and :mod:`gpuscope.runtime` assembles a member.
 """

@@ -3,7 +3,7 @@
 A single hub's dispatcher keeps its timing in memory; a cluster keeps it in ``cluster_outbox``,
 whose rows carry their alert, kind and receiver in a unique key (``al-7/fired/pager/0``). What
 was sent, and when, is therefore known to every hub, and anything sent twice would collide on
-its key. Each transition is notified at once when it is written (:meth:`ClusterState.fired`);
+its key. Each transition is notified at once when it is written (:meth:`PgAlertState.fired`);
 once a second one hub at a time (a transaction-level advisory lock) sweeps the firing alerts:
 
 - a firing alert no longer muted (its silence expired) that a route's receiver was never told
@@ -224,3 +224,31 @@ class Sweeper:
         if self._con is not None:
             self._con.close()
             self._con = None
+
+
+class ServiceNotes:
+    """What a member's transitions tell receivers, from its alerting service's routes: written by
+    :class:`~gpuscope.cluster.state.PgAlertState` in the transaction of the transition."""
+
+    def __init__(self, service: AlertingService, counters: Counters) -> None:
+        self.service = service
+        self.counters = counters
+
+    def fired(self, alert: Alert, now: float) -> list[Note]:
+        """Triage first (its results go out with the alert); none for an alert muted as it fires:
+        the sweep tells receivers once the mute lifts."""
+        self.service.triage(alert)
+        if self.service.dispatcher.mute_reason(alert, now) is not None:
+            self.counters.inc("notifications_muted")
+            return []
+        return render(self.service, alert, now, self.counters)
+
+    def resolved(self, alert: Alert, now: float) -> list[Note]:
+        return render(self.service, alert, now, self.counters)
+
+    def escalated(self, alert: Alert, now: float, level: int) -> list[Note]:
+        return render(self.service, alert, now, self.counters, escalation=level + 1)
+
+    def recorded(self, alert: Alert, what: str) -> None:
+        self.counters.inc(f"cluster_alerts_{what}")
+        self.service.record(alert.id, what, alert.summary)

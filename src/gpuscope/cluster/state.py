@@ -1,4 +1,5 @@
-"""Alert state shared by every hub of a cluster, in PostgreSQL.
+"""Alert state shared by every hub of a cluster, in PostgreSQL: the cluster's backend of
+:class:`~gpuscope.alert.state.AlertState`.
 
 An alert's transitions (fired, resolved) are written by the owner of its shard in one transaction
 with the notification rows they cause. Both are keyed so that a repeat is a no-op: at most one
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Protocol
 
 import orjson
 
@@ -41,7 +43,19 @@ def _doc(alert: Alert) -> str:
     ).decode()
 
 
-class ClusterState:
+class Notes(Protocol):
+    """The notifications a transition causes, written in its transaction (the alerting service)."""
+
+    def fired(self, alert: Alert, now: float) -> list[Note]: ...
+
+    def resolved(self, alert: Alert, now: float) -> list[Note]: ...
+
+    def escalated(self, alert: Alert, now: float, level: int) -> list[Note]: ...
+
+    def recorded(self, alert: Alert, what: str) -> None: ...
+
+
+class PgAlertState:
     """The cluster's alerts and outbox; writes on the owner's locked session, reads on their own."""
 
     def __init__(self, node: ClusterNode) -> None:
@@ -51,6 +65,35 @@ class ClusterState:
         self._read_lock = threading.Lock()
         #: how incidents group (the alert engine's defaults)
         self.incident_window, self.reopen_within = 600.0, 120.0
+        #: what each transition tells receivers; none until the runtime hands alerting in
+        self.notes: Notes | None = None
+
+    # -- AlertState ---------------------------------------------------------------------------
+
+    def fired(self, alert: Alert, places: list[Labels] | None, now: float) -> Alert | None:
+        notes = self.notes.fired(alert, now) if self.notes is not None else []
+        theirs = self.write_fired(alert, notes, now, places)
+        if theirs is None and self.notes is not None:
+            self.notes.recorded(alert, "fired")
+        return theirs
+
+    def resolved(self, alert: Alert, now: float) -> bool:
+        notes = self.notes
+        if notes is None:
+            return self.write_resolved(alert, [], now)
+        done = self.write_resolved(
+            alert, notes.resolved(alert, now), now, lambda level: notes.escalated(alert, now, level)
+        )
+        if done:
+            notes.recorded(alert, "resolved")
+        return done
+
+    def continued(self, alerts: list[Alert]) -> None:
+        """Continued alerts are in PostgreSQL already."""
+
+    def resumed(self) -> list[Alert]:
+        """A member continues the firing alerts of the shards it takes, as it takes them."""
+        return []
 
     def shard(self, alert: Alert) -> int:
         return entity_shard(alert.entity, self.shards)
@@ -61,7 +104,7 @@ class ClusterState:
             row = self.node.con.execute("SELECT nextval('cluster_alert_seq')").fetchone()
         return f"al-{int(row[0]) if row else 0}"
 
-    def fired(
+    def write_fired(
         self,
         alert: Alert,
         notes: list[Note],
@@ -98,7 +141,7 @@ class ClusterState:
             add_rows(con, f"{alert.id}/fired", notes, now)
         return None
 
-    def resolved(
+    def write_resolved(
         self,
         alert: Alert,
         notes: list[Note],

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from gpuscope import __version__
 from gpuscope.alert.service import AlertingService
-from gpuscope.cluster.hub import ClusterHub
+from gpuscope.cluster.member import ClusterMember
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import (
     Limits,
@@ -149,10 +149,10 @@ class HubApi:
         audit: AuditLog | None = None,
         alerting: AlertingService | None = None,
         lineage: LineageRegistry | None = None,
-        cluster: ClusterHub | None = None,
+        cluster: ClusterMember | None = None,
     ) -> None:
         self.hub = hub
-        self.cluster = cluster  # the same hub as a cluster member, when it is one
+        self.cluster = cluster  # the hub's cluster backends, when it is a member of one
         self.limits = limits or Limits()
         self.clock = clock
         self.started = clock()
@@ -361,7 +361,7 @@ class HubApi:
         if state not in {"firing", "all"}:
             raise ApiError(400, "state", "must be 'firing' or 'all'")
         limit = _int_param(request, "limit", 1000, 1, 100_000)
-        rows = await run_in_threadpool(self.hub.store.alerts, state == "firing", limit)
+        rows = await run_in_threadpool(self.hub.stored_alerts, state == "firing", limit)
         return JSONResponse({"alerts": [_alert_json(a) for a in rows]})
 
     async def incidents(self, request: Request) -> Response:
