@@ -22,6 +22,7 @@ from gpuscope.cluster.membership import ClusterNode, connect
 from gpuscope.cluster.notify import Note, add_rows, escalated_levels
 from gpuscope.cluster.ring import entity_shard
 from gpuscope.model import Alert, Labels
+from gpuscope.store.base import Store
 
 
 def entity_key(entity: dict[str, str]) -> str:
@@ -67,26 +68,38 @@ class PgAlertState:
         self.incident_window, self.reopen_within = 600.0, 120.0
         #: what each transition tells receivers; none until the runtime hands alerting in
         self.notes: Notes | None = None
+        #: the member's own store, which keeps a copy of the alerts this member writes (what reads
+        #: the store directly, such as the dashboard pages, sees them)
+        self.local: Store | None = None
 
     # -- AlertState ---------------------------------------------------------------------------
 
     def fired(self, alert: Alert, places: list[Labels] | None, now: float) -> Alert | None:
         notes = self.notes.fired(alert, now) if self.notes is not None else []
         theirs = self.write_fired(alert, notes, now, places)
-        if theirs is None and self.notes is not None:
-            self.notes.recorded(alert, "fired")
+        if theirs is None:
+            self._keep_local(alert)
+            if self.notes is not None:
+                self.notes.recorded(alert, "fired")
         return theirs
 
     def resolved(self, alert: Alert, now: float) -> bool:
         notes = self.notes
         if notes is None:
-            return self.write_resolved(alert, [], now)
-        done = self.write_resolved(
-            alert, notes.resolved(alert, now), now, lambda level: notes.escalated(alert, now, level)
-        )
+            done = self.write_resolved(alert, [], now)
+        else:
+            done = self.write_resolved(
+                alert, notes.resolved(alert, now), now, lambda level: notes.escalated(alert, now, level)
+            )
         if done:
-            notes.recorded(alert, "resolved")
+            self._keep_local(alert)
+            if notes is not None:
+                notes.recorded(alert, "resolved")
         return done
+
+    def _keep_local(self, alert: Alert) -> None:
+        if self.local is not None:
+            self.local.save_alert(alert)
 
     def continued(self, alerts: list[Alert]) -> None:
         """Continued alerts are in PostgreSQL already."""
@@ -195,6 +208,7 @@ class PgAlertState:
                 "UPDATE cluster_alerts SET doc = %s WHERE id = %s",
                 (orjson.dumps(doc, default=str).decode(), alert.id),
             )
+        self._keep_local(alert)
 
     def firing_in(self, shards: set[int]) -> list[Alert]:
         """The alerts firing on these shards: what a hub taking them over continues."""
