@@ -54,8 +54,11 @@ def _alerting(hub: Hub, cluster: ClusterMember | None, cfg: HubConfig) -> Alerti
     if settings.pending_for:
         hub.alerts.pending_for = dict(settings.pending_for)
     if cluster is not None:
-        # silences, acknowledgements and history are shared by every hub of the cluster
-        service = AlertingService(hub, settings, db=cluster.state_db(), listen=False)
+        # silences, acknowledgements, history and the outbox (with what was sent) are shared by
+        # every hub of the cluster
+        service = AlertingService(
+            hub, settings, db=cluster.state_db(), outbox=cluster.outbox, ledger=cluster.outbox
+        )
         cluster.use_alerting(service)
         return service
     return AlertingService(hub, settings)

@@ -71,7 +71,8 @@ def _start(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Member:
     runtime = assemble(cfg, store=DuckDBStore(":memory:", durable=False), serve=False, evaluate_interval=None)
     member = runtime.cluster
     assert member is not None
-    member.join()  # the test drives evaluation and the alerting clock itself: nothing else is started
+    member.join()  # the test drives evaluation and the alerting clock itself: only delivery runs
+    runtime.alerting.outbox.start()
     hub = runtime.hub
     api = HubApi(hub, tokens=[TOKEN], alerting=runtime.alerting, lineage=runtime.lineage, cluster=member)
     return Member(hub, member, runtime.alerting, TestClient(api.app))
@@ -93,7 +94,7 @@ def pair(postgres_dsn: str, tmp_path: Path) -> Iterator[tuple[Member, Member, Si
         yield members[0], members[1], sink
     finally:
         for m in members:
-            m.alerting.stop()
+            m.alerting.stop()  # its outbox too
             m.member.leave()
             m.hub.store.close()
         sink.down()
@@ -194,31 +195,39 @@ def test_lineage_written_on_one_hub_is_read_on_the_other(pair: tuple[Member, Mem
     ] == ["chat-api"]
 
 
-def test_mutes_lifting_repeats_and_escalation_are_timed_from_postgresql_once_for_the_cluster(
+def test_mutes_lifting_repeats_and_escalation_on_a_member_are_a_single_hubs(
     pair: tuple[Member, Member, Sink],
 ) -> None:
     a, b, sink = pair
     muted, loud = _nodes_of(b, 2)
     silence = a.post("/api/v1/silences", {"matchers": {"node": muted}, "duration": "1h"})
     t0 = time.time()
+    clock = [t0]
+    for m in (a, b):
+        m.alerting.clock = lambda: clock[0]
+        m.alerting.outbox.clock = lambda: time.time() + 200  # rows are due at the test's times
     for node in (muted, loud):
         _report(b, node, t0 - 1, 0.0)
         _report(b, node, t0, 2.0)
     ids = {c.alert.entity["node"]: c.alert.id for c in b.hub.evaluate(t0)}
-    assert a.member.sweeper is not None and b.member.sweeper is not None
-    for m in (a, b):  # rows are due at the test's times, up to two minutes ahead
-        assert m.member.outbox is not None
-        m.member.outbox.clock = lambda: time.time() + 200
 
-    # a P1 nobody acknowledged escalates once, whichever hubs sweep; a silenced one does not
-    assert b.member.sweeper.sweep(t0 + 61) == 1 and a.member.sweeper.sweep(t0 + 62) == 0
+    def tick(member: Member, at: float) -> None:
+        clock[0] = at
+        member.alerting.tick(at)
+
+    # a P1 nobody acknowledged escalates once; a silenced one does not; the other member, which
+    # owns neither, sends nothing
+    tick(b, t0 + 61)
+    tick(a, t0 + 62)
     a.post(f"/api/v1/alerts/{ids[muted]}/ack", {"by": "alice"})  # acknowledged: it will not escalate
     assert a.api.delete(f"/api/v1/silences/{silence['id']}", headers=AUTH).status_code == 200
-    assert a.member.sweeper.sweep(t0 + 63) == 1  # the mute lifted: told now, once
-    assert b.member.sweeper.sweep(t0 + 101) == 1  # loud is repeated; muted was told at t0 + 63
+    tick(b, t0 + 63)  # the mute lifted (on another member): told now, once
+    tick(b, t0 + 101)  # loud is repeated; muted was told at t0 + 63
+    clock[0] = t0 + 120
     for node in (muted, loud):
         _report(b, node, t0 + 120, 0.0)
     assert len(b.hub.evaluate(t0 + 120)) == 2
+    tick(b, t0 + 131)  # loud's resolution waits for its group_interval since the repeat
 
     hook = [(muted, "firing"), (muted, "resolved"), (loud, "firing"), (loud, "firing"), (loud, "resolved")]
     wait_until(

@@ -50,9 +50,7 @@ def _kill(hub: ClusterMember) -> None:
         node._listen_con.close()
     hub._joined = False  # its threads and connections are gone with it; leave() must not run
     hub.forwarder.stop()
-    for worker in (hub.outbox, hub.sweeper):
-        if worker is not None:
-            worker.stop()
+    hub.outbox.close()
     hub.state.close()
 
 

@@ -5,7 +5,8 @@ The :class:`~gpuscope.hub.Hub` is the same as a single hub's; it gets a
 :class:`~.state.PgAlertState` (alert transitions in PostgreSQL, shared by every member). The
 member joins and leaves the cluster, continues the firing alerts of the shards it takes over
 (warming its detectors up for them from its store) and forgets, without resolving, the alerts of
-shards it lets go.
+shards it lets go. Its alerting service dispatches the alerts of the shards it owns, through the
+cluster's outbox (:class:`~.outbox.PgOutbox`, also the ledger of what was sent).
 """
 
 from __future__ import annotations
@@ -18,15 +19,14 @@ from gpuscope.alert.service import AlertingService
 from gpuscope.cluster.config import ClusterConfig
 from gpuscope.cluster.forward import Forwarder
 from gpuscope.cluster.membership import ClusterNode
-from gpuscope.cluster.notify import ServiceNotes, Sweeper
-from gpuscope.cluster.outbox import ClusterOutbox
+from gpuscope.cluster.outbox import PgOutbox
 from gpuscope.cluster.placement import ShardPlacement
 from gpuscope.cluster.ring import entity_shard, shard_of
 from gpuscope.cluster.sql import PgSql
 from gpuscope.cluster.state import PgAlertState
 from gpuscope.counters import Counters
 from gpuscope.hub import Hub
-from gpuscope.model import Batch
+from gpuscope.model import Batch, Labels
 
 log = logging.getLogger("gpuscope.cluster")
 _EVENTS = 1_000_000  # events of one warm-up window read for their node and job names
@@ -46,8 +46,8 @@ class ClusterMember:
         self.placement.forwarder = self.forwarder
         #: how long a taken-over alert waits for this hub's detectors before it may resolve
         self.takeover_grace = 2 * cfg.lease_s
-        self.outbox: ClusterOutbox | None = None
-        self.sweeper: Sweeper | None = None
+        #: where notifications wait, delivered by any member, and the ledger of what was sent
+        self.outbox = PgOutbox(cfg.postgres_dsn, cfg.hub_id)
         self.alerting: AlertingService | None = None
         self._hub: Hub | None = None
         self._state_db: PgSql | None = None
@@ -65,9 +65,8 @@ class ClusterMember:
         hub.alerts.continue_grace = self.takeover_grace
 
     def use_alerting(self, service: AlertingService) -> None:
-        """Transitions are written with the notifications they cause, rendered by ``service``."""
+        """``service`` dispatches the alerts this member takes over, and forgets those it lets go."""
         self.alerting = service
-        self.state.notes = ServiceNotes(service, self.counters)
 
     def state_db(self) -> PgSql:
         """The alert layer's state (silences, acknowledgements, history) in the cluster's database."""
@@ -78,21 +77,9 @@ class ClusterMember:
     # -- life ---------------------------------------------------------------------------------
 
     def join(self) -> None:
-        """Join the cluster and start delivering its outbox (routes and receivers from alerting)."""
-        settings = self.alerting.settings if self.alerting is not None else None
-        self.outbox = ClusterOutbox(
-            self.cfg.postgres_dsn,
-            self.cfg.hub_id,
-            counters=self.counters,
-            base_backoff=settings.base_backoff if settings else 1.0,
-            max_backoff=settings.max_backoff if settings else 30.0,
-            max_age=settings.max_age if settings else 86400.0,
-        )
-        self.sweeper = Sweeper(self.cfg.postgres_dsn, lambda: self.alerting, self.counters)
+        """Join the cluster: take shards, and forward parts owned by peers."""
         self.node.join()
         self.forwarder.start()
-        self.outbox.start()
-        self.sweeper.start()
         self._joined = True
 
     def leave(self) -> None:
@@ -101,12 +88,9 @@ class ClusterMember:
             return
         self._joined = False
         self.forwarder.stop()
-        if self.outbox is not None:
-            self.outbox.stop()
-        if self.sweeper is not None:
-            self.sweeper.stop()
         self.node.leave()
         self.state.close()
+        self.outbox.close()
 
     # -- ownership changes (called by the node, under its lock) --------------------------------
 
@@ -116,6 +100,8 @@ class ClusterMember:
         alerts = self.state.firing_in(shards)
         n = hub.continue_alerts(alerts, now, self.takeover_grace)
         self.counters.inc("cluster_alerts_adopted", n)
+        if self.alerting is not None:
+            self.alerting.continued(alerts)
         window = self.placement.warmup_s
         nodes, jobs = self._keys_in(shards, now, window)
         replayed = hub.warm_up(now, window, nodes, jobs) if nodes or jobs else 0
@@ -141,7 +127,12 @@ class ClusterMember:
         return keys["node"], keys["job"]
 
     def _released(self, shards: set[int]) -> None:
-        n = self.hub.forget_alerts(lambda entity: entity_shard(entity, self.cfg.shards) in shards)
+        def gone(entity: Labels) -> bool:
+            return entity_shard(entity, self.cfg.shards) in shards
+
+        n = self.hub.forget_alerts(gone)
+        if self.alerting is not None:
+            self.alerting.forget(gone)
         log.info("let go of %d shards and %d firing alerts", len(shards), n)
 
     # -- data path and status -----------------------------------------------------------------
@@ -149,13 +140,6 @@ class ClusterMember:
     def route(self, batch: Batch, hops: int) -> dict[str, int]:
         """A part a peer forwarded (or one coming back after its owner moved): route it again."""
         return self.placement.route(batch, hops, self.hub.observe_local)
-
-    def outbox_stats(self) -> dict[str, int]:
-        """Delivered, dead and pending rows of the cluster's shared outbox (where this hub's
-        notifications go; the alerting service's own outbox stays empty on a member)."""
-        if self.outbox is None:
-            return {"delivered": 0, "dead": 0, "pending": 0}
-        return self.outbox.stats()
 
     def status(self) -> dict[str, Any]:
         status = self.node.status()

@@ -178,10 +178,8 @@ class HubApi:
         ]
         routes += PrometheusApi(hub, clock).routes(self._guard)  # under /prometheus: see prom_api
         routes += OtlpApi(hub, self._read_body, self._authorize_write, self.limits, clock).routes(self._guard)
-        outbox_stats = cluster.outbox_stats if cluster is not None else None
-        # where this hub's notifications really wait: the cluster's shared outbox, else its own
-        self.outbox_stats = outbox_stats or (alerting.outbox.stats if alerting is not None else None)
-        alerting_api = AlertingApi(hub, alerting, self._authorize_write, outbox_stats)
+        self.outbox_stats = alerting.outbox.stats if alerting is not None else None
+        alerting_api = AlertingApi(hub, alerting, self._authorize_write)
         routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting_api.routes()]
         routes += LineageApi(lineage or for_hub(hub), self._authorize_write).routes()
         routes += cluster_routes(cluster, self._guard, self.limits)  # none unless a cluster member
