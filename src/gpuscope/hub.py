@@ -12,34 +12,49 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpuscope.alert.engine import AlertChange, AlertEngine
+from gpuscope.alert.incidents import Incident
+from gpuscope.alert.state import AlertState, LocalAlertState
 from gpuscope.alert.topology import placements
 from gpuscope.counters import Counters
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.detect.settings import WARMUP_S
 from gpuscope.ingest.overload import OverloadMonitor
-from gpuscope.model import Alert, Batch
+from gpuscope.model import Alert, Batch, Labels
+from gpuscope.placement import LocalPlacement, Placement
 from gpuscope.productivity import ProductivityModel
 from gpuscope.store.base import AppendResult, Store
 
 AlertListener = Callable[[AlertChange], None]
 #: how long a resumed alert may go unconfirmed by the warmed-up detectors before it can resolve
 RESUME_GRACE_S = 30.0
-_ALL = 1_000_000
 
 
 class Hub:
-    """Stores every accepted batch durably, feeds the detectors, and keeps alerts current."""
+    """Stores every accepted batch durably, feeds the detectors, and keeps alerts current.
+
+    Two collaborators say where things happen: ``placement``, where the detection of a batch part
+    runs (here, or on the shard's owner), and ``state``, where alert transitions are recorded and
+    read back (this hub's memory and store, or the cluster's PostgreSQL)."""
 
     def __init__(
-        self, store: Store, *, price_per_gpu_hour: float = 2.5, counters: Counters | None = None
+        self,
+        store: Store,
+        *,
+        price_per_gpu_hour: float = 2.5,
+        counters: Counters | None = None,
+        placement: Placement | None = None,
+        state: AlertState | None = None,
     ) -> None:
         self.store = store
         self.counters = counters or Counters()
+        self.placement: Placement = placement if placement is not None else LocalPlacement()
         self.detection = DetectionEngine()
         #: the hub's own ingest lag: admission and shedding of ingest requests, ``hub_overloaded``
         self.overload = OverloadMonitor()
         self.alerts = AlertEngine(
-            price_per_gpu_hour=price_per_gpu_hour, places=lambda entity: placements(self.store, entity)
+            price_per_gpu_hour=price_per_gpu_hour,
+            places=lambda entity: placements(self.store, entity),
+            state=state if state is not None else LocalAlertState(store),
         )
         #: every GPU-second's state, cause and owner (the one model all pages read)
         self.productivity = ProductivityModel(price_per_gpu_hour)
@@ -79,7 +94,11 @@ class Hub:
         return result
 
     def detect(self, batch: Batch) -> None:
-        """Let the detectors see a stored batch (a sharded hub routes it to the owners instead)."""
+        """Let the detectors owning each part of a stored batch see it (here, or on a peer)."""
+        self.placement.observe(batch, self.observe_local)
+
+    def observe_local(self, batch: Batch) -> None:
+        """This hub's detectors see a batch (part) that is theirs."""
         with self._detect_lock:
             started = time.perf_counter()
             self.detection.observe(batch)
@@ -109,26 +128,32 @@ class Hub:
     def resume(self, now: float, window: float = WARMUP_S) -> None:
         """At start: continue the alerts that were firing when the hub stopped (without notifying
         them again, and with new alert ids after the stored ones), then warm the detectors up."""
-        stored = self.store.alerts(limit=_ALL)
-        numbers = [int(a.id[3:]) for a in stored if a.id.startswith("al-") and a.id[3:].isdecimal()]
-        firing = [a for a in stored if a.firing]
         with self._detect_lock:
-            adopted = self.alerts.adopt(firing, now, RESUME_GRACE_S)
-            self.alerts.id_offset = max(numbers, default=0) - len(self.alerts.all())
+            adopted = self.alerts.adopt(self.alerts.state.resumed(), now, RESUME_GRACE_S)
         self.counters.inc("alerts_resumed", adopted)
-        self.warm_up(now, window)
+        self.placement.resume(now, window, self.warm_up)
+
+    def continue_alerts(self, alerts: list[Alert], now: float, grace: float) -> int:
+        """Continue alerts another hub fired (shards this hub takes over) without firing them
+        again; they resolve only if absent for ``grace`` seconds more."""
+        with self._detect_lock:
+            return self.alerts.adopt(alerts, now, grace)
+
+    def forget_alerts(self, gone: Callable[[Labels], bool]) -> int:
+        """Forget, without resolving, the alerts of entities this hub no longer decides."""
+        with self._detect_lock:
+            return self.alerts.drop(gone)
 
     def evaluate(self, now: float) -> list[AlertChange]:
-        """Run every detector at ``now`` and apply the findings to the alert state."""
+        """Run every detector at ``now`` and apply the findings this hub owns to the alert state
+        (which records each transition); then every listener hears what changed."""
         findings = self.overload.findings(now)
-        with self._detect_lock:
+        with self.placement.held(), self._detect_lock:
             self.detection.hub_behind(now, bool(findings))
-            findings += self.detection.evaluate(now)
+            findings += [f for f in self.detection.evaluate(now) if self.placement.owns(f.entity)]
             changes = self.alerts.update(now, findings)
             firing = list(self.alerts.firing())
         self.productivity.advance(now, firing)
-        for change in changes:
-            self.store.save_alert(change.alert)
         self._tell(changes)
         return changes
 
@@ -143,9 +168,20 @@ class Hub:
         self.store.rollup(now)
         self.store.compact(now)
 
+    def save_alert(self, alert: Alert) -> None:
+        """Keep what the alert layer attached to an alert (playbook results, acknowledgement)."""
+        self.alerts.state.save(alert)
+
+    def alert_view(self) -> tuple[list[Alert], list[Incident]]:
+        """Every alert in the order they fired, and their incidents (a cluster's: all members')."""
+        return self.alerts.state.view()
+
+    def stored_alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
+        """Stored alerts, newest start first (a cluster member's: the whole cluster's)."""
+        return self.alerts.state.alerts(firing_only, limit)
+
     def incidents(self) -> list[dict[str, Any]]:
-        with self._detect_lock:
-            return [incident.to_dict() for incident in self.alerts.incidents()]
+        return [incident.to_dict() for incident in self.alert_view()[1]]
 
     def detection_stats(self) -> dict[str, int]:
         """What the detectors refused or withheld (bad input, verdicts held back during hub gaps)."""
@@ -153,5 +189,5 @@ class Hub:
             return self.detection.stats()
 
     def firing(self) -> list[Alert]:
-        with self._detect_lock:
-            return list(self.alerts.firing())
+        """Every firing alert (on a cluster member: the cluster's, whichever member owns it)."""
+        return [alert for alert in self.alert_view()[0] if alert.firing]

@@ -18,9 +18,10 @@ from dataclasses import dataclass, replace
 import psycopg
 
 from gpuscope.alert.service import AlertingService, default_state_path
-from gpuscope.cluster.hub import ClusterHub
+from gpuscope.cluster.member import ClusterMember
 from gpuscope.cluster.sql import PgSql
 from gpuscope.config import HubConfig
+from gpuscope.counters import Counters
 from gpuscope.evaluator import Evaluator
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import Limits
@@ -46,18 +47,34 @@ def evaluation_hub(store: Store, price_per_gpu_hour: float, slos: list[Slo] | No
     return hub
 
 
-def _alerting(hub: Hub, cluster: ClusterHub | None, cfg: HubConfig) -> AlertingService:
+def _alerting(hub: Hub, cluster: ClusterMember | None, cfg: HubConfig) -> AlertingService:
     settings = cfg.alerting
     if settings.state_path is None:
         settings = replace(settings, state_path=default_state_path(cfg.storage_path))
     if settings.pending_for:
         hub.alerts.pending_for = dict(settings.pending_for)
     if cluster is not None:
-        # silences, acknowledgements and history are shared by every hub of the cluster
-        service = AlertingService(hub, settings, db=cluster.state_db(), listen=False)
-        cluster.alerting = service
+        # silences, acknowledgements, history and the outbox (with what was sent) are shared by
+        # every hub of the cluster
+        service = AlertingService(
+            hub, settings, db=cluster.state_db(), outbox=cluster.outbox, ledger=cluster.outbox
+        )
+        cluster.use_alerting(service)
         return service
     return AlertingService(hub, settings)
+
+
+def member_hub(store: Store, member: ClusterMember, price_per_gpu_hour: float = 2.5) -> Hub:
+    """One hub, cluster as backends: detection placed by shard, alert state in PostgreSQL."""
+    hub = Hub(
+        store,
+        price_per_gpu_hour=price_per_gpu_hour,
+        counters=member.counters,
+        placement=member.placement,
+        state=member.state,
+    )
+    member.attach(hub)
+    return hub
 
 
 @dataclass(slots=True)
@@ -66,7 +83,7 @@ class Runtime:
 
     cfg: HubConfig
     hub: Hub
-    cluster: ClusterHub | None  # the same hub, when it is a member of a sharded cluster
+    cluster: ClusterMember | None  # the hub's cluster backends, when it is a member of a cluster
     quality: QualityMonitor
     alerting: AlertingService
     lineage: LineageRegistry
@@ -122,7 +139,10 @@ class Runtime:
             self.evaluator.stop()
         # 3. alerting: its clock and outbox stop, its state database closes
         self.alerting.stop()
-        # 4. the store flushes and closes; a cluster member leaves first, handing its shards over
+        # 4. a cluster member leaves, handing its shards over at once
+        if self.cluster is not None:
+            self.cluster.leave()
+        # 5. the store flushes and closes
         self.hub.store.close()
 
 
@@ -143,15 +163,19 @@ def assemble(
     :class:`AssemblyError` (the cluster database) and ``ValueError``/``OSError`` (the listener);
     whatever was opened is closed again first."""
     store = store if store is not None else open_store(cfg.storage_settings(), cfg.store_limits())
-    cluster: ClusterHub | None = None
+    cluster: ClusterMember | None = None
+    counters = Counters()
     try:
         if cfg.cluster is not None:
-            cluster = ClusterHub(store, cfg.cluster, price_per_gpu_hour=cfg.price_per_gpu_hour)
+            cluster = ClusterMember(cfg.cluster, counters)
     except psycopg.Error as exc:
         store.close()
         reason = str(exc).strip()
         raise AssemblyError(f"cannot use the cluster database (cluster.postgres_dsn): {reason}") from None
-    hub = cluster if cluster is not None else Hub(store, price_per_gpu_hour=cfg.price_per_gpu_hour)
+    if cluster is None:
+        hub = Hub(store, price_per_gpu_hour=cfg.price_per_gpu_hour, counters=counters)
+    else:
+        hub = member_hub(store, cluster, cfg.price_per_gpu_hour)
     quality = QualityMonitor(cfg.slos)
     quality.attach(hub)
     alerting = _alerting(hub, cluster, cfg)
@@ -177,7 +201,7 @@ def assemble(
 
 def _server(
     hub: Hub,
-    cluster: ClusterHub | None,
+    cluster: ClusterMember | None,
     lineage: LineageRegistry,
     cfg: HubConfig,
     alerting: AlertingService,

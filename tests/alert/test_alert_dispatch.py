@@ -8,6 +8,7 @@ import pytest
 
 from alert.rig import Rig, hot, lost
 from alert.sink import Clock, Sink
+from gpuscope.alert.ledger import Told
 from gpuscope.model import Finding
 
 
@@ -240,3 +241,32 @@ def test_an_alert_that_reaches_a_graver_tier_escalates_and_is_notified_again(
     assert alert.severity == "P2"
     history = [h["what"] for h in rig.service.history("al-1")]
     assert history[:3] == ["fired", "notified_firing", "escalated"] and history.count("notified_firing") == 2
+
+
+def test_a_hub_continuing_another_hubs_alert_tells_only_what_the_ledger_says_was_not_told(
+    sink: Sink, clock: Clock, rigs: list[Rig]
+) -> None:
+    """What a cluster member does when it takes over a shard (the ledger is PostgreSQL's there)."""
+    first, told, untold = (Rig(hook_cfg(sink), clock) for _ in range(3))
+    rigs.extend([first, told, untold])
+    first.step(1, [lost()])
+    sink.wait_for(1)
+    (alert,) = first.hub.firing()
+    told.hub.continue_alerts([alert], clock.t, 0.0)
+    told.service.dispatcher.continued(alert, clock.t, Told({"hook": clock.t}))
+    told.step(1, [lost()])
+    assert len(sink.bodies()) == 1  # the receiver was told: not again
+    told.step(1, [])
+    told.step(30)  # its resolution waits for group_interval from the send the ledger recorded
+    assert [b["status"] for b in sink.wait_for(2)] == ["firing", "resolved"]
+
+    other = lost(gpu="5")
+    first.step(1, [other])
+    (alert,) = [a for a in first.hub.firing() if a.entity["gpu"] == "5"]
+    untold.hub.continue_alerts([alert], clock.t, 0.0)
+    untold.service.dispatcher.continued(alert, clock.t, Told())  # as if its owner died before sending
+    untold.step(1, [other])
+    assert [a["labels"]["gpu"] for a in sink.wait_for(4)[-1]["alerts"]] == ["5"]
+    assert untold.service.dispatcher.forget(lambda entity: entity.get("gpu") == "5") == 1
+    untold.step(31, [])
+    assert len(sink.bodies()) == 4  # a forgotten alert is its new owner's to resolve

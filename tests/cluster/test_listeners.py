@@ -36,8 +36,9 @@ def test_listeners_hear_fired_and_resolved_on_a_cluster_member(postgres_dsn: str
     runtime = assemble(
         load_config(path), store=DuckDBStore(":memory:", durable=False), serve=False, evaluate_interval=None
     )
-    hub = runtime.cluster
-    assert hub is not None
+    member = runtime.cluster
+    assert member is not None
+    hub = runtime.hub
     script = Scripted()
     hub.detection = DetectionEngine([script])
     hub.alerts.resolve_after = 0.0
@@ -45,7 +46,7 @@ def test_listeners_hear_fired_and_resolved_on_a_cluster_member(postgres_dsn: str
     hub.add_listener(heard.append)
     runtime.start()
     try:
-        wait_until(lambda: len(hub.node.owned) == SHARDS, 10, "the member to own every shard")
+        wait_until(lambda: len(member.node.owned) == SHARDS, 10, "the member to own every shard")
         now = time.time()
         script.findings = [lost()]
         fired = hub.evaluate(now)
@@ -57,7 +58,12 @@ def test_listeners_hear_fired_and_resolved_on_a_cluster_member(postgres_dsn: str
             ("fired", fired[0].alert.id),
             ("resolved", fired[0].alert.id),
         ]
-        # alerting is not a listener on a member: it recorded each transition once, with it
-        assert [h["what"] for h in runtime.alerting.history(fired[0].alert.id)] == ["fired", "resolved"]
+        # the cluster's state answers; the member's own store keeps a copy of what it wrote
+        assert [a.id for a in hub.stored_alerts()] == [fired[0].alert.id]
+        assert [(a.id, a.firing) for a in hub.store.alerts()] == [(fired[0].alert.id, False)]
+        # alerting is a listener on a member as on a single hub: each transition recorded once
+        # (with no routes configured, the alert is recorded as unrouted, as a single hub does)
+        what = [h["what"] for h in runtime.alerting.history(fired[0].alert.id)]
+        assert what == ["fired", "unrouted", "resolved"]
     finally:
         runtime.stop()

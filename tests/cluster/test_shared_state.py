@@ -20,9 +20,10 @@ with warnings.catch_warnings():  # starlette prefers httpx2 for its test client;
 
 from alert.sink import Sink
 from gpuscope.alert.service import AlertingService
-from gpuscope.cluster.hub import ClusterHub
+from gpuscope.cluster.member import ClusterMember
 from gpuscope.cluster.ring import shard_of
 from gpuscope.config import load_config
+from gpuscope.hub import Hub
 from gpuscope.ingest.payload import parse_batch
 from gpuscope.runtime import assemble
 from gpuscope.store.duckdb import DuckDBStore
@@ -37,7 +38,8 @@ RULE = "gpu_ecc_uncorrectable"
 
 @dataclass
 class Member:
-    hub: ClusterHub
+    hub: Hub
+    member: ClusterMember
     alerting: AlertingService
     api: TestClient
 
@@ -67,11 +69,13 @@ def _start(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Member:
     path.write_text(yaml.safe_dump(config))
     cfg = load_config(path)
     runtime = assemble(cfg, store=DuckDBStore(":memory:", durable=False), serve=False, evaluate_interval=None)
-    hub = runtime.cluster
-    assert hub is not None
-    hub.join()  # the test drives evaluation and the alerting clock itself: nothing else is started
-    api = HubApi(hub, tokens=[TOKEN], alerting=runtime.alerting, lineage=runtime.lineage, cluster=hub)
-    return Member(hub, runtime.alerting, TestClient(api.app))
+    member = runtime.cluster
+    assert member is not None
+    member.join()  # the test drives evaluation and the alerting clock itself: only delivery runs
+    runtime.alerting.outbox.start()
+    hub = runtime.hub
+    api = HubApi(hub, tokens=[TOKEN], alerting=runtime.alerting, lineage=runtime.lineage, cluster=member)
+    return Member(hub, member, runtime.alerting, TestClient(api.app))
 
 
 @pytest.fixture
@@ -81,8 +85,8 @@ def pair(postgres_dsn: str, tmp_path: Path) -> Iterator[tuple[Member, Member, Si
     try:
         wait_until(
             lambda: (
-                sum(len(m.hub.node.owned) for m in members) == SHARDS
-                and all(m.hub.node.owned for m in members)
+                sum(len(m.member.node.owned) for m in members) == SHARDS
+                and all(m.member.node.owned for m in members)
             ),
             15,
             "both hubs to own shards",
@@ -90,13 +94,14 @@ def pair(postgres_dsn: str, tmp_path: Path) -> Iterator[tuple[Member, Member, Si
         yield members[0], members[1], sink
     finally:
         for m in members:
-            m.alerting.stop()
-            m.hub.store.close()  # leaves the cluster
+            m.alerting.stop()  # its outbox too
+            m.member.leave()
+            m.hub.store.close()
         sink.down()
 
 
 def _nodes_of(member: Member, count: int) -> list[str]:
-    owned = member.hub.node.owned
+    owned = member.member.node.owned
     return [f"node-{i}" for i in range(500) if shard_of("node", f"node-{i}", SHARDS) in owned][:count]
 
 
@@ -190,31 +195,39 @@ def test_lineage_written_on_one_hub_is_read_on_the_other(pair: tuple[Member, Mem
     ] == ["chat-api"]
 
 
-def test_mutes_lifting_repeats_and_escalation_are_timed_from_postgresql_once_for_the_cluster(
+def test_mutes_lifting_repeats_and_escalation_on_a_member_are_a_single_hubs(
     pair: tuple[Member, Member, Sink],
 ) -> None:
     a, b, sink = pair
     muted, loud = _nodes_of(b, 2)
     silence = a.post("/api/v1/silences", {"matchers": {"node": muted}, "duration": "1h"})
     t0 = time.time()
+    clock = [t0]
+    for m in (a, b):
+        m.alerting.clock = lambda: clock[0]
+        m.alerting.outbox.clock = lambda: time.time() + 200  # rows are due at the test's times
     for node in (muted, loud):
         _report(b, node, t0 - 1, 0.0)
         _report(b, node, t0, 2.0)
     ids = {c.alert.entity["node"]: c.alert.id for c in b.hub.evaluate(t0)}
-    assert a.hub.sweeper is not None and b.hub.sweeper is not None
-    for m in (a, b):  # rows are due at the test's times, up to two minutes ahead
-        assert m.hub.outbox is not None
-        m.hub.outbox.clock = lambda: time.time() + 200
 
-    # a P1 nobody acknowledged escalates once, whichever hubs sweep; a silenced one does not
-    assert b.hub.sweeper.sweep(t0 + 61) == 1 and a.hub.sweeper.sweep(t0 + 62) == 0
+    def tick(member: Member, at: float) -> None:
+        clock[0] = at
+        member.alerting.tick(at)
+
+    # a P1 nobody acknowledged escalates once; a silenced one does not; the other member, which
+    # owns neither, sends nothing
+    tick(b, t0 + 61)
+    tick(a, t0 + 62)
     a.post(f"/api/v1/alerts/{ids[muted]}/ack", {"by": "alice"})  # acknowledged: it will not escalate
     assert a.api.delete(f"/api/v1/silences/{silence['id']}", headers=AUTH).status_code == 200
-    assert a.hub.sweeper.sweep(t0 + 63) == 1  # the mute lifted: told now, once
-    assert b.hub.sweeper.sweep(t0 + 101) == 1  # loud is repeated; muted was told at t0 + 63
+    tick(b, t0 + 63)  # the mute lifted (on another member): told now, once
+    tick(b, t0 + 101)  # loud is repeated; muted was told at t0 + 63
+    clock[0] = t0 + 120
     for node in (muted, loud):
         _report(b, node, t0 + 120, 0.0)
     assert len(b.hub.evaluate(t0 + 120)) == 2
+    tick(b, t0 + 131)  # loud's resolution waits for its group_interval since the repeat
 
     hook = [(muted, "firing"), (muted, "resolved"), (loud, "firing"), (loud, "firing"), (loud, "resolved")]
     wait_until(

@@ -18,9 +18,11 @@ import pytest
 from detect.rig import FakeCluster
 from gpuscope.alert.engine import AlertChange
 from gpuscope.cluster.config import ClusterConfig
-from gpuscope.cluster.hub import ClusterHub
+from gpuscope.cluster.member import ClusterMember
 from gpuscope.cluster.ring import shard_of
+from gpuscope.counters import Counters
 from gpuscope.model import Batch
+from gpuscope.runtime import member_hub
 from gpuscope.store.duckdb import DuckDBStore
 from support import wait_until
 
@@ -29,32 +31,31 @@ RULE = "node_unreachable"
 SILENT_AT = 30  # the tick from which the silent node sends nothing
 
 
-def _member(dsn: str, name: str) -> ClusterHub:
+def _member(dsn: str, name: str) -> ClusterMember:
     cfg = ClusterConfig(
         dsn, f"hub-{name}", f"http://hub-{name}.invalid", "peer-token-0123456789", SHARDS, 1.0
     )
-    hub = ClusterHub(DuckDBStore(":memory:", durable=False), cfg)
-    hub.join()
-    return hub
+    member = ClusterMember(cfg, Counters())
+    member_hub(DuckDBStore(":memory:", durable=False), member)
+    member.join()
+    return member
 
 
-def _kill(hub: ClusterHub) -> None:
+def _kill(hub: ClusterMember) -> None:
     """What SIGKILL does to a member: its sessions close without a word, nothing is handed over."""
     node = hub.node
     node._stop.set()
     node.con.close()
     if node._listen_con is not None:
         node._listen_con.close()
-    hub._joined = False  # its threads and connections are gone with it; close() must not leave
+    hub._joined = False  # its threads and connections are gone with it; leave() must not run
     hub.forwarder.stop()
-    for worker in (hub.outbox, hub.sweeper):
-        if worker is not None:
-            worker.stop()
+    hub.outbox.close()
     hub.state.close()
 
 
 @pytest.fixture
-def pair(postgres_dsn: str) -> Iterator[tuple[ClusterHub, ClusterHub]]:
+def pair(postgres_dsn: str) -> Iterator[tuple[ClusterMember, ClusterMember]]:
     hubs = [_member(postgres_dsn, name) for name in "ab"]
     try:
         wait_until(
@@ -65,13 +66,14 @@ def pair(postgres_dsn: str) -> Iterator[tuple[ClusterHub, ClusterHub]]:
         yield hubs[0], hubs[1]
     finally:
         for hub in hubs:
-            hub.store.close()  # leaves the cluster (a no-op for a killed member)
+            hub.leave()  # a no-op for a killed member
+            hub.hub.store.close()
 
 
 class Agents:
     """Nodes reporting once a tick; each batch is stored by both hubs and detected by its owner."""
 
-    def __init__(self, a: ClusterHub, b: ClusterHub) -> None:
+    def __init__(self, a: ClusterMember, b: ClusterMember) -> None:
         owned_a = [n for n in (f"node-{i}" for i in range(64)) if self._shard(n) in a.node.owned]
         owned_b = [n for n in (f"node-{i}" for i in range(64)) if self._shard(n) in b.node.owned]
         self.silent, self.steady = owned_a[:2]  # both on hub a: one goes quiet, one keeps on
@@ -87,9 +89,9 @@ class Agents:
     def _deliver(self, batch: Batch, node: str) -> None:
         for hub in self.hubs:
             if self._shard(node) in hub.node.owned:
-                hub.ingest(batch)
+                hub.hub.ingest(batch)
             else:
-                hub.store.append(batch)
+                hub.hub.store.append(batch)
 
     def run(self, t0: float, start: int, stop: int) -> dict[str, list[tuple[float, AlertChange]]]:
         """Ticks ``start..stop-1`` (virtual time ``t0 + tick``): report, then every live hub evaluates."""
@@ -100,11 +102,11 @@ class Agents:
                 if not (node == self.silent and tick >= SILENT_AT):
                     self._deliver(self.fleet.batch(now, node), node)
             for hub in self.hubs:
-                changes[hub.cfg.hub_id].extend((now, c) for c in hub.evaluate(now))
+                changes[hub.cfg.hub_id].extend((now, c) for c in hub.hub.evaluate(now))
         return changes
 
 
-def _owns_all(hub: ClusterHub) -> bool:
+def _owns_all(hub: ClusterMember) -> bool:
     with hub.node.lock:  # held while shards are taken, until their warm-up is done
         return hub.node.owned == set(range(SHARDS))
 
@@ -119,7 +121,7 @@ def _of(changes: list[tuple[float, AlertChange]], node: str, kind: str) -> list[
 
 @pytest.mark.parametrize("fired_first", [False, True], ids=["dies-before-firing", "dies-after-firing"])
 def test_survivor_raises_node_unreachable_for_the_dead_hubs_silent_node_once(
-    pair: tuple[ClusterHub, ClusterHub], fired_first: bool
+    pair: tuple[ClusterMember, ClusterMember], fired_first: bool
 ) -> None:
     a, b = pair
     agents = Agents(a, b)
@@ -140,7 +142,7 @@ def test_survivor_raises_node_unreachable_for_the_dead_hubs_silent_node_once(
 
     after = agents.run(t0, died_at, died_at + 20)["hub-b"]
     fired_on_b = _of(after, agents.silent, "fired")
-    firing = [x for x in b.firing() if x.rule == RULE]
+    firing = [x for x in b.hub.firing() if x.rule == RULE]
     assert [x.entity["node"] for x in firing] == [agents.silent]  # nobody else blamed for the handover
     assert not _of(after, agents.silent, "resolved")
     if fired_first:

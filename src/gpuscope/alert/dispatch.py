@@ -5,7 +5,9 @@ its ``group_wait``; later changes (a new alert, a resolution) after ``group_inte
 send; an unchanged group with firing, unacknowledged alerts is re-sent every ``repeat_interval``.
 Alerts muted by a silence, an open maintenance window or flapping are left out of notifications
 (and counted); once the mute lifts while they still fire, they are sent at the next tick.
-Rendered requests go to the persisted :class:`~gpuscope.alert.outbox.Outbox`.
+Rendered requests go to the persisted :class:`~gpuscope.alert.outbox.Outbox`, each with what it
+tells; a cluster member's outbox keeps that as its ledger (:mod:`.ledger`), from which a member
+taking over a shard continues the alerts' groups (:meth:`Dispatcher.continued`).
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ from dataclasses import dataclass, field
 from gpuscope.alert.escalation import EscalationLevel
 from gpuscope.alert.flap import FlapDetector
 from gpuscope.alert.labels import alert_labels, fingerprint
+from gpuscope.alert.ledger import Told
 from gpuscope.alert.maintenance import MaintenanceWindow
 from gpuscope.alert.notify.base import AlertView, Notification, Notifier
-from gpuscope.alert.outbox import Outbox
+from gpuscope.alert.outbox import About, Outbox
 from gpuscope.alert.routing import Route, Timing, find_routes
 from gpuscope.alert.silences import Silences
 from gpuscope.counters import Counters
-from gpuscope.model import Alert
+from gpuscope.model import Alert, Labels
 
 Annotate = Callable[[Alert], dict[str, str]]
 Record = Callable[[str, str, str], None]
@@ -85,12 +88,17 @@ class Dispatcher:
 
     def _route(self, alert: Alert, now: float) -> None:
         self._firing[alert.id] = alert
-        labels = alert_labels(alert)
-        routes = find_routes(self.routes, labels)
+        routes = self._join(alert, now)
         if not routes:
             self.counters.inc("alerts_unrouted")
             self.record(alert.id, "unrouted", "no route matches its labels")
-        for route in routes:
+        self.flush(now)
+
+    def _join(self, alert: Alert, now: float) -> list[_Group]:
+        """Put an alert into the group of each route it matches; returns those groups."""
+        labels = alert_labels(alert)
+        groups: list[_Group] = []
+        for route in find_routes(self.routes, labels):
             notifier = self.notifiers[route.receiver]
             gkey = route.group_key(labels)
             group = self._groups.get((route.receiver, gkey))
@@ -105,7 +113,37 @@ class Dispatcher:
                 )
                 self._groups[(route.receiver, gkey)] = group
             group.members[alert.id] = alert
-        self.flush(now)
+            groups.append(group)
+        return groups
+
+    def continued(self, alert: Alert, now: float, told: Told) -> None:
+        """Take over a firing alert another hub dispatched: receivers it told are not told again
+        (their repeat is timed from then), those it did not tell are told after ``group_wait``,
+        and escalation levels it sent are not sent again."""
+        if alert.id in self._firing:
+            return
+        self._firing[alert.id] = alert
+        if told.escalated:
+            self._escalated[alert.id] = set(told.escalated)
+        for group in self._join(alert, now):
+            when = told.firing.get(group.receiver)
+            if when is not None:
+                group.notified.add(alert.id)
+                group.last_sent = when if group.last_sent is None else max(group.last_sent, when)
+
+    def forget(self, gone: Callable[[Labels], bool]) -> int:
+        """Drop, without telling anyone, the alerts whose entities another hub now dispatches."""
+        ids = {i for i, a in self._firing.items() if gone(a.entity)}
+        for alert_id in ids:
+            del self._firing[alert_id]
+            self._escalated.pop(alert_id, None)
+        for gid, group in list(self._groups.items()):
+            for alert_id in ids & group.members.keys():
+                del group.members[alert_id]
+                group.notified.discard(alert_id)
+            if not group.members:
+                del self._groups[gid]
+        return len(ids)
 
     def escalated(self, alert: Alert, now: float) -> None:
         """The alert reached a graver tier: route it again (a graver tier may reach other
@@ -228,7 +266,8 @@ class Dispatcher:
             self.counters.inc("notifications_render_failed")
             self.record(views[0].id, "render_failed", f"{receiver}: {exc}")
             return
-        self.outbox.enqueue(receiver, notifier.kind, requests, now)
+        about = About(tuple((v.id, v.status) for v in views), escalation)
+        self.outbox.enqueue(receiver, notifier.kind, requests, now, about)
         for v in views:
             self.record(
                 v.id, f"notified_{v.status}", receiver + (f" (escalation {escalation})" if escalation else "")

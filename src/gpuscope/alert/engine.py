@@ -10,7 +10,8 @@ condition: each evaluation refreshes its value, summary and cost, and a finding 
 graver tier than the alert's escalates it (an ``escalated`` change, notified again); an alert
 never de-escalates. Severity and owner come from :mod:`gpuscope.rules`; the cost of delay is
 ``affected_gpus x price_per_gpu_hour x work_at_risk``. It knows nothing of where findings came
-from.
+from, and records what it decides in an :class:`~gpuscope.alert.state.AlertState` (this hub's
+memory and store, or a cluster's PostgreSQL).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuscope.alert.incidents import Incident, IncidentTracker
+from gpuscope.alert.incidents import Incident
+from gpuscope.alert.state import AlertState, LocalAlertState
 from gpuscope.model import Alert, Finding, Labels
 from gpuscope.rules import RULES, TIERS
 
@@ -69,6 +71,7 @@ class AlertEngine:
         *,
         pending_for: Mapping[str, float] | None = None,
         places: Places | None = None,
+        state: AlertState | None = None,
     ) -> None:
         if not math.isfinite(price_per_gpu_hour) or price_per_gpu_hour < 0:
             raise ValueError(f"price_per_gpu_hour must be a non-negative number, got {price_per_gpu_hour!r}")
@@ -80,11 +83,12 @@ class AlertEngine:
         self.places = places
         self._pending: dict[FindingKey, tuple[float, Finding]] = {}
         self.pending_cleared = 0  # findings that vanished before their pending time was up
-        self._alerts: list[Alert] = []
         self._active: dict[FindingKey, Alert] = {}
-        self._incidents = IncidentTracker(incident_window)
-        #: alert numbers used before this engine started (a restarted hub continues after them)
-        self.id_offset = 0
+        self.state: AlertState = state if state is not None else LocalAlertState(None, incident_window)
+        #: fired alerts that another hub already fired: continued instead of notified again
+        self.continued = 0
+        #: how long an alert continued from another hub waits for this hub's detectors to see it
+        self.continue_grace = 0.0
 
     def update(self, now: float, findings: list[Finding]) -> list[AlertChange]:
         """Apply the findings of the evaluation at ``now``; returns what fired and what resolved."""
@@ -107,6 +111,11 @@ class AlertEngine:
                     self._pending.pop(key, None)
                     finding.details = {**finding.details, "pending_since": since}
                 alert = self._fire(now, finding)
+                theirs = self.state.fired(alert, self.places_of(alert), now)
+                if theirs is not None:
+                    self.continued += 1
+                    self.adopt([theirs], now, self.continue_grace)
+                    continue
                 self._active[key] = alert
                 changes.append(AlertChange("fired", alert))
             else:
@@ -114,6 +123,7 @@ class AlertEngine:
                 self._refresh(alert, now, finding)
                 if alert.severity != was:
                     alert.details["escalated_from"] = was
+                    self.state.save(alert)  # the graver tier is what every page shows from now on
                     changes.append(AlertChange("escalated", alert))
         for key in [k for k in self._pending if k not in current]:
             del self._pending[key]  # pending requires the condition to hold throughout
@@ -122,7 +132,8 @@ class AlertEngine:
             if key not in current and now - alert.last_seen >= self.resolve_after:
                 alert.resolved_at = now
                 del self._active[key]
-                changes.append(AlertChange("resolved", alert))
+                if self.state.resolved(alert, now):
+                    changes.append(AlertChange("resolved", alert))
         return changes
 
     def _fire(self, now: float, finding: Finding) -> Alert:
@@ -139,8 +150,6 @@ class AlertEngine:
             last_seen=now,
         )
         self._refresh(alert, now, finding)
-        self._alerts.append(alert)
-        self._incidents.add(alert, self.places_of(alert))
         return alert
 
     def places_of(self, alert: Alert) -> list[Labels] | None:
@@ -152,23 +161,32 @@ class AlertEngine:
 
     def next_id(self) -> str:
         """The id of the next alert (sharded hubs draw ids from a cluster-wide sequence)."""
-        return f"al-{self.id_offset + len(self._alerts) + 1}"
+        return self.state.next_id()
 
     def adopt(self, alerts: list[Alert], now: float, grace: float) -> int:
         """Continue alerts fired earlier (by this hub before a restart, or by another hub): they
         are not fired again, and resolve only if their condition stays absent for ``grace`` +
         ``resolve_after`` seconds (time for the detectors to see the data)."""
-        adopted = 0
+        taken: list[Alert] = []
         for alert in alerts:
             key = (alert.rule, tuple(sorted(alert.entity.items())))
             if key in self._active:
                 continue
             alert.last_seen = max(alert.last_seen, now + grace)
             self._active[key] = alert
-            self._alerts.append(alert)
-            self._incidents.add(alert, None)
-            adopted += 1
-        return adopted
+            taken.append(alert)
+        self.state.continued(taken)
+        return len(taken)
+
+    def drop(self, gone: Callable[[Labels], bool]) -> int:
+        """Forget (without resolving) the alerts and pending conditions of entities this hub no
+        longer decides (a cluster member's released shards); their new owner continues them."""
+        keys = [k for k, a in self._active.items() if gone(a.entity)]
+        for key in keys:
+            del self._active[key]
+        for key in [k for k in self._pending if gone(dict(k[1]))]:
+            del self._pending[key]
+        return len(keys)
 
     def _refresh(self, alert: Alert, now: float, finding: Finding) -> None:
         alert.last_seen = now
@@ -185,7 +203,7 @@ class AlertEngine:
 
     def all(self) -> list[Alert]:
         """Every alert raised so far, firing or resolved, in the order they fired."""
-        return list(self._alerts)
+        return self.state.view()[0]
 
     def firing(self) -> list[Alert]:
         return list(self._active.values())
@@ -198,10 +216,10 @@ class AlertEngine:
         ]
 
     def get(self, alert_id: str) -> Alert | None:
-        return next((a for a in reversed(self._alerts) if a.id == alert_id), None)
+        return next((a for a in reversed(self.all()) if a.id == alert_id), None)
 
     def incidents(self) -> list[Incident]:
-        return self._incidents.incidents()
+        return self.state.view()[1]
 
 
 def check_pending(pending_for: Mapping[str, float]) -> dict[str, float]:

@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, Protocol
 
 import httpx
 import orjson
@@ -54,6 +55,121 @@ def http_sender(timeout: float = 5.0) -> Sender:
     return send
 
 
+#: what became of one try: ("delivered" | "retry" | "dead", when to try again, the error)
+Outcome = tuple[str, float | None, str | None]
+Attempt = Callable[[Pending, float], Outcome]
+
+
+@dataclass(frozen=True, slots=True)
+class About:
+    """What a notification tells: (alert id, "firing" | "resolved") pairs, at an escalation level
+    (0: the routes' receivers)."""
+
+    alerts: tuple[tuple[str, str], ...] = ()
+    escalation: int = 0
+
+
+class OutboxBackend(Protocol):
+    """Where requests wait: one hub's SQLite rows, or a cluster's PostgreSQL rows that any member
+    delivers (:class:`gpuscope.cluster.outbox.PgOutbox`)."""
+
+    def add(self, receiver: str, kind: str, payloads: list[str], now: float, about: About) -> list[int]:
+        """Commit requests; returns their row ids. ``about``: the alerts they tell of (with their
+        status) and the escalation level, for a ledger that keeps them."""
+        ...
+
+    def receivers(self) -> list[str]:
+        """Receivers with undelivered requests."""
+        ...
+
+    def try_head(self, receiver: str, now: float, attempt: Attempt) -> tuple[bool, float | None]:
+        """Try the receiver's oldest undelivered request if it is due (and this hub may send to
+        the receiver now), recording the outcome with the try. Returns (finished with it: go on
+        with the next, when the head is due next)."""
+        ...
+
+    def pending(self) -> list[Pending]:
+        """Every undelivered, live request, oldest first."""
+        ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
+def pending_row(row: tuple[Any, ...]) -> Pending:
+    """A request from its row (the columns every backend selects, in this order)."""
+    rid, receiver, kind, payload, created, attempts, next_at = row
+    doc = orjson.loads(payload)
+    req = Request(doc["url"], doc["body"], doc.get("headers", {}))
+    return Pending(int(rid), str(receiver), str(kind), req, float(created), int(attempts), float(next_at))
+
+
+_COLUMNS = "id, receiver, kind, payload, created_at, attempts, next_attempt_at"
+_LIVE = "delivered_at IS NULL AND dead_at IS NULL"
+
+
+class LocalOutbox:
+    """One hub's requests, in the ``outbox`` table of its alert state database."""
+
+    def __init__(self, db: StateBackend) -> None:
+        self.db = db
+
+    def add(self, receiver: str, kind: str, payloads: list[str], now: float, about: About) -> list[int]:
+        ids: list[int] = []
+        with self.db.tx() as con:
+            for doc in payloads:
+                cur = con.execute(
+                    "INSERT INTO outbox (receiver, kind, payload, created_at, next_attempt_at) "
+                    "VALUES (?, ?, ?, ?, ?)",
+                    (receiver, kind, doc, now, now),
+                )
+                ids.append(int(cur.lastrowid or 0))
+        return ids
+
+    def receivers(self) -> list[str]:
+        return [str(r[0]) for r in self.db.query(f"SELECT DISTINCT receiver FROM outbox WHERE {_LIVE}")]
+
+    def try_head(self, receiver: str, now: float, attempt: Attempt) -> tuple[bool, float | None]:
+        rows = self.db.query(
+            f"SELECT {_COLUMNS} FROM outbox WHERE receiver = ? AND {_LIVE} ORDER BY id LIMIT 1", (receiver,)
+        )
+        if not rows:
+            return False, None
+        item = pending_row(rows[0])
+        if item.next_attempt_at > now:
+            return False, item.next_attempt_at
+        what, retry_at, error = attempt(item, now)
+        with self.db.tx() as con:
+            if what == "delivered":
+                con.execute(
+                    "UPDATE outbox SET delivered_at = ?, attempts = attempts + 1, last_error = NULL "
+                    "WHERE id = ?",
+                    (now, item.id),
+                )
+            elif what == "dead":
+                con.execute(
+                    "UPDATE outbox SET dead_at = ?, last_error = ? WHERE id = ?", (now, error, item.id)
+                )
+            else:
+                con.execute(
+                    "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = ?, last_error = ? "
+                    "WHERE id = ?",
+                    (retry_at, error, item.id),
+                )
+        return what != "retry", retry_at
+
+    def pending(self) -> list[Pending]:
+        return [
+            pending_row(r) for r in self.db.query(f"SELECT {_COLUMNS} FROM outbox WHERE {_LIVE} ORDER BY id")
+        ]
+
+    def stats(self) -> dict[str, int]:
+        (row,) = self.db.query(
+            "SELECT count(*) FILTER (WHERE delivered_at IS NOT NULL), count(*) FILTER (WHERE dead_at IS NOT "
+            f"NULL), count(*) FILTER (WHERE {_LIVE}) FROM outbox"
+        )
+        return {"delivered": int(row[0]), "dead": int(row[1]), "pending": int(row[2])}
+
+
 class Outbox:
     """Queue (durably) and deliver notification requests with retries and backoff."""
 
@@ -61,6 +177,7 @@ class Outbox:
         self,
         db: StateBackend,
         *,
+        backend: OutboxBackend | None = None,
         sender: Sender | None = None,
         counters: Counters | None = None,
         base_backoff: float = 1.0,
@@ -68,9 +185,11 @@ class Outbox:
         max_age: float = 86400.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
+        """``backend``: where requests wait (default: the ``outbox`` table of ``db``)."""
         if not 0 < base_backoff <= max_backoff or not math.isfinite(max_backoff) or max_age <= 0:
             raise ValueError("outbox: need 0 < base_backoff <= max_backoff (finite) and max_age > 0")
         self.db = db
+        self.backend: OutboxBackend = backend if backend is not None else LocalOutbox(db)
         self.sender = sender or http_sender()
         self.counters = counters or Counters()
         self.base_backoff = base_backoff
@@ -85,20 +204,20 @@ class Outbox:
         self.on_delivered: list[Callable[[Pending, float], None]] = []
 
     def enqueue(
-        self, receiver: str, kind: str, requests: list[Request], now: float | None = None
+        self,
+        receiver: str,
+        kind: str,
+        requests: list[Request],
+        now: float | None = None,
+        about: About | None = None,
     ) -> list[int]:
         """Commit requests to the outbox and wake the sender; returns their row ids."""
         ts = self.clock() if now is None else now
-        ids: list[int] = []
-        with self.db.tx() as con:
-            for req in requests:
-                doc = orjson.dumps({"url": req.url, "body": req.body, "headers": req.headers}).decode()
-                cur = con.execute(
-                    "INSERT INTO outbox (receiver, kind, payload, created_at, next_attempt_at) "
-                    "VALUES (?, ?, ?, ?, ?)",
-                    (receiver, kind, doc, ts, ts),
-                )
-                ids.append(int(cur.lastrowid or 0))
+        docs = [
+            orjson.dumps({"url": req.url, "body": req.body, "headers": req.headers}).decode()
+            for req in requests
+        ]
+        ids = self.backend.add(receiver, kind, docs, ts, about or About())
         self.counters.inc("notifications_queued", len(ids))
         with self._wake:
             self._dirty = True
@@ -107,96 +226,49 @@ class Outbox:
 
     def pending(self) -> list[Pending]:
         """Every undelivered, live request, oldest first."""
-        rows = self.db.query(
-            "SELECT id, receiver, kind, payload, created_at, attempts, next_attempt_at FROM outbox "
-            "WHERE delivered_at IS NULL AND dead_at IS NULL ORDER BY id"
-        )
-        out = []
-        for rid, receiver, kind, payload, created, attempts, next_at in rows:
-            doc = orjson.loads(payload)
-            req = Request(doc["url"], doc["body"], doc.get("headers", {}))
-            out.append(Pending(int(rid), receiver, kind, req, float(created), int(attempts), float(next_at)))
-        return out
+        return self.backend.pending()
 
     def stats(self) -> dict[str, int]:
-        (row,) = self.db.query(
-            "SELECT count(*) FILTER (WHERE delivered_at IS NOT NULL), count(*) FILTER (WHERE dead_at IS NOT "
-            "NULL), count(*) FILTER (WHERE delivered_at IS NULL AND dead_at IS NULL) FROM outbox"
-        )
-        return {"delivered": int(row[0]), "dead": int(row[1]), "pending": int(row[2])}
+        return self.backend.stats()
 
     def deliver_due(self, now: float | None = None) -> float | None:
         """Try every receiver whose oldest request is due; returns when the next one is due (or None)."""
         now = self.clock() if now is None else now
-        heads: dict[str, Pending] = {}
-        for row in self.pending():
-            heads.setdefault(row.receiver, row)
         next_due: float | None = None
-        for receiver, head in heads.items():
-            item: Pending | None = head
-            while item is not None:
-                if item.next_attempt_at > now:
-                    next_due = (
-                        item.next_attempt_at if next_due is None else min(next_due, item.next_attempt_at)
-                    )
+        for receiver in self.backend.receivers():
+            while True:
+                finished, due = self.backend.try_head(receiver, now, self._attempt)
+                if due is not None:
+                    next_due = due if next_due is None else min(next_due, due)
+                if not finished:
                     break
-                if not self._attempt(item, now):
-                    retry = self._row_next_attempt(item.id)
-                    if retry is not None:
-                        next_due = retry if next_due is None else min(next_due, retry)
-                        break
-                item = self._head(receiver)
         return next_due
 
-    def _head(self, receiver: str) -> Pending | None:
-        return next((p for p in self.pending() if p.receiver == receiver), None)
-
-    def _row_next_attempt(self, row_id: int) -> float | None:
-        rows = self.db.query(
-            "SELECT next_attempt_at FROM outbox WHERE id = ? AND delivered_at IS NULL AND dead_at IS NULL",
-            (row_id,),
-        )
-        return float(rows[0][0]) if rows else None
-
-    def _attempt(self, item: Pending, now: float) -> bool:
-        """One try; True when the row is finished with (delivered or dead)."""
+    def _attempt(self, item: Pending, now: float) -> Outcome:
+        """One try of a due request."""
         if now - item.created_at > self.max_age:
-            self._dead(item, now, f"undelivered after {self.max_age:.0f} s")
-            return True
+            return self._dead(item, f"undelivered after {self.max_age:.0f} s")
         try:
             status = self.sender(item.request)
             error = None if 200 <= status < 300 else f"HTTP {status}"
         except httpx.HTTPError as exc:
             status, error = 0, f"{type(exc).__name__}: {exc}"
         if error is None:
-            with self.db.tx() as con:
-                con.execute(
-                    "UPDATE outbox SET delivered_at = ?, attempts = attempts + 1, last_error = NULL "
-                    "WHERE id = ?",
-                    (now, item.id),
-                )
             self.counters.inc("notifications_delivered")
             for observer in self.on_delivered:
                 observer(item, now)
-            return True
+            return "delivered", None, None
         if 400 <= status < 500 and status not in {408, 429}:
-            self._dead(item, now, error)
-            return True
+            return self._dead(item, error)
         delay = min(self.base_backoff * 2**item.attempts, self.max_backoff)
-        with self.db.tx() as con:
-            con.execute(
-                "UPDATE outbox SET attempts = attempts + 1, next_attempt_at = ?, last_error = ? WHERE id = ?",
-                (now + delay, error, item.id),
-            )
         self.counters.inc("notification_retries")
         log.info("receiver %s: %s; retrying in %.0f s", item.receiver, error, delay)
-        return False
+        return "retry", now + delay, error
 
-    def _dead(self, item: Pending, now: float, why: str) -> None:
-        with self.db.tx() as con:
-            con.execute("UPDATE outbox SET dead_at = ?, last_error = ? WHERE id = ?", (now, why, item.id))
+    def _dead(self, item: Pending, why: str) -> Outcome:
         self.counters.inc("notifications_dead")
         log.error("receiver %s: notification %d given up: %s", item.receiver, item.id, why)
+        return "dead", None, why
 
     # -- background delivery ------------------------------------------------------------------
 

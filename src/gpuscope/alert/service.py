@@ -21,13 +21,14 @@ from gpuscope.alert.dispatch import Dispatcher
 from gpuscope.alert.engine import AlertChange, AlertEngine
 from gpuscope.alert.flap import FlapDetector
 from gpuscope.alert.labels import Matcher, alert_labels, fingerprint
-from gpuscope.alert.outbox import Outbox, Sender
+from gpuscope.alert.ledger import DispatchLedger, MemoryLedger
+from gpuscope.alert.outbox import Outbox, OutboxBackend, Sender
 from gpuscope.alert.settings import AlertingSettings
 from gpuscope.alert.silences import Silence, Silences, new_silence, parse_config_silences
 from gpuscope.alert.statedb import StateBackend, StateDB
 from gpuscope.alert.triage import run_playbook
 from gpuscope.counters import Counters
-from gpuscope.model import Alert
+from gpuscope.model import Alert, Labels
 from gpuscope.store.base import Store
 
 log = logging.getLogger("gpuscope.alert.service")
@@ -62,6 +63,8 @@ class AlertSource(Protocol):
 
     def firing(self) -> list[Alert]: ...
 
+    def save_alert(self, alert: Alert) -> None: ...
+
     def add_listener(self, listener: Callable[[AlertChange], None]) -> None: ...
 
 
@@ -75,11 +78,11 @@ class AlertingService:
         sender: Sender | None = None,
         clock: Callable[[], float] = time.time,
         tick_interval: float = 1.0,
-        listen: bool = True,
+        outbox: OutboxBackend | None = None,
+        ledger: DispatchLedger | None = None,
     ) -> None:
-        """``listen=False``: the hub does not hand this service its alert changes (a cluster member
-        triages, records and renders the notifications of each transition in the same PostgreSQL
-        transaction that writes it)."""
+        """``outbox`` and ``ledger``: where notifications wait and what was sent is read back
+        (default: this hub's state database and memory; a cluster member's: PostgreSQL)."""
         self.hub = hub
         self.settings = settings
         self.clock = clock
@@ -92,8 +95,10 @@ class AlertingService:
         self._acks: dict[str, dict[str, Any]] = {
             str(fp): orjson.loads(doc) for fp, doc in self.db.query("SELECT alert_id, doc FROM acks")
         }
+        self.ledger: DispatchLedger = ledger if ledger is not None else MemoryLedger()
         self.outbox = Outbox(
             self.db,
+            backend=outbox,
             sender=sender,
             counters=self.counters,
             base_backoff=settings.base_backoff,
@@ -118,8 +123,7 @@ class AlertingService:
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        if listen:
-            hub.add_listener(self.on_change)
+        hub.add_listener(self.on_change)
 
     # -- the hub's listener -------------------------------------------------------------------
 
@@ -139,13 +143,25 @@ class AlertingService:
                 self.record(alert.id, "resolved", alert.summary)
                 self.dispatcher.resolved(alert, now)
 
+    def continued(self, alerts: list[Alert]) -> None:
+        """Firing alerts this hub takes over from another: dispatched on from what was sent."""
+        now = self.clock()
+        with self._lock:
+            for alert in alerts:
+                self.dispatcher.continued(alert, now, self.ledger.told(alert.id))
+
+    def forget(self, gone: Callable[[Labels], bool]) -> int:
+        """Stop dispatching the alerts of entities another hub now owns (it continues them)."""
+        with self._lock:
+            return self.dispatcher.forget(gone)
+
     def triage(self, alert: Alert) -> None:
         """Run the alert's playbook and attach (and save) the results; a failure is counted."""
         try:
             alert.details["playbook"] = run_playbook(
                 alert, self.hub.store, alert.started_at, self.hub.firing(), self.counters
             )
-            self.hub.store.save_alert(alert)
+            self.hub.save_alert(alert)
         except Exception:  # triage is help, not a gate: the alert still goes out
             self.counters.inc("playbook_errors")
             log.exception("playbook for %s failed", alert.id)
@@ -183,7 +199,7 @@ class AlertingService:
                 alert.details["ack"] = doc
                 self._history(con, now, alert.id, "acknowledged", f"by {by}: {comment}".rstrip(": "))
         for alert in alerts:
-            self.hub.store.save_alert(alert)
+            self.hub.save_alert(alert)
         return alerts
 
     def _resolve_target(self, target: str) -> list[Alert]:

@@ -6,7 +6,10 @@ advisory lock per shard); alerts, their notifications and membership live in Pos
 hub answers the same. A hub that dies loses its locks with its connection, and the survivors take
 its shards over, continuing its firing alerts. Silences, acknowledgements, alert history and the
 lineage registry run their single-hub code on PostgreSQL (:mod:`.sql`); incidents are grouped over
-the shared alerts; notification timing is kept in the shared outbox (:mod:`.notify`). See
-:mod:`.membership`, :mod:`.state`, :mod:`.outbox` and :mod:`.hub`; a hub joins in
-:mod:`gpuscope.runtime`.
+the shared alerts; each hub's alerting service notifies the alerts it owns, through the shared
+outbox, which is also the ledger of what was sent (:mod:`.outbox`). See :mod:`.membership`,
+:mod:`.state`, :mod:`.outbox`, :mod:`.placement` and :mod:`.member`: the cluster is backends of
+the hub's seams (:class:`~gpuscope.placement.Placement`, :class:`~gpuscope.alert.state.AlertState`,
+:class:`~gpuscope.alert.outbox.OutboxBackend`, :class:`~gpuscope.alert.ledger.DispatchLedger`),
+and :mod:`gpuscope.runtime` assembles a member.
 """

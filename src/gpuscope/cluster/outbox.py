@@ -1,176 +1,174 @@
-"""Delivering the cluster's outbox: any live hub may send, each row goes out in order per receiver.
+"""The cluster's outbox: an :class:`~gpuscope.alert.outbox.OutboxBackend` in PostgreSQL that any
+live member delivers, and the :class:`~gpuscope.alert.ledger.DispatchLedger` its rows make.
 
 A hub claims a receiver with a transaction-level advisory lock, takes the receiver's oldest
-undelivered row ``FOR UPDATE SKIP LOCKED``, sends it, marks it delivered and commits. Other hubs
+undelivered row ``FOR UPDATE SKIP LOCKED``, sends it, records the outcome and commits. Other hubs
 skip a claimed receiver, so a receiver's notifications go out one at a time, oldest first (a
 resolve never overtakes its trigger), and a hub that dies mid-send leaves the row to the others.
+Retries, backoff and dead rows are the single hub's (:class:`~gpuscope.alert.outbox.Outbox`).
 
 Delivery is at least once: a hub killed after the receiver accepted a request but before its
 commit leaves the row undelivered, and another hub sends it again. That window is one HTTP
 round trip plus one commit; receivers de-duplicate on the alert's fingerprint and status.
-Failures back off exponentially per row, and a request refused as malformed (4xx other than
-408/429) or older than ``max_age`` is set aside as dead, as the single-hub outbox does.
+
+Each queued notification writes, in the same transaction, which alerts it tells of
+(``cluster_told``): the ledger a member reads when it takes over a shard.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
-import time
-from collections.abc import Callable
+import uuid
 from typing import Any
 
-import httpx
-import orjson
 import psycopg
 
-from gpuscope.alert.notify.base import Request
-from gpuscope.alert.outbox import Sender, http_sender
+from gpuscope.alert.ledger import Told
+from gpuscope.alert.outbox import About, Attempt, Pending, pending_row
 from gpuscope.cluster.membership import connect
-from gpuscope.cluster.schema import NS_OUTBOX
-from gpuscope.counters import Counters
+from gpuscope.cluster.schema import NS_OUTBOX, create_schema
 
-log = logging.getLogger("gpuscope.cluster.outbox")
+_COLUMNS = "id, receiver, kind, payload, created_at, attempts, next_attempt_at"
+_LIVE = "delivered_at IS NULL AND dead_at IS NULL"
 
 
-class ClusterOutbox:
-    def __init__(
-        self,
-        dsn: str,
-        hub_id: str,
-        *,
-        sender: Sender | None = None,
-        counters: Counters | None = None,
-        base_backoff: float = 1.0,
-        max_backoff: float = 30.0,
-        max_age: float = 86400.0,
-        poll_s: float = 0.5,
-        clock: Callable[[], float] = time.time,
-    ) -> None:
+class PgOutbox:
+    """Rows of ``cluster_outbox``; one connection sends (held across a send), one queues and reads."""
+
+    def __init__(self, dsn: str, hub_id: str) -> None:
         self.dsn = dsn
         self.hub_id = hub_id
-        self.sender = sender or http_sender()
-        self.counters = counters or Counters()
-        self.base_backoff, self.max_backoff, self.max_age = base_backoff, max_backoff, max_age
-        self.poll_s = poll_s
-        self.clock = clock
-        self._con: psycopg.Connection[tuple[Any, ...]] | None = None
-        self._lock = threading.Lock()  # one connection: delivery and stats take turns
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._send: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._rw: psycopg.Connection[tuple[Any, ...]] | None = None
+        self._send_lock = threading.Lock()
+        self._rw_lock = threading.Lock()
+        self._schema = False  # the outbox may run before this hub has joined (and made the tables)
 
-    def deliver_due(self) -> int:
-        """Send every due row this hub can claim; returns how many were finished with."""
-        with self._lock:
-            return self._deliver_due()
+    def _conn(self, which: str) -> psycopg.Connection[tuple[Any, ...]]:
+        con = self._send if which == "send" else self._rw
+        if con is None or con.closed:
+            con = connect(self.dsn)
+            if not self._schema:
+                create_schema(con)
+                self._schema = True
+            if which == "send":
+                self._send = con
+            else:
+                self._rw = con
+        return con
 
-    def _deliver_due(self) -> int:
-        if self._con is None:
-            self._con = connect(self.dsn)
-        con = self._con
-        now = self.clock()
-        receivers = [
-            str(r[0])
-            for r in con.execute(
-                "SELECT DISTINCT receiver FROM cluster_outbox "
-                "WHERE delivered_at IS NULL AND dead_at IS NULL AND next_attempt_at <= %s",
-                (now,),
-            ).fetchall()
-        ]
-        done = 0
-        for receiver in receivers:
-            while self._one(con, receiver):
-                done += 1
-        return done
+    # -- OutboxBackend ------------------------------------------------------------------------
 
-    def _one(self, con: psycopg.Connection[tuple[Any, ...]], receiver: str) -> bool:
-        """Claim and try the receiver's oldest row; True when it is finished with (go on)."""
-        with con.transaction():
-            got = con.execute(
-                "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))", (NS_OUTBOX, receiver)
-            ).fetchone()
-            if not got or not got[0]:
-                return False  # another hub is sending to this receiver
-            row = con.execute(
-                "SELECT id, payload, created_at, attempts, next_attempt_at FROM cluster_outbox "
-                "WHERE receiver = %s AND delivered_at IS NULL AND dead_at IS NULL "
-                "ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED",
-                (receiver,),
-            ).fetchone()
-            now = self.clock()
-            if row is None or float(row[4]) > now:
-                return False
-            rid, payload, created, attempts = int(row[0]), str(row[1]), float(row[2]), int(row[3])
-            if now - created > self.max_age:
-                return self._dead(con, rid, receiver, now, f"undelivered after {self.max_age:.0f} s")
-            doc = orjson.loads(payload)
+    def add(self, receiver: str, kind: str, payloads: list[str], now: float, about: About) -> list[int]:
+        ids: list[int] = []
+        with self._rw_lock:
+            con = self._conn("rw")
             try:
-                status = self.sender(Request(doc["url"], doc["body"], doc.get("headers", {})))
-                error = None if 200 <= status < 300 else f"HTTP {status}"
-            except httpx.HTTPError as exc:
-                status, error = 0, f"{type(exc).__name__}: {exc}"
-            if error is None:
-                con.execute(
-                    "UPDATE cluster_outbox SET delivered_at = %s, delivered_by = %s, "
-                    "attempts = attempts + 1, last_error = NULL WHERE id = %s",
-                    (now, self.hub_id, rid),
-                )
-                self.counters.inc("notifications_delivered")
-                return True
-            if 400 <= status < 500 and status not in {408, 429}:
-                return self._dead(con, rid, receiver, now, error)
-            delay = min(self.base_backoff * 2**attempts, self.max_backoff)
-            con.execute(
-                "UPDATE cluster_outbox SET attempts = attempts + 1, next_attempt_at = %s, last_error = %s "
-                "WHERE id = %s",
-                (now + delay, error, rid),
-            )
-            self.counters.inc("notification_retries")
-            log.info("receiver %s: %s; retrying in %.0f s", receiver, error, delay)
-            return False
+                with con.transaction():
+                    for doc in payloads:
+                        row = con.execute(
+                            "INSERT INTO cluster_outbox "
+                            "(dedup, receiver, kind, payload, created_at, next_attempt_at) "
+                            "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+                            (f"{self.hub_id}/{uuid.uuid4().hex}", receiver, kind, doc, now, now),
+                        ).fetchone()
+                        ids.append(int(row[0]) if row else 0)
+                    for alert_id, status in about.alerts:
+                        con.execute(
+                            "INSERT INTO cluster_told (alert_id, receiver, status, escalation, sent_at) "
+                            "VALUES (%s, %s, %s, %s, %s)",
+                            (alert_id, receiver, status, about.escalation, now),
+                        )
+            except psycopg.OperationalError:
+                con.close()
+                raise
+        return ids
 
-    def _dead(
-        self, con: psycopg.Connection[tuple[Any, ...]], rid: int, receiver: str, now: float, why: str
-    ) -> bool:
-        con.execute("UPDATE cluster_outbox SET dead_at = %s, last_error = %s WHERE id = %s", (now, why, rid))
-        self.counters.inc("notifications_dead")
-        log.error("receiver %s: notification %d given up: %s", receiver, rid, why)
-        return True
+    def receivers(self) -> list[str]:
+        rows = self._read(f"SELECT DISTINCT receiver FROM cluster_outbox WHERE {_LIVE}", ())
+        return [str(r[0]) for r in rows]
+
+    def try_head(self, receiver: str, now: float, attempt: Attempt) -> tuple[bool, float | None]:
+        with self._send_lock:
+            con = self._conn("send")
+            try:
+                with con.transaction():
+                    got = con.execute(
+                        "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))", (NS_OUTBOX, receiver)
+                    ).fetchone()
+                    if not got or not got[0]:
+                        return False, None  # another hub is sending to this receiver
+                    row = con.execute(
+                        f"SELECT {_COLUMNS} FROM cluster_outbox WHERE receiver = %s AND {_LIVE} "
+                        "ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED",
+                        (receiver,),
+                    ).fetchone()
+                    if row is None:
+                        return False, None
+                    item = pending_row(row)
+                    if item.next_attempt_at > now:
+                        return False, item.next_attempt_at
+                    what, retry_at, error = attempt(item, now)
+                    if what == "delivered":
+                        con.execute(
+                            "UPDATE cluster_outbox SET delivered_at = %s, delivered_by = %s, "
+                            "attempts = attempts + 1, last_error = NULL WHERE id = %s",
+                            (now, self.hub_id, item.id),
+                        )
+                    elif what == "dead":
+                        con.execute(
+                            "UPDATE cluster_outbox SET dead_at = %s, last_error = %s WHERE id = %s",
+                            (now, error, item.id),
+                        )
+                    else:
+                        con.execute(
+                            "UPDATE cluster_outbox SET attempts = attempts + 1, next_attempt_at = %s, "
+                            "last_error = %s WHERE id = %s",
+                            (retry_at, error, item.id),
+                        )
+                    return what != "retry", retry_at
+            except psycopg.OperationalError:
+                con.close()
+                raise
+
+    def pending(self) -> list[Pending]:
+        rows = self._read(f"SELECT {_COLUMNS} FROM cluster_outbox WHERE {_LIVE} ORDER BY id", ())
+        return [pending_row(r) for r in rows]
 
     def stats(self) -> dict[str, int]:
-        with self._lock:
-            if self._con is None:
-                self._con = connect(self.dsn)
-            row = self._con.execute(
-                "SELECT count(*) FILTER (WHERE delivered_at IS NOT NULL), "
-                "count(*) FILTER (WHERE dead_at IS NOT NULL), "
-                "count(*) FILTER (WHERE delivered_at IS NULL AND dead_at IS NULL) FROM cluster_outbox"
-            ).fetchone()
-        assert row is not None
+        (row,) = self._read(
+            "SELECT count(*) FILTER (WHERE delivered_at IS NOT NULL), "
+            "count(*) FILTER (WHERE dead_at IS NOT NULL), "
+            f"count(*) FILTER (WHERE {_LIVE}) FROM cluster_outbox",
+            (),
+        )
         return {"delivered": int(row[0]), "dead": int(row[1]), "pending": int(row[2])}
 
-    def start(self) -> None:
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="gpuscope-cluster-outbox", daemon=True)
-        self._thread.start()
+    # -- DispatchLedger -----------------------------------------------------------------------
 
-    def _run(self) -> None:
-        while not self._stop.wait(self.poll_s):
+    def told(self, alert_id: str) -> Told:
+        rows = self._read(
+            "SELECT receiver, status, escalation, max(sent_at) FROM cluster_told WHERE alert_id = %s "
+            "GROUP BY receiver, status, escalation",
+            (alert_id,),
+        )
+        firing = {str(r): float(t) for r, st, esc, t in rows if st == "firing" and int(esc) == 0}
+        escalated = frozenset(int(esc) - 1 for _r, _st, esc, _t in rows if int(esc) > 0)
+        return Told(firing, escalated)
+
+    def _read(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        with self._rw_lock:
+            con = self._conn("rw")
             try:
-                self.deliver_due()
-            except psycopg.Error:
-                self.counters.inc("outbox_errors")
-                log.exception("cluster outbox delivery failed")
-                with self._lock:
-                    if self._con is not None:
-                        self._con.close()
-                    self._con = None
+                with con.transaction():
+                    return con.execute(sql, params).fetchall()
+            except psycopg.OperationalError:
+                con.close()
+                raise
 
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        with self._lock:
-            if self._con is not None:
-                self._con.close()
-                self._con = None
+    def close(self) -> None:
+        for lock, which in ((self._send_lock, "send"), (self._rw_lock, "rw")):
+            with lock:
+                con = self._send if which == "send" else self._rw
+                if con is not None:
+                    con.close()

@@ -13,26 +13,13 @@ NS_SCHEMA = 0x6770_0001
 NS_MEMBER = 0x6770_0002
 NS_SHARD = 0x6770_0003
 NS_OUTBOX = 0x6770_0004
-NS_SWEEP = 0x6770_0005
 
 #: The NOTIFY channel on which members announce joins, leaves and released shards.
 CHANNEL = "gpuscope_cluster"
 
 #: The alert layer's state (:mod:`gpuscope.alert.statedb`): its SQLite schema in PostgreSQL's
-#: types. The single-hub ``outbox`` table stays empty: a cluster notifies through ``cluster_outbox``.
+#: types, less its ``outbox``: a cluster's notifications wait in ``cluster_outbox`` (:mod:`.outbox`).
 ALERT_STATE_DDL = """
-CREATE TABLE IF NOT EXISTS outbox (
-    id BIGSERIAL PRIMARY KEY,
-    receiver TEXT NOT NULL,
-    kind TEXT NOT NULL,
-    payload TEXT NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at DOUBLE PRECISION NOT NULL,
-    delivered_at DOUBLE PRECISION,
-    dead_at DOUBLE PRECISION,
-    last_error TEXT
-);
 CREATE TABLE IF NOT EXISTS silences (
     id TEXT PRIMARY KEY, doc TEXT NOT NULL, ends_at DOUBLE PRECISION NOT NULL
 );
@@ -102,6 +89,14 @@ CREATE TABLE IF NOT EXISTS cluster_outbox (
 CREATE INDEX IF NOT EXISTS cluster_outbox_pending ON cluster_outbox (receiver, id)
     WHERE delivered_at IS NULL AND dead_at IS NULL;
 ALTER TABLE cluster_alerts ADD COLUMN IF NOT EXISTS places TEXT;
+CREATE TABLE IF NOT EXISTS cluster_told (
+    alert_id TEXT NOT NULL,
+    receiver TEXT NOT NULL,
+    status TEXT NOT NULL,
+    escalation INTEGER NOT NULL,
+    sent_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS cluster_told_alert ON cluster_told (alert_id);
 """
     + ALERT_STATE_DDL
     + LINEAGE_DDL

@@ -31,7 +31,7 @@ UPSERTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "lineage_aliases": (("model", "alias"), ("version", "set_at")),
 }
 #: table -> serial column returned as ``lastrowid`` by an INSERT
-SERIALS: dict[str, str] = {"outbox": "id", "history": "seq"}
+SERIALS: dict[str, str] = {"history": "seq"}
 
 _REPLACE = re.compile(r"^\s*INSERT OR REPLACE INTO (\w+)", re.IGNORECASE)
 _INSERT = re.compile(r"^\s*INSERT INTO (\w+)", re.IGNORECASE)

@@ -1,25 +1,25 @@
-"""Alert state shared by every hub of a cluster, in PostgreSQL.
+"""Alert state shared by every hub of a cluster, in PostgreSQL: the cluster's backend of
+:class:`~gpuscope.alert.state.AlertState`.
 
-An alert's transitions (fired, resolved) are written by the owner of its shard in one transaction
-with the notification rows they cause. Both are keyed so that a repeat is a no-op: at most one
-firing alert per rule and entity (a partial unique index), and one outbox row per alert,
-transition and receiver (``ON CONFLICT DO NOTHING``). The writes go over the session that holds
-the owner's shard locks: if that session is gone, so are the locks, and the write fails.
+An alert's transitions (fired, resolved) are written by the owner of its shard, keyed so that a
+repeat is a no-op: at most one firing alert per rule and entity (a partial unique index). The
+writes go over the session that holds the owner's shard locks: if that session is gone, so are
+the locks, and the write fails. Notifications are the owner's alerting service's, as on a single
+hub; what it sent is kept with the cluster's outbox (:mod:`.outbox`).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
 
 import orjson
 
 from gpuscope.alert.engine import KEPT_DETAILS
 from gpuscope.alert.incidents import Incident, IncidentTracker
 from gpuscope.cluster.membership import ClusterNode, connect
-from gpuscope.cluster.notify import Note, add_rows, escalated_levels
 from gpuscope.cluster.ring import entity_shard
 from gpuscope.model import Alert, Labels
+from gpuscope.store.base import Store
 
 
 def entity_key(entity: dict[str, str]) -> str:
@@ -41,7 +41,7 @@ def _doc(alert: Alert) -> str:
     ).decode()
 
 
-class ClusterState:
+class PgAlertState:
     """The cluster's alerts and outbox; writes on the owner's locked session, reads on their own."""
 
     def __init__(self, node: ClusterNode) -> None:
@@ -51,6 +51,37 @@ class ClusterState:
         self._read_lock = threading.Lock()
         #: how incidents group (the alert engine's defaults)
         self.incident_window, self.reopen_within = 600.0, 120.0
+        #: the member's own store, which keeps a copy of the alerts this member writes (what reads
+        #: the store directly, such as the dashboard pages, sees them)
+        self.local: Store | None = None
+
+    # -- AlertState ---------------------------------------------------------------------------
+
+    def fired(self, alert: Alert, places: list[Labels] | None, now: float) -> Alert | None:
+        theirs = self.write_fired(alert, now, places)
+        if theirs is None:
+            # the incident it joins, as every member derives it (routes group by incident)
+            incidents = self.view()[1]
+            alert.incident = next((i.id for i in incidents if alert.id in i.members), None)
+            self._keep_local(alert)
+        return theirs
+
+    def resolved(self, alert: Alert, now: float) -> bool:
+        done = self.write_resolved(alert, now)
+        if done:
+            self._keep_local(alert)
+        return done
+
+    def _keep_local(self, alert: Alert) -> None:
+        if self.local is not None:
+            self.local.save_alert(alert)
+
+    def continued(self, alerts: list[Alert]) -> None:
+        """Continued alerts are in PostgreSQL already."""
+
+    def resumed(self) -> list[Alert]:
+        """A member continues the firing alerts of the shards it takes, as it takes them."""
+        return []
 
     def shard(self, alert: Alert) -> int:
         return entity_shard(alert.entity, self.shards)
@@ -61,16 +92,9 @@ class ClusterState:
             row = self.node.con.execute("SELECT nextval('cluster_alert_seq')").fetchone()
         return f"al-{int(row[0]) if row else 0}"
 
-    def fired(
-        self,
-        alert: Alert,
-        notes: list[Note],
-        now: float,
-        places: list[Labels] | None = None,
-    ) -> Alert | None:
-        """Record a fired alert (with where it runs, for incidents) and its notifications; returns
-        the alert already firing on the same rule and entity instead when there is one (then nothing
-        is notified)."""
+    def write_fired(self, alert: Alert, now: float, places: list[Labels] | None = None) -> Alert | None:
+        """Record a fired alert (with where it runs, for incidents); returns the alert already
+        firing on the same rule and entity instead when there is one."""
         con = self.node.con
         with self.node.lock, con.transaction():
             cur = con.execute(
@@ -95,18 +119,10 @@ class ClusterState:
                     (alert.rule, entity_key(alert.entity)),
                 ).fetchone()
                 return Alert(**orjson.loads(row[0])) if row else None
-            add_rows(con, f"{alert.id}/fired", notes, now)
         return None
 
-    def resolved(
-        self,
-        alert: Alert,
-        notes: list[Note],
-        now: float,
-        escalated: Callable[[int], list[Note]] = lambda _level: [],
-    ) -> bool:
-        """Record a resolution and its notifications (``escalated``: the resolution for the receiver
-        of an escalation level the alert reached); False when it was already resolved."""
+    def write_resolved(self, alert: Alert, now: float) -> bool:
+        """Record a resolution; False when it was already resolved."""
         con = self.node.con
         with self.node.lock, con.transaction():
             row = con.execute(
@@ -122,16 +138,6 @@ class ClusterState:
             )
             if cur.rowcount == 0:
                 return False
-            told = {
-                str(r[0])
-                for r in con.execute(
-                    "SELECT DISTINCT receiver FROM cluster_outbox WHERE dedup LIKE %s",
-                    (f"{alert.id}/fired/%",),
-                ).fetchall()
-            }  # a receiver never told of the alert (it was muted) is not told it resolved
-            add_rows(con, f"{alert.id}/resolved", [n for n in notes if n[0] in told], now)
-            for level in escalated_levels(con, alert.id):
-                add_rows(con, f"{alert.id}/resolved-escalation/{level}", escalated(level), now)
         return True
 
     def save(self, alert: Alert) -> None:
@@ -152,6 +158,7 @@ class ClusterState:
                 "UPDATE cluster_alerts SET doc = %s WHERE id = %s",
                 (orjson.dumps(doc, default=str).decode(), alert.id),
             )
+        self._keep_local(alert)
 
     def firing_in(self, shards: set[int]) -> list[Alert]:
         """The alerts firing on these shards: what a hub taking them over continues."""

@@ -31,13 +31,10 @@ class AlertingApi:
         hub: Hub,
         service: AlertingService | None,
         authorize: Callable[[Request], None],
-        outbox_stats: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.hub = hub
         self.service = service
         self.authorize = authorize
-        #: the outbox notifications really go through (a cluster member's shared one)
-        self.outbox_stats = outbox_stats
 
     def routes(self) -> list[tuple[str, Handler, list[str]]]:
         return [
@@ -93,7 +90,7 @@ class AlertingApi:
 
     async def status(self, request: Request) -> Response:
         service = self._service()
-        stats = await run_in_threadpool(self.outbox_stats or service.outbox.stats)
+        stats = await run_in_threadpool(service.outbox.stats)
         return JSONResponse(
             {
                 "outbox": stats,

@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from gpuscope import __version__
 from gpuscope.alert.service import AlertingService
-from gpuscope.cluster.hub import ClusterHub
+from gpuscope.cluster.member import ClusterMember
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import (
     Limits,
@@ -150,11 +150,11 @@ class HubApi:
         audit: AuditLog | None = None,
         alerting: AlertingService | None = None,
         lineage: LineageRegistry | None = None,
-        cluster: ClusterHub | None = None,
+        cluster: ClusterMember | None = None,
     ) -> None:
         self.hub = hub
         self.alerting = alerting
-        self.cluster = cluster  # the same hub as a cluster member, when it is one
+        self.cluster = cluster  # the hub's cluster backends, when it is a member of one
         self.limits = limits or Limits()
         self.clock = clock
         self.started = clock()
@@ -180,10 +180,8 @@ class HubApi:
         ]
         routes += PrometheusApi(hub, clock).routes(self._guard)  # under /prometheus: see prom_api
         routes += OtlpApi(hub, self._read_body, self._authorize_write, self.limits, clock).routes(self._guard)
-        outbox_stats = cluster.outbox_stats if cluster is not None else None
-        # where this hub's notifications really wait: the cluster's shared outbox, else its own
-        self.outbox_stats = outbox_stats or (alerting.outbox.stats if alerting is not None else None)
-        alerting_api = AlertingApi(hub, alerting, self._authorize_write, outbox_stats)
+        self.outbox_stats = alerting.outbox.stats if alerting is not None else None
+        alerting_api = AlertingApi(hub, alerting, self._authorize_write)
         routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting_api.routes()]
         routes += LineageApi(lineage or for_hub(hub), self._authorize_write).routes()
         routes += cluster_routes(cluster, self._guard, self.limits)  # none unless a cluster member
@@ -364,7 +362,7 @@ class HubApi:
         if state not in {"firing", "all"}:
             raise ApiError(400, "state", "must be 'firing' or 'all'")
         limit = _int_param(request, "limit", 1000, 1, 100_000)
-        rows = await run_in_threadpool(self.hub.store.alerts, state == "firing", limit)
+        rows = await run_in_threadpool(self.hub.stored_alerts, state == "firing", limit)
         return JSONResponse({"alerts": [_alert_json(a) for a in rows]})
 
     async def incidents(self, request: Request) -> Response:

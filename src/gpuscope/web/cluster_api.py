@@ -14,7 +14,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gpuscope.cluster.forward import HOPS_HEADER, OBSERVE_PATH
-from gpuscope.cluster.hub import MAX_HOPS, ClusterHub
+from gpuscope.cluster.member import ClusterMember
+from gpuscope.cluster.placement import MAX_HOPS
 from gpuscope.ingest.payload import Limits, PayloadError, decode_json, parse_batch
 from gpuscope.web.errors import ApiError
 
@@ -22,11 +23,11 @@ Handler = Callable[[Request], Awaitable[Response]]
 Guard = Callable[[Handler], Handler]
 
 
-def cluster_routes(hub: ClusterHub | None, guard: Guard, limits: Limits) -> list[Route]:
+def cluster_routes(member: ClusterMember | None, guard: Guard, limits: Limits) -> list[Route]:
     """``POST /api/v1/cluster/forward`` on a cluster member; nothing on a single hub."""
-    if hub is None:
+    if member is None:
         return []
-    digest = hashlib.sha256(hub.cfg.peer_token.encode()).digest()
+    digest = hashlib.sha256(member.cfg.peer_token.encode()).digest()
 
     async def observe(request: Request) -> Response:
         scheme, _, token = request.headers.get("authorization", "").partition(" ")
@@ -44,17 +45,17 @@ def cluster_routes(hub: ClusterHub | None, guard: Guard, limits: Limits) -> list
             try:
                 batch = parse_batch(decode_json(body, limits), limits)
             except PayloadError as exc:
-                hub.counters.inc("cluster_observe_rejected")
+                member.counters.inc("cluster_observe_rejected")
                 raise ApiError(400, exc.field, exc.message) from None
-            return hub.route(batch, int(hops_raw))
+            return member.route(batch, int(hops_raw))
 
         return JSONResponse(await run_in_threadpool(work))
 
     return [Route(OBSERVE_PATH, guard(observe), methods=["POST"])]
 
 
-def cluster_health(hub: ClusterHub | None) -> dict[str, Any]:
+def cluster_health(member: ClusterMember | None) -> dict[str, Any]:
     """Membership and owned shards, for ``/api/v1/health`` (empty outside a cluster)."""
-    if hub is None:
+    if member is None:
         return {}
-    return {"cluster": hub.cluster_status()}
+    return {"cluster": member.status()}

@@ -12,7 +12,7 @@ import time
 import uvicorn
 
 from gpuscope.alert.service import AlertingService
-from gpuscope.cluster.hub import ClusterHub
+from gpuscope.cluster.member import ClusterMember
 from gpuscope.evaluator import Evaluator
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import Limits
@@ -70,7 +70,7 @@ class HubServer:
         tls: TlsSettings | None = None,
         alerting: AlertingService | None = None,
         lineage: LineageRegistry | None = None,
-        cluster: ClusterHub | None = None,
+        cluster: ClusterMember | None = None,
         close_store: bool = True,
     ) -> None:
         auth = auth if auth is not None else AuthSettings.from_plain(tokens or [])

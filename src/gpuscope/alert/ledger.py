@@ -1,0 +1,34 @@
+"""What the dispatcher sent, and when: read back when a hub continues alerts another hub notified.
+
+A single hub's :class:`~gpuscope.alert.dispatch.Dispatcher` keeps its groups in memory, and that
+memory is its whole ledger (:class:`MemoryLedger` has nothing to read back). The members of a
+cluster write each send into PostgreSQL in the transaction that queues it
+(:class:`gpuscope.cluster.outbox.PgOutbox`), so a member taking over a shard continues its alerts'
+groups where their last owner left them: nobody is told twice, and nobody is left untold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Told:
+    """What receivers were told of one alert."""
+
+    #: receiver -> the last time it was told the alert fires
+    firing: dict[str, float] = field(default_factory=dict)
+    #: escalation levels (0-based) already sent
+    escalated: frozenset[int] = frozenset()
+
+
+class DispatchLedger(Protocol):
+    def told(self, alert_id: str) -> Told: ...
+
+
+class MemoryLedger:
+    """One hub: its dispatcher's memory is the ledger; it continues no other hub's alerts."""
+
+    def told(self, alert_id: str) -> Told:
+        return Told()

@@ -1,0 +1,116 @@
+"""Where alert transitions are recorded and read back: the seam between deciding and keeping.
+
+The :class:`~gpuscope.alert.engine.AlertEngine` decides what fires and what resolves from
+findings; an :class:`AlertState` records each transition and answers what the alerting API,
+acknowledgements and playbooks see. One hub keeps them in memory and its store
+(:class:`LocalAlertState`); the members of a sharded cluster share them in PostgreSQL
+(:class:`gpuscope.cluster.state.PgAlertState`), so every member answers the same.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+from gpuscope.alert.incidents import Incident, IncidentTracker
+from gpuscope.model import Alert, Labels
+from gpuscope.store.base import Store
+
+_ALL = 1_000_000
+
+
+class AlertState(Protocol):
+    """Records alert transitions and reads them back."""
+
+    def next_id(self) -> str:
+        """The id of the next alert to fire."""
+        ...
+
+    def fired(self, alert: Alert, places: list[Labels] | None, now: float) -> Alert | None:
+        """Record a fired alert (``places``: where a job or service alert runs, for incidents).
+        Returns the alert another hub already fires on the same rule and entity, to continue
+        instead (then this one is not recorded)."""
+        ...
+
+    def resolved(self, alert: Alert, now: float) -> bool:
+        """Record a resolution; False when it was already resolved elsewhere."""
+        ...
+
+    def continued(self, alerts: list[Alert]) -> None:
+        """Alerts fired earlier (before a restart, or by another hub) are continued here."""
+        ...
+
+    def save(self, alert: Alert) -> None:
+        """Keep what the alert layer attached to an alert (playbook results, acknowledgement)."""
+        ...
+
+    def resumed(self) -> list[Alert]:
+        """At start: the alerts that were firing when the hub stopped, to continue (new ids follow
+        the stored ones)."""
+        ...
+
+    def view(self) -> tuple[list[Alert], list[Incident]]:
+        """Every alert in the order they fired, and the incidents they form."""
+        ...
+
+    def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
+        """Stored alerts, newest start first (also those of earlier runs of the hub)."""
+        ...
+
+
+class LocalAlertState:
+    """One hub's alerts: in memory, grouped into incidents as they fire, saved to its store.
+
+    Its own lock lets readers (the API, a playbook run inside an evaluation) see a consistent view."""
+
+    def __init__(self, store: Store | None = None, incident_window: float = 600.0) -> None:
+        self.store = store
+        self.incident_window = incident_window
+        self._alerts: list[Alert] = []
+        self._incidents = IncidentTracker(incident_window)
+        #: the number of the last alert id handed out (a restarted hub continues after its stored ones)
+        self.last = 0
+        self._lock = threading.Lock()
+
+    def next_id(self) -> str:
+        self.last += 1
+        return f"al-{self.last}"
+
+    def fired(self, alert: Alert, places: list[Labels] | None, now: float) -> Alert | None:
+        with self._lock:
+            self._alerts.append(alert)
+            self._incidents.add(alert, places)
+        self.save(alert)
+        return None
+
+    def resolved(self, alert: Alert, now: float) -> bool:
+        self.save(alert)
+        return True
+
+    def continued(self, alerts: list[Alert]) -> None:
+        with self._lock:
+            for alert in alerts:
+                self._alerts.append(alert)
+                self._incidents.add(alert, None)
+
+    def save(self, alert: Alert) -> None:
+        if self.store is not None:
+            self.store.save_alert(alert)
+
+    def resumed(self) -> list[Alert]:
+        if self.store is None:
+            return []
+        stored = self.store.alerts(limit=_ALL)
+        numbers = [int(a.id[3:]) for a in stored if a.id.startswith("al-") and a.id[3:].isdecimal()]
+        self.last = max([self.last, *numbers])
+        return [a for a in stored if a.firing]
+
+    def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
+        if self.store is not None:
+            return self.store.alerts(firing_only, limit)
+        newest = sorted(self.view()[0], key=lambda a: a.started_at, reverse=True)
+        return [a for a in newest if a.firing or not firing_only][:limit]
+
+    def view(self) -> tuple[list[Alert], list[Incident]]:
+        with self._lock:
+            return list(self._alerts), self._incidents.incidents()

@@ -1,0 +1,138 @@
+"""A cluster member groups notifications as a single hub does: alerts of one group that fire
+together wait ``group_wait`` and go out as one notification, and a later member of the group waits
+``group_interval``. Two members share a real PostgreSQL; the test drives the clocks."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from alert.sink import Sink
+from gpuscope.cluster.ring import shard_of
+from gpuscope.config import load_config
+from gpuscope.ingest.payload import parse_batch
+from gpuscope.runtime import Runtime, assemble
+from gpuscope.store.duckdb import DuckDBStore
+from support import wait_until
+
+SHARDS = 8
+
+
+def _member(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Runtime:
+    config = {
+        "cluster": {"hub_id": f"hub-{name}", "peer_token": "peer-token-for-the-test-0123", "shards": SHARDS},
+        "state": {"postgres_dsn": dsn},
+        "receivers": [{"name": "hook", "webhook": {"url": f"{sink.url}/hook"}}],
+        "routes": [{"receiver": "hook", "group_by": ["rule"], "group_wait": "30s", "group_interval": "60s"}],
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    runtime = assemble(
+        load_config(path), store=DuckDBStore(":memory:", durable=False), serve=False, evaluate_interval=None
+    )
+    assert runtime.cluster is not None
+    runtime.cluster.join()
+    runtime.alerting.outbox.start()  # delivery runs; evaluation and the alerting clock are the test's
+    return runtime
+
+
+@pytest.fixture
+def members(postgres_dsn: str, tmp_path: Path) -> Iterator[tuple[Runtime, Runtime, Sink]]:
+    sink = Sink()
+    runtimes = [_member(tmp_path, name, postgres_dsn, sink) for name in "ab"]
+    try:
+        wait_until(
+            lambda: (
+                all(r.cluster is not None and r.cluster.node.owned for r in runtimes)
+                and sum(len(r.cluster.node.owned) for r in runtimes if r.cluster is not None) == SHARDS
+            ),
+            15,
+            "both members to own shards",
+        )
+        yield runtimes[0], runtimes[1], sink
+    finally:
+        for runtime in runtimes:
+            runtime.alerting.stop()
+            if runtime.cluster is not None:
+                runtime.cluster.leave()
+            runtime.hub.store.close()
+        sink.down()
+
+
+def _faulty(runtime: Runtime, node: str, ts: float) -> None:
+    """An uncorrectable ECC error on ``node``, reported to the member that owns it."""
+    for at, dbe in ((ts - 1, 0.0), (ts, 2.0)):
+        frame = {
+            "ts": at,
+            "metrics": ["gpu_ecc_dbe_volatile_total", "gpu_temp_celsius"],
+            "entities": [{"node": node, "gpu": "0"}],
+            "values": [[dbe, 60.0]],
+        }
+        runtime.hub.ingest(parse_batch({"source": f"agent-{node}", "frames": [frame]}))
+
+
+def _ecc(sink: Sink) -> list[Any]:
+    """The notifications of the ECC group (the silent nodes also raise node_unreachable: another
+    group, sent on its own)."""
+    return [
+        body
+        for body in sink.bodies("/hook")
+        if {x["labels"]["rule"] for x in body["alerts"]} == {"gpu_ecc_uncorrectable"}
+    ]
+
+
+def test_a_member_batches_a_group_for_group_wait_then_group_interval(
+    members: tuple[Runtime, Runtime, Sink],
+) -> None:
+    a, b, sink = members
+    assert b.cluster is not None
+    owned = b.cluster.node.owned
+    nodes = [f"node-{i}" for i in range(200) if shard_of("node", f"node-{i}", SHARDS) in owned][:4]
+    t0 = time.time()
+    clock = [t0]
+    for runtime in (a, b):
+        runtime.alerting.clock = lambda: clock[0]
+        runtime.alerting.outbox.clock = lambda: time.time() + 200  # rows are due at the test's times
+
+    def tick(at: float) -> None:
+        clock[0] = at
+        for runtime in (a, b):
+            runtime.alerting.tick(at)
+
+    for node in nodes[:3]:
+        _faulty(b, node, t0)
+    assert len(b.hub.evaluate(t0)) == 3 and a.hub.evaluate(t0) == []
+    tick(t0 + 10)
+    time.sleep(1.5)  # the outbox polls at least every second: anything queued would be here
+    assert _ecc(sink) == []  # still within group_wait
+    tick(t0 + 31)
+    wait_until(lambda: _ecc(sink), 10, "the group's first notification")
+    (first,) = _ecc(sink)
+    assert sorted(x["labels"]["node"] for x in first["alerts"]) == sorted(nodes[:3])
+
+    clock[0] = t0 + 40
+    _faulty(b, nodes[3], t0 + 40)
+    changes = {
+        (c.alert.entity["node"], c.kind)
+        for c in b.hub.evaluate(t0 + 40)
+        if c.alert.rule == "gpu_ecc_uncorrectable"
+    }
+    assert (nodes[3], "fired") in changes
+    tick(t0 + 50)
+    time.sleep(1.5)
+    assert len(_ecc(sink)) == 1  # a change to a group already sent waits group_interval
+    tick(t0 + 92)
+    wait_until(lambda: len(_ecc(sink)) == 2, 10, "the group's second notification")
+    time.sleep(1.0)  # anything sent twice would be here by now
+    assert len(_ecc(sink)) == 2
+    told = {(x["labels"]["node"], x["status"]) for x in _ecc(sink)[1]["alerts"]}
+    # one notification: the new alert, with what became of the others since the first
+    resolved = {node for node, kind in changes if kind == "resolved"}
+    assert told == {(nodes[3], "firing")} | {
+        (node, "resolved" if node in resolved else "firing") for node in nodes[:3]
+    }
