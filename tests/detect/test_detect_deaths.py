@@ -125,3 +125,20 @@ def test_straggler_summary_says_the_lag_injected_mid_run() -> None:
     assert finding.entity["rank"] == "1"
     assert abs(finding.details["lag_seconds"] - 0.112) < 0.005, finding.details
     assert "(0.111 s of 0.400 s)" in finding.summary or "(0.112 s of 0.400 s)" in finding.summary
+
+
+def test_a_cpu_ranks_loss_names_its_node_and_no_gpu() -> None:
+    """Seen: a CPU-only rank lost as "rank 2 on node-1 GPU 0"; its labels carry no gpu."""
+    det = TrainingLivenessDetector()
+    started = {"world_size": 3, "placement": [[0, "node-1", None]]}
+    det.on_event(Event(0.0, "job_started", {"job": "c"}, started))
+    lost: list[Finding] = []
+    for ts in range(60):
+        for rank in range(3):
+            if rank != 2 or ts < 20:
+                labels = {"job": "c", "rank": str(rank), "node": "node-1"}
+                det.on_event(Event(float(ts), "heartbeat", labels, {"step": ts}))
+        lost += [f for f in det.evaluate(float(ts)) if f.rule == "rank_lost"]
+    assert lost, "rank 2 went silent"
+    assert all(f.entity == {"job": "c", "rank": "2", "node": "node-1"} for f in lost)
+    assert all("on node-1 CPU stopped heartbeating" in f.summary for f in lost), lost[0].summary

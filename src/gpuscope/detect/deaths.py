@@ -17,6 +17,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuscope.detect.jobs import place_text
+
 #: last words whose cause is outside the rank (the launcher or an operator stopped it)
 EXTERNAL = frozenset({"signal"})
 
@@ -31,7 +33,7 @@ class Death:
     gpu: str
 
     def where(self) -> str:
-        return f" ({self.node} GPU {self.gpu})" if self.node else ""
+        return f" ({place_text(self.node, self.gpu)})" if self.node else ""
 
     def as_dict(self) -> dict[str, Any]:
         return {

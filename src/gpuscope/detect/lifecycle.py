@@ -20,7 +20,7 @@ import numpy as np
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.deaths import Death, JobDeaths, summary
-from gpuscope.detect.jobs import Job, JobTracker, parse_rank
+from gpuscope.detect.jobs import Job, JobTracker, parse_rank, place_labels
 from gpuscope.model import Event, Finding
 
 FAILED, CKPT_FAILED, CORRUPT, OVERDUE = (
@@ -243,7 +243,7 @@ class LifecycleDetector(Detector):
             deaths.heard_at = now
         if now - deaths.heard_at < self.settle:
             return None
-        links = [{"node": root.node, "gpu": root.gpu}] if root.node else _links(job)
+        links = [place_labels(root.node, root.gpu)] if root.node else _links(job)
         return Finding(
             FAILED,
             {"job": job.name},
