@@ -25,7 +25,9 @@ from gpuscope.collect.procexit import (
     open_exit_watcher,
     parse_exits,
 )
-from gpuscope.model import Event
+from gpuscope.hub import Hub
+from gpuscope.model import Batch, Event
+from gpuscope.store.duckdb import DuckDBStore
 
 Rank = subprocess.Popen[str]
 SLEEPER = "import os, sys, time; os.fork() == 0 and time.sleep(60); print('up', flush=True); time.sleep(60)"
@@ -143,3 +145,40 @@ def test_parse_exits_decodes_status_and_skips_threads() -> None:
         (10, None, "SIGKILL", 998.0),  # killed: the wait status's low bits
         (12, 3, None, 999.0),  # exit(3): its high byte; pid 11 was a thread of 10
     ]
+
+
+def test_through_a_hub_the_killed_rank_is_named_first(rank: Rank) -> None:
+    """The agent's event beside the SDK's: ranks 0 and 1 say they were SIGTERMed (torchrun's
+    teardown), rank 2 (the real process here) was SIGKILLed and said nothing."""
+    job = f"jp-{os.getpid()}"
+    watcher = open_exit_watcher()
+    collector = JobProcessCollector("node-1", watcher=watcher)
+    t0 = time.time()
+    sdk = [Event(t0 - 10, "job_started", {"job": job}, {"kind": "training", "world_size": 3})]
+    for ts in range(10):
+        for r in range(3):
+            labels = {"job": job, "rank": str(r), "node": "node-1", "gpu": str(r)}
+            sdk.append(Event(t0 - 10 + ts + 0.5, "heartbeat", labels, {"step": ts}))
+    try:
+        killed_at, agent = _kill_and_collect(collector, rank)
+    finally:
+        collector.close()
+    for r in (0, 1):
+        labels = {"job": job, "rank": str(r), "node": "node-1", "gpu": str(r)}
+        words = {"cause": "signal", "signal": "SIGTERM", "reason": "terminated by SIGTERM"}
+        sdk.append(Event(killed_at + 0.3 + r * 0.1, "job_failed", labels, words))
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    try:
+        hub.ingest(Batch("sdk", events=sdk))
+        hub.ingest(Batch("agent:node-1", events=agent))
+        hub.evaluate(killed_at + 1)
+        hub.evaluate(killed_at + 5)
+        [alert] = [a for a in hub.firing() if a.rule == "job_failed" and a.entity == {"job": job}]
+    finally:
+        hub.store.close()
+    assert alert.details["first_rank"] == 2, alert.summary
+    if watcher.source == "connector":
+        assert alert.details["signal"] == "SIGKILL" and alert.details["cause"] == "killed"
+        assert f"rank 2 (node-1 GPU 2) died first: killed by SIGKILL (pid {rank.pid}" in alert.summary
+    else:  # without a status, its silence before the others' words names it
+        assert alert.details["cause"] == "silent"
