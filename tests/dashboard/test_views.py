@@ -8,10 +8,10 @@ import pytest
 
 from dashboard.conftest import Served
 from gpuscope.hub import Hub
-from gpuscope.model import Batch, Frame, TrainingRecord
+from gpuscope.model import Batch, Event, Frame, TrainingRecord
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.dashboard.fleet import node_view
-from gpuscope.web.dashboard.jobs import _stragglers
+from gpuscope.web.dashboard.jobs import _stragglers, job_view
 
 
 @pytest.fixture
@@ -142,5 +142,21 @@ def test_fallback_straggler_reads_the_arrival_gap_the_sdk_sends() -> None:
         old = [TrainingRecord(r.ts, "j", r.rank, r.step, {skew: 0.0}) for r in rows]
         old += [TrainingRecord(1.0, "j", 3, 1, {skew: 0.2})] * 40
         assert _stragglers(hub, "j", old)[0]["rank"] == 3  # an older SDK's skew still counts
+    finally:
+        hub.store.close()
+
+
+def test_a_cpu_ranks_placement_names_no_gpu() -> None:
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    try:
+        started = Event(1.0, "job_started", {"job": "c"}, {"world_size": 2, "placement": [[0, "node-1", ""]]})
+        rows = [
+            TrainingRecord(2.0 + s, "c", r, s, {"loss": 1.0}, {"node": "node-1"})
+            for s in range(3)
+            for r in (0, 1)
+        ]
+        hub.ingest(Batch("sdk", events=[started], training=rows))
+        view = job_view(hub, "c", 0.0, 10.0, 10)
+        assert view["placement"] == {"0": {"node": "node-1"}, "1": {"node": "node-1"}}
     finally:
         hub.store.close()
