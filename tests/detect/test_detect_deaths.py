@@ -202,3 +202,14 @@ def test_a_fallback_exit_without_status_yields_to_the_silence_it_bounds() -> Non
     [finding] = _failed(det.evaluate(20.0))
     assert finding.details["first_rank"] == 2 and finding.details["cause"] == "silent"
     assert finding.details["failed_at"] == 8.0
+
+
+def test_an_exit_of_a_rank_never_heard_names_its_node_only() -> None:
+    det = LifecycleDetector(settle=0.0)
+    det.on_event(_started())
+    det.on_event(_exit(2, 1.0, signal="SIGKILL"))  # the hub restarted: no heartbeat says its GPU
+    det.on_event(_words(0, 1.2, "signal", "terminated by SIGTERM"))
+    [finding] = _failed(det.evaluate(10.0))
+    assert finding.summary.startswith("Job j failed: rank 2 (n1) died first: killed by SIGKILL"), (
+        finding.summary
+    )

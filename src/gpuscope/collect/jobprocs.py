@@ -52,7 +52,7 @@ class JobProcessCollector(Collector):
             who = self._watched.pop(ended.pid, None)
             if who is None:
                 continue
-            data: dict[str, object] = {"pid": ended.pid, "source": self.watcher.source, "ts": ended.ts}
+            data: dict[str, object] = {"pid": ended.pid, "source": self.watcher.source}
             if ended.exit_code is not None:
                 data["exit_code"] = ended.exit_code
             if ended.signal is not None:

@@ -42,7 +42,11 @@ class Death:
     signal: str | None = None
 
     def where(self) -> str:
-        return f" ({place_text(self.node, self.gpu)})" if self.node else ""
+        if not self.node:
+            return ""
+        if not self.gpu and self.cause in AGENT_SEEN:
+            return f" ({self.node})"  # the agent does not know the rank's GPU, nor that it had none
+        return f" ({place_text(self.node, self.gpu)})"
 
     def as_dict(self) -> dict[str, Any]:
         return {
