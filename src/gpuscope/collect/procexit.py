@@ -125,7 +125,10 @@ class ProcConnector:
     def __init__(self, proc_root: str = "/proc", rcvbuf: int = 4 * 1024 * 1024) -> None:
         self.proc_root = proc_root
         self._poll = ProcPoll(proc_root)
-        sock = socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
+        family = getattr(socket, "AF_NETLINK", None)
+        if family is None:
+            raise OSError("netlink sockets exist on Linux only")
+        sock = socket.socket(family, socket.SOCK_DGRAM, NETLINK_CONNECTOR)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
             sock.bind((0, CN_IDX_PROC))
