@@ -302,6 +302,8 @@ EVENT_KINDS = {
     "job_ended": "A job finished normally",
     "job_failed": "A job's processes exited abnormally; data: reason, exit_code (a rank's last words: "
     "labels rank, node, gpu; data: cause, exception, message, signal, step)",
+    "process_exited": "A node's agent saw a training rank's process end (labels job, rank, node; data: "
+    "pid, exit_code or signal where the kernel's process-event connector told it, reason, source)",
     "checkpoint_started": "A rank began saving a checkpoint; data: step",
     "checkpoint_completed": "A rank finished saving; data: step, bytes, seconds, manifest",
     "checkpoint_failed": "A save failed; data: step, reason",

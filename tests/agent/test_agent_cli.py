@@ -43,7 +43,7 @@ def test_once_json_prints_one_round_from_a_fixture_root(capsys: pytest.CaptureFi
         run_agent(parse("--once", "--json", "--node", "n9", "--proc-root", PROC, "--rate-window", "0")) == 0
     )
     out = orjson.loads(capsys.readouterr().out)
-    assert out["sources"] == ["host"]
+    assert out["sources"] == ["host", "jobprocs"]  # jobprocs: exits of training ranks (none here)
     assert out["entities"]["node=n9"]["node_tcp_out_segs_total"] == 594855
     assert out["errors"] == []
 
@@ -56,11 +56,11 @@ def test_once_text_is_for_people(capsys: pytest.CaptureFixture[str]) -> None:
 
 def test_default_collectors_and_options_that_switch_one_on(dcgm_registered: None) -> None:
     args = parse("--node", "n1")
-    assert collector_names(args, context_from_args(args)) == ["host"]
+    assert collector_names(args, context_from_args(args)) == ["host", "jobprocs"]
     args = parse("--node", "n1", "--dcgm-url", "http://127.0.0.1:9400/metrics")
     ctx = context_from_args(args)
     assert ctx.options == {"dcgm_url": "http://127.0.0.1:9400/metrics"}
-    assert collector_names(args, ctx) == ["dcgm", "dcgm_test", "host"]
+    assert collector_names(args, ctx) == ["dcgm", "dcgm_test", "host", "jobprocs"]
     args = parse("--collector", "host", "--dcgm-url", "http://x/metrics")
     with pytest.raises(ValueError, match="--dcgm-url is given but no chosen collector uses it"):
         collector_names(args, context_from_args(args))

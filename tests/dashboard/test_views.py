@@ -8,9 +8,10 @@ import pytest
 
 from dashboard.conftest import Served
 from gpuscope.hub import Hub
-from gpuscope.model import Batch, Frame
+from gpuscope.model import Batch, Event, Frame, TrainingRecord
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.dashboard.fleet import node_view
+from gpuscope.web.dashboard.jobs import _stragglers, job_view
 
 
 @pytest.fixture
@@ -121,5 +122,41 @@ def test_a_lost_gpus_last_values_are_stale_at_once() -> None:
         gpus = {g["gpu"]: g for g in node_view(hub, "node-0", 15.0)["gpus"]}
         assert gpus["1"]["stale"] and gpus["1"]["pstate"] == "down" and gpus["1"]["cause"] == "lost_gpu"
         assert not gpus["0"]["stale"] and gpus["0"]["pstate"] == "productive"
+    finally:
+        hub.store.close()
+
+
+def test_fallback_straggler_reads_the_arrival_gap_the_sdk_sends() -> None:
+    """Seen: with no straggler alert, the job page read only collective_arrival_skew_seconds, which
+    the SDK no longer sends (it sends each rank's collective_arrival_gap_seconds)."""
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    try:
+        gaps = {0: 0.30, 1: 0.31, 2: 0.42, 3: 0.30}  # rank 2 arrives 0.11 s after its peers
+        gap, skew = "collective_arrival_gap_seconds", "collective_arrival_skew_seconds"
+        steps = [(s, r, g + 0.001 * (s % 3)) for s in range(20) for r, g in gaps.items()]
+        rows = [TrainingRecord(float(s), "j", r, s, {gap: v}) for s, r, v in steps]
+        named = {"rank": 2, "source": "collective arrival skew", "firing": None}
+        assert _stragglers(hub, "j", rows) == [named]
+        even = [TrainingRecord(r.ts, "j", r.rank, r.step, {gap: 0.3}) for r in rows]
+        assert _stragglers(hub, "j", even) == []
+        old = [TrainingRecord(r.ts, "j", r.rank, r.step, {skew: 0.0}) for r in rows]
+        old += [TrainingRecord(1.0, "j", 3, 1, {skew: 0.2})] * 40
+        assert _stragglers(hub, "j", old)[0]["rank"] == 3  # an older SDK's skew still counts
+    finally:
+        hub.store.close()
+
+
+def test_a_cpu_ranks_placement_names_no_gpu() -> None:
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    try:
+        started = Event(1.0, "job_started", {"job": "c"}, {"world_size": 2, "placement": [[0, "node-1", ""]]})
+        rows = [
+            TrainingRecord(2.0 + s, "c", r, s, {"loss": 1.0}, {"node": "node-1"})
+            for s in range(3)
+            for r in (0, 1)
+        ]
+        hub.ingest(Batch("sdk", events=[started], training=rows))
+        view = job_view(hub, "c", 0.0, 10.0, 10)
+        assert view["placement"] == {"0": {"node": "node-1"}, "1": {"node": "node-1"}}
     finally:
         hub.store.close()

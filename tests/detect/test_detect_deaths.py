@@ -125,3 +125,91 @@ def test_straggler_summary_says_the_lag_injected_mid_run() -> None:
     assert finding.entity["rank"] == "1"
     assert abs(finding.details["lag_seconds"] - 0.112) < 0.005, finding.details
     assert "(0.111 s of 0.400 s)" in finding.summary or "(0.112 s of 0.400 s)" in finding.summary
+
+
+def test_a_cpu_ranks_loss_names_its_node_and_no_gpu() -> None:
+    """Seen: a CPU-only rank lost as "rank 2 on node-1 GPU 0"; its labels carry no gpu."""
+    det = TrainingLivenessDetector()
+    started = {"world_size": 3, "placement": [[0, "node-1", None]]}
+    det.on_event(Event(0.0, "job_started", {"job": "c"}, started))
+    lost: list[Finding] = []
+    for ts in range(60):
+        for rank in range(3):
+            if rank != 2 or ts < 20:
+                labels = {"job": "c", "rank": str(rank), "node": "node-1"}
+                det.on_event(Event(float(ts), "heartbeat", labels, {"step": ts}))
+        lost += [f for f in det.evaluate(float(ts)) if f.rule == "rank_lost"]
+    assert lost, "rank 2 went silent"
+    assert all(f.entity == {"job": "c", "rank": "2", "node": "node-1"} for f in lost)
+    assert all("on node-1 CPU stopped heartbeating" in f.summary for f in lost), lost[0].summary
+
+
+def _exit(rank: int, ts: float, **data: object) -> Event:
+    labels = {"job": "j", "rank": str(rank), "node": f"n{rank // 2}"}  # the agent knows no GPU
+    return Event(ts, "process_exited", labels, {"pid": 4000 + rank, **data})
+
+
+def test_the_agents_exit_names_a_sigkilled_rank_first_with_its_signal() -> None:
+    """Seen: a SIGKILLed rank (no last words) named after survivors, or never; its agent saw it die."""
+    det = LifecycleDetector(settle=2.5)
+    det.on_event(_started())
+    for ts in range(10):
+        for rank in range(3):
+            det.on_event(_beat(rank, float(ts)))  # rank 2 beat at 9.0 like the others: silence says nothing
+    det.on_event(_words(0, 10.3, "signal", "terminated by SIGTERM"))
+    det.on_event(_words(1, 10.4, "signal", "terminated by SIGTERM"))
+    det.on_event(_exit(0, 10.35, signal="SIGTERM"))  # words win over the agent's view of the same death
+    det.on_event(_exit(2, 10.1, signal="SIGKILL"))
+    det.evaluate(50.0)
+    [finding] = _failed(det.evaluate(53.0))
+    details = finding.details
+    assert details["first_rank"] == 2 and details["cause"] == "killed" and details["signal"] == "SIGKILL"
+    assert details["exit_code"] is None and details["failed_at"] == 10.1
+    assert [(d["rank"], d["cause"]) for d in details["death_order"]] == [
+        (2, "killed"),
+        (0, "signal"),
+        (1, "signal"),
+    ]
+    assert finding.summary.startswith(
+        "Job j failed: rank 2 (n1 GPU 0) died first: killed by SIGKILL (pid 4002, seen by the node's agent)"
+    ), finding.summary
+    assert details["links"] == [{"node": "n1", "gpu": "0"}]  # the GPU from the rank's own heartbeats
+
+
+def test_an_exit_code_names_the_rank_and_a_clean_exit_does_not() -> None:
+    det = LifecycleDetector(settle=0.0)
+    det.on_event(_started())
+    for rank in range(3):
+        det.on_event(_beat(rank, 1.0))
+    det.on_event(_exit(0, 1.5, exit_code=0))  # finished its part cleanly: neither a death nor silent
+    det.on_event(_exit(1, 2.0, exit_code=3))
+    det.on_event(_words(2, 2.5, "signal", "terminated by SIGTERM"))
+    [finding] = _failed(det.evaluate(10.0))
+    assert finding.details["first_rank"] == 1 and finding.details["exit_code"] == 3
+    assert [d["rank"] for d in finding.details["death_order"]] == [1, 2]
+    assert "rank 1 (n0 GPU 1) died first: exited with code 3" in finding.summary
+
+
+def test_a_fallback_exit_without_status_yields_to_the_silence_it_bounds() -> None:
+    det = LifecycleDetector(settle=0.0)
+    det.on_event(_started())
+    for ts in range(10):
+        for rank in range(3):
+            if rank != 2 or ts <= 8:
+                det.on_event(_beat(rank, float(ts)))
+    det.on_event(_exit(2, 10.0))  # /proc polling noticed it gone a round later than it died
+    det.on_event(_words(0, 9.6, "exception", "RuntimeError: Connection closed by peer"))
+    [finding] = _failed(det.evaluate(20.0))
+    assert finding.details["first_rank"] == 2 and finding.details["cause"] == "silent"
+    assert finding.details["failed_at"] == 8.0
+
+
+def test_an_exit_of_a_rank_never_heard_names_its_node_only() -> None:
+    det = LifecycleDetector(settle=0.0)
+    det.on_event(_started())
+    det.on_event(_exit(2, 1.0, signal="SIGKILL"))  # the hub restarted: no heartbeat says its GPU
+    det.on_event(_words(0, 1.2, "signal", "terminated by SIGTERM"))
+    [finding] = _failed(det.evaluate(10.0))
+    assert finding.summary.startswith("Job j failed: rank 2 (n1) died first: killed by SIGKILL"), (
+        finding.summary
+    )

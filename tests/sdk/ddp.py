@@ -22,7 +22,9 @@ class DdpJob:
         port = free_port()
         self.procs: dict[int, subprocess.Popen[bytes]] = {}
         self.logs: dict[int, Path] = {}
-        base = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        # each node's ranks stand for GPU ranks: CUDA_VISIBLE_DEVICES names their GPUs, which the
+        # CPU build of torch ignores
+        base = {**os.environ, "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in range(len(PLACEMENT)))}
         for rank, (node, local) in PLACEMENT.items():
             env = {
                 **base,

@@ -9,7 +9,7 @@ from gpuscope.sdk.env import PlacementError, detect_placement, hub_from_env
 
 def test_torchrun() -> None:
     env = {"TORCHELASTIC_RUN_ID": "llm", "RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "NODE_NAME": "n3"}
-    p = detect_placement(env)
+    p = detect_placement(env, gpu_present=lambda: True)
     assert (p.job, p.rank, p.local_rank, p.world_size, p.node, p.gpu) == ("llm", 5, 1, 8, "n3", "1")
     assert p.labels == {"job": "llm", "rank": "5", "node": "n3", "gpu": "1"}
 
@@ -40,6 +40,23 @@ def test_explicit_arguments_and_gpuscope_variables_win() -> None:
         "gpu": "3",
     }
     assert hub_from_env({"GPUSCOPE_HUB": "http://h:7470", "GPUSCOPE_TOKEN": "t"}) == ("http://h:7470", "t")
+
+
+def test_a_rank_without_a_gpu_carries_no_gpu_label() -> None:
+    """Seen: a CPU-only torchrun rank was alerted as "rank 2 on node-1 GPU 2"."""
+    env = {"GPUSCOPE_JOB": "cpu", "RANK": "2", "WORLD_SIZE": "3", "NODE_NAME": "node-1"}
+    no_driver = detect_placement(env, gpu_present=lambda: False)
+    assert no_driver.gpu is None and no_driver.gpu_uuid is None
+    assert no_driver.labels == {"job": "cpu", "rank": "2", "node": "node-1"}
+    for hidden in ("", "-1", "-1,0", "NoDevFiles"):  # CUDA hides every device
+        placed = detect_placement({**env, "CUDA_VISIBLE_DEVICES": hidden}, gpu_present=lambda: True)
+        assert placed.gpu is None, hidden
+    for cpu in ("cpu", "", "CPU"):  # gpuscope.init(gpu="cpu")
+        assert detect_placement(env, gpu=cpu, gpu_present=lambda: True).gpu is None
+    # a GPU the environment names needs no driver check (asked only when nothing names one)
+    named = detect_placement({**env, "CUDA_VISIBLE_DEVICES": "5"}, gpu_present=lambda: False)
+    assert named.gpu == "5"
+    assert detect_placement(env, gpu_present=lambda: True).gpu == "2"
 
 
 @pytest.mark.parametrize(

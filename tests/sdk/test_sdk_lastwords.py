@@ -39,7 +39,7 @@ time.sleep(60)
 
 def _spawn(tmp: Path, hub: HubServer, job: str, mode: str, rank: int = 1) -> subprocess.Popen[str]:
     args = [sys.executable, "-c", textwrap.dedent(SCRIPT), mode, job, hub.url, str(rank), str(tmp / job)]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": "0,1"}
     return subprocess.Popen(args, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -36,8 +36,9 @@ QUIET_AFTER = 7.0
 class Torchrun:
     def __init__(self, tmp: Path, hub: str, job: str, mode: str, steps: int, **extra: str) -> None:
         self.hub, self.job = hub, job
-        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        env = dict(os.environ)
         env.update(
+            CUDA_VISIBLE_DEVICES="",  # CPU ranks, GPUs on this machine or not: their alerts name no GPU
             GPUSCOPE_HUB=hub,
             GPUSCOPE_JOB=job,
             XDG_STATE_HOME=str(tmp / "state"),
@@ -105,7 +106,7 @@ def test_sigkilled_rank_is_named_first_in_one_job_failed(tmp_path: Path, sdk_hub
     assert details["first_rank"] == 2 and details["cause"] == "silent", details
     assert details["death_order"][0]["rank"] == 2
     assert {d["rank"] for d in details["death_order"]} == {0, 1, 2}
-    summary = f"Job tr-kill failed: rank 2 ({HOST} GPU 2) stopped without last words"
+    summary = f"Job tr-kill failed: rank 2 ({HOST} CPU) stopped without last words"
     assert alert["summary"].startswith(summary), alert["summary"]
 
 
@@ -142,7 +143,7 @@ def test_readme_only_straggler_is_named(tmp_path: Path, sdk_hub: HubProcess) -> 
         assert job.proc.wait(120) == 0, job.output()
     wait_until(lambda: events(sdk_hub.url, "tr-slow", "job_ended"), 10, "job_ended")
     straggler = [a for a in job.alerts() if a["rule"] == "training_straggler"]
-    entity = {"job": "tr-slow", "rank": "1", "node": HOST, "gpu": "1"}
+    entity = {"job": "tr-slow", "rank": "1", "node": HOST}  # a CPU rank: no gpu label
     assert job.rules() == {("training_straggler", tuple(sorted(entity.items()))): 1}, job.alerts()
     lag_seconds = straggler[0]["details"]["lag_seconds"]
     assert abs(lag_seconds - slow) < 0.03, straggler[0]

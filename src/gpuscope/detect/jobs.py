@@ -15,6 +15,26 @@ from gpuscope.detect.refusals import refuse
 from gpuscope.model import Event, Labels
 
 RUNNING, ENDED, FAILED = "running", "ended", "failed"
+
+#: where a rank runs: (node, gpu), the gpu "" for a rank without one (CPU-only training)
+Place = tuple[str, str]
+
+
+def place_labels(node: str, gpu: str) -> dict[str, str]:
+    """An alert entity's node and gpu labels; no gpu label for a rank without a GPU."""
+    return {"node": node, "gpu": gpu} if gpu else {"node": node}
+
+
+def place_text(node: str, gpu: str) -> str:
+    """``node-1 GPU 0``, or ``node-1 CPU`` for a rank without a GPU."""
+    return f"{node} GPU {gpu}" if gpu else f"{node} CPU"
+
+
+def gpu_of(value: Any) -> str:
+    """A GPU label or placement entry; "" for none (a missing label, null)."""
+    return "" if value is None else str(value)
+
+
 LIFECYCLE_EVENTS = frozenset({"job_started", "job_ended", "job_failed"})
 
 
@@ -26,7 +46,7 @@ class Job:
     started_at: float | None = None
     ended_at: float | None = None
     declared_world_size: int = 0
-    placement: dict[int, tuple[str, str]] = field(default_factory=dict)  # rank -> (node, gpu)
+    placement: dict[int, Place] = field(default_factory=dict)  # rank -> (node, gpu)
     reason: str | None = None
     presumed: bool = False  # ended because it went silent, not because anyone said so
 
@@ -43,10 +63,10 @@ class Job:
         """The job's nodes in rank order."""
         return list(dict.fromkeys(node for _, (node, _) in sorted(self.placement.items())))
 
-    def place(self, rank: int, labels: Labels) -> tuple[str, str] | None:
+    def place(self, rank: int, labels: Labels) -> Place | None:
         """Where ``rank`` runs: from the labels that came with its data, else from the placement."""
-        node, gpu = labels.get("node"), labels.get("gpu")
-        if node is not None and gpu is not None:
+        node, gpu = labels.get("node"), gpu_of(labels.get("gpu"))
+        if node is not None:
             if self.placement.get(rank) != (node, gpu):
                 self.placement[rank] = (node, gpu)
             return node, gpu
@@ -124,7 +144,7 @@ class JobTracker:
             if rank is None:
                 self._bad(event, f"data.placement[{i}][0] must be a non-negative rank, got {row[0]!r}")
                 continue
-            job.placement[rank] = (str(row[1]), str(row[2]))
+            job.placement[rank] = (str(row[1]), gpu_of(row[2]))
         self.jobs[name] = job
         return job
 

@@ -19,8 +19,8 @@ import numpy as np
 
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
-from gpuscope.detect.deaths import Death, JobDeaths, summary
-from gpuscope.detect.jobs import Job, JobTracker, parse_rank
+from gpuscope.detect.deaths import Death, JobDeaths, exit_death, summary
+from gpuscope.detect.jobs import Job, JobTracker, parse_rank, place_labels
 from gpuscope.model import Event, Finding
 
 FAILED, CKPT_FAILED, CORRUPT, OVERDUE = (
@@ -79,6 +79,9 @@ class LifecycleDetector(Detector):
         if kind == "heartbeat":
             self._beat(event)
             return
+        if kind == "process_exited":
+            self._exited(event)
+            return
         if kind.startswith("job_"):
             job = self._jobs.on_event(event)
             if job is not None and kind == "job_started":
@@ -119,24 +122,41 @@ class LifecycleDetector(Detector):
         if len(state.saves) > 8:
             del state.saves[min(state.saves)]
 
-    def _beat(self, event: Event) -> None:
-        name, rank = event.labels.get("job"), parse_rank(event.labels.get("rank"))
-        if not name or rank is None:
-            return  # the liveness detector counts malformed heartbeats
+    def _job_deaths(self, name: str) -> JobDeaths:
         deaths = self._deaths.get(name)
         if deaths is None:
             if len(self._deaths) >= self.max_jobs:  # jobs that vanished without a word
                 del self._deaths[next(iter(self._deaths))]
             deaths = self._deaths[name] = JobDeaths()
+        return deaths
+
+    def _beat(self, event: Event) -> None:
+        name, rank = event.labels.get("job"), parse_rank(event.labels.get("rank"))
+        if not name or rank is None:
+            return  # the liveness detector counts malformed heartbeats
+        deaths = self._job_deaths(name)
         deaths.beat(rank, event.ts, event.labels.get("node", ""), event.labels.get("gpu", ""))
+
+    def _exited(self, event: Event) -> None:
+        name, rank = event.labels.get("job"), parse_rank(event.labels.get("rank"))
+        if not name or rank is None:
+            self.counters.inc("process_exits_without_job_rank")
+            return
+        deaths = self._job_deaths(name)
+        node = event.labels.get("node", "")
+        # the rank's own labels (from its heartbeats) say which GPU it had; the agent's do not
+        gpu = deaths.beats.get(rank, (0.0, node, ""))[2]
+        death = exit_death(rank, event.ts, node, gpu, event.data)
+        if death is not None:
+            deaths.exited(death)
+        else:
+            deaths.clean.add(rank)
 
     def _last_words(self, job: Job, event: Event) -> None:
         rank = parse_rank(event.labels.get("rank"))
         if rank is None:
             return  # a job-level failure (scheduler, launcher): judged as it is, at once
-        deaths = self._deaths.get(job.name)
-        if deaths is None:
-            deaths = self._deaths[job.name] = JobDeaths()
+        deaths = self._job_deaths(job.name)
         data = event.data
         node, gpu = event.labels.get("node", ""), event.labels.get("gpu", "")
         reason = str(data.get("reason") or "failed")
@@ -243,7 +263,7 @@ class LifecycleDetector(Detector):
             deaths.heard_at = now
         if now - deaths.heard_at < self.settle:
             return None
-        links = [{"node": root.node, "gpu": root.gpu}] if root.node else _links(job)
+        links = [place_labels(root.node, root.gpu)] if root.node else _links(job)
         return Finding(
             FAILED,
             {"job": job.name},
@@ -254,6 +274,8 @@ class LifecycleDetector(Detector):
                 "cause": root.cause,
                 "first_rank": root.rank,
                 "failed_at": root.ts,
+                "exit_code": root.exit_code,
+                "signal": root.signal,
                 "death_order": [d.as_dict() for d in order],
                 "links": links,
             },

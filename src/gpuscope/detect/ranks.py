@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscope.detect.base import StepDetector, register
+from gpuscope.detect.jobs import place_text
 from gpuscope.detect.steps import StepView
 from gpuscope.model import Event, Finding, FloatArray
 
@@ -202,7 +203,7 @@ class RankDetector(StepDetector):
     def _findings(self, job_name: str, job: _Job, rank: int, state: _Rank) -> list[Finding]:
         out: list[Finding] = []
         entity = {"job": job_name, "rank": str(rank), **self.steps.where(job_name, rank)}
-        where = f" on {entity['node']} GPU {entity['gpu']}" if "node" in entity else ""
+        where = f" on {place_text(entity['node'], entity.get('gpu', ''))}" if "node" in entity else ""
         if state.lag_hits >= self.sustain:
             # the smoothed lag decides; the recent lags say how far behind it is now (the smoothed
             # one still trails a lag that began mid-run)

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from gpuscope.detect.jobs import Place, gpu_of, place_labels
 from gpuscope.model import FloatArray, Labels, TrainingRecord
 
 
@@ -47,7 +48,7 @@ class _Job:
     open: dict[int, _Open] = field(default_factory=dict)
     last_closed: int = -1
     world: int = 0
-    placement: dict[int, tuple[str, str]] = field(default_factory=dict)
+    placement: dict[int, Place] = field(default_factory=dict)
 
 
 class StepGatherer:
@@ -62,9 +63,9 @@ class StepGatherer:
         job = self.jobs.get(record.job)
         if job is None:
             job = self.jobs[record.job] = _Job()
-        node, gpu = record.labels.get("node"), record.labels.get("gpu")
-        if node is not None and gpu is not None:
-            job.placement[record.rank] = (node, gpu)
+        node = record.labels.get("node")
+        if node is not None:
+            job.placement[record.rank] = (node, gpu_of(record.labels.get("gpu")))
         step = record.step
         if job.last_closed - 1 <= step <= job.last_closed:
             self.dropped += 1
@@ -82,7 +83,7 @@ class StepGatherer:
         """The node and GPU a rank runs on, as labels (empty when unknown)."""
         known = self.jobs.get(job)
         place = known.placement.get(rank) if known is not None else None
-        return {} if place is None else {"node": place[0], "gpu": place[1]}
+        return {} if place is None else place_labels(*place)
 
     def closed(self) -> Iterator[StepView]:
         """Every step that is complete now, per job in step order."""

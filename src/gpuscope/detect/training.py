@@ -25,7 +25,7 @@ from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.baseline import finite_or_none
 from gpuscope.detect.frames import GpuKey, view
-from gpuscope.detect.jobs import Job, JobTracker, parse_rank
+from gpuscope.detect.jobs import Job, JobTracker, parse_rank, place_labels, place_text
 from gpuscope.detect.liveness import Liveness, Overdue
 from gpuscope.detect.progress import ROLLED_BACK, Progress
 from gpuscope.detect.refusals import refuse
@@ -285,11 +285,11 @@ class TrainingLivenessDetector(Detector):
         if run.progress.in_checkpoint:
             summary += f"; a checkpoint has been open for {now - run.progress_at:.0f} s"
         if first is not None:
-            where = f"{first['node']} GPU {first['gpu']}"
+            where = place_text(first["node"], first["gpu"])
             summary += f"; rank {first['rank']} on {where} stopped heartbeating first"
         late = self._never_arrived(job, run)
         if late:
-            names = ", ".join(f"{r['rank']} ({r['node']} GPU {r['gpu']})" for r in late)
+            names = ", ".join(f"{r['rank']} ({place_text(r['node'], r['gpu'])})" for r in late)
             summary += f"; rank(s) {names} never arrived at collective #{late[0]['collective']}"
         return Finding(
             STALLED,
@@ -390,8 +390,8 @@ class TrainingLivenessDetector(Detector):
         entity = {"job": job.name, "rank": str(rank)}
         where = ""
         if rank in job.placement:
-            entity["node"], entity["gpu"] = job.placement[rank]
-            where = f" on {entity['node']} GPU {entity['gpu']}"
+            entity.update(place_labels(*job.placement[rank]))
+            where = f" on {place_text(*job.placement[rank])}"
         step = run.ranks.get(rank, -1)
         at_step = f" at step {step}" if step >= 0 else ""
         return Finding(

@@ -24,6 +24,8 @@ _WORLD = ("GPUSCOPE_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_
 _NODE = ("GPUSCOPE_NODE", "SLURMD_NODENAME", "NODE_NAME")
 #: read only when no launcher names the job (gpuscope.identity.job_key): a bare name, not unique
 _JOB_NAME = ("SLURM_JOB_NAME", "JOB_NAME")
+#: variables that name a process's GPUs (CUDA, Slurm's gres, the NVIDIA container toolkit)
+_GPU_NAMED = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "NVIDIA_VISIBLE_DEVICES")
 _HUB = ("GPUSCOPE_HUB",)
 _TOKEN = ("GPUSCOPE_TOKEN",)
 
@@ -41,14 +43,18 @@ class Placement:
     local_rank: int
     world_size: int
     node: str
-    gpu: str
+    #: the GPU's index as NVML numbers it; None for a rank without a GPU (CPU-only training)
+    gpu: str | None
     #: the GPU's UUID when the environment names it (containers, NVIDIA_VISIBLE_DEVICES)
     gpu_uuid: str | None = None
 
     @property
     def labels(self) -> dict[str, str]:
-        """Labels that place this rank's data: job, rank, node, gpu."""
-        return {"job": self.job, "rank": str(self.rank), "node": self.node, "gpu": self.gpu}
+        """Labels that place this rank's data: job, rank, node, and gpu unless it has none."""
+        out = {"job": self.job, "rank": str(self.rank), "node": self.node}
+        if self.gpu is not None:
+            out["gpu"] = self.gpu
+        return out
 
 
 def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
@@ -77,6 +83,20 @@ def _nvml_uuid_index() -> Mapping[str, str]:
     return uuid_indices() if nvml_library_present() else {}
 
 
+#: ``gpuscope.init(gpu=...)`` values that say the rank has no GPU
+NO_GPU = frozenset({"", "cpu", "none"})
+
+
+def _no_visible_gpu(env: Mapping[str, str]) -> bool:
+    """CUDA_VISIBLE_DEVICES set to nothing, or starting with an invalid ordinal such as -1, hides
+    every GPU from the process (CUDA stops at the first invalid entry)."""
+    visible = env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return False
+    first = visible.split(",", 1)[0].strip()
+    return not first or first.startswith("-") or first.lower() == "nodevfiles"
+
+
 def _job(env: Mapping[str, str]) -> str | None:
     return job_key(env) or next((env[n] for n in _JOB_NAME if env.get(n)), None)
 
@@ -91,12 +111,15 @@ def detect_placement(
     node: str | None = None,
     gpu: str | int | None = None,
     uuid_index: Callable[[], Mapping[str, str]] = _nvml_uuid_index,
+    gpu_present: Callable[[], bool] = nvml_library_present,
 ) -> Placement:
     """The placement from explicit arguments, then the environment; raises :class:`PlacementError`.
 
     The job and GPU are those the agent and dcgm-exporter report for the same process
     (:mod:`gpuscope.identity`); ``uuid_index`` is NVML's UUID -> index map, asked only when the
-    environment names the GPU by UUID.
+    environment names the GPU by UUID. A rank has no GPU (``gpu`` None: its alerts name no GPU)
+    when ``gpu`` is ``"cpu"`` or ``""``, when ``CUDA_VISIBLE_DEVICES`` hides every device, or when
+    no environment variable names one and ``gpu_present`` (the driver's NVML library) says no.
     """
     env = os.environ if env is None else env
     job = job or _job(env)
@@ -116,15 +139,21 @@ def detect_placement(
     found = _first(env, _NODE)
     node = node or (found[1] if found else socket.gethostname().split(".")[0] or "localhost")
     ref = rank_gpu(env, local_rank, uuid_index)
+    if gpu is not None:
+        gpu_label = None if str(gpu).lower() in NO_GPU else str(gpu)
+    elif _no_visible_gpu(env) or (not any(env.get(n) for n in _GPU_NAMED) and not gpu_present()):
+        gpu_label = None
+    else:
+        # a GPU known only by UUID keeps the UUID rather than a wrong index
+        gpu_label = ref.index or ref.uuid or str(local_rank)
     return Placement(
         job=job,
         rank=rank,
         local_rank=local_rank,
         world_size=world_size,
         node=node,
-        # a GPU known only by UUID keeps the UUID rather than a wrong index
-        gpu=str(gpu) if gpu is not None else ref.index or ref.uuid or str(local_rank),
-        gpu_uuid=ref.uuid,
+        gpu=gpu_label,
+        gpu_uuid=ref.uuid if gpu_label is not None else None,
     )
 
 

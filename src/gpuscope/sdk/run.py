@@ -175,7 +175,7 @@ class Run:
                     {
                         "kind": "training",
                         "world_size": placement.world_size,
-                        "placement": [[placement.rank, placement.node, placement.gpu]],
+                        "placement": [[placement.rank, placement.node, placement.gpu or ""]],
                     },
                 )
             )

@@ -127,7 +127,7 @@ class Shipper(threading.Thread):
         self._id_prefix = f"{self.source}:{os.getpid()}:{int(time.time() * 1000)}"
         self._pending: dict[int, _Pending] = {}
         self._halt = threading.Event()
-        self._labels = {"node": placement.node, "gpu": placement.gpu}
+        self._labels = {k: v for k, v in placement.labels.items() if k in ("node", "gpu")}
         self._next_beat = 0.0
         self._next_goodput = time.monotonic() + goodput_interval
         self._invalid_logged = False

@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from gpuscope.detect.jobs import gpu_of, place_labels
 from gpuscope.hub import Hub
 from gpuscope.model import Alert, Event, TrainingRecord
 from gpuscope.web.dashboard.common import AlertIndex, alert_brief, finite, natural_key, worst
@@ -19,6 +20,7 @@ CHECKPOINT_EVENTS = ("checkpoint_started", "checkpoint_completed", "checkpoint_f
 CURVES = ("loss", "grad_norm", "step_seconds")
 LOOKBACK_SECONDS = 30 * 86400.0
 STRAGGLER_SKEW_FACTOR = 3.0
+ARRIVAL_METRICS = ("collective_arrival_gap_seconds", "collective_arrival_skew_seconds")
 
 
 def _job_events(hub: Hub, end: float, job: str | None = None) -> list[Event]:
@@ -128,19 +130,28 @@ def _stragglers(hub: Hub, job: str, records: list[TrainingRecord]) -> list[dict[
             rank = int(alert.entity["rank"])
             seen.setdefault(rank, {"rank": rank, "source": alert.id, "firing": alert.firing})
         return list(seen.values())
-    skew: dict[int, list[float]] = {}
-    for rec in records:
-        v = finite(rec.metrics.get("collective_arrival_skew_seconds"))
-        if v is not None:
-            skew.setdefault(rec.rank, []).append(v)
-    if len(skew) < 3:
+    # the SDK reports each rank's own arrival gap (collective_arrival_gap_seconds); older SDKs the
+    # skew after the first rank (collective_arrival_skew_seconds). Minus the earliest rank's, a gap
+    # is the same skew: collectives end together on every rank.
+    medians = max((_rank_medians(records, name) for name in ARRIVAL_METRICS), key=len)
+    if len(medians) < 3:
         return []
-    medians = {rank: statistics.median(vs) for rank, vs in skew.items()}
-    rank = max(medians, key=lambda r: medians[r])
-    typical = statistics.median(medians.values())
-    if medians[rank] > STRAGGLER_SKEW_FACTOR * max(typical, 1e-3):
+    earliest = min(medians.values())
+    skew = {rank: m - earliest for rank, m in medians.items()}
+    rank = max(skew, key=lambda r: skew[r])
+    typical = statistics.median(skew.values())
+    if skew[rank] > STRAGGLER_SKEW_FACTOR * max(typical, 1e-3):
         return [{"rank": rank, "source": "collective arrival skew", "firing": None}]
     return []
+
+
+def _rank_medians(records: list[TrainingRecord], metric: str) -> dict[int, float]:
+    values: dict[int, list[float]] = {}
+    for rec in records:
+        v = finite(rec.metrics.get(metric))
+        if v is not None:
+            values.setdefault(rec.rank, []).append(v)
+    return {rank: statistics.median(vs) for rank, vs in values.items()}
 
 
 def _checkpoints(events: list[Event]) -> list[dict[str, Any]]:
@@ -219,10 +230,10 @@ def job_view(hub: Hub, job: str, start: float, end: float, points: int) -> dict[
     placement: dict[int, dict[str, str]] = {}
     for ev in lifecycle:
         for item in ev.data.get("placement", []) if ev.kind == "job_started" else []:
-            placement[int(item[0])] = {"node": str(item[1]), "gpu": str(item[2])}
+            placement[int(item[0])] = place_labels(str(item[1]), gpu_of(item[2]))
     for rec in records:
-        if "node" in rec.labels and "gpu" in rec.labels:
-            placement[rec.rank] = {"node": rec.labels["node"], "gpu": rec.labels["gpu"]}
+        if "node" in rec.labels:
+            placement[rec.rank] = place_labels(rec.labels["node"], rec.labels.get("gpu", ""))
     last_step = max((r.step for r in records), default=None)
     index = AlertIndex(hub.firing())
     alerts = index.by_job.get(job, [])

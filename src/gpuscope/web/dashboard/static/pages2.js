@@ -73,7 +73,7 @@
           .join("")}</table>`;
       root.querySelector("#jb-alerts").innerHTML = GS.alertRows(d.alerts);
       root.querySelector("#jb-ranks").innerHTML = `<table><tr><th>rank</th><th>node</th><th>GPU</th></tr>${Object.entries(d.placement)
-        .map(([r, p]) => `<tr class="${strags.includes(r) ? "straggler" : ""}" data-rank="${r}"><td>${r}${strags.includes(r) ? " straggler" : ""}</td><td><a href="#/node/${encodeURIComponent(p.node)}">${esc(p.node)}</a></td><td><a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">GPU ${esc(p.gpu)}</a></td></tr>`)
+        .map(([r, p]) => `<tr class="${strags.includes(r) ? "straggler" : ""}" data-rank="${r}"><td>${r}${strags.includes(r) ? " straggler" : ""}</td><td><a href="#/node/${encodeURIComponent(p.node)}">${esc(p.node)}</a></td><td>${p.gpu ? `<a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">GPU ${esc(p.gpu)}</a>` : "CPU"}</td></tr>`)
         .join("")}</table>`;
     },
   };
