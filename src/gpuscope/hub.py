@@ -116,6 +116,7 @@ class Hub:
             adopted = self.alerts.adopt(firing, now, RESUME_GRACE_S)
             self.alerts.id_offset = max(numbers, default=0) - len(self.alerts.all())
         self.counters.inc("alerts_resumed", adopted)
+        self.productivity.load(self.store, now)
         self.warm_up(now, window)
 
     def evaluate(self, now: float) -> list[AlertChange]:
@@ -139,7 +140,8 @@ class Hub:
                 listener(change)
 
     def maintain(self, now: float) -> None:
-        """Periodic store upkeep: rollups and raw retention."""
+        """Periodic store upkeep: the productivity model's GPU time, rollups and raw retention."""
+        self.productivity.save(self.store, now)
         self.store.rollup(now)
         self.store.compact(now)
 

@@ -122,7 +122,12 @@ class Runtime:
             self.evaluator.stop()
         # 3. alerting: its clock and outbox stop, its state database closes
         self.alerting.stop()
-        # 4. the store flushes and closes; a cluster member leaves first, handing its shards over
+        # 4. the GPU time counted since the last upkeep is kept; the store flushes and closes (a
+        #    cluster member leaves first, handing its shards over)
+        try:
+            self.hub.productivity.save(self.hub.store)
+        except StoreError as exc:
+            log.warning("the last minute of GPU time was not saved: %s", exc)
         self.hub.store.close()
 
 

@@ -31,7 +31,7 @@ from gpuscope.counters import Counters
 from gpuscope.detect.settings import WARMUP_S
 from gpuscope.hub import Hub
 from gpuscope.model import Alert, Batch, Event, Labels, TrainingRecord
-from gpuscope.store.base import AppendResult, SeriesPoint, Store
+from gpuscope.store.base import AppendResult, GpuTime, SeriesPoint, Store
 
 log = logging.getLogger("gpuscope.cluster")
 _EVENTS = 1_000_000  # events of one warm-up window read for their node and job names
@@ -144,6 +144,15 @@ class ClusterStore:
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
         return self.state.alerts(firing_only, limit)
+
+    def save_gpu_time(self, cells: list[GpuTime]) -> None:
+        self.inner.save_gpu_time(cells)
+
+    def fold_gpu_time(self, before: float) -> int:
+        return self.inner.fold_gpu_time(before)
+
+    def gpu_time(self, start: float, end: float) -> list[GpuTime]:
+        return self.inner.gpu_time(start, end)
 
     def rollup(self, now: float) -> dict[str, int]:
         return self.inner.rollup(now)

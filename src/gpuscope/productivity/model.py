@@ -17,8 +17,9 @@ from typing import Any
 
 from gpuscope.model import Alert, Batch, Frame
 from gpuscope.productivity.jobs import JobView
-from gpuscope.productivity.ledger import Ledger, Slot
+from gpuscope.productivity.ledger import MINUTE, MINUTES_KEPT_S, RETENTION_S, Ledger, Slot
 from gpuscope.productivity.states import DEGRADED_AT, owner_of, state_of
+from gpuscope.store.base import GpuTime, Store
 
 #: a GPU silent for this many of its usual intervals (and at least STALE_MIN_S) is down
 STALE_INTERVALS = 3.0
@@ -113,6 +114,27 @@ class ProductivityModel:
                     cause = "lost_gpu"
                 self._count(view, view.accounted, now, cause, 0.0)
             self.ledger.fold(now)
+
+    def load(self, store: Store, now: float) -> int:
+        """At start: take in the GPU time the store kept (this hub's before it stopped, and that of
+        other hubs sharing the store). Returns cells read."""
+        cells = store.gpu_time(now - RETENTION_S, math.inf)
+        with self._lock:
+            self.ledger.load(cells)
+        return len(cells)
+
+    def save(self, store: Store, now: float | None = None) -> int:
+        """Once a minute (and when the hub stops): write the minute cells changed since the last
+        save; with ``now``, then let the store fold its minute cells into hours, a minute later
+        than this ledger does, so that no cell is saved again after the store folded it. Returns
+        cells written."""
+        with self._lock:
+            cells: list[GpuTime] = self.ledger.unsaved()
+        if cells:
+            store.save_gpu_time(cells)
+        if now is not None:
+            store.fold_gpu_time(now - MINUTES_KEPT_S - MINUTE)
+        return len(cells)
 
     def drain(self, node: str, until: float, reason: str, by: str = "") -> Drain:
         with self._lock:
