@@ -256,5 +256,6 @@ def test_gpu_time_cells_are_replaced_folded_once_and_read_by_range(make_store: S
         (3600, 0.0, "", 145.0, 6.0),  # both GPUs of node-0, training for team-a: one hour cell
     ]
     assert store.gpu_time(h + 7200, h + 9000) == []
+    assert len(store.gpu_time(h + 3600, float("inf"))) == 1  # what a starting hub asks for
     assert store.compact(h + 3600 + 91 * 86400)["gpu_time"] == 2  # kept for the records' 90 days
     assert store.gpu_time(0, h + 9000) == []

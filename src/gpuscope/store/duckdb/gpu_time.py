@@ -19,11 +19,25 @@ _COLUMNS = ", ".join((*KEY, "seconds", "lost"))
 
 
 def save(con: duckdb.DuckDBPyConnection, cells: list[GpuTime]) -> None:
-    con.executemany(
-        f"INSERT OR REPLACE INTO gpu_time ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    """One statement for all cells (column lists zipped by ``unnest``): ``executemany`` costs a
+    transaction per row, about 10 ms each on a file."""
+    if not cells:
+        return
+    con.execute(
+        f"INSERT OR REPLACE INTO gpu_time ({_COLUMNS}) SELECT unnest(?::INTEGER[]), unnest(?::DOUBLE[]), "
+        "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), "
+        "unnest(?::VARCHAR[]), unnest(?::VARCHAR[]), unnest(?::DOUBLE[]), unnest(?::DOUBLE[])",
         [
-            [c.res, c.bucket, c.node, c.gpu, c.job, c.team, c.service, c.cause, c.seconds, c.lost]
-            for c in cells
+            [c.res for c in cells],
+            [c.bucket for c in cells],
+            [c.node for c in cells],
+            [c.gpu for c in cells],
+            [c.job for c in cells],
+            [c.team for c in cells],
+            [c.service for c in cells],
+            [c.cause for c in cells],
+            [c.seconds for c in cells],
+            [c.lost for c in cells],
         ],
     )
 
