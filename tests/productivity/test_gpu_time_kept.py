@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 
 with warnings.catch_warnings():  # starlette prefers httpx2 for its test client; httpx works as well
     warnings.simplefilter("ignore")
@@ -18,6 +19,7 @@ from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
 from gpuscope.productivity.ledger import HOUR
 from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.store.errors import StoreError
 from gpuscope.web.api import HubApi
 
 T0 = 1_700_000_000.0 - 1_700_000_000.0 % HOUR  # an hour edge
@@ -99,3 +101,24 @@ def test_a_fresh_hub_on_a_fresh_store_starts_empty(tmp_path: Path) -> None:
         assert hub.productivity.gpu_hours(0, T0 + HOUR) == {}
     finally:
         hub.store.close()
+
+
+def test_cells_a_failed_save_could_not_write_are_written_by_the_next(tmp_path: Path) -> None:
+    hub = Hub(DuckDBStore(str(tmp_path / "a.duckdb")))
+    run(hub, T0, T0 + 3 * HOUR)  # minute cells folded into hours in memory since the last save too
+    hub.store.close()
+    for t in range(int(T0 + 3 * HOUR), int(T0 + 3 * HOUR + 600), 30):
+        hub.productivity.observe(Batch("agents", frames=frames(float(t), False)))
+        hub.productivity.advance(float(t), [])
+    lost_store = DuckDBStore(str(tmp_path / "lost.duckdb"))
+    lost_store.close()
+    with pytest.raises(StoreError):
+        hub.productivity.save(lost_store)  # the store is closed: nothing written
+    kept = DuckDBStore(str(tmp_path / "b.duckdb"))
+    try:
+        assert hub.productivity.save(kept) > 0
+        seconds = sum(c.seconds for c in kept.gpu_time(T0 + 3 * HOUR, T0 + 4 * HOUR))
+        assert math.isclose(seconds, 6 * 570.0, abs_tol=1e-6)  # six GPUs (two down), to the last frame
+        assert hub.productivity.save(kept) == 0  # nothing left over
+    finally:
+        kept.close()

@@ -114,6 +114,16 @@ class Ledger:
         self._dirty.clear()
         return out
 
+    def not_saved(self, cells: list[GpuTime]) -> None:
+        """Cells :meth:`unsaved` gave out that could not be saved: they are given out again."""
+        for c in cells:
+            minute = math.floor(c.bucket / MINUTE)
+            slot = Slot(c.node, c.gpu, c.job, c.team, c.service, c.cause)
+            if slot in self.minutes.get(minute, {}):
+                self._dirty.add((minute, slot))  # still here: its figures then, whatever they are
+            else:
+                self._folded_unsaved.append(c)
+
     def load(self, cells: list[GpuTime]) -> None:
         """Take in stored cells (at start, before anything is counted); minute cells replace what
         this ledger has for them, hour cells add (a ledger starts with none)."""

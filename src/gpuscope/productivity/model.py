@@ -22,6 +22,7 @@ from gpuscope.productivity.jobs import JobView
 from gpuscope.productivity.ledger import MINUTE, MINUTES_KEPT_S, RETENTION_S, Ledger, Slot
 from gpuscope.productivity.states import DEGRADED_AT, owner_of, state_of
 from gpuscope.store.base import GpuTime, Store
+from gpuscope.store.errors import StoreError
 
 #: a GPU silent for this many of its usual intervals (and at least STALE_MIN_S) is down
 STALE_INTERVALS = 3.0
@@ -141,7 +142,12 @@ class ProductivityModel:
         with self._lock:
             cells: list[GpuTime] = self.ledger.unsaved()
         if cells:
-            store.save_gpu_time(cells)
+            try:
+                store.save_gpu_time(cells)
+            except StoreError:
+                with self._lock:
+                    self.ledger.not_saved(cells)  # kept for the next save
+                raise
         if now is not None:
             store.fold_gpu_time(now - MINUTES_KEPT_S - MINUTE)
         return len(cells)
