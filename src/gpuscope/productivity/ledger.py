@@ -125,16 +125,12 @@ class Ledger:
                 self._folded_unsaved.append(c)
 
     def load(self, cells: list[GpuTime]) -> None:
-        """Take in stored cells (at start, before anything is counted); minute cells replace what
-        this ledger has for them, hour cells add (a ledger starts with none)."""
+        """Take in stored cells (at start, before anything is counted: they replace what this
+        ledger has for them, so loading twice counts nothing twice)."""
         for c in cells:
             slot = Slot(c.node, c.gpu, c.job, c.team, c.service, c.cause)
-            if c.res == int(HOUR):
-                cell = self.hours[math.floor(c.bucket / HOUR)][slot]
-                cell[0] += c.seconds
-                cell[1] += c.lost
-            else:
-                self.minutes[math.floor(c.bucket / MINUTE)][slot] = [c.seconds, c.lost]
+            buckets = self.hours if c.res == int(HOUR) else self.minutes
+            buckets[math.floor(c.bucket / c.res)][slot] = [c.seconds, c.lost]
 
     def _buckets(self, start: float, end: float) -> list[Bucket]:
         """Buckets overlapping ``[start, end)``: whole buckets (rollup resolution)."""
