@@ -141,9 +141,11 @@ class Hub:
 
     def maintain(self, now: float) -> None:
         """Periodic store upkeep: the productivity model's GPU time, rollups and raw retention."""
-        self.productivity.save(self.store, now)
-        self.store.rollup(now)
-        self.store.compact(now)
+        try:
+            self.productivity.save(self.store, now)
+        finally:  # telemetry upkeep runs whether or not the GPU time could be saved
+            self.store.rollup(now)
+            self.store.compact(now)
 
     def incidents(self) -> list[dict[str, Any]]:
         with self._detect_lock:
