@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import yaml
 
@@ -14,6 +15,7 @@ from alert.rig import Scripted, lost
 from alert.sink import Sink
 from gpuscope.config import load_config
 from gpuscope.detect.engine import DetectionEngine
+from gpuscope.model import Batch, Frame
 from gpuscope.runtime import assemble
 from gpuscope.store.duckdb import DuckDBStore
 from support import free_port
@@ -100,3 +102,29 @@ def _reopens(path: Path) -> bool:
     store = DuckDBStore(str(path))
     store.close()
     return True
+
+
+def test_a_stopping_hub_keeps_the_gpu_time_counted_since_its_last_upkeep(tmp_path: Path) -> None:
+    sink = Sink()
+    cfg = load_config(_config(tmp_path, sink, free_port()))
+    runtime = assemble(cfg, serve=False, evaluate_interval=None)  # no upkeep runs: only the stop saves
+    t0 = float(int(time.time()) - 120)
+    runtime.start(t0)
+    try:
+        entities = [{"node": "node-0", "gpu": str(g)} for g in range(2)]
+        for k in range(61):
+            frame = Frame(t0 + k, ["gpu_utilization_percent"], entities, np.full((2, 1), 0.0))
+            runtime.hub.ingest(Batch("node-0", frames=[frame]))
+            runtime.hub.productivity.advance(t0 + k, [])
+        counted = runtime.hub.productivity.gpu_hours(t0, t0 + 60)
+    finally:
+        runtime.stop()
+    assert counted["idle_unallocated"] == round(2 * 60 / 3600, 4)
+
+    again = assemble(load_config(_config(tmp_path, sink, free_port())), serve=False, evaluate_interval=None)
+    again.start(t0 + 61)
+    try:
+        assert again.hub.productivity.gpu_hours(t0, t0 + 60) == counted
+    finally:
+        again.stop()
+        sink.down()

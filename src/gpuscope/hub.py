@@ -131,6 +131,7 @@ class Hub:
         with self._detect_lock:
             adopted = self.alerts.adopt(self.alerts.state.resumed(), now, RESUME_GRACE_S)
         self.counters.inc("alerts_resumed", adopted)
+        self.productivity.load(self.store, now)
         self.placement.resume(now, window, self.warm_up)
 
     def continue_alerts(self, alerts: list[Alert], now: float, grace: float) -> int:
@@ -164,9 +165,12 @@ class Hub:
                 listener(change)
 
     def maintain(self, now: float) -> None:
-        """Periodic store upkeep: rollups and raw retention."""
-        self.store.rollup(now)
-        self.store.compact(now)
+        """Periodic store upkeep: the productivity model's GPU time, rollups and raw retention."""
+        try:
+            self.productivity.save(self.store, now)
+        finally:  # telemetry upkeep runs whether or not the GPU time could be saved
+            self.store.rollup(now)
+            self.store.compact(now)
 
     def save_alert(self, alert: Alert) -> None:
         """Keep what the alert layer attached to an alert (playbook results, acknowledgement)."""

@@ -139,10 +139,15 @@ class Runtime:
             self.evaluator.stop()
         # 3. alerting: its clock and outbox stop, its state database closes
         self.alerting.stop()
-        # 4. a cluster member leaves, handing its shards over at once
+        # 4. the GPU time counted since the last upkeep is kept
+        try:
+            self.hub.productivity.save(self.hub.store)
+        except StoreError as exc:
+            log.warning("the last minute of GPU time was not saved: %s", exc)
+        # 5. a cluster member leaves, handing its shards over at once
         if self.cluster is not None:
             self.cluster.leave()
-        # 5. the store flushes and closes
+        # 6. the store flushes and closes
         self.hub.store.close()
 
 

@@ -20,6 +20,7 @@ with warnings.catch_warnings():  # starlette prefers httpx2 for its test client;
 
 from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
+from gpuscope.store.base import GpuTime
 from gpuscope.web.api import HubApi
 from store_remote.tsdbs import StoreFactory
 
@@ -224,3 +225,37 @@ def test_values_round_trip_as_float32(make_store: StoreFactory) -> None:
         # stored as float32; VictoriaMetrics answers JSON with 12 significant digits
         assert math.isclose(row[m], float(np.float32(v)), rel_tol=1e-11)
         assert math.isclose(row[m], v, rel_tol=1e-7)
+
+
+def minute_cell(bucket: float, seconds: float, gpu: str = "0", lost: float = 0.0) -> GpuTime:
+    return GpuTime(60, bucket, "node-0", gpu, "train", "team-a", "", "training", seconds, lost)
+
+
+def test_gpu_time_cells_are_replaced_folded_once_and_read_by_range(make_store: StoreFactory) -> None:
+    """The productivity model's rollups: minute cells saved again replace (the hub writes totals),
+    folding adds them into hour cells once, and reads return the cells overlapping a range."""
+    store = make_store()
+    h = 3600.0 * 1000
+    store.save_gpu_time([minute_cell(h, 30.0), minute_cell(h + 60, 60.0), minute_cell(h, 20.0, gpu="1")])
+    store.save_gpu_time([minute_cell(h, 60.0, lost=6.0)])  # the same cell counted further: replaced
+    store.save_gpu_time([minute_cell(h + 3600, 15.0)])  # the next hour
+    assert sorted((c.bucket - h, c.gpu, c.seconds, c.lost) for c in store.gpu_time(h, h + 7200)) == [
+        (0.0, "0", 60.0, 6.0),
+        (0.0, "1", 20.0, 0.0),
+        (60.0, "0", 60.0, 0.0),
+        (3600.0, "0", 15.0, 0.0),
+    ]
+    assert [c.bucket - h for c in store.gpu_time(h + 60, h + 120)] == [60.0]
+    assert store.fold_gpu_time(h + 3600) == 3
+    assert store.fold_gpu_time(h + 3600) == 0  # folded once: a second fold adds nothing
+    store.save_gpu_time([minute_cell(h + 120, 5.0)])  # a late cell of a folded hour adds to it
+    assert store.fold_gpu_time(h + 3600) == 1
+    cells = sorted(store.gpu_time(h, h + 7200), key=lambda c: (c.res, c.bucket))
+    assert [(c.res, c.bucket - h, c.gpu, c.seconds, c.lost) for c in cells] == [
+        (60, 3600.0, "0", 15.0, 0.0),
+        (3600, 0.0, "", 145.0, 6.0),  # both GPUs of node-0, training for team-a: one hour cell
+    ]
+    assert store.gpu_time(h + 7200, h + 9000) == []
+    assert len(store.gpu_time(h + 3600, float("inf"))) == 1  # what a starting hub asks for
+    assert store.compact(h + 3600 + 91 * 86400)["gpu_time"] == 2  # kept for the records' 90 days
+    assert store.gpu_time(0, h + 9000) == []

@@ -8,6 +8,7 @@ import http.server
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -17,7 +18,7 @@ import pytest
 
 from gpuscope.config import ConfigError, HubConfig, load_config
 from gpuscope.model import Alert, Batch, Event, Frame, TrainingRecord
-from gpuscope.store.base import AppendResult
+from gpuscope.store.base import AppendResult, GpuTime
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.errors import StoreError
 from gpuscope.store.remote.local import LocalTSDB, free_port
@@ -200,6 +201,24 @@ def test_postgres_meta_shared_by_two_hubs(postgres_dsn: str) -> None:
     assert [x.resolved_at for x in b.alerts()] == [NOW + 5] and b.alerts(firing_only=True) == []
     assert b.stats()["rows"] == {"events": 2, "training": 1, "alerts": 1, "batch_ids": 1}
     assert a.compact(NOW + 91 * 86400)["events"] == 2
+    a.close()
+    b.close()
+
+
+def test_postgres_meta_gpu_time_shared_and_folded_once_by_two_hubs(postgres_dsn: str) -> None:
+    a, b = PostgresMeta(postgres_dsn), PostgresMeta(postgres_dsn)
+    h = 3600.0 * 1000
+    minutes = [GpuTime(60, h + 60 * k, "node-a", "0", "j", "t", "", "training", 60.0, 0.0) for k in range(60)]
+    a.save_gpu_time(minutes)
+    b.save_gpu_time([GpuTime(60, h, "node-b", "0", "", "", "chat", "serving", 40.0, 0.0)])
+    b.save_gpu_time([GpuTime(60, h, "node-b", "0", "", "", "chat", "serving", 50.0, 1.5)])
+    assert len(b.gpu_time(h, h + 3600)) == 61  # each hub sees the other's cells
+    with ThreadPoolExecutor(2) as pool:  # both hubs fold at once: each minute is moved once
+        folded = list(pool.map(lambda m: m.fold_gpu_time(h + 3600), [a, b]))
+    assert sorted(folded) == [0, 61]
+    cells = {(c.res, c.node): (c.gpu, c.seconds, c.lost) for c in a.gpu_time(h, float("inf"))}
+    assert cells == {(3600, "node-a"): ("", 3600.0, 0.0), (3600, "node-b"): ("", 50.0, 1.5)}
+    assert a.compact(h + 91 * 86400)["gpu_time"] == 2
     a.close()
     b.close()
 

@@ -1,5 +1,9 @@
 """GPU-seconds per state and cause, kept as rollups: per-minute buckets for the recent past, folded
-into per-hour buckets (without the GPU index) once older, and dropped past the retention."""
+into per-hour buckets (without the GPU index) once older, and dropped past the retention.
+
+The hub persists them through the store (:meth:`Ledger.unsaved` once a minute: the minute cells
+changed since; the store folds its own minute cells into hours the same way) and reads them back at
+start (:meth:`Ledger.load`), so history survives a restart and hubs sharing a store share it."""
 
 from __future__ import annotations
 
@@ -9,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuscope.productivity.states import CAUSES, DEGRADED, STATES, WASTE_STATES, owner_of, state_of
+from gpuscope.store.base import GpuTime
 
 GROUPINGS: tuple[str, ...] = ("fleet", "node", "job", "team", "service")
 MINUTE = 60.0
@@ -45,6 +50,10 @@ class Ledger:
         self.minutes: dict[int, Bucket] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
         self.hours: dict[int, Bucket] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
         self.latest = -math.inf
+        #: minute cells changed since :meth:`unsaved` last ran
+        self._dirty: set[tuple[int, Slot]] = set()
+        #: figures of changed minute cells folded into hours before they were saved
+        self._folded_unsaved: list[GpuTime] = []
 
     def add(self, start: float, end: float, slot: Slot, lost_fraction: float = 0.0) -> None:
         """Count ``(start, end]`` of one GPU in ``slot`` (split at minute boundaries)."""
@@ -55,6 +64,7 @@ class Ledger:
             cell = self.minutes[minute][slot]
             cell[0] += upto - t
             cell[1] += (upto - t) * lost_fraction
+            self._dirty.add((minute, slot))
             t = upto
         self.latest = max(self.latest, end)
 
@@ -77,6 +87,7 @@ class Ledger:
             target = bucket[new]
             target[0] += secs
             target[1] += 0.0 if new.cause in _LOSSLESS else lost
+            self._dirty.update(((minute, old), (minute, new)))
             moved += secs
         return moved
 
@@ -85,11 +96,41 @@ class Ledger:
         for minute in [m for m in self.minutes if (m + 1) * MINUTE < now - MINUTES_KEPT_S]:
             hour = self.hours[math.floor(minute * MINUTE / HOUR)]
             for slot, (secs, lost) in self.minutes.pop(minute).items():
+                if (minute, slot) in self._dirty:
+                    self._dirty.discard((minute, slot))
+                    self._folded_unsaved.append(_cell(minute, slot, secs, lost))
                 cell = hour[Slot(slot.node, "", slot.job, slot.team, slot.service, slot.cause)]
                 cell[0] += secs
                 cell[1] += lost
         for hour_key in [h for h in self.hours if (h + 1) * HOUR < now - RETENTION_S]:
             del self.hours[hour_key]
+
+    def unsaved(self) -> list[GpuTime]:
+        """The minute cells changed since the last call, with their figures now (to be saved)."""
+        out, self._folded_unsaved = self._folded_unsaved, []
+        for minute, slot in self._dirty:
+            secs, lost = self.minutes[minute][slot]
+            out.append(_cell(minute, slot, secs, lost))
+        self._dirty.clear()
+        return out
+
+    def not_saved(self, cells: list[GpuTime]) -> None:
+        """Cells :meth:`unsaved` gave out that could not be saved: they are given out again."""
+        for c in cells:
+            minute = math.floor(c.bucket / MINUTE)
+            slot = Slot(c.node, c.gpu, c.job, c.team, c.service, c.cause)
+            if slot in self.minutes.get(minute, {}):
+                self._dirty.add((minute, slot))  # still here: its figures then, whatever they are
+            else:
+                self._folded_unsaved.append(c)
+
+    def load(self, cells: list[GpuTime]) -> None:
+        """Take in stored cells (at start, before anything is counted: they replace what this
+        ledger has for them, so loading twice counts nothing twice)."""
+        for c in cells:
+            slot = Slot(c.node, c.gpu, c.job, c.team, c.service, c.cause)
+            buckets = self.hours if c.res == int(HOUR) else self.minutes
+            buckets[math.floor(c.bucket / c.res)][slot] = [c.seconds, c.lost]
 
     def _buckets(self, start: float, end: float) -> list[Bucket]:
         """Buckets overlapping ``[start, end)``: whole buckets (rollup resolution)."""
@@ -113,6 +154,11 @@ class Ledger:
         rows = [_group_row(group, causes, price_per_gpu_hour) for group, causes in totals.items()]
         rows.sort(key=lambda r: (-r["waste"]["gpu_hours"], r["group"]))
         return rows
+
+
+def _cell(minute: int, slot: Slot, secs: float, lost: float) -> GpuTime:
+    s = slot
+    return GpuTime(int(MINUTE), minute * MINUTE, s.node, s.gpu, s.job, s.team, s.service, s.cause, secs, lost)
 
 
 def _money(gpu_hours: float, price: float) -> dict[str, float]:

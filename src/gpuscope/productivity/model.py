@@ -3,9 +3,11 @@
 It reads only what the hub already has: GPU telemetry frames (who holds each GPU, whether it
 computes, whether it throttles), training records and job events (progress, checkpoints, restarts,
 heartbeats), serving frames (which jobs are services), firing alerts (fatal XIDs) and node drains.
-A GPU-second is counted when that GPU's own frame arrives (the frame's interval, judged at its
-timestamp); a GPU that stops reporting is counted ``down`` from its last frame once it is stale,
-so a lost GPU or an unreachable node is counted from when it went, not from when it was noticed.
+The scheduler's node states (the Slurm collector's ``slurm_node_unavailable``) say which nodes are
+held out of service. A GPU-second is counted when that GPU's own frame arrives (the frame's
+interval, judged at its timestamp); a GPU that stops reporting is counted ``down`` from its last
+frame once it is stale, so a lost GPU or an unreachable node is counted from when it went, not from
+when it was noticed.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from gpuscope.model import Alert, Batch, Frame
+from gpuscope.model import Alert, Batch, FloatArray, Frame
 from gpuscope.productivity.jobs import JobView
-from gpuscope.productivity.ledger import Ledger, Slot
+from gpuscope.productivity.ledger import MINUTE, MINUTES_KEPT_S, RETENTION_S, Ledger, Slot
 from gpuscope.productivity.states import DEGRADED_AT, owner_of, state_of
+from gpuscope.store.base import GpuTime, Store
+from gpuscope.store.errors import StoreError
 
 #: a GPU silent for this many of its usual intervals (and at least STALE_MIN_S) is down
 STALE_INTERVALS = 3.0
@@ -26,6 +30,8 @@ STALE_MIN_S = 3.0
 #: below this utilisation a GPU computes nothing
 IDLE_UTIL = 5.0
 FATAL_RULES = frozenset({"gpu_xid_fatal", "gpu_ecc_uncorrectable"})
+#: the scheduler's word on a node holds this long after its last report (its collector may stop)
+SCHEDULER_STALE_S = 300.0
 _STALLS = frozenset({"hung", "collective_wait"})
 _PROGRESS = frozenset({"training", "slow_steps", "throttled"})
 _STARTS = frozenset({"startup", "restart"})
@@ -72,6 +78,8 @@ class ProductivityModel:
         self.node_seen: dict[str, float] = {}
         self.fatal: set[tuple[str, str]] = set()
         self.drains: dict[str, Drain] = {}
+        #: nodes the scheduler holds out of service, and when it last said so
+        self.unavailable: dict[str, float] = {}
         self._lock = threading.Lock()
 
     # -- input ------------------------------------------------------------------------------------
@@ -90,6 +98,8 @@ class ProductivityModel:
             for frame in batch.frames:
                 if frame.column("gpu_utilization_percent") is not None:
                     self._gpu_frame(frame)
+                elif (held := frame.column("slurm_node_unavailable")) is not None:
+                    self._scheduler_frame(frame, held)
                 elif frame.entities and "service" in frame.entities[0]:
                     self.services.update(e["service"] for e in frame.entities if "service" in e)
 
@@ -107,12 +117,40 @@ class ProductivityModel:
                     continue
                 if view.node in self.drains:
                     cause = "drained"
+                elif self._held_out(view.node, now):
+                    cause = "draining"
                 elif now - self.node_seen.get(view.node, -math.inf) > stale_after:
                     cause = "node_unreachable"
                 else:
                     cause = "lost_gpu"
                 self._count(view, view.accounted, now, cause, 0.0)
             self.ledger.fold(now)
+
+    def load(self, store: Store, now: float) -> int:
+        """At start: take in the GPU time the store kept (this hub's before it stopped, and that of
+        other hubs sharing the store). Returns cells read."""
+        cells = store.gpu_time(now - RETENTION_S, math.inf)
+        with self._lock:
+            self.ledger.load(cells)
+        return len(cells)
+
+    def save(self, store: Store, now: float | None = None) -> int:
+        """Once a minute (and when the hub stops): write the minute cells changed since the last
+        save; with ``now``, then let the store fold its minute cells into hours, a minute later
+        than this ledger does, so that no cell is saved again after the store folded it. Returns
+        cells written."""
+        with self._lock:
+            cells: list[GpuTime] = self.ledger.unsaved()
+        if cells:
+            try:
+                store.save_gpu_time(cells)
+            except StoreError:
+                with self._lock:
+                    self.ledger.not_saved(cells)  # kept for the next save
+                raise
+        if now is not None:
+            store.fold_gpu_time(now - MINUTES_KEPT_S - MINUTE)
+        return len(cells)
 
     def drain(self, node: str, until: float, reason: str, by: str = "") -> Drain:
         with self._lock:
@@ -132,6 +170,20 @@ class ProductivityModel:
         if view is None:
             view = self.jobs[name] = JobView(name)
         return view
+
+    def _scheduler_frame(self, frame: Frame, held: FloatArray) -> None:
+        for i, labels in enumerate(frame.entities):
+            node = labels.get("node")
+            value = float(held[i])
+            if node is None or math.isnan(value):  # a partition's or a job's row
+                continue
+            if value > 0:
+                self.unavailable[node] = max(self.unavailable.get(node, -math.inf), frame.ts)
+            elif self.unavailable.get(node, math.inf) <= frame.ts:
+                del self.unavailable[node]
+
+    def _held_out(self, node: str, ts: float) -> bool:
+        return 0.0 <= ts - self.unavailable.get(node, math.inf) <= SCHEDULER_STALE_S
 
     # -- classification ---------------------------------------------------------------------------
 
@@ -192,6 +244,9 @@ class ProductivityModel:
             return "drained", 0.0
         if key in self.fatal and util < IDLE_UTIL:  # a GPU that computes again has been reset
             return "fatal_xid", 0.0
+        # a draining node still runs its jobs to the end: only GPUs that compute nothing are lost
+        if self._held_out(view.node, ts) and util < IDLE_UTIL:
+            return "draining", 0.0
         if not view.job:
             return ("unattributed" if util >= 50.0 else "no_job"), 0.0
         job = self.jobs.get(view.job)

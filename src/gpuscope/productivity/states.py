@@ -2,10 +2,11 @@
 
 Every GPU-second gets exactly one state. The states, in the order a GPU is judged (the first that
 holds wins): ``maintenance`` (the node is drained), ``down`` (node unreachable, GPU lost, fatal
-XID), ``idle_unallocated`` (no job), ``idle_allocated`` (a job holds it but it computes nothing),
-``busy_not_productive`` (it computes but the job makes no progress: hung, waiting in a collective
-for a dead peer, starting or restarting, checkpointing), ``degraded`` (the job progresses, slower
-than its own baseline: a share of the second is lost), ``productive``.
+XID, the scheduler holds the node out and the GPU computes nothing), ``idle_unallocated`` (no job),
+``idle_allocated`` (a job holds it but it computes nothing), ``busy_not_productive`` (it computes
+but the job makes no progress: hung, waiting in a collective for a dead peer, starting or
+restarting, checkpointing), ``degraded`` (the job progresses, slower than its own baseline: a share
+of the second is lost), ``productive``.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ CAUSES: dict[str, Cause] = _causes(
     Cause(DOWN, "node_unreachable", "node_unreachable"),
     Cause(DOWN, "lost_gpu", "gpu_lost"),
     Cause(DOWN, "fatal_xid", "gpu_xid_fatal"),
+    # the scheduler (Slurm) holds the node out of service: down, drained or draining, failing
+    Cause(DOWN, "draining", None, "platform"),
     Cause(MAINTENANCE, "drained", None, "platform"),
 )
 

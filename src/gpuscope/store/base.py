@@ -32,6 +32,24 @@ class SeriesPoint:
     value: float
 
 
+@dataclass(frozen=True, slots=True)
+class GpuTime:
+    """One cell of the productivity model's rollups: the GPU-seconds (and the lost share of them)
+    that ``(node, gpu, job, team, service, cause)`` spent in the bucket ``[bucket, bucket + res)``.
+    ``res`` is 60 (minute cells, per GPU) or 3600 (hour cells, ``gpu`` is '')."""
+
+    res: int
+    bucket: float
+    node: str
+    gpu: str
+    job: str
+    team: str
+    service: str
+    cause: str
+    seconds: float
+    lost: float
+
+
 class Store(Protocol):
     def append(self, batch: Batch) -> AppendResult:
         """Store a batch durably; when it returns, a crash cannot lose the batch."""
@@ -86,6 +104,19 @@ class Store(Protocol):
         ...
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]: ...
+
+    def save_gpu_time(self, cells: list[GpuTime]) -> None:
+        """Insert or replace minute cells of GPU time (keyed by everything but the figures)."""
+        ...
+
+    def fold_gpu_time(self, before: float) -> int:
+        """Move the minute cells that end by ``before`` into hour cells (adding), atomically, so
+        hubs sharing the store fold each minute once. Returns minute cells folded."""
+        ...
+
+    def gpu_time(self, start: float, end: float) -> list[GpuTime]:
+        """Minute and hour cells of GPU time overlapping ``[start, end)``."""
+        ...
 
     def rollup(self, now: float) -> dict[str, int]:
         """Bring the 1-minute and 1-hour rollups up to ``now`` (idempotent); rows written per table."""

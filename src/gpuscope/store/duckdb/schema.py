@@ -13,6 +13,7 @@ from typing import Any
 
 import duckdb
 
+from gpuscope.store.duckdb import gpu_time
 from gpuscope.store.errors import StoreError
 from gpuscope.store.registry import ATTR_COLUMNS
 
@@ -180,6 +181,7 @@ def open_database(
             _validate(con, path, tables)
         else:
             _create(con)
+        con.execute(gpu_time.DDL)
     except StoreError:
         con.close()
         raise

@@ -20,7 +20,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +30,9 @@ import orjson
 
 from gpuscope.counters import Counters
 from gpuscope.model import Alert, Batch, Event, Labels, TrainingRecord
-from gpuscope.store.base import AppendResult, SeriesPoint
+from gpuscope.store.base import AppendResult, GpuTime, SeriesPoint
 from gpuscope.store.batch_ids import BatchIds, Claim
+from gpuscope.store.duckdb import gpu_time
 from gpuscope.store.duckdb import inserts as ins
 from gpuscope.store.duckdb.chunks import BASE_COLUMNS, ChunkSet
 from gpuscope.store.duckdb.latest import LatestCache
@@ -464,6 +465,36 @@ class DuckDBStore:
                 )
         except duckdb.Error as exc:
             raise StoreError(f"saving alert {alert.id!r} failed: {exc}") from None
+        finally:
+            cur.close()
+
+    def save_gpu_time(self, cells: list[GpuTime]) -> None:
+        """Insert or replace minute cells of the productivity model's GPU time, durably."""
+        self._gpu_time_write("saving GPU time", lambda cur: gpu_time.save(cur, cells))
+
+    def fold_gpu_time(self, before: float) -> int:
+        """Fold minute cells of GPU time ending by ``before`` into hour cells."""
+        folded: list[int] = []
+        self._gpu_time_write("folding GPU time", lambda cur: folded.append(gpu_time.fold(cur, before)))
+        return folded[0]
+
+    def gpu_time(self, start: float, end: float) -> list[GpuTime]:
+        """Minute and hour cells of GPU time overlapping ``[start, end)``."""
+        cur = self._cursor()
+        try:
+            return gpu_time.read(cur, start, end)
+        except duckdb.Error as exc:
+            raise StoreError(f"reading GPU time failed: {exc}") from None
+        finally:
+            cur.close()
+
+    def _gpu_time_write(self, what: str, write: Callable[[duckdb.DuckDBPyConnection], None]) -> None:
+        cur = self._cursor()
+        try:
+            with self._alert_lock:  # like alerts: small writes a checkpoint must not run into
+                write(cur)
+        except duckdb.Error as exc:
+            raise StoreError(f"{what} failed: {exc}") from None
         finally:
             cur.close()
 

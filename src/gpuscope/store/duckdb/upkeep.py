@@ -167,6 +167,7 @@ class Upkeep:
                 "rollup_1h": ("DELETE FROM rollup_1h WHERE bucket < ?", h_cut),
                 "events": ("DELETE FROM events WHERE ts < ?", record_cut),
                 "training": ("DELETE FROM training WHERE ts < ?", record_cut),
+                "gpu_time": ("DELETE FROM gpu_time WHERE bucket < ?", record_cut),
                 "alerts": ("DELETE FROM alerts WHERE resolved_at < ?", h_cut / 1000),
             }
             for table, (stmt, arg) in deletes.items():

@@ -19,7 +19,7 @@ import orjson
 import psycopg
 
 from gpuscope.model import LABEL_KEY_RE, Alert, Batch, Event, Labels, TrainingRecord
-from gpuscope.store.base import AppendResult
+from gpuscope.store.base import AppendResult, GpuTime
 from gpuscope.store.errors import StoreError
 from gpuscope.store.prepare import Preparer
 from gpuscope.store.registry import ColumnRegistry, EntityRegistry
@@ -56,6 +56,12 @@ class MetaStore(Protocol):
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]: ...
 
+    def save_gpu_time(self, cells: list[GpuTime]) -> None: ...
+
+    def fold_gpu_time(self, before: float) -> int: ...
+
+    def gpu_time(self, start: float, end: float) -> list[GpuTime]: ...
+
     def compact(self, now: float) -> dict[str, int]: ...
 
     def stats(self) -> dict[str, Any]: ...
@@ -78,8 +84,15 @@ SCHEMA = (
         doc TEXT NOT NULL)""",
     """CREATE TABLE IF NOT EXISTS gpuscope_batch_ids (
         id TEXT PRIMARY KEY, received DOUBLE PRECISION NOT NULL)""",
+    """CREATE TABLE IF NOT EXISTS gpuscope_gpu_time (
+        res INTEGER NOT NULL, bucket DOUBLE PRECISION NOT NULL, node TEXT NOT NULL, gpu TEXT NOT NULL,
+        job TEXT NOT NULL, team TEXT NOT NULL, service TEXT NOT NULL, cause TEXT NOT NULL,
+        seconds DOUBLE PRECISION NOT NULL, lost DOUBLE PRECISION NOT NULL,
+        PRIMARY KEY (res, bucket, node, gpu, job, team, service, cause))""",
 )
 SCHEMA_LOCK = zlib.crc32(b"gpuscope meta schema")  # hubs starting together create the tables once
+FOLD_LOCK = zlib.crc32(b"gpuscope gpu time fold")  # hubs folding together move each minute once
+_GPU_TIME_COLUMNS = "res, bucket, node, gpu, job, team, service, cause, seconds, lost"
 
 
 def _label_fragment(key: str, value: str) -> str:
@@ -245,6 +258,50 @@ class PostgresMeta:
             ).fetchall()
         return [Alert(**orjson.loads(r[0])) for r in rows]
 
+    def save_gpu_time(self, cells: list[GpuTime]) -> None:
+        if not cells:
+            return
+        with self._conn() as con, con.transaction(), con.cursor() as cur:
+            cur.executemany(
+                f"INSERT INTO gpuscope_gpu_time ({_GPU_TIME_COLUMNS}) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                "ON CONFLICT (res, bucket, node, gpu, job, team, service, cause) DO UPDATE SET "
+                "seconds = EXCLUDED.seconds, lost = EXCLUDED.lost",
+                [
+                    (c.res, c.bucket, c.node, c.gpu, c.job, c.team, c.service, c.cause, c.seconds, c.lost)
+                    for c in cells
+                ],
+            )
+
+    def fold_gpu_time(self, before: float) -> int:
+        with self._conn() as con, con.transaction():
+            con.execute("SELECT pg_advisory_xact_lock(%s)", [FOLD_LOCK])
+            con.execute(
+                f"INSERT INTO gpuscope_gpu_time ({_GPU_TIME_COLUMNS}) "
+                "SELECT 3600, floor(bucket / 3600) * 3600 AS hour, node, '', job, team, service, cause, "
+                "sum(seconds), sum(lost) FROM gpuscope_gpu_time WHERE res = 60 AND bucket + 60 <= %s "
+                "GROUP BY hour, node, job, team, service, cause "
+                "ON CONFLICT (res, bucket, node, gpu, job, team, service, cause) DO UPDATE SET "
+                "seconds = gpuscope_gpu_time.seconds + EXCLUDED.seconds, "
+                "lost = gpuscope_gpu_time.lost + EXCLUDED.lost",
+                [before],
+            )
+            return con.execute(
+                "DELETE FROM gpuscope_gpu_time WHERE res = 60 AND bucket + 60 <= %s", [before]
+            ).rowcount
+
+    def gpu_time(self, start: float, end: float) -> list[GpuTime]:
+        with self._conn() as con:
+            rows = con.execute(
+                f"SELECT {_GPU_TIME_COLUMNS} FROM gpuscope_gpu_time WHERE bucket < %s AND bucket + res > %s "
+                "ORDER BY res, bucket",
+                [end, start],
+            ).fetchall()
+        return [
+            GpuTime(int(r[0]), float(r[1]), r[2], r[3], r[4], r[5], r[6], r[7], float(r[8]), float(r[9]))
+            for r in rows
+        ]
+
     def compact(self, now: float) -> dict[str, int]:
         """Drop events and training records past their keep time (``now`` in the data's clock)
         and batch ids past theirs (wall clock: retries happen in real time)."""
@@ -254,6 +311,7 @@ class PostgresMeta:
             for table, sql, arg in (
                 ("events", "DELETE FROM gpuscope_events WHERE ts < %s", keep),
                 ("training", "DELETE FROM gpuscope_training WHERE ts < %s", keep),
+                ("gpu_time", "DELETE FROM gpuscope_gpu_time WHERE bucket < %s", keep),
                 (
                     "batch_ids",
                     "DELETE FROM gpuscope_batch_ids WHERE received < %s",

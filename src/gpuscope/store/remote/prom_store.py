@@ -45,7 +45,7 @@ import numpy.typing as npt
 from gpuscope.counters import Counters
 from gpuscope.model import ATTRIBUTION_LABELS, Alert, Batch, Event, Labels, TrainingRecord
 from gpuscope.signals import ALL_METRICS
-from gpuscope.store.base import AppendResult, SeriesPoint
+from gpuscope.store.base import AppendResult, GpuTime, SeriesPoint
 from gpuscope.store.batch_ids import BatchIds, Claim
 from gpuscope.store.errors import StoreError
 from gpuscope.store.prepare import Prepared, Preparer
@@ -559,6 +559,18 @@ class PromStore:
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
         self._check_open()
         return self.meta.alerts(firing_only, limit)
+
+    def save_gpu_time(self, cells: list[GpuTime]) -> None:
+        self._check_open()
+        self.meta.save_gpu_time(cells)
+
+    def fold_gpu_time(self, before: float) -> int:
+        self._check_open()
+        return self.meta.fold_gpu_time(before)
+
+    def gpu_time(self, start: float, end: float) -> list[GpuTime]:
+        self._check_open()
+        return self.meta.gpu_time(start, end)
 
     def rollup(self, now: float) -> dict[str, int]:
         """Nothing to do: the TSDB downsamples (or queries raw data fast enough)."""
