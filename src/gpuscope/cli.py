@@ -255,7 +255,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument(
         "file", help="CSV (ts,job,rank,step[,node,gpu],metric...) or JSON Lines of training records"
     )
-    rep.add_argument("--json", action="store_true", help="print the alerts JSON of DESIGN §5 on stdout")
+    rep.add_argument(
+        "--json",
+        action="store_true",
+        help="print the alerts JSON on stdout (the shape of sim-eval --json; docs/replay.md)",
+    )
     rep.set_defaults(func=_cmd_replay)
 
     config = sub.add_parser("config", help="check a config file, or print the reference of every key")

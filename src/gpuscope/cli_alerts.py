@@ -222,11 +222,11 @@ def run_incidents(args: argparse.Namespace, console: Console | None = None) -> i
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="node_command", required=True)
     drain = sub.add_parser("drain", help="take a node out of service: GPU time is maintenance, alerts muted")
-    drain.add_argument("node")
+    drain.add_argument("node", help="the node's name, as its agent reports it")
     drain.add_argument("--for", dest="duration", default="2h", help="how long (30m, 2h, 1d; default 2h)")
     drain.add_argument("--reason", default="", help="why (shown with the drain and its silence)")
     undrain = sub.add_parser("undrain", help="end a node's drain now")
-    undrain.add_argument("node")
+    undrain.add_argument("node", help="the node's name, as its agent reports it")
     drains = sub.add_parser("drains", help="list drained nodes")
     add_client_options(parser)
     for command in (drain, undrain, drains):
