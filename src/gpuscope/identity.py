@@ -93,3 +93,10 @@ def rank_gpu(
         index = (uuid_index() if uuid_index is not None else {}).get(entry)
         return GpuRef(index, entry)
     return GpuRef(entry)
+
+
+def pod_key(namespace: str, name: str) -> str:
+    """The ``pod`` label on every path (kubelet, dcgm-exporter, API server): ``namespace/name``.
+
+    A name is unique only within its namespace; the UID, unique over time, is the ``pod_uid`` label."""
+    return f"{namespace}/{name}"

@@ -48,7 +48,7 @@ def test_labels_pods_and_unplaced_samples() -> None:
         "node": "node-0",
         "gpu": "0",
         "uuid": "GPU-abc",
-        "pod": "ray-1111111",
+        "pod": "ray-llm/ray-1111111",
         "container": "ray-worker",
         "namespace": "ray-llm",
     }

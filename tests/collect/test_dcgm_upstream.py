@@ -196,8 +196,8 @@ def test_time_sliced_gpu_keeps_device_values_and_turns_pods_into_owners() -> Non
             e["pod"]: dict(zip(owner_frame.metrics, owner_frame.values[i], strict=True))
             for i, e in enumerate(owner_frame.entities)
         }
-        assert owners["train-a"]["gpu_owner_utilization_percent"] == 60
-        assert owners["train-b"]["gpu_owner_memory_used_bytes"] == 2000 * 2**20
+        assert owners["ml/train-a"]["gpu_owner_utilization_percent"] == 60
+        assert owners["ml/train-b"]["gpu_owner_memory_used_bytes"] == 2000 * 2**20
         assert all(v["gpu_owner_allocated"] == 1 for v in owners.values())
         assert {e["owner"] for e in owner_frame.entities} == {
             "11111111-1111-1111-1111-111111111111",

@@ -76,6 +76,14 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         help="the kubelet's pod-resources socket (/var/lib/kubelet/pod-resources/kubelet.sock)",
     )
     parser.add_argument(
+        "--kube-api",
+        action="store_true",
+        help="with --kubelet-socket: pod UID, workload and team from the API server (in-cluster account)",
+    )
+    parser.add_argument(
+        "--team-label", default=None, help="the pod label that names a pod's team (default: team)"
+    )
+    parser.add_argument(
         "--slurm", action="store_true", help="read the Slurm queue and node states (squeue/sinfo --json)"
     )
     parser.add_argument(
@@ -107,6 +115,10 @@ def context_from_args(args: argparse.Namespace) -> CollectorContext:
         options["scrape_urls"] = list(args.scrape)
     if getattr(args, "kubelet_socket", None):
         options["kubelet_socket"] = args.kubelet_socket
+    if getattr(args, "kube_api", False):
+        options["kube_api"] = True
+    if getattr(args, "team_label", None):
+        options["team_label"] = args.team_label
     if getattr(args, "slurm", False):
         options["slurm"] = True
     return CollectorContext(

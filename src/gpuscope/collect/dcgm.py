@@ -40,6 +40,7 @@ from gpuscope.collect.base import Collected, Collector, CollectorContext, Collec
 from gpuscope.collect.kmsg import normalise_pci
 from gpuscope.collect.nvml import REASON_FLAGS, frame
 from gpuscope.collect.promtext import ExpositionError, Sample, parse_exposition
+from gpuscope.identity import pod_key
 from gpuscope.model import Event, Labels
 from gpuscope.signals import DETAIL_METRICS, GPU_EXTRA_METRICS, GPU_METRICS
 
@@ -203,11 +204,14 @@ def _label(labels: dict[str, str], *names: str) -> str | None:
 
 
 def owner_of(labels: dict[str, str]) -> Labels:
-    """The attribution labels (job, pod, namespace, container) a series carries; empty for the device."""
+    """The attribution labels (job, pod as ``namespace/name``, namespace, container) a series carries;
+    empty for the device."""
     out: Labels = {}
     for src, dst in OWNER_LABELS.items():
         if labels.get(src) and dst not in out:
             out[dst] = labels[src]
+    if out.get("pod") and out.get("namespace"):
+        out["pod"] = pod_key(out["namespace"], out["pod"])
     return out
 
 
@@ -216,7 +220,7 @@ def owner_key(owner: Labels, labels: dict[str, str]) -> str:
     if labels.get("pod_uid"):
         return labels["pod_uid"]
     if owner.get("pod"):
-        return f"{owner.get('namespace', '')}/{owner['pod']}"
+        return owner["pod"]
     return owner.get("job", "")
 
 

@@ -7,13 +7,16 @@ process list, it names the owner of a GPU that runs no process, the idle-allocat
 
 Per round, a row per allocatable GPU (``gpu_allocatable``, labels node, uuid and, where NVML
 knows it, gpu) and a row per allocation (``gpu_owner_allocated``, plus the attribution labels pod
-and namespace (the pod's name, as dcgm-exporter writes it), container, and ``owner`` =
-``namespace/pod/container``). Device ids are GPU or MIG UUIDs under the NVIDIA device plugin's default
-``--device-id-strategy=uuid``; time-slicing replicas (``<uuid>::<n>``) are the same GPU.
+(``namespace/name``, :func:`gpuscope.identity.pod_key`, as on every path) and namespace, container,
+and ``owner`` = ``namespace/name/container``). With ``--kube-api`` the pod's metadata from the API
+server (:mod:`gpuscope.kube.metadata`) adds ``pod_uid``, ``workload`` (its controller) and ``team``.
+Device ids are GPU or MIG UUIDs under the NVIDIA device plugin's default ``--device-id-strategy=uuid``;
+time-slicing replicas (``<uuid>::<n>``) are the same GPU.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping
 from typing import Any, Self
 
@@ -22,7 +25,9 @@ import grpc
 from gpuscope.collect.base import Collected, Collector, CollectorContext, CollectorError, register_collector
 from gpuscope.collect.nvml import frame
 from gpuscope.collect.nvml_api import nvml_library_present, uuid_indices
+from gpuscope.identity import pod_key
 from gpuscope.kube import podresources_pb2 as pb
+from gpuscope.kube.metadata import DEFAULT_TEAM_LABEL, ApiServerPods, PodMeta
 from gpuscope.model import Labels
 from gpuscope.signals import DETAIL_METRICS
 
@@ -98,9 +103,11 @@ class KubeletCollector(Collector):
         sys_root: str = "/sys",
         socket_path: str = DEFAULT_SOCKET,
         uuid_index: Callable[[], Mapping[str, str]] = _default_index,
+        api: ApiServerPods | None = None,
     ) -> None:
         super().__init__(node, proc_root=proc_root, sys_root=sys_root)
         self.client = PodResourcesClient(socket_path)
+        self.api = api
         self._uuid_index = uuid_index
         self._index: Mapping[str, str] | None = None
 
@@ -111,6 +118,11 @@ class KubeletCollector(Collector):
             proc_root=ctx.proc_root,
             sys_root=ctx.sys_root,
             socket_path=str(ctx.options["kubelet_socket"]),
+            api=ApiServerPods.in_cluster(
+                os.environ, team_label=str(ctx.options.get("team_label") or DEFAULT_TEAM_LABEL)
+            )
+            if ctx.options.get("kube_api")
+            else None,
         )
 
     def _gpu_labels(self, uuid: str) -> Labels:
@@ -141,7 +153,15 @@ class KubeletCollector(Collector):
                         if uuid not in seen:
                             seen.add(uuid)
                             rows.append((self._gpu_labels(uuid), {"gpu_allocatable": 1.0}))
+        meta: Mapping[str, PodMeta] = {}
+        if self.api is not None:
+            try:
+                meta = self.api.node_pods(self.node)
+            except RuntimeError as exc:  # allocations still count without the owner's metadata
+                out.errors.append(CollectorError("kube_api", str(exc)))
         for pod in pods.pod_resources:
+            key = pod_key(pod.namespace, pod.name)
+            extra = meta[key].labels() if key in meta else {}
             for container in pod.containers:
                 for dev in container.devices:
                     if not is_gpu(dev.resource_name):
@@ -149,10 +169,11 @@ class KubeletCollector(Collector):
                     for uuid in dict.fromkeys(device_uuid(d) for d in dev.device_ids):
                         labels = {
                             **self._gpu_labels(uuid),
-                            "owner": f"{pod.namespace}/{pod.name}/{container.name}",
-                            "pod": pod.name,
+                            "owner": f"{key}/{container.name}",
+                            "pod": key,
                             "namespace": pod.namespace,
                             "container": container.name,
+                            **extra,
                         }
                         rows.append((labels, {"gpu_owner_allocated": 1.0}))
         f = frame(now, DETAIL_METRICS, rows)
@@ -162,3 +183,5 @@ class KubeletCollector(Collector):
 
     def close(self) -> None:
         self.client.close()
+        if self.api is not None:
+            self.api.close()
