@@ -17,13 +17,16 @@ import pytest
 
 from gpuscope.alert.service import AlertingService
 from gpuscope.alert.settings import AlertingSettings
+from gpuscope.collect.slurm import SlurmCollector
 from gpuscope.hub import Hub
+from gpuscope.model import Batch
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import load_scenario
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 
 SCENARIO = Path(__file__).parent / "fixtures" / "dashboard.yaml"
+SLURM = Path(__file__).parent.parent / "collect" / "fixtures" / "slurm"
 
 
 @dataclass
@@ -62,3 +65,27 @@ def served() -> Iterator[Served]:
         yield Served(hub, server, t0)
     finally:
         server.stop()
+
+
+@pytest.fixture
+def slurm_served() -> Iterator[Served]:
+    """A hub that kept four hourly rounds of the Slurm collector over a capture of slurm-wlm 22.05
+    (partition debug: its one node of 2 GPUs drained, a job running after 1 s in the queue, one
+    pending for 2 GPUs), served over HTTP."""
+    pages = {
+        "squeue": (SLURM / "squeue-22.05.json").read_text(),
+        "sinfo": (SLURM / "sinfo-22.05-drained.json").read_text(),
+    }
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    collector = SlurmCollector("login-1", run=lambda argv: pages[argv[0]])
+    now = time.time()
+    for hours_ago in (3, 2, 1, 0):
+        got = collector.collect(now - hours_ago * 3600.0 - 60.0)
+        hub.ingest(Batch("login-1", frames=got.frames))
+    server = HubServer(hub, "127.0.0.1", 0, evaluate_interval=None)
+    server.start()
+    try:
+        yield Served(hub, server, now - 3 * 3600.0)
+    finally:
+        server.stop()
+        hub.store.close()

@@ -219,3 +219,11 @@ def test_reports_trend_axis_spans_the_report_window(page: Page, served: Served) 
     assert (y0, y1) == (0, 100)
     ticks = page.locator("#c-trend .u-axis").first.inner_text()
     assert "2027" not in ticks and "2029" not in ticks
+
+
+def test_reports_chart_the_scheduler_s_demand_and_capacity(page: Page, slurm_served: Served) -> None:
+    open_page(page, slurm_served, "#/reports")
+    row = page.locator('#r-sched-table tr[data-partition="debug"]')
+    assert row.locator("td").all_inner_texts()[1:] == ["1 s", "1 s", "3", "3", "0", "0"]
+    box = page.locator('[data-chart="sched-debug"]')
+    assert int(box.get_attribute("data-points") or 0) == 8 and box.locator("canvas").count() == 1

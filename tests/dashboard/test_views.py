@@ -160,3 +160,20 @@ def test_a_cpu_ranks_placement_names_no_gpu() -> None:
         assert view["placement"] == {"0": {"node": "node-1"}, "1": {"node": "node-1"}}
     finally:
         hub.store.close()
+
+
+def test_reports_show_queue_wait_and_demand_vs_capacity_per_partition(slurm_served: Served) -> None:
+    """The Slurm collector's series kept by the hub, read back through the Reports page's API."""
+    rep = httpx.get(f"{slurm_served.url}/api/v1/ui/reports", params={"days": 1}, timeout=10).json()
+    (debug,) = rep["scheduler"]
+    assert debug["partition"] == "debug"
+    assert debug["queue_wait_seconds"] == {"mean": 1.0, "max": 1.0}
+    # demand: 2 GPUs pending + 1 running; capacity: 2 GPUs, both on the drained node
+    assert debug["demand_gpus"] == {"mean": 3.0, "max": 3.0}
+    assert debug["capacity_gpus"] == {"mean": 0.0, "min": 0.0}
+    h = debug["history"]
+    assert len(h["ts"]) == 4 and h["ts"] == sorted(h["ts"])
+    assert h["demand_gpus"] == [3.0] * 4 and h["capacity_gpus"] == [0.0] * 4
+    assert h["gpus_total"] == [2.0] * 4 and h["queue_wait_seconds"] == [1.0] * 4
+    waited = h["oldest_pending_seconds"]
+    assert waited == sorted(waited) and waited[-1] > 0  # the pending job waits longer each round

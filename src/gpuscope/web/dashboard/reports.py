@@ -3,7 +3,8 @@
 Everything is read through the store seam (fleet-wide series, per-group aggregates) and the
 alert history, so it works the same on a remote TSDB backend. Idle-allocated hours come from
 ``gpu_idle_allocated`` alerts (the GPUs a job held while doing nothing); unused capacity is the
-complement of the mean utilization over the GPUs that reported.
+complement of the mean utilization over the GPUs that reported. The scheduler's history per
+partition (queue wait, GPUs asked for vs GPUs there) reads the Slurm collector's series.
 """
 
 from __future__ import annotations
@@ -17,6 +18,16 @@ from gpuscope.web.dashboard.common import SEVERITY_RANK, finite, natural_key
 UTIL = "gpu_utilization_percent"
 OBSERVED_BUCKET_SECONDS = 300.0
 HARDWARE_RULES = rules_of("hardware")
+#: the Slurm collector's per-partition series (signals.SCHEDULER_METRICS) -> history column
+PARTITION_SERIES = {
+    "slurm_gpus_pending": "gpus_pending",
+    "slurm_gpus_running": "gpus_running",
+    "slurm_gpus_total": "gpus_total",
+    "slurm_gpus_unavailable": "gpus_unavailable",
+    "slurm_oldest_pending_seconds": "oldest_pending_seconds",
+}
+#: per running job (labelled partition): how long it waited in the queue
+QUEUE_WAIT = "slurm_job_queue_wait_seconds"
 
 
 def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
@@ -73,7 +84,71 @@ def reports_view(hub: Hub, now: float, days: int) -> dict[str, Any]:
         "by_node": [
             {"node": g["group"], "mean": finite(g["mean"]), "max": finite(g["max"])} for g in per_node
         ],
+        "scheduler": scheduler_history(hub, start, now, days * 24),
     }
+
+
+def scheduler_history(hub: Hub, start: float, end: float, points: int) -> list[dict[str, Any]]:
+    """Per partition: queue wait and demand (GPUs pending + running) vs capacity (GPUs total less
+    unavailable), as a summary over the window and as a history of ``points`` buckets."""
+    waits = {g["group"]: g for g in hub.store.aggregate(QUEUE_WAIT, "partition", start, end)}
+    partitions = sorted(
+        {g["group"] for g in hub.store.aggregate("slurm_gpus_total", "partition", start, end)} | set(waits),
+        key=natural_key,
+    )
+    out = []
+    for part in partitions:
+        cols: dict[str, dict[float, float | None]] = {
+            name: {
+                p.ts: finite(p.value)
+                for p in hub.store.series(metric, {"partition": part}, start, end, points)
+            }
+            for metric, name in PARTITION_SERIES.items()
+        }
+        cols["queue_wait_seconds"] = {
+            p.ts: finite(p.value)
+            for p in hub.store.series(QUEUE_WAIT, {"partition": part}, start, end, points)
+        }
+        ts = sorted({t for col in cols.values() for t in col})
+        history: dict[str, list[Any]] = {"ts": ts, **{k: [col.get(t) for t in ts] for k, col in cols.items()}}
+        demand = [_add(a, b) for a, b in zip(history["gpus_pending"], history["gpus_running"], strict=True)]
+        capacity = [
+            _sub(a, b) for a, b in zip(history["gpus_total"], history["gpus_unavailable"], strict=True)
+        ]
+        history["demand_gpus"], history["capacity_gpus"] = demand, capacity
+        wait = waits.get(part)
+        out.append(
+            {
+                "partition": part,
+                "queue_wait_seconds": {
+                    "mean": finite(wait["mean"]) if wait else None,
+                    "max": finite(wait["max"]) if wait else None,
+                },
+                "demand_gpus": {
+                    "mean": _mean(demand),
+                    "max": max((v for v in demand if v is not None), default=None),
+                },
+                "capacity_gpus": {
+                    "mean": _mean(capacity),
+                    "min": min((v for v in capacity if v is not None), default=None),
+                },
+                "history": history,
+            }
+        )
+    return out
+
+
+def _add(a: float | None, b: float | None) -> float | None:
+    return None if a is None and b is None else (a or 0.0) + (b or 0.0)
+
+
+def _sub(a: float | None, b: float | None) -> float | None:
+    return None if a is None else a - (b or 0.0)
+
+
+def _mean(values: list[float | None]) -> float | None:
+    got = [v for v in values if v is not None]
+    return round(sum(got) / len(got), 3) if got else None
 
 
 def waste_ranking(hub: Hub, start: float, end: float, top: int = 10) -> dict[str, Any]:

@@ -132,7 +132,8 @@
     mount(root) {
       root.innerHTML = `<h1>Reports · last 30 days</h1><div class="cards" id="r-cards"></div>
         <div class="charts"><div class="chart" id="r-waste" data-chart="waste"></div><div class="chart" id="c-trend" data-chart="trend"></div></div>
-        <h2>Failing-GPU candidates</h2><div id="r-fail"></div><h2>Utilization by node</h2><div id="r-nodes"></div>`;
+        <h2>Failing-GPU candidates</h2><div id="r-fail"></div><h2>Utilization by node</h2><div id="r-nodes"></div>
+        <h2>Scheduler · queue wait and demand vs capacity per partition</h2><div id="r-sched"></div><div class="charts" id="r-sched-charts"></div>`;
     },
     async update(root) {
       const d = await GS.api("/api/v1/ui/reports", { days: 30 });
@@ -151,6 +152,16 @@
         ? `<table><tr><th>GPU</th><th>score</th><th>alerts by rule</th><th>firing</th></tr>${d.failing_candidates.map((c) => `<tr data-candidate="${esc(c.node)}/${esc(c.gpu)}"><td><a href="#/gpu/${encodeURIComponent(c.node)}/${encodeURIComponent(c.gpu)}">${esc(c.node)} GPU ${esc(c.gpu)}</a></td><td>${c.score}</td><td>${Object.entries(c.rules).map(([r, n]) => `${esc(r)}×${n}`).join(", ")}</td><td>${c.firing}</td></tr>`).join("")}</table>`
         : '<p class="muted">no GPU raised a hardware alert</p>';
       root.querySelector("#r-nodes").innerHTML = `<table><tr><th>node</th><th>mean util %</th><th>max</th></tr>${d.by_node.map((n) => `<tr><td><a href="#/node/${encodeURIComponent(n.node)}">${esc(n.node)}</a></td><td>${fmt(n.mean)}</td><td>${fmt(n.max)}</td></tr>`).join("")}</table>`;
+      const sched = d.scheduler || [];
+      root.querySelector("#r-sched").innerHTML = sched.length
+        ? `<table id="r-sched-table"><tr><th>partition</th><th>queue wait mean</th><th>max</th><th>demand GPUs mean</th><th>peak</th><th>capacity GPUs mean</th><th>low</th></tr>${sched.map((p) => `<tr data-partition="${esc(p.partition)}"><td>${esc(p.partition)}</td><td class="num">${fmt(p.queue_wait_seconds.mean)} s</td><td class="num">${fmt(p.queue_wait_seconds.max)} s</td><td class="num">${fmt(p.demand_gpus.mean)}</td><td class="num">${fmt(p.demand_gpus.max)}</td><td class="num">${fmt(p.capacity_gpus.mean)}</td><td class="num">${fmt(p.capacity_gpus.min)}</td></tr>`).join("")}</table>`
+        : '<p class="muted">no scheduler data: run an agent with <code>--slurm</code> to keep queue wait and demand vs capacity</p>';
+      const boxes = root.querySelector("#r-sched-charts");
+      boxes.innerHTML = sched.map((p, i) => `<div class="chart" id="c-sched-${i}" data-chart="sched-${esc(p.partition)}"></div>`).join("");
+      sched.forEach((p, i) => {
+        const h = p.history;
+        GS.chart(root.querySelector(`#c-sched-${i}`), `partition ${p.partition}: GPUs asked for vs GPUs available`, [h.ts, h.demand_gpus, h.capacity_gpus], [{ label: "demand (pending + running)" }, { label: "capacity (total − unavailable)" }], { x: [d.start, d.end] });
+      });
     },
   };
 
