@@ -77,6 +77,7 @@ def test_default_collectors_and_options_that_switch_one_on(dcgm_registered: None
         (["--node", "n1"], "--hub URL is required"),
         (["--hub", "hub:7470"], "hub URL must start with http://"),
         (["--hub", "http://h", "--interval", "0"], "--interval must be positive"),
+        (["--kube-api", "--once"], "--kube-api adds pod metadata to --kubelet-socket's allocations"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_message(
@@ -84,3 +85,12 @@ def test_bad_arguments_exit_2_with_a_clear_message(
 ) -> None:
     assert run_agent(parse(*argv, "--spool-dir", str(tmp_path))) == 2
     assert message in capsys.readouterr().err
+
+
+def test_kube_api_outside_a_cluster_is_refused_by_name(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    argv = ["--kubelet-socket", str(tmp_path / "kubelet.sock"), "--kube-api", "--once"]
+    assert run_agent(parse(*argv, "--spool-dir", str(tmp_path))) == 2
+    assert "not in a Kubernetes pod: KUBERNETES_SERVICE_HOST" in capsys.readouterr().err

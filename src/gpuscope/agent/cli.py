@@ -116,6 +116,8 @@ def context_from_args(args: argparse.Namespace) -> CollectorContext:
     if getattr(args, "kubelet_socket", None):
         options["kubelet_socket"] = args.kubelet_socket
     if getattr(args, "kube_api", False):
+        if not options.get("kubelet_socket"):
+            raise ValueError("--kube-api adds pod metadata to --kubelet-socket's allocations: give both")
         options["kube_api"] = True
     if getattr(args, "team_label", None):
         options["team_label"] = args.team_label
