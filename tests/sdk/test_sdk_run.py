@@ -236,3 +236,19 @@ def test_ddp_watch_gives_up_on_a_job_without_ddp() -> None:
         layer(torch.ones(1, 2))
     assert len(_global_forward_pre_hooks) == 0
     watch.remove()  # idempotent
+
+
+def test_team_and_pod_uid_from_the_pods_downward_api_reach_job_started(
+    tmp_path: Path, local_hub: HubServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    podinfo = tmp_path / "podinfo"  # a downwardAPI volume with items labels and uid
+    podinfo.mkdir()
+    (podinfo / "labels").write_text('app="bert"\ngroup="nlp"\nteam="research"')
+    (podinfo / "uid").write_text("6f1c2a34-8b7d-4e2f-9a10-1b2c3d4e5f60")
+    monkeypatch.setenv("GPUSCOPE_PODINFO", str(podinfo))
+    monkeypatch.setenv("GPUSCOPE_TEAM_LABEL", "group")
+    run = _init(local_hub.url, tmp_path, job="pod-job", rank=0, world_size=1, node="n1", gpu=0)
+    run.finish()
+    (started,) = events(local_hub.url, "pod-job", "job_started")
+    assert started["data"]["team"] == "nlp"
+    assert started["data"]["pod_uid"] == "6f1c2a34-8b7d-4e2f-9a10-1b2c3d4e5f60"

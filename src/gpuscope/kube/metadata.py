@@ -26,6 +26,9 @@ from gpuscope.identity import pod_key
 
 SERVICE_ACCOUNT = "/var/run/secrets/kubernetes.io/serviceaccount"
 DEFAULT_TEAM_LABEL = "team"
+#: the training SDK's own pod: the directory of a downward-API volume, and the team label to read
+PODINFO_ENV = "GPUSCOPE_PODINFO"
+TEAM_LABEL_ENV = "GPUSCOPE_TEAM_LABEL"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,3 +166,12 @@ def downward_pod(directory: str, team_label: str = DEFAULT_TEAM_LABEL) -> PodMet
     labels = parse_downward_map(read("labels"))
     # the downward API exposes no ownerReferences: the workload comes from the API server only
     return PodMeta(uid=read("uid"), team=labels.get(team_label, ""))
+
+
+def own_pod(env: Mapping[str, str]) -> dict[str, str]:
+    """``pod_uid`` and ``team`` of the pod this process runs in, when ``GPUSCOPE_PODINFO`` names its
+    downward-API volume; empty otherwise."""
+    directory = env.get(PODINFO_ENV)
+    if not directory:
+        return {}
+    return downward_pod(directory, env.get(TEAM_LABEL_ENV) or DEFAULT_TEAM_LABEL).labels()

@@ -24,6 +24,7 @@ from typing import Any
 from gpuscope.agent.sender import Sender
 from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
+from gpuscope.kube.metadata import own_pod
 from gpuscope.model import Event
 from gpuscope.sdk.checkpoint import CheckpointReporter, CheckpointScope, dcp_rank_files
 from gpuscope.sdk.collectives import CollectiveTracker, DdpWatch
@@ -176,6 +177,7 @@ class Run:
                         "kind": "training",
                         "world_size": placement.world_size,
                         "placement": [[placement.rank, placement.node, placement.gpu or ""]],
+                        **own_pod(os.environ),  # team and pod_uid from the pod's downward API
                     },
                 )
             )
