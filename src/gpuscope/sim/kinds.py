@@ -198,8 +198,15 @@ _KINDS = (
         RANK_TARGET,
         "training",
         slowdown=Param(1.3, 1.01, 10.0, help="compute-time factor of the slow rank"),
-        worsen=Param(1.0, 1.0, 10.0, help="further factor it slows by, worsen_after seconds after onset"),
-        worsen_after=Param(0.0, 0.0, 1e7, help="seconds after onset the straggler worsens"),
+    ),
+    _k(
+        "straggler_worsening",
+        TRAINING_STRAGGLER,
+        RANK_TARGET,
+        "training",
+        slowdown=Param(1.2, 1.01, 10.0, help="compute-time factor of the slow rank at onset"),
+        worsen=Param(3.0, 1.0, 10.0, help="further factor it slows by, worsen_after seconds after onset"),
+        worsen_after=Param(600.0, 0.0, 1e7, help="seconds after onset the straggler worsens"),
     ),
     _k(
         "slow_placement",

@@ -61,10 +61,19 @@ class RankDropout(Effect):
 
 @register
 class Straggler(Effect):
-    """One rank computes slower; it arrives late at every collective and sets the job's pace.
-    With ``worsen``, it slows that much further ``worsen_after`` seconds after onset."""
+    """One rank computes slower; it arrives late at every collective and sets the job's pace."""
 
     kinds = ("straggler",)
+
+    def apply(self) -> None:
+        self.job.cond.rank_slow[self.rank] *= self.param("slowdown")
+
+
+@register
+class WorseningStraggler(Effect):
+    """A straggler that slows ``worsen`` times further ``worsen_after`` seconds after onset."""
+
+    kinds = ("straggler_worsening",)
     onset = 0.0
     worse = False
 
