@@ -105,6 +105,8 @@ def test_two_slow_ranks_slowing_further_inside_the_slow_group_are_flagged() -> N
     findings = run({5: [(200, 4.0)], 6: [(200, 4.0)]}, placement=TWO_SPEEDS)
     assert flagged(findings) == {5, 6}
     assert flagged(findings[:200]) == set()
+    late = [f for f in rules(findings, "training_straggler") if f.entity["rank"] == "5"][-1]
+    assert late.details["speed_group"] == 1 and "speed group 1" in late.summary
 
 
 def test_a_slowdown_among_the_fast_ranks_is_flagged() -> None:

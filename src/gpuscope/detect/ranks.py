@@ -322,12 +322,14 @@ class RankDetector(StepDetector):
             # one still trails a lag that began mid-run)
             now_lag = float(np.median(state.recent)) if state.recent else state.lag
             late = now_lag * job.step_time if math.isfinite(job.step_time) else math.nan
+            group = (job.group or {}).get(rank, 0)
+            peers = f"the ranks of its speed group {group}" if job.group_lag else "its peers"
             out.append(
                 Finding(
                     STRAGGLER,
                     entity,
                     f"Rank {rank} of job {job_name}{where} is a straggler: {now_lag:.0%} of a step "
-                    f"({late:.3f} s of {job.step_time:.3f} s) behind the peer median, sustained",
+                    f"({late:.3f} s of {job.step_time:.3f} s) behind {peers}, sustained",
                     value=now_lag,
                     details={
                         "lag_share": now_lag,
@@ -335,6 +337,7 @@ class RankDetector(StepDetector):
                         "smoothed_lag_share": state.lag,
                         "own_baseline": state.lag_base,
                         "step_seconds": job.step_time,
+                        "speed_group": group,
                     },
                 )
             )
