@@ -127,3 +127,19 @@ def test_speed_groups_need_a_wide_gap_and_two_ranks_a_side() -> None:
     assert speed_groups(paces, 0.1) == {0: 0, 1: 0, 2: 0, 3: 1, 4: 1}
     assert set(speed_groups({**paces, 3: 0.04}, 0.1).values()) == {0}  # a lone slow rank is no group
     assert set(speed_groups(paces, 0.5).values()) == {0}
+
+
+def test_slow_placement_from_own_step_times_costs_the_share_of_the_slow_step() -> None:
+    rng = np.random.default_rng(5)
+    detector = RankDetector()
+    out: list[Finding] = []
+    for k in range(60):  # no collective timing: each rank reports its own step time
+        for r in range(WORLD):
+            own = (1.25 if r >= 6 else 1.0) * (1.0 + 0.01 * float(rng.standard_normal()))
+            detector.on_training(TrainingRecord(float(k), "j", r, k, {"step_seconds": own}))
+        detector.on_training(TrainingRecord(k + 0.5, "j", 0, k + 1, {}))
+        out = detector.evaluate(k + 0.6)
+    placed = [f for f in out if f.rule == "slow_placement"]
+    assert len(placed) == 1 and placed[0].details["slow_ranks"] == [6, 7]
+    assert placed[0].at_risk is not None and abs(placed[0].at_risk - 0.2) < 0.02  # (1.25 - 1) / 1.25
+    assert not [f for f in out if f.rule == "training_straggler"]

@@ -73,6 +73,8 @@ class _Job:
     group: dict[int, int] | None = None
     #: group -> its median lag behind the fastest group, as a share of a step
     group_lag: dict[int, float] = field(default_factory=dict)
+    #: lags are shares of a step (arrival skew) rather than step-time ratios minus one
+    additive: bool = True
 
 
 def speed_groups(paces: dict[int, float], gap: float, min_size: int = 2) -> dict[int, int]:
@@ -209,6 +211,7 @@ class RankDetector(StepDetector):
         for g in set(job.group.values()) - {0}:
             mine = [p for r, p in paces.items() if job.group[r] == g]
             job.group_lag[g] = float(np.median(mine)) - (float(np.median(fast)) if fast else 0.0)
+        job.additive = job.warm[-1][2]
         warm, job.warm = job.warm, []
         for rank_ids, raw, additive in warm:
             self._judge(job, rank_ids, raw, additive)
@@ -288,9 +291,10 @@ class RankDetector(StepDetector):
         if not job.group_lag:
             return []
         slow = sorted(r for r, g in job.group.items() if g > 0) if job.group else []
-        # a synchronous job waits for its slowest group: the rest of every step is lost on all GPUs
+        # a synchronous job waits for its slowest group: that wait is lost on all of its GPUs; an
+        # arrival lag is already a share of the (slow) step, a step-time ratio r loses (r - 1) / r
         worst = max(job.group_lag.values())
-        lost = worst / (1.0 + worst)
+        lost = worst if job.additive else worst / (1.0 + worst)
         places = sorted({self.steps.where(job_name, r).get("node", "") for r in slow} - {""})
         on = f" on {', '.join(places)}" if places else ""
         world = len(job.ranks)
