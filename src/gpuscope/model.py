@@ -105,6 +105,8 @@ class Finding:
     details: dict[str, Any] = field(default_factory=dict)
     #: a tier graver than the rule's own, when the condition has grown into it (None: the rule's)
     severity: str | None = None
+    #: the share of the affected GPUs' work at risk, when the detector measures it (None: the rule's)
+    at_risk: float | None = None
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:

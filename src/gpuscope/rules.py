@@ -55,6 +55,7 @@ JOB_FAILED = "job_failed"
 TRAINING_STALLED = "training_stalled"
 RANK_LOST = "rank_lost"
 TRAINING_STRAGGLER = "training_straggler"
+SLOW_PLACEMENT = "slow_placement"
 STEP_TIME_REGRESSION = "step_time_regression"
 LOSS_NAN = "loss_nan"
 LOSS_SPIKE = "loss_spike"
@@ -237,6 +238,18 @@ RULES: dict[str, RuleSpec] = _table(
         "training",
         False,
         "One rank is slower than the median of its peers, sustained.",
+    ),
+    RuleSpec(
+        SLOW_PLACEMENT,
+        "P3",
+        "platform",
+        # the finding carries the share it measured: the slow group's lag / (1 + lag) of every GPU
+        0.2,
+        "training",
+        False,
+        "A group of ranks has been slower than the rest of the job since it started (mixed hardware or "
+        "placement); the job runs at their pace. Reported once, not a live fault; its cost is the "
+        "share of the job's GPU time lost.",
     ),
     RuleSpec(
         STEP_TIME_REGRESSION,

@@ -5,18 +5,26 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuscope.detect.ranks import RankDetector
+from gpuscope.detect.ranks import RankDetector, speed_groups
 from gpuscope.model import Finding, TrainingRecord
 
 STEP = 1.0
 WORLD = 8
 
 
-def run(slow: dict[int, list[tuple[int, float]]], steps: int = 400, seed: int = 3) -> list[list[Finding]]:
+def run(
+    slow: dict[int, list[tuple[int, float]]],
+    steps: int = 400,
+    seed: int = 3,
+    placement: dict[int, float] | None = None,
+) -> list[list[Finding]]:
     """Feed a synchronous job: rank r computes ``0.85 * factor`` of a step, ``slow[r]`` lists
-    (from_step, factor) changes; each rank reports how late it arrived at the collective."""
+    (from_step, factor) changes, ``placement[r]`` a factor from the first step (a slower GPU
+    model); each rank reports how late it arrived at the collective."""
     rng = np.random.default_rng(seed)
     offsets = rng.uniform(0.95, 1.05, WORLD)  # fixed per-GPU speed differences
+    for rank, f in (placement or {}).items():
+        offsets[rank] *= f
     detector = RankDetector()
     out: list[list[Finding]] = []
     for k in range(steps):
@@ -70,3 +78,68 @@ def test_a_worsening_straggler_moves_its_value() -> None:
     worse = [next(f.value for f in fs if f.entity["rank"] == "2") for fs in findings[300:340]]
     assert worse[-1] is not None and value[-1] is not None
     assert worse[-1] > 2.5 * value[-1]  # a share of the (now longer) step: 0.25 -> 0.7
+
+
+TWO_SPEEDS = {r: 1.3 for r in range(4, 8)}  # the ranks of node n1 are 30 % slower from the start
+
+
+def rules(findings: list[list[Finding]], rule: str) -> list[Finding]:
+    return [f for fs in findings for f in fs if f.rule == rule]
+
+
+def test_a_job_at_two_speeds_is_one_slow_placement_and_no_straggler() -> None:
+    for seed in range(3):
+        findings = run({}, seed=seed, placement=TWO_SPEEDS)
+        assert flagged(findings) == set()
+        placed = rules(findings, "slow_placement")
+        assert placed, seed
+        assert {f.key for f in placed} == {("slow_placement", (("job", "j"),))}  # one alert
+        last = placed[-1]
+        assert last.details["slow_ranks"] == [4, 5, 6, 7] and last.details["slow_nodes"] == ["n1"]
+        assert last.affected_gpus == WORLD and last.at_risk is not None
+        assert 0.15 <= last.at_risk <= 0.3  # about 0.3 * 0.85 of a step lost per 1.1 s step
+        assert "4-7" in last.summary and "n1" in last.summary
+
+
+def test_two_slow_ranks_slowing_further_inside_the_slow_group_are_flagged() -> None:
+    findings = run({5: [(200, 4.0)], 6: [(200, 4.0)]}, placement=TWO_SPEEDS)
+    assert flagged(findings) == {5, 6}
+    assert flagged(findings[:200]) == set()
+    late = [f for f in rules(findings, "training_straggler") if f.entity["rank"] == "5"][-1]
+    assert late.details["speed_group"] == 1 and "speed group 1" in late.summary
+
+
+def test_a_slowdown_among_the_fast_ranks_is_flagged() -> None:
+    findings = run({1: [(200, 1.2)]}, placement=TWO_SPEEDS)
+    assert flagged(findings) == {1}
+    first = min(k for k, fs in enumerate(findings) if any(f.rule == "training_straggler" for f in fs))
+    assert 200 <= first <= 220
+
+
+def test_one_speed_jobs_have_no_slow_placement() -> None:
+    for seed in range(5):
+        assert not rules(run({}, seed=seed), "slow_placement")
+    assert not rules(run({2: [(150, 1.3), (250, 4.0)]}), "slow_placement")
+
+
+def test_speed_groups_need_a_wide_gap_and_two_ranks_a_side() -> None:
+    paces = {0: 0.0, 1: 0.02, 2: 0.03, 3: 0.3, 4: 0.32}
+    assert speed_groups(paces, 0.1) == {0: 0, 1: 0, 2: 0, 3: 1, 4: 1}
+    assert set(speed_groups({**paces, 3: 0.04}, 0.1).values()) == {0}  # a lone slow rank is no group
+    assert set(speed_groups(paces, 0.5).values()) == {0}
+
+
+def test_slow_placement_from_own_step_times_costs_the_share_of_the_slow_step() -> None:
+    rng = np.random.default_rng(5)
+    detector = RankDetector()
+    out: list[Finding] = []
+    for k in range(60):  # no collective timing: each rank reports its own step time
+        for r in range(WORLD):
+            own = (1.25 if r >= 6 else 1.0) * (1.0 + 0.01 * float(rng.standard_normal()))
+            detector.on_training(TrainingRecord(float(k), "j", r, k, {"step_seconds": own}))
+        detector.on_training(TrainingRecord(k + 0.5, "j", 0, k + 1, {}))
+        out = detector.evaluate(k + 0.6)
+    placed = [f for f in out if f.rule == "slow_placement"]
+    assert len(placed) == 1 and placed[0].details["slow_ranks"] == [6, 7]
+    assert placed[0].at_risk is not None and abs(placed[0].at_risk - 0.2) < 0.02  # (1.25 - 1) / 1.25
+    assert not [f for f in out if f.rule == "training_straggler"]

@@ -62,3 +62,18 @@ def test_suite_covers_every_simulated_fault_kind_and_every_rule_they_raise() -> 
 def test_healthy_scenarios_total_at_least_a_day() -> None:
     seconds = sum(load_scenario(p).duration for p in (HERE / "healthy").glob("healthy-6h-*.yaml"))
     assert seconds >= 24 * 3600
+
+
+def test_a_worsening_straggler_is_one_alert_that_follows_it() -> None:
+    scenario = load_scenario(HERE / "training-worsening-straggler.yaml")
+    result = run_scenario(scenario)
+    mine = [
+        a
+        for a in result.alerts
+        if a.rule == "training_straggler" and a.entity.get("job") == "wide" and a.entity.get("rank") == "11"
+    ]
+    assert len(mine) == 1, [a.to_dict() for a in mine]
+    alert = mine[0]
+    assert 400 <= alert.started_at <= 1000 and alert.resolved_at is None
+    # 1.2x: about 0.15 of a step behind; 3.6x: about 0.7 of the (longer) step
+    assert alert.value is not None and alert.value >= 0.5, alert.to_dict()

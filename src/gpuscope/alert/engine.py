@@ -199,7 +199,8 @@ class AlertEngine:
 
     def cost_per_hour(self, finding: Finding) -> float:
         """What an hour of delay costs: the GPUs affected, at their price, times the share at risk."""
-        return finding.affected_gpus * self.price_per_gpu_hour * RULES[finding.rule].work_at_risk
+        share = RULES[finding.rule].work_at_risk if finding.at_risk is None else finding.at_risk
+        return finding.affected_gpus * self.price_per_gpu_hour * share
 
     def all(self) -> list[Alert]:
         """Every alert raised so far, firing or resolved, in the order they fired."""

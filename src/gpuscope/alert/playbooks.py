@@ -180,6 +180,14 @@ PLAYBOOKS: dict[str, Playbook] = {
         (S("The GPU this rank runs on", "gpu_state"), _HW_NEARBY, _STEP_TREND),
         ("Move the rank off the slow GPU/node", "Check data loading skew on that rank"),
     ),
+    "slow_placement": Playbook(
+        "The whole job runs at the pace of its slowest group of ranks, from its first step.",
+        (S("The GPUs the slow ranks run on", "gpu_state"), _HW_NEARBY, _STEP_TREND),
+        (
+            "Place the job on one kind of GPU and one fabric at the next restart",
+            "Check the slow group's nodes for a lower clock, power cap or PCIe/NVLink width",
+        ),
+    ),
     "step_time_regression": Playbook(
         "The job takes longer and costs more per step.",
         (_STEP_TREND, _JOB_UTIL, _HW_NEARBY),

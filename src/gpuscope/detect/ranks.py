@@ -12,6 +12,15 @@ learned while it is not slow (at most up to ``normal_cap``),
 so ranks that are always a little slower (fixed offsets on shared hardware) stay quiet, while a
 rank that was slow from its first step still stands out.
 
+Jobs with two or more stable speeds (mixed hardware, a slow placement): for the first
+``warm_steps`` steps each rank's raw pace is only recorded. Then the ranks are clustered by their
+median lag: sorted, they split at every gap of at least ``split_gap`` of a step (and ``noise_k``
+times the ranks' typical spread) that leaves two or more ranks on each side. Each rank is then
+judged against its own group's reference, the warm-up is replayed that way to learn its normal,
+and a job whose slower groups were slow from the start gets one ``slow_placement`` finding that
+names them and the share of the job's GPU time they cost (a synchronous job runs at the pace of
+its slowest group); it is a placement to fix, not a live fault.
+
 Gradient skew: a rank's smoothed log-ratio of gradient norm to the peer median beyond
 ``log(skew_ratio)``. Fragmentation: a rank's allocator fragmentation ``frag_rise`` above its own
 early level, or allocator retries climbing. Verdicts need ``sustain`` steps in a row.
@@ -31,6 +40,7 @@ from gpuscope.detect.steps import StepView
 from gpuscope.model import Event, Finding, FloatArray
 
 STRAGGLER, SKEW, FRAG = "training_straggler", "gradient_skew", "memory_fragmentation"
+PLACEMENT = "slow_placement"
 
 
 @dataclass(slots=True)
@@ -57,11 +67,39 @@ class _Rank:
 class _Job:
     ranks: dict[int, _Rank] = field(default_factory=dict)
     step_time: float = math.nan
+    #: warm-up steps: (ranks, raw paces, additive), replayed once the groups are known
+    warm: list[tuple[list[int], FloatArray, bool]] = field(default_factory=list)
+    #: each rank's speed group (0: fastest), fixed at the end of the warm-up
+    group: dict[int, int] | None = None
+    #: group -> its median lag behind the fastest group, as a share of a step
+    group_lag: dict[int, float] = field(default_factory=dict)
+    #: lags are shares of a step (arrival skew) rather than step-time ratios minus one
+    additive: bool = True
+
+
+def speed_groups(paces: dict[int, float], gap: float, min_size: int = 2) -> dict[int, int]:
+    """Cluster ranks by their healthy pace (1-D): split the sorted paces at every gap of at least
+    ``gap`` that leaves ``min_size`` or more ranks on each side; group 0 is the fastest."""
+    order = sorted(paces, key=lambda r: paces[r])
+    cuts = [
+        i for i in range(min_size, len(order) - min_size + 1) if paces[order[i]] - paces[order[i - 1]] >= gap
+    ]
+    kept: list[int] = []
+    for i in cuts:  # every group keeps min_size ranks, also between two cuts
+        if not kept or i - kept[-1] >= min_size:
+            kept.append(i)
+    group: dict[int, int] = {}
+    g = 0
+    for i, rank in enumerate(order):
+        if g < len(kept) and i >= kept[g]:
+            g += 1
+        group[rank] = g
+    return group
 
 
 @register
 class RankDetector(StepDetector):
-    rules = (STRAGGLER, SKEW, FRAG)
+    rules = (STRAGGLER, SKEW, FRAG, PLACEMENT)
 
     def __init__(
         self,
@@ -78,13 +116,14 @@ class RankDetector(StepDetector):
         min_retries: float = 5.0,
         sustain: int = 5,
         warm_steps: int = 20,
+        split_gap: float = 0.1,
     ) -> None:
         self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
         self.ref_quantile, self.noise_k = ref_quantile, noise_k
         self.normal_cap = normal_cap
         self.skew_log = math.log(skew_ratio)
         self.frag_rise, self.retry_window, self.min_retries = frag_rise, retry_window, min_retries
-        self.sustain, self.warm_steps = sustain, warm_steps
+        self.sustain, self.warm_steps, self.split_gap = sustain, warm_steps, split_gap
         super().__init__()
         self._jobs: dict[str, _Job] = {}
 
@@ -100,6 +139,7 @@ class RankDetector(StepDetector):
                 if now - state.seen > stale:
                     continue  # a rank that stopped reporting is rank_lost's business
                 out.extend(self._findings(name, job, rank, state))
+            out.extend(self._placement(name, job))
         return out
 
     def step(self, view: StepView) -> None:
@@ -126,15 +166,62 @@ class RankDetector(StepDetector):
         if np.isfinite(arrival).sum() < 3:  # the SDK reports each rank's own gap; the median is the same
             arrival = view.get("collective_arrival_gap_seconds")
         if np.isfinite(arrival).sum() >= 3 and job.step_time > 0:
-            lags = (arrival - np.nanquantile(arrival, self.ref_quantile)) / job.step_time
+            raw, additive = arrival / job.step_time, True
         elif np.isfinite(step).sum() >= 3:
-            lags = step / np.nanquantile(step, self.ref_quantile) - 1.0
+            raw, additive = step, False
         else:
             return
-        for state, x, arrived in zip(ranks, lags.tolist(), arrival.tolist(), strict=True):
-            if not math.isfinite(x):
+        for state, arrived in zip(ranks, arrival.tolist(), strict=True):
+            if math.isfinite(arrived):
+                state.arrival = arrived
+        if job.group is None:
+            job.warm.append((list(view.ranks), raw.copy(), additive))
+            if len(job.warm) >= self.warm_steps:
+                self._split(job)
+            return
+        self._judge(job, list(view.ranks), raw, additive)
+
+    def _reference(self, job: _Job, rank_ids: list[int], raw: FloatArray, additive: bool) -> FloatArray:
+        """Each rank's lag behind the ``ref_quantile`` of its own speed group."""
+        groups = np.array([(job.group or {}).get(r, 0) for r in rank_ids])
+        lags = np.full(len(raw), math.nan)
+        for g in np.unique(groups).tolist():
+            member = groups == g
+            vals = raw[member]
+            if np.isfinite(vals).sum() < 2:
+                vals = raw  # too few of the group reported this step: all ranks
+            ref = float(np.nanquantile(vals, self.ref_quantile))
+            mine = groups == g
+            lags[mine] = raw[mine] - ref if additive else raw[mine] / ref - 1.0
+        return lags
+
+    def _split(self, job: _Job) -> None:
+        """End of the warm-up: group the ranks by pace, then learn each one's normal in its group."""
+        job.group = {}
+        seen: dict[int, list[float]] = {}
+        for rank_ids, raw, additive in job.warm:
+            for r, x in zip(rank_ids, self._reference(job, rank_ids, raw, additive).tolist(), strict=True):
+                if math.isfinite(x):
+                    seen.setdefault(r, []).append(x)
+        paces = {r: float(np.median(xs)) for r, xs in seen.items()}
+        noise = [float(np.median(np.abs(np.array(xs) - paces[r]))) for r, xs in seen.items()]
+        gap = max(self.split_gap, self.noise_k * float(np.median(noise))) if noise else self.split_gap
+        job.group = speed_groups(paces, gap) if len(paces) >= 4 else {}
+        fast = [p for r, p in paces.items() if job.group.get(r, 0) == 0]
+        for g in set(job.group.values()) - {0}:
+            mine = [p for r, p in paces.items() if job.group[r] == g]
+            job.group_lag[g] = float(np.median(mine)) - (float(np.median(fast)) if fast else 0.0)
+        job.additive = job.warm[-1][2]
+        warm, job.warm = job.warm, []
+        for rank_ids, raw, additive in warm:
+            self._judge(job, rank_ids, raw, additive)
+
+    def _judge(self, job: _Job, rank_ids: list[int], raw: FloatArray, additive: bool) -> None:
+        lags = self._reference(job, rank_ids, raw, additive)
+        for r, x in zip(rank_ids, lags.tolist(), strict=True):
+            state = job.ranks.get(r)
+            if state is None or not math.isfinite(x):
                 continue
-            state.arrival = arrived
             state.recent.append(x)
             del state.recent[: -self.sustain]
             state.lags.append(x)
@@ -200,6 +287,36 @@ class RankDetector(StepDetector):
             return 0.0
         return max(0.0, state.retries[-1][1] - state.retries[0][1])
 
+    def _placement(self, job_name: str, job: _Job) -> list[Finding]:
+        if not job.group_lag:
+            return []
+        slow = sorted(r for r, g in job.group.items() if g > 0) if job.group else []
+        # a synchronous job waits for its slowest group: that wait is lost on all of its GPUs; an
+        # arrival lag is already a share of the (slow) step, a step-time ratio r loses (r - 1) / r
+        worst = max(job.group_lag.values())
+        lost = worst if job.additive else worst / (1.0 + worst)
+        places = sorted({self.steps.where(job_name, r).get("node", "") for r in slow} - {""})
+        on = f" on {', '.join(places)}" if places else ""
+        world = len(job.ranks)
+        return [
+            Finding(
+                PLACEMENT,
+                {"job": job_name},
+                f"Job {job_name} has run at two speeds since it started: ranks {_ranges(slow)}{on} are "
+                f"{worst:.0%} of a step slower than the others, so the job loses {lost:.0%} of its "
+                f"{world} GPUs' time",
+                value=lost,
+                affected_gpus=world,
+                at_risk=lost,
+                details={
+                    "slow_ranks": slow,
+                    "slow_nodes": places,
+                    "group_lag_share": worst,
+                    "lost_share": lost,
+                },
+            )
+        ]
+
     def _findings(self, job_name: str, job: _Job, rank: int, state: _Rank) -> list[Finding]:
         out: list[Finding] = []
         entity = {"job": job_name, "rank": str(rank), **self.steps.where(job_name, rank)}
@@ -209,12 +326,14 @@ class RankDetector(StepDetector):
             # one still trails a lag that began mid-run)
             now_lag = float(np.median(state.recent)) if state.recent else state.lag
             late = now_lag * job.step_time if math.isfinite(job.step_time) else math.nan
+            group = (job.group or {}).get(rank, 0)
+            peers = f"the ranks of its speed group {group}" if job.group_lag else "its peers"
             out.append(
                 Finding(
                     STRAGGLER,
                     entity,
                     f"Rank {rank} of job {job_name}{where} is a straggler: {now_lag:.0%} of a step "
-                    f"({late:.3f} s of {job.step_time:.3f} s) behind the peer median, sustained",
+                    f"({late:.3f} s of {job.step_time:.3f} s) behind {peers}, sustained",
                     value=now_lag,
                     details={
                         "lag_share": now_lag,
@@ -222,6 +341,7 @@ class RankDetector(StepDetector):
                         "smoothed_lag_share": state.lag,
                         "own_baseline": state.lag_base,
                         "step_seconds": job.step_time,
+                        "speed_group": group,
                     },
                 )
             )
@@ -250,3 +370,14 @@ class RankDetector(StepDetector):
                 )
             )
         return out
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2, 5``."""
+    out: list[str] = []
+    for r in ranks:
+        if out and r == int(out[-1].split("-")[-1]) + 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{r}"
+        else:
+            out.append(str(r))
+    return ", ".join(out)

@@ -49,6 +49,9 @@ class JobConditions:
 
     rank_slow: FloatArray
     grad: FloatArray
+    #: per-rank compute factor of where the job was placed (slower hardware): the job's own
+    #: normal, so the ground truth counts it as healthy, unlike ``rank_slow``
+    rank_pace: FloatArray
     job_factor: float = 1.0
     comm_factor: float = 1.0
     hang: bool = False
@@ -62,7 +65,7 @@ class JobConditions:
 
     @staticmethod
     def neutral(world: int) -> JobConditions:
-        return JobConditions(rank_slow=np.ones(world), grad=np.ones(world))
+        return JobConditions(rank_slow=np.ones(world), grad=np.ones(world), rank_pace=np.ones(world))
 
 
 class TrainingJob:
@@ -235,7 +238,8 @@ class TrainingJob:
     def _step_duration(self) -> float:
         c = self.cond
         perf = self.fleet.perf[self.gpu_idx]
-        self.compute = COMPUTE_SHARE * self.nominal * self.noise * c.rank_slow / perf + self.wait
+        pace = self.noise * c.rank_pace * c.rank_slow
+        self.compute = COMPUTE_SHARE * self.nominal * pace / perf + self.wait
         live = self.compute[self.alive] if self.alive.any() else self.compute
         slowest = float(live.max())
         self.share = self.compute / slowest
@@ -466,7 +470,7 @@ def true_slowdown(job: TrainingJob) -> float:
         return 1.0
     c, alive = job.cond, job.alive
     perf = job.fleet.perf[job.gpu_idx][alive]
-    base = COMPUTE_SHARE * job.nominal * job.noise[alive]
+    base = COMPUTE_SHARE * job.nominal * job.noise[alive] * c.rank_pace[alive]
     comm = (1.0 - COMPUTE_SHARE) * job.nominal
     healthy = float((base + job.wait[alive]).max()) + comm
     actual = (

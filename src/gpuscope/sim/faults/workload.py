@@ -70,6 +70,40 @@ class Straggler(Effect):
 
 
 @register
+class WorseningStraggler(Effect):
+    """A straggler that slows ``worsen`` times further ``worsen_after`` seconds after onset."""
+
+    kinds = ("straggler_worsening",)
+    onset = 0.0
+    worse = False
+
+    def begin(self, t: float) -> None:
+        self.onset = t
+
+    def apply(self) -> None:
+        factor = self.param("slowdown") * (self.param("worsen") if self.worse else 1.0)
+        self.job.cond.rank_slow[self.rank] *= factor
+
+    def advance(self, t: float) -> None:
+        if not self.worse and t >= self.onset + self.param("worsen_after"):
+            self.worse = True
+            self.job.cond.rank_slow[self.rank] *= self.param("worsen")
+
+
+@register
+class SlowPlacement(Effect):
+    """A group of ranks computes slower for as long as the fault lasts (from the start: a job
+    placed on mixed hardware). It is the job's normal pace, not lost work, in the ground truth;
+    ranks past the job's world are ignored."""
+
+    kinds = ("slow_placement",)
+
+    def apply(self) -> None:
+        first = int(self.param("first_rank"))
+        self.job.cond.rank_pace[first : first + int(self.param("ranks"))] *= self.param("slowdown")
+
+
+@register
 class StepTimeRegression(Effect):
     kinds = ("step_time_regression",)
 
