@@ -37,11 +37,11 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def fill(disk: Path) -> Path:
     """Write a filler file until the disk is full; deleting it gives the space back."""
     filler = disk / "filler"
-    with filler.open("wb") as f:
+    # unbuffered: a buffered file keeps the bytes that did not fit and raises again on close
+    with filler.open("wb", buffering=0) as f:
         try:
             while True:
                 f.write(b"\0" * 65_536)
-                f.flush()
         except OSError:
             pass
     return filler
