@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 from collections.abc import Iterator
@@ -37,11 +38,15 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 def fill(disk: Path) -> Path:
     """Write a filler file until the disk is full; deleting it gives the space back."""
     filler = disk / "filler"
-    # unbuffered: a buffered file keeps the bytes that did not fit and raises again on close
-    with filler.open("wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 65_536)
-        except OSError:
-            pass
+    f = filler.open("wb")
+    try:
+        while True:
+            f.write(b"\0" * 65_536)
+            f.flush()
+    except OSError:
+        pass
+    finally:
+        # the bytes that did not fit stay buffered and raise ENOSPC again on close
+        with contextlib.suppress(OSError):
+            f.close()
     return filler

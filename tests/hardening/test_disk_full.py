@@ -64,18 +64,23 @@ def test_hub_on_a_full_disk_answers_507_reports_it_and_recovers(small_disk: Path
     for k in range(10):
         assert post(k).status_code == 200
     filler = fill(small_disk)
-    refused = [post(k) for k in range(10, 20)]
-    assert {r.status_code for r in refused} == {507}, [r.text for r in refused]
+    answers = [post(k) for k in range(10, 20)]
+    codes = [r.status_code for r in answers]
+    # a batch may still fit in space DuckDB had reserved before the disk filled: then it is acked
+    # (and must survive, below); once a write needs new space, every batch is refused with 507
+    assert set(codes) <= {200, 507} and codes[-1] == 507, [r.text for r in answers]
+    refused = [r for r in answers if r.status_code == 507]
     assert refused[0].json()["field"] == "storage" and "No space left" in refused[0].json()["error"]
     health = client.get("/api/v1/health").json()
     assert health["status"] == "degraded" and health["storage"]["ok"] is False
     assert "No space left" in health["storage"]["error"]
-    assert health["counters"]["ingest_storage_failures"] == 10
-    assert stored_ks(client, base) == list(range(10))  # reads still work; nothing refused was kept
+    assert health["counters"]["ingest_storage_failures"] == len(refused)
+    assert stored_ks(client, base) == acked  # reads still work; nothing refused was kept
 
     filler.unlink()  # space returns; the senders retry what was refused
     for k in range(10, 30):
-        assert post(k).status_code == 200
+        if k not in acked:
+            assert post(k).status_code == 200
     health = client.get("/api/v1/health").json()
     assert health["status"] == "ok" and health["storage"] == {
         "ok": True,
@@ -87,7 +92,7 @@ def test_hub_on_a_full_disk_answers_507_reports_it_and_recovers(small_disk: Path
 
     with DuckDBStore(db) as again:  # and it was all durable, across the full-disk episode
         events = again.events(base - 1, base + 1e4, "probe", limit=10_000)
-        assert sorted(e.data["k"] for e in events) == acked == list(range(30))
+        assert sorted(e.data["k"] for e in events) == sorted(acked) == list(range(30))
         power = again.series("gpu_power_watts", {"node": "n1", "gpu": "5"}, base - 1, base + 100, points=1000)
         assert [p.value for p in power] == [float(k) for k in range(30)]
 
