@@ -148,7 +148,9 @@ def test_survivor_raises_node_unreachable_for_the_dead_hubs_silent_node_once(
     if fired_first:
         assert not fired_on_b  # continued, not fired (nor notified) again
         assert firing[0].id == fired_on_a[0][1].alert.id
-        assert b.counters.get("cluster_alerts_adopted") == 1
+        # continued at least once; a lease renewal that fails during the handover can make b
+        # release and retake a shard, continuing the same alert again (never firing it again)
+        assert b.counters.get("cluster_alerts_adopted") >= 1
     else:
         (fired,) = fired_on_b
         # within the detector's budget (4 x the 1 s period) of its last report, not of the takeover
