@@ -26,18 +26,13 @@ from gpuscope.alert.labels import Matcher
 from gpuscope.alert.service import AlertingService
 from gpuscope.hub import Hub
 from gpuscope.productivity import GROUPINGS
+from gpuscope.web.errors import ApiError, error_response
 from gpuscope.web.guard import PRINCIPAL_KEY
 
 _RANGE_RE = re.compile(r"([1-9][0-9]{0,5})([smhd])")
 _UNIT = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 MAX_RANGE_S = 400 * 86400.0
 MAX_DRAIN_S = 30 * 86400.0
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, field: str, message: str) -> None:
-        super().__init__(message)
-        self.status, self.field, self.message = status, field, message
 
 
 def parse_range(raw: str) -> float:
@@ -58,9 +53,9 @@ def _number(request: Request, name: str) -> float | None:
     try:
         value = float(raw)
     except ValueError:
-        raise _Refused(400, name, f"{raw!r} is not a number") from None
+        raise ApiError(400, name, f"{raw!r} is not a number") from None
     if not math.isfinite(value) or not 0 <= value <= 1e11:
-        raise _Refused(400, name, "must be seconds since the epoch")
+        raise ApiError(400, name, "must be seconds since the epoch")
     return value
 
 
@@ -86,8 +81,8 @@ class ProductivityApi:
         async def wrapped(request: Request) -> Response:
             try:
                 return await handler(request)  # type: ignore[no-any-return]
-            except _Refused as exc:
-                return JSONResponse({"error": exc.message, "field": exc.field}, status_code=exc.status)
+            except ApiError as exc:
+                return error_response(exc.status, exc.field, exc.message)
 
         return wrapped
 
@@ -99,15 +94,15 @@ class ProductivityApi:
             try:
                 start = end - parse_range(request.query_params.get("range", "1h"))
             except ValueError as exc:
-                raise _Refused(400, "range", str(exc)) from None
+                raise ApiError(400, "range", str(exc)) from None
         if start > end:
-            raise _Refused(400, "start", "must not be after end")
+            raise ApiError(400, "start", "must not be after end")
         return start, end
 
     async def productivity(self, request: Request) -> Response:
         by = request.query_params.get("by", "fleet")
         if by not in GROUPINGS:
-            raise _Refused(400, "by", f"must be one of {', '.join(GROUPINGS)}")
+            raise ApiError(400, "by", f"must be one of {', '.join(GROUPINGS)}")
         start, end = self.window(request)
         model = self.hub.productivity
         doc = model.summary(by, start, end)
@@ -122,15 +117,15 @@ class ProductivityApi:
 
     async def drain(self, request: Request) -> Response:
         if PRINCIPAL_KEY not in request.scope:
-            raise _Refused(401, "authorization", "this request was not authenticated")
+            raise ApiError(401, "authorization", "this request was not authenticated")
         node = request.path_params["node"]
         if not 0 < len(node) <= 256:
-            raise _Refused(400, "node", "must be 1 to 256 characters")
+            raise ApiError(400, "node", "must be 1 to 256 characters")
         model = self.hub.productivity
         if request.method == "DELETE":
             ended = model.undrain(node)
             if ended is None:
-                raise _Refused(404, "node", f"{node} is not drained")
+                raise ApiError(404, "node", f"{node} is not drained")
             if ended.silence is not None and self.alerting is not None:
                 with contextlib.suppress(KeyError):  # expired by hand already
                     self.alerting.expire_silence(ended.silence)
@@ -138,19 +133,19 @@ class ProductivityApi:
         try:
             body = orjson.loads(await request.body())
         except orjson.JSONDecodeError:
-            raise _Refused(400, "body", "must be a JSON object") from None
+            raise ApiError(400, "body", "must be a JSON object") from None
         if not isinstance(body, dict):
-            raise _Refused(400, "body", "must be a JSON object")
+            raise ApiError(400, "body", "must be a JSON object")
         seconds = body.get("for_seconds")
         if (
             isinstance(seconds, bool)
             or not isinstance(seconds, int | float)
             or not 0 < seconds <= MAX_DRAIN_S
         ):
-            raise _Refused(400, "for_seconds", f"must be a number of seconds in (0, {MAX_DRAIN_S:.0f}]")
+            raise ApiError(400, "for_seconds", f"must be a number of seconds in (0, {MAX_DRAIN_S:.0f}]")
         reason = body.get("reason", "")
         if not isinstance(reason, str) or len(reason) > 1000:
-            raise _Refused(400, "reason", "must be a string of at most 1000 characters")
+            raise ApiError(400, "reason", "must be a string of at most 1000 characters")
         who = getattr(request.scope[PRINCIPAL_KEY], "name", "")
         now = self.clock()
         drain = model.drain(node, now + float(seconds), reason, who)
