@@ -15,7 +15,10 @@ import grpc
 import pytest
 
 from gpuscope.collect.dcgm import owner_of
+from gpuscope.collect.fake_nvml import FakeNvml, FakeProcess
 from gpuscope.collect.kubelet import KubeletCollector
+from gpuscope.collect.nvml import NvmlCollector
+from gpuscope.collect.podresources import PodNames, PodResourcesClient
 from gpuscope.kube import podresources_pb2 as pb
 from gpuscope.kube.metadata import ApiServerPods, PodMeta, downward_pod, parse_downward_map
 from gpuscope.model import Frame
@@ -264,3 +267,105 @@ def test_team_and_uid_from_a_downward_api_volume(tmp_path: Path) -> None:
     assert downward_pod(str(tmp_path)) == PodMeta(uid="6f1c2a34-8b7d-4e2f-9a10-1b2c3d4e5f60", team="nlp")
     assert downward_pod(str(tmp_path), team_label="app").team == "trainer"
     assert downward_pod(str(tmp_path / "absent")) == PodMeta()
+
+
+TRAINER_UID = "6f1c2a34-8b7d-4e2f-9a10-1b2c3d4e5f60"  # ml/trainer-0 in pods-gpu-7.json
+NOTEBOOK_1_UID = "2f3e4d5c-6b7a-4899-a8b7-c6d5e4f3a211"  # research/notebook-1
+POD_LABELS = ("pod", "namespace", "container", "pod_uid")
+
+
+def pod_process(proc: Path, pid: int, uid: str, hostname: str | None = None) -> None:
+    """A process in a pod as procfs shows it: the systemd cgroup driver's path (UID with ``_``)."""
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / str(pid) / "cgroup").write_text(
+        "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod"
+        f"{uid.replace('-', '_')}.slice/cri-containerd-{'ab' * 32}.scope\n"
+    )
+    env = b"PATH=/bin\0" + (f"HOSTNAME={hostname}\0".encode() if hostname else b"")
+    (proc / str(pid) / "environ").write_bytes(env)
+
+
+def nvml_on(proc: Path, socket: str, api: ApiServerPods | None = None) -> tuple[NvmlCollector, FakeNvml]:
+    fake = FakeNvml.healthy(2)
+    fake.gpus[0].uuid, fake.gpus[1].uuid = GPU_A, GPU_B
+    pods = PodNames("gpu-7", client=PodResourcesClient(socket), api=api)
+    return NvmlCollector("gpu-7", proc_root=str(proc), lib=fake, watch_events=False, pods=pods), fake
+
+
+def process_rows(got_frames: list[Frame]) -> dict[str, dict[str, str]]:
+    return {labels["pid"]: labels for f in got_frames for labels in f.entities if "pid" in labels}
+
+
+def test_a_pod_has_the_same_labels_on_the_cgroup_path_as_on_the_kubelet_path(
+    kubelet: str, api_server: tuple[str, list[str]], tmp_path: Path
+) -> None:
+    url, _ = api_server
+    proc = tmp_path / "proc"
+    pod_process(proc, 101, TRAINER_UID)
+    pod_process(proc, 202, NOTEBOOK_1_UID)  # time-sliced GPU B: only the API server tells the pods apart
+    nvml, fake = nvml_on(proc, kubelet, ApiServerPods(url, TOKEN))
+    fake.gpus[0].processes = [FakeProcess(101, 2**30)]
+    fake.gpus[1].processes = [FakeProcess(202, 2**30)]
+    kube = KubeletCollector("gpu-7", socket_path=kubelet, uuid_index=dict, api=ApiServerPods(url, TOKEN))
+    try:
+        via_nvml = nvml.collect(1.0)
+        via_kubelet = kube.collect(1.0)
+    finally:
+        nvml.close()
+        kube.close()
+    assert via_nvml.errors == [] and via_kubelet.errors == []
+    allocated = {
+        labels["uuid"] + labels["pod"]: labels
+        for labels, v in rows(via_kubelet.frames)
+        if v.get("gpu_owner_allocated") == 1
+    }
+    procs = process_rows(via_nvml.frames)
+    for pid, uuid, pod in (("101", GPU_A, "ml/trainer-0"), ("202", GPU_B, "research/notebook-1")):
+        assert procs[pid]["pod"] == pod
+        assert {k: procs[pid][k] for k in POD_LABELS} == {k: allocated[uuid + pod][k] for k in POD_LABELS}
+    # the GPU's own row names its user the same way; the UID stays off it so the GPU keeps one series
+    gpu_rows = {e["uuid"]: e for f in via_nvml.frames for e in f.entities if not {"pid", "link"} & set(e)}
+    assert (gpu_rows[GPU_A]["pod"], gpu_rows[GPU_A]["namespace"], gpu_rows[GPU_A]["container"]) == (
+        "ml/trainer-0",
+        "ml",
+        "pytorch",
+    )
+    assert "pod_uid" not in gpu_rows[GPU_A]
+
+
+def test_without_the_api_server_the_kubelet_allocation_names_the_pod(kubelet: str, tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    pod_process(proc, 101, TRAINER_UID)  # the only pod holding GPU A
+    pod_process(proc, 202, NOTEBOOK_1_UID, hostname="notebook-1")  # GPU B is shared: its hostname tells
+    pod_process(proc, 303, "0a0b0c0d-1111-4222-8333-444455556666")  # shared GPU, no hostname: ambiguous
+    nvml, fake = nvml_on(proc, kubelet)
+    fake.gpus[0].processes = [FakeProcess(101, 2**30)]
+    fake.gpus[1].processes = [FakeProcess(202, 2**30), FakeProcess(303, 2**29)]
+    try:
+        procs = process_rows(nvml.collect(1.0).frames)
+    finally:
+        nvml.close()
+    assert {k: procs["101"][k] for k in POD_LABELS} == {
+        "pod": "ml/trainer-0",
+        "namespace": "ml",
+        "container": "pytorch",
+        "pod_uid": TRAINER_UID,
+    }
+    assert (procs["202"]["pod"], procs["202"]["container"]) == ("research/notebook-1", "jupyter")
+    # never guessed: a pod no source names keeps its UID
+    assert procs["303"]["pod"] == procs["303"]["pod_uid"] == "0a0b0c0d-1111-4222-8333-444455556666"
+    assert "namespace" not in procs["303"]
+
+
+def test_an_unreachable_kubelet_keeps_the_uid_and_is_counted(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    pod_process(proc, 101, TRAINER_UID)
+    nvml, fake = nvml_on(proc, str(tmp_path / "absent.sock"))
+    fake.gpus[0].processes = [FakeProcess(101, 2**30)]
+    try:
+        got = nvml.collect(1.0)
+        again = nvml.collect(2.0)  # not asked again within the refresh interval
+    finally:
+        nvml.close()
+    assert [e.kind for e in got.errors] == ["kubelet_list"] and again.errors == []
+    assert process_rows(got.frames)["101"]["pod"] == TRAINER_UID

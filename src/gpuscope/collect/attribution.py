@@ -2,8 +2,10 @@
 
 A GPU's samples carry the job using it (DESIGN §2 attribution labels), found from the processes
 NVML lists on it: the Slurm job id from the environment or the cgroup path (``job_1234``), the
-Kubernetes pod UID and container id from the cgroup path, the torchrun run id and rank from the
-environment; the job key is the one the SDK and dcgm-exporter use (:func:`gpuscope.identity.job_key`).
+Kubernetes pod UID and container id from the cgroup path (the ``pod`` label becomes ``namespace/name``
+where :class:`gpuscope.collect.podresources.PodNames` resolves the UID, which stays as ``pod_uid``),
+the torchrun run id and rank from the environment; the job key is the one the SDK and
+dcgm-exporter use (:func:`gpuscope.identity.job_key`).
 An unreadable process (gone, or not ours to read) simply yields fewer labels.
 """
 
@@ -29,13 +31,18 @@ _SLURM = re.compile(r"/job_(\d+)(?:/|$)")
 @dataclass(frozen=True, slots=True)
 class ProcessOwner:
     job: str | None = None
+    #: ``namespace/name`` once resolved; until then the pod's UID, which is all the cgroup says
     pod: str | None = None
     container: str | None = None
     rank: str | None = None
+    namespace: str | None = None
+    pod_uid: str | None = None
+    #: the process's ``HOSTNAME``: in a pod, the pod's name unless the pod sets another
+    hostname: str | None = None
 
     def labels(self) -> dict[str, str]:
-        """The attribution labels (``job``, ``pod``, ``container``) that are known."""
-        out = {"job": self.job, "pod": self.pod, "container": self.container}
+        """The attribution labels (``job``, ``pod``, ``namespace``, ``container``) that are known."""
+        out = {"job": self.job, "pod": self.pod, "namespace": self.namespace, "container": self.container}
         return {k: v for k, v in out.items() if v}
 
 
@@ -78,4 +85,6 @@ def process_owner(pid: int, proc_root: str = "/proc") -> ProcessOwner:
         env = {}
     job = job_key(env) or cg_job
     rank = env.get("RANK") or env.get("SLURM_PROCID")
-    return ProcessOwner(job=job, pod=pod, container=container, rank=rank)
+    return ProcessOwner(
+        job=job, pod=pod, container=container, rank=rank, pod_uid=pod, hostname=env.get("HOSTNAME") or None
+    )

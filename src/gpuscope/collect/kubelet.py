@@ -1,8 +1,8 @@
 """Which pod holds which GPU, from the kubelet: the ``kubelet`` collector (``--kubelet-socket``).
 
 Calls the kubelet's PodResources gRPC API (``/var/lib/kubelet/pod-resources/kubelet.sock``;
-``List`` and ``GetAllocatableResources``, GA since Kubernetes 1.28) with the message classes
-generated from the kubelet's own proto (:mod:`gpuscope.kube.podresources_pb2`). Unlike NVML's
+``List`` and ``GetAllocatableResources``, GA since Kubernetes 1.28) through
+:class:`~gpuscope.collect.podresources.PodResourcesClient`. Unlike NVML's
 process list, it names the owner of a GPU that runs no process, the idle-allocation case.
 
 Per round, a row per allocatable GPU (``gpu_allocatable``, labels node, uuid and, where NVML
@@ -18,74 +18,22 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping
-from typing import Any, Self
+from typing import Self
 
 import grpc
 
 from gpuscope.collect.base import Collected, Collector, CollectorContext, CollectorError, register_collector
 from gpuscope.collect.nvml import frame
 from gpuscope.collect.nvml_api import nvml_library_present, uuid_indices
+from gpuscope.collect.podresources import DEFAULT_SOCKET, PodResourcesClient, device_uuid, is_gpu
 from gpuscope.identity import pod_key
-from gpuscope.kube import podresources_pb2 as pb
 from gpuscope.kube.metadata import DEFAULT_TEAM_LABEL, ApiServerPods, PodMeta
 from gpuscope.model import Labels
 from gpuscope.signals import DETAIL_METRICS
 
-DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
-#: the service as the proto declares it (package v1, service PodResourcesLister)
-SERVICE = "/v1.PodResourcesLister"
-GPU_RESOURCES = frozenset({"nvidia.com/gpu"})
-_REPLICA = "::"
-
-
-def device_uuid(device_id: str) -> str:
-    """The GPU a device id names: ``GPU-…::3`` (a time-slicing replica) is ``GPU-…``."""
-    return device_id.split(_REPLICA, 1)[0]
-
-
-def is_gpu(resource: str) -> bool:
-    # MIG strategy "mixed" advertises nvidia.com/mig-1g.10gb and the like
-    return resource in GPU_RESOURCES or resource.startswith("nvidia.com/mig-")
-
 
 def _default_index() -> Mapping[str, str]:
     return uuid_indices() if nvml_library_present() else {}
-
-
-class PodResourcesClient:
-    """``List`` and ``GetAllocatableResources`` over the kubelet's unix socket."""
-
-    def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = 5.0) -> None:
-        self.target = f"unix://{socket_path}"
-        self.timeout = timeout
-        self._channel: Any = None
-
-    def _call(self, method: str, request: Any, response: Any) -> Any:
-        if self._channel is None:
-            self._channel = grpc.insecure_channel(self.target)
-        stub = self._channel.unary_unary(
-            f"{SERVICE}/{method}",
-            request_serializer=type(request).SerializeToString,
-            response_deserializer=response.FromString,
-        )
-        return stub(request, timeout=self.timeout)
-
-    def list(self) -> pb.ListPodResourcesResponse:
-        got: pb.ListPodResourcesResponse = self._call(
-            "List", pb.ListPodResourcesRequest(), pb.ListPodResourcesResponse
-        )
-        return got
-
-    def allocatable(self) -> pb.AllocatableResourcesResponse:
-        got: pb.AllocatableResourcesResponse = self._call(
-            "GetAllocatableResources", pb.AllocatableResourcesRequest(), pb.AllocatableResourcesResponse
-        )
-        return got
-
-    def close(self) -> None:
-        if self._channel is not None:
-            self._channel.close()
-            self._channel = None
 
 
 @register_collector

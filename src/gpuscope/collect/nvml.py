@@ -6,13 +6,16 @@ the per-GPU frame (``signals.GPU_METRICS``, labelled with the job using the GPU)
 NVLink link, a frame per GPU process, and MIG instances as entities of their own (label
 ``mig``). Counters that change slowly (ECC, retired pages, remapped rows, violation times,
 NVLink errors, PCIe replays) are read every ``slow_every`` rounds. XIDs and DBEs arrive through
-an event set on a thread of its own. A lost GPU is asked for its UUID each round and read again
+an event set on a thread of its own. With ``--kubelet-socket`` (and ``--kube-api``) a process's pod
+is named ``namespace/name`` as on every other path (:class:`~gpuscope.collect.podresources.PodNames`);
+its process row keeps the UID as ``pod_uid``. A lost GPU is asked for its UUID each round and read again
 once it answers (after a GPU reset).
 """
 
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
 from typing import Any, Self
 
@@ -22,6 +25,8 @@ from gpuscope.collect.attribution import ProcessOwner, process_owner
 from gpuscope.collect.base import Collected, Collector, CollectorContext, register_collector
 from gpuscope.collect.nvml_api import Device, GpuLost, NvmlSession, nvml_library_present
 from gpuscope.collect.nvml_events import EventWatcher
+from gpuscope.collect.podresources import PodNames, PodResourcesClient
+from gpuscope.kube.metadata import DEFAULT_TEAM_LABEL, ApiServerPods
 from gpuscope.model import Event, Frame, Labels
 from gpuscope.signals import DETAIL_METRICS, GPU_METRICS
 
@@ -108,8 +113,10 @@ class NvmlCollector(Collector):
         lib: Any = None,
         slow_every: int = 5,
         watch_events: bool = True,
+        pods: PodNames | None = None,
     ) -> None:
         super().__init__(node, proc_root=proc_root, sys_root=sys_root)
+        self.pods = pods
         if slow_every < 1:
             raise ValueError(f"slow_every must be at least 1, got {slow_every}")
         self.session = NvmlSession(lib)
@@ -127,7 +134,17 @@ class NvmlCollector(Collector):
     @classmethod
     def from_context(cls, ctx: CollectorContext) -> Self:
         lib = ctx.options.get("nvml_lib")
-        return cls(ctx.node, proc_root=ctx.proc_root, sys_root=ctx.sys_root, lib=lib)
+        pods = None
+        if ctx.options.get("kubelet_socket"):
+            api = (
+                ApiServerPods.in_cluster(
+                    os.environ, team_label=str(ctx.options.get("team_label") or DEFAULT_TEAM_LABEL)
+                )
+                if ctx.options.get("kube_api")
+                else None
+            )
+            pods = PodNames(ctx.node, client=PodResourcesClient(str(ctx.options["kubelet_socket"])), api=api)
+        return cls(ctx.node, proc_root=ctx.proc_root, sys_root=ctx.sys_root, lib=lib, pods=pods)
 
     def labels(self, dev: Device) -> Labels:
         out = {"node": self.node, "gpu": str(dev.index), "uuid": dev.uuid}
@@ -168,6 +185,8 @@ class NvmlCollector(Collector):
             out.events.extend(events)
             out.errors.extend(errors)
         out.errors.extend(self.session.take_errors())
+        if self.pods is not None:
+            out.errors.extend(self.pods.take_errors())
         for order, rows in (
             (GPU_METRICS, r.gpus),
             (DETAIL_METRICS, list(r.links.values())),
@@ -429,10 +448,14 @@ class NvmlCollector(Collector):
             owner = self._owners.get(pid)
             if owner is None:
                 owner = self._owners[pid] = process_owner(pid, self.proc_root)
+            if self.pods is not None:
+                owner = self.pods.resolve(owner, [dev.uuid, *(c.uuid for c in dev.children)])
             used = float(p.usedGpuMemory) if p.usedGpuMemory is not None else math.nan
             row_labels = {**labels, "pid": str(pid), **owner.labels()}
             if owner.rank is not None:
                 row_labels["rank"] = owner.rank
+            if owner.pod_uid:
+                row_labels["pod_uid"] = owner.pod_uid
             r.procs.append((row_labels, {"gpu_process_memory_used_bytes": used}))
             owners.append((0.0 if math.isnan(used) else used, owner))
         owners.sort(key=lambda pair: -pair[0])
@@ -446,6 +469,8 @@ class NvmlCollector(Collector):
         r.migs.append((self.labels(dev), v))
 
     def close(self) -> None:
+        if self.pods is not None:
+            self.pods.close()
         if self.watcher is not None:
             self.watcher.close()
             self.watcher = None
