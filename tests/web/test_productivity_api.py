@@ -12,7 +12,7 @@ with warnings.catch_warnings():  # starlette prefers httpx2 for its test client;
     from starlette.testclient import TestClient
 
 from gpuscope.hub import Hub
-from gpuscope.model import Batch, Frame
+from gpuscope.model import Batch, Event, Frame
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.api import HubApi
 from gpuscope.web.productivity_api import parse_range
@@ -95,3 +95,56 @@ def test_productivity_refusals_name_the_field() -> None:
 
 def test_ranges_parse_to_seconds() -> None:
     assert parse_range("90s") == 90 and parse_range("15m") == 900 and parse_range("30d") == 30 * 86400
+
+
+def kubelet_frame(ts: float) -> Frame:
+    """The kubelet collector's round on node-0: GPUs 0-2 allocatable, 0 and 1 held by pods whose
+    metadata names their team (collect/kubelet.py with --kube-api)."""
+    base = {"node": "node-0"}
+    entities = [{**base, "gpu": str(g), "uuid": f"GPU-{g}"} for g in range(3)] + [
+        {**base, "gpu": "0", "uuid": "GPU-0", "owner": "ml/trainer-0/pytorch", "pod": "ml/trainer-0",
+         "namespace": "ml", "container": "pytorch", "workload": "PyTorchJob/bert", "team": "nlp"},
+        {**base, "gpu": "1", "uuid": "GPU-1", "owner": "research/notebook-0/jupyter",
+         "pod": "research/notebook-0", "namespace": "research", "container": "jupyter", "team": "vision"},
+    ]  # fmt: skip
+    nan = float("nan")
+    values = np.array([[1.0, nan]] * 3 + [[nan, 1.0]] * 2)
+    return Frame(ts, ["gpu_allocatable", "gpu_owner_allocated"], entities, values)
+
+
+def test_productivity_by_team_takes_the_team_from_the_pod_metadata() -> None:
+    clock = Clock()
+    hub = Hub(DuckDBStore(":memory:"))
+    client = TestClient(HubApi(hub, clock=clock).app)
+    try:
+        for _ in range(30):
+            clock.now += 1
+            gpus = Frame(
+                clock.now,
+                ["gpu_utilization_percent"],
+                [
+                    # the trainer runs without the SDK: its job comes from the process, its team from the pod
+                    {"node": "node-0", "gpu": "0", "job": "bert", "pod": "ml/trainer-0", "namespace": "ml"},
+                    {"node": "node-0", "gpu": "1"},  # the notebook holds it and runs nothing
+                    {"node": "node-0", "gpu": "2"},  # free
+                ],
+                np.array([[95.0], [0.0], [0.0]]),
+            )
+            hub.ingest(Batch("node-0", frames=[kubelet_frame(clock.now), gpus]))
+            hub.evaluate(clock.now)
+        doc = client.get("/api/v1/productivity?by=team&range=1h").json()
+        teams = {
+            g["group"]: {k: round(s["gpu_hours"] * 3600) for k, s in g["states"].items() if s["gpu_hours"]}
+            for g in doc["groups"]
+        }
+        # GPU 2 is nobody's: no team (it stays in the fleet's idle_unallocated)
+        assert teams == {"nlp": {"productive": 29}, "vision": {"idle_allocated": 29}}
+        vision = next(g for g in doc["groups"] if g["group"] == "vision")
+        assert list(vision["states"]["idle_allocated"]["causes"]) == ["idle_job"]
+        # an SDK's own team (the pod's downward API) still wins for its job
+        hub.ingest(Batch("sdk", events=[Event(clock.now, "job_started", {"job": "bert"}, {"team": "llm"})]))
+        clock.now += 1
+        hub.ingest(Batch("node-0", frames=[kubelet_frame(clock.now)]))
+        assert hub.productivity.jobs["bert"].team == "llm"
+    finally:
+        hub.store.close()

@@ -3,6 +3,8 @@
 It reads only what the hub already has: GPU telemetry frames (who holds each GPU, whether it
 computes, whether it throttles), training records and job events (progress, checkpoints, restarts,
 heartbeats), serving frames (which jobs are services), firing alerts (fatal XIDs) and node drains.
+GPU allocations (the kubelet's ``gpu_owner_allocated`` rows, :mod:`~gpuscope.productivity.holders`)
+say who holds a GPU that runs no job, and the team of a pod from its metadata.
 The scheduler's node states (the Slurm collector's ``slurm_node_unavailable``) say which nodes are
 held out of service. A GPU-second is counted when that GPU's own frame arrives (the frame's
 interval, judged at its timestamp); a GPU that stops reporting is counted ``down`` from its last
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuscope.model import Alert, Batch, FloatArray, Frame
+from gpuscope.productivity.holders import Holders
 from gpuscope.productivity.jobs import JobView
 from gpuscope.productivity.ledger import MINUTE, MINUTES_KEPT_S, RETENTION_S, Ledger, Slot
 from gpuscope.productivity.states import DEGRADED_AT, owner_of, state_of
@@ -48,6 +51,10 @@ class GpuView:
     node: str
     gpu: str
     job: str = ""
+    #: the team of the pod using or holding it (from pod metadata), when its job names none
+    team: str = ""
+    #: allocated to a pod, whether or not a process runs on it
+    held: bool = False
     accounted: float = -math.inf  # counted up to here
     last_seen: float = -math.inf
     interval: float = 1.0
@@ -80,6 +87,7 @@ class ProductivityModel:
         self.drains: dict[str, Drain] = {}
         #: nodes the scheduler holds out of service, and when it last said so
         self.unavailable: dict[str, float] = {}
+        self.holders = Holders()
         self._lock = threading.Lock()
 
     # -- input ------------------------------------------------------------------------------------
@@ -100,6 +108,8 @@ class ProductivityModel:
                     self._gpu_frame(frame)
                 elif (held := frame.column("slurm_node_unavailable")) is not None:
                     self._scheduler_frame(frame, held)
+                elif (owned := frame.column("gpu_owner_allocated")) is not None:
+                    self.holders.observe(frame, owned)
                 elif frame.entities and "service" in frame.entities[0]:
                     self.services.update(e["service"] for e in frame.entities if "service" in e)
 
@@ -209,6 +219,8 @@ class ProductivityModel:
                 view.interval = 0.8 * view.interval + 0.2 * min(ts - view.last_seen, 60.0)
                 view.last_seen = ts
             view.job = labels.get("job", "")
+            view.held = self.holders.held(node, gpu, ts)
+            view.team = labels.get("team") or self.holders.team(node, gpu, labels.get("pod", ""), ts)
             view.throttled = any(c[i] > 0 for c in flags)
             busy = float(util[i])
             job = self.jobs.get(view.job) if view.job else None
@@ -248,6 +260,8 @@ class ProductivityModel:
         if self._held_out(view.node, ts) and util < IDLE_UTIL:
             return "draining", 0.0
         if not view.job:
+            if view.held:  # a pod holds it with no job known: idle is the idle-allocation waste
+                return ("unattributed" if util >= IDLE_UTIL else "idle_job"), 0.0
             return ("unattributed" if util >= 50.0 else "no_job"), 0.0
         job = self.jobs.get(view.job)
         if view.job in self.services or job is None:
@@ -266,7 +280,7 @@ class ProductivityModel:
     def _slot(self, view: GpuView, cause: str) -> Slot:
         job = "" if view.job in self.services else view.job
         service = view.job if view.job in self.services else ""
-        team = (self.jobs[job].team if job in self.jobs else "") or ("unassigned" if job else "")
+        team = (self.jobs[job].team if job in self.jobs else "") or view.team or ("unassigned" if job else "")
         return Slot(view.node, view.gpu, job, team, service, cause)
 
     def _count(self, view: GpuView, start: float, end: float, cause: str, lost: float) -> None:
