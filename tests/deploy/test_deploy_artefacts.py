@@ -4,14 +4,18 @@
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import kubernetes_validate
 import pytest
@@ -20,6 +24,7 @@ import yaml
 from gpuscope import __version__
 from gpuscope.cli import build_parser
 from gpuscope.config_check import check_config
+from gpuscope.kube.metadata import ApiServerPods
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
@@ -156,3 +161,128 @@ def test_containerfile_installs_the_pinned_hub_as_a_user() -> None:
     assert re.search(r'^ENTRYPOINT \["gpuscope"\]$', text, re.MULTILINE)
     (cmd,) = re.findall(r"^CMD (\[.*\])$", text, re.MULTILINE)
     _parses(yaml.safe_load(cmd))
+
+
+# --- the agent's RBAC: what the code calls, derived by running it ----------------------------------
+
+_POD = {
+    "metadata": {
+        "name": "api-7d4b9c6f8-x2x2x",
+        "namespace": "serving",
+        "uid": "0f1e2d3c-4b5a-4968-8778-695a4b3c2d1e",
+        "labels": {"team": "search"},
+        "ownerReferences": [{"kind": "ReplicaSet", "name": "api-7d4b9c6f8", "controller": True}],
+    }
+}
+_REPLICASET = {"metadata": {"ownerReferences": [{"kind": "Deployment", "name": "api", "controller": True}]}}
+
+
+def _api_calls() -> list[tuple[str, str]]:
+    """Run the agent's API-server client (gpuscope.kube.metadata) against a local server that records
+    every request: ``[(method, path with query)]``."""
+    seen: list[tuple[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(("GET", self.path))
+            doc = _REPLICASET if "/replicasets/" in self.path else {"items": [_POD]}
+            body = json.dumps(doc).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        api = ApiServerPods(f"http://127.0.0.1:{server.server_address[1]}", "token")
+        try:
+            meta = api.node_pods("gpu-1")
+        finally:
+            api.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert meta["serving/api-7d4b9c6f8-x2x2x"].workload == "Deployment/api"  # every call was made
+    return seen
+
+
+def rbac_need(method: str, url: str) -> tuple[str, str, str]:
+    """``(apiGroup, resource, verb)`` a request needs, by the Kubernetes API's URL layout
+    (``/api/v1/[namespaces/<ns>/]<resource>[/<name>]``, ``/apis/<group>/<version>/...``)."""
+    parts = urlsplit(url)
+    segs = [s for s in parts.path.split("/") if s]
+    if segs[:2] == ["api", "v1"]:
+        group, rest = "", segs[2:]
+    elif segs[0] == "apis" and len(segs) >= 3:
+        group, rest = segs[1], segs[3:]
+    else:
+        raise AssertionError(f"not a Kubernetes API path: {url}")
+    if len(rest) > 2 and rest[0] == "namespaces":
+        rest = rest[2:]
+    resource, named = rest[0], len(rest) > 1
+    assert method == "GET", f"{method} {url}: only reads are expected of the agent"
+    watch = parse_qs(parts.query).get("watch") == ["true"]
+    return group, resource, "get" if named else "watch" if watch else "list"
+
+
+def _grants(rules: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in rules
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+
+
+def _allows(granted: set[tuple[str, str, str]], need: tuple[str, str, str]) -> bool:
+    return any(all(have in (want, "*") for have, want in zip(g, need, strict=True)) for g in granted)
+
+
+def test_the_agents_service_account_may_make_exactly_the_api_calls_the_code_makes() -> None:
+    (agent,) = [d for _, d in _documents() if d["kind"] == "DaemonSet"]
+    spec = agent["spec"]["template"]["spec"]
+    account, namespace = spec["serviceAccountName"], agent["metadata"]["namespace"]
+    (container,) = spec["containers"]
+    assert "--kube-api" in container["args"] and spec.get("automountServiceAccountToken") is True
+    socket = container["args"][container["args"].index("--kubelet-socket") + 1]
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert os.path.dirname(socket) in mounts  # the kubelet's pod-resources socket is in the agent's view
+    accounts = [d["metadata"]["name"] for _, d in _documents() if d["kind"] == "ServiceAccount"]
+    assert account in accounts
+    roles = {d["metadata"]["name"]: d for _, d in _documents() if d["kind"] == "ClusterRole"}
+    granted: set[tuple[str, str, str]] = set()
+    for _, binding in _documents():
+        subjects = binding.get("subjects") or []
+        if (
+            binding["kind"] == "ClusterRoleBinding"
+            and {
+                "kind": "ServiceAccount",
+                "name": account,
+                "namespace": namespace,
+            }
+            in subjects
+        ):
+            assert binding["roleRef"]["kind"] == "ClusterRole"
+            granted |= _grants(roles[binding["roleRef"]["name"]]["rules"])
+    needed = {rbac_need(method, url) for method, url in _api_calls()}
+    assert needed == {("", "pods", "list"), ("apps", "replicasets", "get")}  # what the client does today
+    missing = [n for n in needed if not _allows(granted, n)]
+    assert not missing, f"the agent's ClusterRole lacks {missing}"
+    assert granted == needed, f"the ClusterRole grants more than the agent calls: {granted - needed}"
+
+
+def test_rbac_needs_follow_the_kubernetes_url_layout() -> None:
+    assert rbac_need("GET", "/api/v1/pods?fieldSelector=spec.nodeName%3Dn") == ("", "pods", "list")
+    assert rbac_need("GET", "/api/v1/namespaces/ml/pods/trainer-0") == ("", "pods", "get")
+    assert rbac_need("GET", "/api/v1/nodes/gpu-1") == ("", "nodes", "get")
+    assert rbac_need("GET", "/apis/apps/v1/namespaces/ml/replicasets/rs-1") == ("apps", "replicasets", "get")
+    assert rbac_need("GET", "/api/v1/pods?watch=true") == ("", "pods", "watch")
+    assert not _allows({("", "pods", "get")}, ("", "pods", "list"))
+    assert _allows({("", "*", "list")}, ("", "pods", "list"))
