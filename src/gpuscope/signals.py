@@ -189,7 +189,8 @@ QUALITY_METRICS = _specs(
 
 #: Finer-grained hardware telemetry: per NVLink link (labels node, gpu, uuid, link), per process on
 #: a GPU (node, gpu, uuid, pid; attribution job, pod, container), per InfiniBand port (node,
-#: device, port). Kept apart from the per-GPU and per-node sets, whose columns the simulator mirrors.
+#: device, port), per serving engine of a model (service labels and dp_rank). Kept apart from the
+#: per-GPU and per-node sets, whose columns the simulator mirrors.
 DETAIL_METRICS = _specs(
     ("gpu_process_memory_used_bytes", "gauge", "GPU memory used by one process"),
     ("gpu_nvlink_link_up", "gauge", "1 while this NVLink link is active"),
@@ -202,6 +203,10 @@ DETAIL_METRICS = _specs(
     ("gpu_allocatable", "gauge", "1 for each GPU the kubelet can allocate to pods"),
     ("gpu_owner_utilization_percent", "gauge", "GPU utilization of one owner's share (time-sliced GPUs)"),
     ("gpu_owner_memory_used_bytes", "gauge", "Framebuffer memory of one owner's share (time-sliced GPUs)"),
+    # one engine of a service's model (labels as SERVICE_METRICS plus dp_rank, pp_rank)
+    ("inference_engine_queue_depth", "gauge", "Requests waiting at one engine (data-parallel rank)"),
+    ("inference_engine_running_requests", "gauge", "Requests being served by one engine"),
+    ("inference_engine_kv_cache_usage_ratio", "gauge", "Fraction of one engine's KV cache in use"),
     ("ib_port_up", "gauge", "1 while the InfiniBand/RoCE port is ACTIVE"),
     ("ib_port_rate_gbps", "gauge", "Link rate of the port in Gb/s"),
     ("ib_port_rx_bytes_per_second", "gauge", "Receive throughput of the port"),

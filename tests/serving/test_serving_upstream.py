@@ -13,7 +13,11 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscope.collect.serving import EngineScraper
+from gpuscope.collect.serving import EngineScraper, ServingCollector
+from gpuscope.detect.services import ServiceAggregator
+from gpuscope.hub import Hub
+from gpuscope.model import Batch
+from gpuscope.store.duckdb import DuckDBStore
 
 VLLM_DP = """\
 # TYPE vllm:num_requests_waiting gauge
@@ -115,3 +119,82 @@ def test_triton_default_counters_give_mean_latency_and_queue_time() -> None:
     assert v["inference_queue_time_mean_seconds"] == pytest.approx(0.002)
     assert v["inference_rejections_per_second"] == pytest.approx(0.5)
     assert v["inference_queue_depth"] == 3
+
+
+def test_each_engine_keeps_its_own_queue_and_kv_series() -> None:
+    """One saturated engine among idle ones: the model's row sums and maxes, its engines' rows show
+    which one (vLLM ``engine`` and SGLang ``dp_rank`` become ``dp_rank``; tp ranks count once)."""
+    models, engines = EngineScraper("http://vllm:8000/metrics", "n1").scrape(vllm_page(1, 1, 1, 1, 1, 0), 1.0)
+    assert [v["inference_queue_depth"] for _, v in models] == [86]
+    by_rank = {labels["dp_rank"]: (labels, v) for labels, v in engines}
+    assert set(by_rank) == {"0", "1"}
+    labels, v = by_rank["1"]
+    assert (labels["service"], labels["model"], labels["engine"]) == ("llama", "llama", "vllm")
+    assert v == {
+        "inference_engine_queue_depth": 80.0,
+        "inference_engine_running_requests": 2.0,
+        "inference_engine_kv_cache_usage_ratio": 0.3,
+    }
+    assert by_rank["0"][1]["inference_engine_kv_cache_usage_ratio"] == 0.9
+    _, engines = EngineScraper("http://sgl:30000/metrics", "n1").scrape(SGLANG, 1.0)
+    sgl = {(labels["dp_rank"], labels["pp_rank"]): v for labels, v in engines}
+    assert sgl[("0", "0")]["inference_engine_queue_depth"] == 6  # two tp ranks of one scheduler
+    assert sgl[("1", "0")]["inference_engine_queue_depth"] == 80
+    assert sgl[("1", "0")]["inference_engine_kv_cache_usage_ratio"] == 0.7
+    # a single engine is the model's row: no per-engine copy
+    one = "\n".join(line for line in vllm_page(1, 1, 1, 1, 1, 0).splitlines() if 'engine="1"' not in line)
+    assert EngineScraper("http://v:8000/metrics", "n1").scrape(one + "\n", 1.0)[1] == []
+
+
+def test_per_engine_rows_are_a_frame_of_their_own_and_never_counted_twice() -> None:
+    done = 'vllm:request_success_total{{engine="{e}",finished_reason="stop",model_name="llama"}} {n}\n'
+    pages = iter(
+        vllm_page(1, 1, 1, 1, 1, 0) + done.format(e=0, n=n) + done.format(e=1, n=n) for n in (10, 30)
+    )
+    collector = ServingCollector("n1", urls=["http://vllm:8000/metrics"], fetch=lambda url: next(pages))
+    collector.collect(1.0)
+    got = collector.collect(2.0)  # the second has rates, which make the model's row a service row
+    collector.close()
+    assert len(got.frames) == 2
+    models, engines = got.frames
+    assert "inference_engine_queue_depth" not in models.metrics
+    assert engines.metrics == [
+        "inference_engine_queue_depth",
+        "inference_engine_running_requests",
+        "inference_engine_kv_cache_usage_ratio",
+    ]
+    aggregator = ServiceAggregator()
+    for f in got.frames:
+        aggregator.on_frame(f)
+    snap = aggregator.snapshots()["llama"]
+    assert (snap.queue, snap.kv) == (86.0, 0.9)
+
+
+def test_triton_mean_latency_feeds_the_latency_regression_rule() -> None:
+    """Triton by default has no latency histogram or summary, only the cumulative microseconds
+    (docs/user_guide/metrics.md at 067c1e9): the mean since the last scrape stands in for p95."""
+    page = {"n": 0, "dur": 0}
+
+    def fetch(url: str) -> str:
+        return triton_page(page["n"], 0, page["dur"], page["dur"] // 10)
+
+    collector = ServingCollector("n1", urls=["http://triton:8002/metrics#service=vision"], fetch=fetch)
+    hub = Hub(DuckDBStore(":memory:"))
+    t0, fired_at = 1_700_000_000.0, None
+    try:
+        for step in range(0, 900, 5):
+            latency_us = 20_000 if step < 600 else 80_000  # 20 ms, then 80 ms from t0 + 600 s
+            page["n"] += 100
+            page["dur"] += 100 * latency_us
+            got = collector.collect(t0 + step)
+            hub.ingest(Batch("n1", frames=got.frames))
+            hub.evaluate(t0 + step)
+            firing = [a for a in hub.firing() if a.rule == "inference_latency_regression"]
+            if firing and fired_at is None:
+                fired_at = step
+                assert firing[0].entity == {"service": "vision"}
+                assert "mean latency" in firing[0].summary
+        assert fired_at is not None and 600 < fired_at < 700
+    finally:
+        collector.close()
+        hub.store.close()

@@ -6,7 +6,10 @@ prefix) and reports one row per model and version in the serving schema
 preemptions, batch size, request and failure counters and their rates, and p50/p95/p99 of
 end-to-end latency, time to first token and inter-token latency over the observations since the
 previous scrape (the whole histogram on the first one). A round with no new observations has no
-percentiles rather than stale ones.
+percentiles rather than stale ones. A model served by several engines (vLLM's data-parallel
+``engine``s, SGLang's ``dp_rank``/``pp_rank``) also gets a row per engine, labelled ``dp_rank`` (and
+``pp_rank``), with its queue, running requests and KV-cache use (``inference_engine_*``, a frame of
+their own, so the model's sums are never counted twice).
 
 Labels the engine does not know come from the URL's fragment, which is never sent to the
 server: ``http://h:8000/metrics#service=chat&model=llama-8b&version=v7``. ``kv_block_bytes=N``
@@ -30,6 +33,7 @@ from gpuscope.collect.serving_engines import (
     BATCH,
     KV,
     KV_BLOCKS,
+    PER_ENGINE,
     QUANTILES,
     RATES,
     RUNNING,
@@ -38,6 +42,8 @@ from gpuscope.collect.serving_engines import (
 )
 from gpuscope.collect.serving_map import EngineRow, RowKey, bucket_quantile, histogram_delta, read_rows
 from gpuscope.model import Labels
+
+Rows = list[tuple[Labels, dict[str, float]]]
 
 #: every column this collector can report, in the order frames list them
 SERVING_COLUMNS: tuple[str, ...] = (
@@ -102,16 +108,23 @@ class EngineScraper:
     engine: str = ""
     resets: int = 0
 
-    def rows(self, text: str, now: float) -> list[tuple[Labels, dict[str, float]]]:
+    def rows(self, text: str, now: float) -> Rows:
         """Parse one scrape into schema rows; raises ExpositionError or ValueError (no engine)."""
+        return self.scrape(text, now)[0]
+
+    def scrape(self, text: str, now: float) -> tuple[Rows, Rows]:
+        """One scrape's rows per model and rows per engine (where a model has several)."""
         samples = parse_exposition(text)
         spec = detect_engine({s.name for s in samples})
         if spec is None:
             raise ValueError("no vLLM, SGLang, TGI or Triton metrics in the exposition")
         self.engine = spec.name
         kv_blocks = _vllm_blocks(samples) if spec.name == "vllm" else None
-        out = []
+        out: Rows = []
+        engines: Rows = []
         for key, row in sorted(read_rows(samples, spec).items()):
+            for engine, gauges in sorted(row.engines.items()):
+                engines.append(({**self._labels(key, spec), **dict(engine)}, gauges))
             values = self._values(key, row, spec, now)
             if kv_blocks is not None:
                 values[KV_BLOCKS] = kv_blocks
@@ -120,7 +133,7 @@ class EngineScraper:
                     values["inference_memory_kv_cache_bytes"] = kv_blocks * int(block_bytes) * values[KV]
             if values:
                 out.append((self._labels(key, spec), values))
-        return out
+        return out, engines
 
     def _labels(self, key: RowKey, spec: EngineSpec) -> Labels:
         model, version = key
@@ -235,11 +248,14 @@ class ServingCollector(Collector):
 
     def collect(self, now: float) -> Collected:
         out = Collected()
-        rows: list[tuple[Labels, dict[str, float]]] = []
+        rows: Rows = []
+        engines: Rows = []
         failed = 0
         for target in self.targets:
             try:
-                rows.extend(target.rows(self._fetch(target.url), now))
+                models, parts = target.scrape(self._fetch(target.url), now)
+                rows.extend(models)
+                engines.extend(parts)
             except ExpositionError as exc:
                 failed += 1
                 out.errors.append(CollectorError("serving_format", f"{target.url}: {exc}"))
@@ -248,9 +264,10 @@ class ServingCollector(Collector):
                 out.errors.append(CollectorError("serving_scrape", f"{target.url}: {exc}"))
         if failed == len(self.targets):
             raise RuntimeError("; ".join(e.message for e in out.errors))
-        f = frame(now, SERVING_COLUMNS, rows)
-        if f is not None:
-            out.frames.append(f)
+        for order, part in ((SERVING_COLUMNS, rows), (tuple(PER_ENGINE.values()), engines)):
+            f = frame(now, order, part)
+            if f is not None:
+                out.frames.append(f)
         return out
 
     def close(self) -> None:

@@ -41,6 +41,13 @@ RATES: dict[str, str] = {
 }
 #: gauges that are ratios: several engines or ranks give the worst (max), counts are summed
 MAX_GAUGES = frozenset({KV})
+#: gauges kept per engine as well (``inference_engine_*``, DETAIL_METRICS): the model's row sums or
+#: maxes them, so one engine saturated among idle ones is visible only in its own series
+PER_ENGINE: dict[str, str] = {
+    QUEUE: "inference_engine_queue_depth",
+    RUNNING: "inference_engine_running_requests",
+    KV: "inference_engine_kv_cache_usage_ratio",
+}
 #: labels of a rank that shares its replica's scheduler state (SGLang's tensor- and expert-parallel
 #: ranks repeat one scheduler's numbers): max within a replica, then sum over replicas
 SHARD_LABELS = frozenset({"tp_rank", "moe_ep_rank", "attn_tp_rank"})
@@ -70,6 +77,8 @@ class EngineSpec:
     labelled_counters: dict[str, tuple[tuple[str, str, tuple[str, ...]], ...]] = field(default_factory=dict)
     #: cumulative time counters and the count they divide by: distribution -> (name, factor, count name)
     mean_counters: dict[str, tuple[str, float, str]] = field(default_factory=dict)
+    #: the engine's labels naming one engine (scheduler) of a model -> ours, on per-engine rows
+    engine_labels: dict[str, str] = field(default_factory=dict)
     #: continuous batching: the running requests are the batch
     batch_is_running: bool = False
     #: counters whose rate ratio is the mean batch size (Triton: inferences per execution)
@@ -102,6 +111,8 @@ VLLM = EngineSpec(
         ITL: (("vllm:inter_token_latency_seconds", 1.0), ("vllm:time_per_output_token_seconds", 1.0)),
         QUEUE_TIME: (("vllm:request_queue_time_seconds", 1.0),),
     },
+    # loggers.py: labelnames ["model_name", "engine"], one value per engine index (data-parallel rank)
+    engine_labels={"engine": "dp_rank"},
     batch_is_running=True,
 )
 
@@ -128,6 +139,8 @@ SGLANG = EngineSpec(
         ITL: (("sglang:inter_token_latency_seconds", 1.0), ("sglang:time_per_output_token_seconds", 1.0)),
         QUEUE_TIME: (("sglang:queue_time_seconds", 1.0),),
     },
+    # collector.py: each data-parallel (and pipeline) rank runs a scheduler of its own
+    engine_labels={"dp_rank": "dp_rank", "pp_rank": "pp_rank"},
     batch_is_running=True,
 )
 

@@ -6,8 +6,10 @@ finite bound. Counters are summed over labels that are not the model's (``finish
 ``engine``, ``dp_rank``), except that vLLM's aborted requests count as failures. Gauges from several
 engines or ranks of one model (vLLM's ``engine`` under data parallelism, SGLang's ``dp_rank`` and
 ``pp_rank``) are summed when they count requests and maxed when they are ratios (KV-cache use);
-ranks that repeat one scheduler's numbers (``tp_rank``) count once. Samples without the model label
-on a page that serves one model (``http_requests_total`` of the API server) join that model's row.
+ranks that repeat one scheduler's numbers (``tp_rank``) count once. Where a model has several
+engines, their queue, running requests and KV-cache use are kept per engine too (``engines``).
+Samples without the model label on a page that serves one model (``http_requests_total`` of the API
+server) join that model's row.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpuscope.collect.promtext import Sample
-from gpuscope.collect.serving_engines import MAX_GAUGES, SHARD_LABELS, EngineSpec
+from gpuscope.collect.serving_engines import MAX_GAUGES, PER_ENGINE, SHARD_LABELS, EngineSpec
 
 RowKey = tuple[str, str]  # (model, version) as the engine names them; "" when it does not
 
@@ -35,6 +37,8 @@ class EngineRow:
     summaries: dict[str, dict[float, float]] = field(default_factory=dict)
     #: raw counters used for ratios (Triton's batch size)
     raw: dict[str, float] = field(default_factory=dict)
+    #: per engine (its labels, ours, sorted) -> the PER_ENGINE gauges; only when there are several
+    engines: dict[tuple[tuple[str, str], ...], dict[str, float]] = field(default_factory=dict)
 
 
 def bucket_quantile(buckets: dict[float, float], q: float) -> float:
@@ -76,6 +80,21 @@ def _first(spec_candidates: Iterable[tuple[str, float]], present: set[str]) -> t
     return None
 
 
+def _per_engine(
+    row: EngineRow, canon: str, slot: dict[tuple[tuple[str, str], ...], float], names: dict[str, str]
+) -> None:
+    by_engine: dict[tuple[tuple[str, str], ...], list[float]] = defaultdict(list)
+    for replica, value in slot.items():
+        engine = tuple(sorted((names[k], v) for k, v in replica if k in names))
+        if engine:
+            by_engine[engine].append(value)
+    if len(by_engine) < 2:
+        return  # one engine: the model's row is that engine's
+    for engine, values in by_engine.items():
+        combined = max(values) if canon in MAX_GAUGES else math.fsum(values)
+        row.engines.setdefault(engine, {})[PER_ENGINE[canon]] = combined
+
+
 def read_rows(samples: list[Sample], spec: EngineSpec) -> dict[RowKey, EngineRow]:
     """Group an exposition's samples by model (and version) and name them by the schema."""
     by_name: dict[str, list[Sample]] = defaultdict(list)
@@ -108,6 +127,8 @@ def read_rows(samples: list[Sample], spec: EngineSpec) -> dict[RowKey, EngineRow
             slot[r] = max(slot.get(r, -math.inf), s.value * hit[1])
         for k, slot in per_replica.items():
             rows[k].gauges[canon] = max(slot.values()) if canon in MAX_GAUGES else math.fsum(slot.values())
+            if canon in PER_ENGINE and spec.engine_labels:
+                _per_engine(rows[k], canon, slot, spec.engine_labels)
     for canon, names in spec.counters.items():
         name = next((n for n in names if n in present), None)
         for s in by_name.get(name or "", []):

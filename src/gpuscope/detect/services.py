@@ -1,7 +1,8 @@
 """An inference service as one entity: its per-node rows merged into one snapshot per evaluation.
 
 Serving engines report per node (``service``, ``model``, ``version``, ``node`` labels); the rules
-are about the service. Rates and queues add up over nodes, latencies are request-weighted means,
+are about the service. Rates and queues add up over nodes, latencies are request-weighted means
+(p95; an engine that reports only a mean since its last scrape, Triton by default, gives that),
 the KV cache is the fullest node's, preemption counters become a rate. Rows older than
 ``stale`` seconds (a node that stopped reporting) are left out.
 """
@@ -17,11 +18,12 @@ REQUESTS = "inference_requests_per_second"
 ERRORS = "inference_errors_per_second"
 P95 = "inference_latency_p95_seconds"
 P99 = "inference_latency_p99_seconds"
+MEAN = "inference_latency_mean_seconds"
 TTFT = "inference_ttft_p95_seconds"
 QUEUE = "inference_queue_depth"
 KV = "inference_kv_cache_usage_ratio"
 PREEMPT = "inference_preemptions_total"
-METRICS = (REQUESTS, ERRORS, P95, P99, TTFT, QUEUE, KV, PREEMPT)
+METRICS = (REQUESTS, ERRORS, P95, P99, MEAN, TTFT, QUEUE, KV, PREEMPT)
 
 
 @dataclass(slots=True)
@@ -38,6 +40,8 @@ class Snapshot:
     model: str
     version: str
     nodes: list[str]
+    #: the latency the regression rule follows: "p95", or "mean" where no row has a p95
+    latency_stat: str = "p95"
 
 
 @dataclass(slots=True)
@@ -71,7 +75,7 @@ class ServiceAggregator:
         self.services: dict[str, _Service] = {}
 
     def on_frame(self, frame: Frame) -> None:
-        if REQUESTS not in frame.metrics and P95 not in frame.metrics:
+        if REQUESTS not in frame.metrics and P95 not in frame.metrics and MEAN not in frame.metrics:
             return
         cols = [(m, frame.metrics.index(m)) for m in METRICS if m in frame.metrics]
         for i, labels in enumerate(frame.entities):
@@ -107,11 +111,16 @@ class ServiceAggregator:
                     if prev is not None and total >= prev:
                         preempted += total - prev
                     svc.preempt_prev[node] = total
+            p95 = _wmean([r.get(P95, math.nan) for r in rows], req)
+            stat = "p95"
+            if not math.isfinite(p95):
+                p95 = _wmean([r.get(MEAN, math.nan) for r in rows], req)
+                stat = "mean" if math.isfinite(p95) else stat
             out[name] = Snapshot(
                 ts=newest,
                 requests=_sum(req),
                 errors=_sum([r.get(ERRORS, math.nan) for r in rows]),
-                p95=_wmean([r.get(P95, math.nan) for r in rows], req),
+                p95=p95,
                 p99=_wmean([r.get(P99, math.nan) for r in rows], req),
                 ttft=_wmean([r.get(TTFT, math.nan) for r in rows], req),
                 queue=_sum([r.get(QUEUE, math.nan) for r in rows]),
@@ -120,5 +129,6 @@ class ServiceAggregator:
                 model=svc.model,
                 version=svc.version,
                 nodes=sorted(live),
+                latency_stat=stat,
             )
         return out

@@ -165,7 +165,7 @@ class ServingDetector(ServiceDetector):
 
     def _judge(self, svc: _Svc, s: Snapshot, dt: float) -> None:
         warm = s.ts - svc.first >= self.warmup
-        self._ratio_rule(svc, s, dt, LATENCY, "p95 latency", s.p95, self.ratio, warm)
+        self._ratio_rule(svc, s, dt, LATENCY, f"{s.latency_stat} latency", s.p95, self.ratio, warm)
         self._ratio_rule(svc, s, dt, TTFT, "time to first token (p95)", s.ttft, self.ttft_ratio, warm)
         self._errors(svc, s, dt, warm)
         self._queue(svc, s, dt, warm)
