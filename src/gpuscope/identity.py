@@ -96,7 +96,8 @@ def rank_gpu(
 
 
 def pod_key(namespace: str, name: str) -> str:
-    """The ``pod`` label on every path (kubelet, dcgm-exporter, API server): ``namespace/name``.
+    """The ``pod`` label on every path (kubelet, dcgm-exporter, API server, and a process's cgroup once
+    :class:`gpuscope.collect.podresources.PodNames` resolves its UID): ``namespace/name``.
 
     A name is unique only within its namespace; the UID, unique over time, is the ``pod_uid`` label."""
     return f"{namespace}/{name}"
