@@ -39,6 +39,8 @@ class _Svc:
     labelled: bool = False
     served: bool = False
     samples: deque[tuple[float, float, float]] = field(default_factory=deque)  # (ts, p95, error ratio)
+    #: which latency the snapshots carry: "p95", or "mean" from an engine that reports only that
+    latency_stat: str = "p95"
 
 
 def _ewma(mean: float, value: float, dt: float, tau: float) -> float:
@@ -81,6 +83,7 @@ class VersionDetector(ServiceDetector):
             svc.last = s.ts
             ratio = s.errors / max(s.requests, s.errors, 1e-9)
             svc.latency = _ewma(svc.latency, s.p95, dt, 20.0)
+            svc.latency_stat = s.latency_stat
             svc.errors = _ewma(svc.errors, ratio, dt, 120.0)
             if svc.promoted is None or s.ts - svc.promoted[0] > self.window:
                 self._reference(svc, s.ts, s.p95, ratio)
@@ -130,7 +133,8 @@ class VersionDetector(ServiceDetector):
         parts = []
         if math.isfinite(lat_ref) and lat_ref > 0 and svc.latency >= self.ratio * lat_ref:
             parts.append(
-                f"p95 latency {svc.latency:.3g} s vs {lat_ref:.3g} s before ({svc.latency / lat_ref:.1f}x)"
+                f"{svc.latency_stat} latency {svc.latency:.3g} s vs {lat_ref:.3g} s before "
+                f"({svc.latency / lat_ref:.1f}x)"
             )
         if math.isfinite(err_ref) and svc.errors >= err_ref + self.error_rise and svc.errors >= 2 * err_ref:
             parts.append(f"error ratio {svc.errors:.2%} vs {err_ref:.2%} before")
