@@ -5,10 +5,11 @@ into gpuscope.kube.podresources_pb2) on a unix socket, as the kubelet does."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import grpc
@@ -74,16 +75,29 @@ def allocatable() -> pb.AllocatableResourcesResponse:
     )
 
 
+#: the methods the kubelet fixture was called with, in order
+CALLS: list[str] = []
+
+
+def _answer(method: str, response: Callable[[], Any]) -> Callable[[Any, Any], Any]:
+    def handle(request: Any, context: Any) -> Any:
+        CALLS.append(method)
+        return response()
+
+    return handle
+
+
 @pytest.fixture
 def kubelet(tmp_path: Path) -> Iterator[str]:
+    CALLS.clear()
     handlers = {
         "List": grpc.unary_unary_rpc_method_handler(
-            lambda req, ctx: pods(),
+            _answer("List", pods),
             request_deserializer=pb.ListPodResourcesRequest.FromString,
             response_serializer=pb.ListPodResourcesResponse.SerializeToString,
         ),
         "GetAllocatableResources": grpc.unary_unary_rpc_method_handler(
-            lambda req, ctx: allocatable(),
+            _answer("GetAllocatableResources", allocatable),
             request_deserializer=pb.AllocatableResourcesRequest.FromString,
             response_serializer=pb.AllocatableResourcesResponse.SerializeToString,
         ),
@@ -343,8 +357,11 @@ def test_without_the_api_server_the_kubelet_allocation_names_the_pod(kubelet: st
     fake.gpus[1].processes = [FakeProcess(202, 2**30), FakeProcess(303, 2**29)]
     try:
         procs = process_rows(nvml.collect(1.0).frames)
+        nvml.collect(2.0)
     finally:
         nvml.close()
+    # three new pods met in one round: the kubelet is asked once; answers are kept, so not again
+    assert CALLS == ["List"]
     assert {k: procs["101"][k] for k in POD_LABELS} == {
         "pod": "ml/trainer-0",
         "namespace": "ml",

@@ -36,6 +36,8 @@ GPU_RESOURCES = frozenset({"nvidia.com/gpu"})
 _REPLICA = "::"
 #: how often an unknown pod UID may send the resolver back to its sources
 REFRESH_S = 10.0
+#: answers fetched this recently serve every UID met meanwhile (a pod's GPUs are met in one round)
+FETCH_GAP_S = 1.0
 
 
 def device_uuid(device_id: str) -> str:
@@ -133,8 +135,12 @@ class PodNames:
         self._kept: dict[tuple[str, tuple[str, ...]], tuple[str, str, str]] = {}
         self._tried: dict[tuple[str, tuple[str, ...]], float] = {}
         self._errors: list[CollectorError] = []
+        self._fetched = -math.inf
 
-    def _refresh(self) -> None:
+    def _refresh(self, now: float) -> None:
+        if now - self._fetched < FETCH_GAP_S:
+            return
+        self._fetched = now
         if self.api is not None:
             try:
                 meta = self.api.node_pods(self.node)
@@ -160,7 +166,7 @@ class PodNames:
             now = self._clock()
             if now - self._tried.get(key, -math.inf) < self.refresh_s:
                 return owner
-            self._refresh()
+            self._refresh(now)
             found = self._lookup(owner, key[1])
             if found is None:
                 self._tried[key] = now
