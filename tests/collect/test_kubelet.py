@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 import grpc
 import pytest
 
+from gpuscope.collect.base import CollectorContext, build_collectors
 from gpuscope.collect.dcgm import owner_of
 from gpuscope.collect.fake_nvml import FakeNvml, FakeProcess
 from gpuscope.collect.kubelet import KubeletCollector
@@ -386,3 +387,18 @@ def test_an_unreachable_kubelet_keeps_the_uid_and_is_counted(tmp_path: Path) -> 
         nvml.close()
     assert [e.kind for e in got.errors] == ["kubelet_list"] and again.errors == []
     assert process_rows(got.frames)["101"]["pod"] == TRAINER_UID
+
+
+def test_the_agents_kubelet_socket_option_names_pods_on_the_nvml_path(kubelet: str, tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    pod_process(proc, 101, TRAINER_UID)
+    fake = FakeNvml.healthy(1)
+    fake.gpus[0].uuid = GPU_A
+    fake.gpus[0].processes = [FakeProcess(101, 2**30)]
+    options = {"nvml_lib": fake, "kubelet_socket": kubelet}
+    ctx = CollectorContext("gpu-7", proc_root=str(proc), options=options)
+    (nvml,) = build_collectors(["nvml"], ctx)
+    try:
+        assert process_rows(nvml.collect(1.0).frames)["101"]["pod"] == "ml/trainer-0"
+    finally:
+        nvml.close()
