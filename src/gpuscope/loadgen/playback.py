@@ -14,8 +14,10 @@ and silences are the simulator's.
 from __future__ import annotations
 
 import struct
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import islice
 from typing import Any
 
 import numpy as np
@@ -59,6 +61,10 @@ class _SdkStream:
     ticks: list[Batch]
     steps: int  # how far steps advance over one ring turn
     spans: dict[tuple[Any, ...], Span]
+    #: event kinds sent in more than one tick of the ring (heartbeats); the others (job_started)
+    #: happened once, and are not sent again on later turns
+    recurring: frozenset[str]
+    prelude: list[Event]  # sent once, before the first tick's own events
 
 
 Span = np.ndarray[Any, np.dtype[np.float64]]
@@ -91,6 +97,13 @@ def _counter_spans(batches: list[Batch]) -> dict[tuple[Any, ...], Span]:
     return spans
 
 
+def _sdk_stream(source: str, batches: list[Batch], steps: int, prelude: list[Event]) -> _SdkStream:
+    ticks_of = Counter(kind for b in batches for kind in {e.kind for e in b.events})
+    recurring = frozenset(kind for kind, n in ticks_of.items() if n > 1)
+    once = [e for e in prelude if e.kind not in recurring]
+    return _SdkStream(source, batches, steps, _counter_spans(batches), recurring, once)
+
+
 def _steps(batches: list[Batch]) -> int:
     seen = [t.step for b in batches for t in b.training] + [
         int(e.data["step"]) for b in batches for e in b.events if isinstance(e.data.get("step"), int)
@@ -112,6 +125,7 @@ def _moved(batch: Batch, shift: float, turn: int, stream: _SdkStream, batch_id: 
         events=[
             Event(e.ts + shift, e.kind, e.labels, _stepped(e.data, steps) if steps else e.data)
             for e in batch.events
+            if not turn or e.kind in stream.recurring
         ],
         training=[
             TrainingRecord(t.ts + shift, t.job, t.rank, t.step + steps, t.metrics, t.labels)
@@ -197,9 +211,9 @@ class Playback:
     Build it before the run (it simulates ``ring`` ticks of the fleet), then iterate :meth:`ticks`.
     """
 
-    def __init__(self, doc: dict[str, Any], ring: int = 30) -> None:
-        if ring < 2:
-            raise ValueError(f"ring must hold at least 2 ticks, got {ring}")
+    def __init__(self, doc: dict[str, Any], ring: int = 30, warmup: int = 30) -> None:
+        if ring < 2 or warmup < 0:
+            raise ValueError(f"ring must hold at least 2 ticks and warmup none or more, got {ring}, {warmup}")
         self.doc = doc
         self.scenario: Scenario = parse_doc(doc)
         self.interval = float(doc["interval"])
@@ -207,13 +221,22 @@ class Playback:
         live_doc, self._back = _live_doc(doc, touched)
         self._live: Scenario | None = parse_doc(live_doc) if live_doc["jobs"] else None
         skip = set(self._back.values()) | {f"sdk:{j}" for j in touched}
-        healthy = parse_doc({**doc, "faults": [], "duration": ring * self.interval})
+        # well past the ring and the run, so that no job ends inside the ring (a service announces
+        # its end ahead of it, and a job_ended would repeat every turn)
+        length = (warmup + ring) * self.interval + doc["duration"] + 600
+        healthy = parse_doc({**doc, "faults": [], "duration": length})
         self.ring = ring
-        self._t0 = 0.0
-        ticks = list(Simulator(healthy, t0=self._t0).ticks())
+        # the ring starts after the jobs' start-up, whose low utilisation would otherwise return
+        # every turn; what the start-up announced once (job_started) goes out on the first tick
+        self._t0 = warmup * self.interval
+        sim = Simulator(healthy, t0=0.0).ticks()
+        prelude: dict[str, list[Event]] = {}
+        for tick in islice(sim, warmup):
+            for b in [*tick.node_batches.values(), *tick.sdk_batches]:
+                prelude.setdefault(b.source, []).extend(b.events)
         nodes: dict[str, list[Batch]] = {}
         sdks: dict[str, list[Batch]] = {}
-        for tick in ticks:
+        for tick in islice(sim, ring):
             for b in tick.node_batches.values():
                 nodes.setdefault(b.source, []).append(b)
             for b in tick.sdk_batches:
@@ -232,8 +255,9 @@ class Playback:
             if source in skip:
                 continue
             layouts = {tuple((tuple(f.metrics), f.values.shape) for f in b.frames) for b in bs}
-            if len(bs) != ring or len(layouts) != 1 or any(b.events or b.training for b in bs):
-                self._sdks.append(_SdkStream(source, bs, 0, _counter_spans(bs)))  # re-encoded
+            slow = len(layouts) != 1 or any(b.events or b.training for b in bs) or prelude.get(source)
+            if len(bs) != ring or slow:
+                self._sdks.append(_sdk_stream(source, bs, 0, prelude.get(source, [])))  # re-encoded
                 continue
             encoded = []
             for b in bs:
@@ -246,8 +270,10 @@ class Playback:
             per_frame = [spans.get(_frame_key(f)) for f in bs[0].frames]
             self._nodes.append(_NodeStream(source, encoded, per_frame, first.rows, first.samples))
         self._sdks.extend(
-            _SdkStream(s, bs, _steps(bs), _counter_spans(bs)) for s, bs in sdks.items() if s not in skip
+            _sdk_stream(s, bs, _steps(bs), prelude.get(s, [])) for s, bs in sdks.items() if s not in skip
         )
+        quiet = set(prelude) - set(nodes) - set(sdks) - skip  # sent in the start-up only
+        self._sdks.extend(_sdk_stream(s, [], 0, prelude[s]) for s in sorted(quiet) if prelude[s])
 
     @property
     def replayed(self) -> int:
@@ -303,7 +329,11 @@ class Playback:
             body = head(s.source, f"{s.source}:{enc.ts[0] + shift:.3f}") + buf
             out.append(Outgoing(s.source, body, s.rows, s.samples, 0, 0))
         for sdk in self._sdks:
-            b = sdk.ticks[slot % len(sdk.ticks)]
+            if not sdk.ticks and not (k == 0 and sdk.prelude):
+                continue
+            b = sdk.ticks[slot % len(sdk.ticks)] if sdk.ticks else Batch(sdk.source)
+            if k == 0 and sdk.prelude:
+                b = Batch(b.source, b.frames, [*sdk.prelude, *b.events], b.training, b.batch_id)
             moved = _moved(b, shift, turn, sdk, f"{b.source}:{due:.3f}")
             out.append(describe(moved, encode_frame(moved)))
         return out

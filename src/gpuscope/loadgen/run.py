@@ -46,6 +46,7 @@ class LoadOptions:
     start_delay: float = 3.0
     max_backlog: int = 120  # batches per stream waiting for the hub (a bounded agent spool)
     ring: int = 30  # simulated ticks pre-encoded and replayed (30 s: 20 steps of 1.5 s)
+    warmup: int = 30  # simulated ticks before the ring (the jobs' start-up), not replayed
 
 
 class ResourceMonitor(threading.Thread):
@@ -440,7 +441,7 @@ def run_load(opts: LoadOptions, say: Callable[[str], None] = lambda _: None) -> 
     if opts.workers < 1 or opts.duration < 1:
         raise ValueError("workers and duration must be at least 1")
     headers = {"Authorization": f"Bearer {opts.token}"} if opts.token else {}
-    playback = Playback(scenario_doc(opts.shape, opts.duration, opts.faults), ring=opts.ring)
+    playback = Playback(scenario_doc(opts.shape, opts.duration, opts.faults), opts.ring, opts.warmup)
     scenario = playback.scenario
     ctx = mp.get_context("spawn")
     conns = []
