@@ -58,7 +58,7 @@ class _SdkStream:
     """An SDK process's ring: its batches, re-encoded each tick with times and steps moved on."""
 
     source: str
-    ticks: list[Batch]
+    slots: dict[int, Batch]  # ring tick -> its batch, for the ticks it sent one
     steps: int  # how far steps advance over one ring turn
     spans: dict[tuple[Any, ...], Span]
     #: event kinds sent in more than one tick of the ring (heartbeats); the others (job_started)
@@ -74,34 +74,35 @@ def _frame_key(f: Frame) -> tuple[Any, ...]:
     return (tuple(f.metrics), tuple(tuple(e.items()) for e in f.entities))
 
 
-def _counter_spans(batches: list[Batch]) -> dict[tuple[Any, ...], Span]:
+def _counter_spans(slots: dict[int, Batch], ring: int) -> dict[tuple[Any, ...], Span]:
     """Per frame layout, what its counters rise by over one turn of the ring (zero elsewhere)."""
-    first: dict[tuple[Any, ...], Frame] = {}
+    first: dict[tuple[Any, ...], tuple[int, Frame]] = {}
     last: dict[tuple[Any, ...], tuple[int, Frame]] = {}
-    for k, b in enumerate(batches):
+    for k, b in sorted(slots.items()):
         for f in b.frames:
             key = _frame_key(f)
-            first.setdefault(key, f)
+            first.setdefault(key, (k, f))
             last[key] = (k, f)
     spans: dict[tuple[Any, ...], Span] = {}
-    for key, f in first.items():
+    for key, (k0, f) in first.items():
         cols = [j for j, m in enumerate(f.metrics) if m.endswith(COUNTER_SUFFIX)]
-        k, g = last[key]
-        if not cols or k == 0:
+        k1, g = last[key]
+        if not cols or k1 == k0:
             continue
         span = np.zeros_like(f.values)
-        # one tick's rise more than first → last, so the value after the wrap is one tick on
-        rise = (g.values[:, cols] - f.values[:, cols]) * (len(batches) / k)
+        # the rise per tick seen, over the whole turn: the value after the wrap is one tick on
+        rise = (g.values[:, cols] - f.values[:, cols]) * (ring / (k1 - k0))
         span[:, cols] = np.nan_to_num(np.maximum(rise, 0.0))
         spans[key] = span
     return spans
 
 
-def _sdk_stream(source: str, batches: list[Batch], steps: int, prelude: list[Event]) -> _SdkStream:
-    ticks_of = Counter(kind for b in batches for kind in {e.kind for e in b.events})
+def _sdk_stream(source: str, slots: dict[int, Batch], ring: int, prelude: list[Event]) -> _SdkStream:
+    ticks_of = Counter(kind for b in slots.values() for kind in {e.kind for e in b.events})
     recurring = frozenset(kind for kind, n in ticks_of.items() if n > 1)
     once = [e for e in prelude if e.kind not in recurring]
-    return _SdkStream(source, batches, steps, _counter_spans(batches), recurring, once)
+    steps = _steps(list(slots.values()))
+    return _SdkStream(source, slots, steps, _counter_spans(slots, ring), recurring, once)
 
 
 def _steps(batches: list[Batch]) -> int:
@@ -211,7 +212,7 @@ class Playback:
     Build it before the run (it simulates ``ring`` ticks of the fleet), then iterate :meth:`ticks`.
     """
 
-    def __init__(self, doc: dict[str, Any], ring: int = 30, warmup: int = 30) -> None:
+    def __init__(self, doc: dict[str, Any], ring: int = 30, warmup: int = 60) -> None:
         if ring < 2 or warmup < 0:
             raise ValueError(f"ring must hold at least 2 ticks and warmup none or more, got {ring}, {warmup}")
         self.doc = doc
@@ -221,9 +222,12 @@ class Playback:
         live_doc, self._back = _live_doc(doc, touched)
         self._live: Scenario | None = parse_doc(live_doc) if live_doc["jobs"] else None
         skip = set(self._back.values()) | {f"sdk:{j}" for j in touched}
-        # well past the ring and the run, so that no job ends inside the ring (a service announces
-        # its end ahead of it, and a job_ended would repeat every turn)
-        length = (warmup + ring) * self.interval + doc["duration"] + 600
+        # a run within the ring plays the scenario's own ticks; a longer one replays a scenario
+        # that goes on well past the ring, so that no job ends inside it (a service announces its
+        # end ahead of time, and a job_ended would repeat every turn)
+        length = warmup * self.interval + doc["duration"]
+        if doc["duration"] > ring * self.interval:
+            length += ring * self.interval + 600
         healthy = parse_doc({**doc, "faults": [], "duration": length})
         self.ring = ring
         # the ring starts after the jobs' start-up, whose low utilisation would otherwise return
@@ -234,30 +238,31 @@ class Playback:
         for tick in islice(sim, warmup):
             for b in [*tick.node_batches.values(), *tick.sdk_batches]:
                 prelude.setdefault(b.source, []).extend(b.events)
-        nodes: dict[str, list[Batch]] = {}
-        sdks: dict[str, list[Batch]] = {}
-        for tick in islice(sim, ring):
+        nodes: dict[str, dict[int, Batch]] = {}
+        sdks: dict[str, dict[int, Batch]] = {}
+        for j, tick in enumerate(islice(sim, ring)):
             for b in tick.node_batches.values():
-                nodes.setdefault(b.source, []).append(b)
+                nodes.setdefault(b.source, {})[j] = b
             for b in tick.sdk_batches:
-                sdks.setdefault(b.source, []).append(b)
+                sdks.setdefault(b.source, {})[j] = b
         self._uuids = {
             (e["node"], e.get("gpu", "")): e["uuid"]
-            for bs in nodes.values()
-            for f in bs[0].frames
+            for slots in nodes.values()
+            for f in next(iter(slots.values())).frames
             for e in f.entities
             if "uuid" in e and "node" in e
         }
         self._templates: dict[str, tuple[list[tuple[list[str], list[Labels]]], Encoded]] = {}
         self._nodes: list[_NodeStream] = []
         self._sdks: list[_SdkStream] = []
-        for source, bs in nodes.items():
+        for source, slots in nodes.items():
             if source in skip:
                 continue
+            bs = list(slots.values())
             layouts = {tuple((tuple(f.metrics), f.values.shape) for f in b.frames) for b in bs}
             slow = len(layouts) != 1 or any(b.events or b.training for b in bs) or prelude.get(source)
             if len(bs) != ring or slow:
-                self._sdks.append(_sdk_stream(source, bs, 0, prelude.get(source, [])))  # re-encoded
+                self._sdks.append(_sdk_stream(source, slots, ring, prelude.get(source, [])))  # re-encoded
                 continue
             encoded = []
             for b in bs:
@@ -266,14 +271,14 @@ class Playback:
                     _Encoded(parts.rest, tuple(f.ts for f in b.frames), parts.ts_offsets, parts.value_offsets)
                 )
             first = describe(bs[0], b"")
-            spans = _counter_spans(bs)
+            spans = _counter_spans(slots, ring)
             per_frame = [spans.get(_frame_key(f)) for f in bs[0].frames]
             self._nodes.append(_NodeStream(source, encoded, per_frame, first.rows, first.samples))
         self._sdks.extend(
-            _sdk_stream(s, bs, _steps(bs), prelude.get(s, [])) for s, bs in sdks.items() if s not in skip
+            _sdk_stream(s, slots, ring, prelude.get(s, [])) for s, slots in sdks.items() if s not in skip
         )
         quiet = set(prelude) - set(nodes) - set(sdks) - skip  # sent in the start-up only
-        self._sdks.extend(_sdk_stream(s, [], 0, prelude[s]) for s in sorted(quiet) if prelude[s])
+        self._sdks.extend(_sdk_stream(s, {}, ring, prelude[s]) for s in sorted(quiet) if prelude[s])
 
     @property
     def replayed(self) -> int:
@@ -329,11 +334,16 @@ class Playback:
             body = head(s.source, f"{s.source}:{enc.ts[0] + shift:.3f}") + buf
             out.append(Outgoing(s.source, body, s.rows, s.samples, 0, 0))
         for sdk in self._sdks:
-            if not sdk.ticks and not (k == 0 and sdk.prelude):
-                continue
-            b = sdk.ticks[slot % len(sdk.ticks)] if sdk.ticks else Batch(sdk.source)
+            b = sdk.slots.get(slot)
+            if b is None:
+                if not (k == 0 and sdk.prelude):
+                    continue
+                b = Batch(sdk.source)
             if k == 0 and sdk.prelude:
-                b = Batch(b.source, b.frames, [*sdk.prelude, *b.events], b.training, b.batch_id)
+                # as at the run's start (moved below by ``shift``), not in the past: the fleet
+                # starts with the run, as a simulator started then would have it
+                start = [Event(self._t0, e.kind, e.labels, e.data) for e in sdk.prelude]
+                b = Batch(b.source, b.frames, [*start, *b.events], b.training, b.batch_id)
             moved = _moved(b, shift, turn, sdk, f"{b.source}:{due:.3f}")
             out.append(describe(moved, encode_frame(moved)))
         return out

@@ -46,7 +46,9 @@ class LoadOptions:
     start_delay: float = 3.0
     max_backlog: int = 120  # batches per stream waiting for the hub (a bounded agent spool)
     ring: int = 30  # simulated ticks pre-encoded and replayed (30 s: 20 steps of 1.5 s)
-    warmup: int = 30  # simulated ticks before the ring (the jobs' start-up), not replayed
+    # simulated ticks before the ring (the jobs' start-up), not replayed; a multiple of the simulated
+    # services' 30-s and 60-s quality windows, so those fall on the same ticks as without a ring
+    warmup: int = 60
 
 
 class ResourceMonitor(threading.Thread):
