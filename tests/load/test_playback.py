@@ -86,6 +86,20 @@ def test_faults_are_played_live_on_the_fleets_node_names() -> None:
                     if "uuid" in e:
                         owners.setdefault(e["uuid"], set()).add(e["node"])
     assert owners and all(len(nodes) == 1 for nodes in owners.values())
+    # the live jobs' placements name the fleet's nodes (node-12..15 run the job of node-13)
+    started = [
+        e.data
+        for tick in ticks
+        for b in tick
+        for e in b.events
+        if e.kind == "job_started" and e.labels["job"] == "job-3"
+    ]
+    assert started and {row[1] for row in started[0]["placement"]} == {
+        "node-12",
+        "node-13",
+        "node-14",
+        "node-15",
+    }
 
 
 def test_a_run_within_the_ring_without_warm_up_is_the_simulators_own_ticks() -> None:

@@ -172,6 +172,8 @@ def _live_doc(doc: dict[str, Any], jobs: set[str]) -> tuple[dict[str, Any], dict
     for f in doc["faults"]:
         target = dict(f.get("target", {}))
         if "node" in target:
+            if target["node"] not in there:
+                raise ValueError(f"fault {f}: {target['node']} runs no job of the scenario")
             target["node"] = there[target["node"]]
         faults.append({**f, "target": target})
     live = {**doc, "name": f"{doc['name']}-live", "jobs": live_jobs, "faults": faults}
@@ -190,6 +192,17 @@ def _renamed_labels(labels: Labels, back: dict[str, str], uuids: dict[tuple[str,
     return out
 
 
+def _renamed_data(obj: Any, back: dict[str, str]) -> Any:
+    """Node names inside event data (a job's placement) mapped back into the fleet."""
+    if isinstance(obj, str):
+        return back.get(obj, obj)
+    if isinstance(obj, list):
+        return [_renamed_data(x, back) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _renamed_data(v, back) for k, v in obj.items()}
+    return obj
+
+
 def _renamed(batch: Batch, back: dict[str, str], uuids: dict[tuple[str, str], str]) -> Batch:
     def labels(x: Labels) -> Labels:
         return _renamed_labels(x, back, uuids)
@@ -198,7 +211,7 @@ def _renamed(batch: Batch, back: dict[str, str], uuids: dict[tuple[str, str], st
     return Batch(
         source=source,
         frames=[Frame(f.ts, f.metrics, [labels(e) for e in f.entities], f.values) for f in batch.frames],
-        events=[Event(e.ts, e.kind, labels(e.labels), e.data) for e in batch.events],
+        events=[Event(e.ts, e.kind, labels(e.labels), _renamed_data(e.data, back)) for e in batch.events],
         training=[
             TrainingRecord(t.ts, t.job, t.rank, t.step, t.metrics, labels(t.labels)) for t in batch.training
         ],
