@@ -6,7 +6,7 @@ local server process that answers ``200`` at once (so the hub's own cost is not 
 from the same number of concurrent streams, on uvloop; the figure is the client process's CPU
 per post (``time.process_time``), and the cores 1,100 posts a second would take.
 
-usage: python bench/bench_loadgen_client.py [--posts 5000] [--streams 64]
+usage: python bench/bench_loadgen_client.py [--posts 3000] [--streams 64]
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ def anchor(url: str, posts: int, streams: int) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--posts", type=int, default=5000)
+    ap.add_argument("--posts", type=int, default=3000)
     ap.add_argument("--streams", type=int, default=64)
     args = ap.parse_args()
     sock = socket.socket()
