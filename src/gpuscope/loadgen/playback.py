@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from gpuscope.ingest.frame import Encoded, encode_frame, encode_parts, head
+from gpuscope.ingest.frame import Encoded, decode_frame, encode_frame, encode_parts, head
 from gpuscope.loadgen.traffic import Outgoing, describe, parse_doc
 from gpuscope.model import Batch, Event, Frame, Labels, TrainingRecord
 from gpuscope.sim.cluster import Simulator
@@ -251,46 +251,59 @@ class Playback:
         for tick in islice(sim, warmup):
             for b in [*tick.node_batches.values(), *tick.sdk_batches]:
                 prelude.setdefault(b.source, []).extend(b.events)
-        nodes: dict[str, dict[int, Batch]] = {}
+        # node batches are encoded as they come (only the first and last of each node are kept
+        # as objects, for its counters), which keeps the generator's memory to the encoded ring
+        encoded: dict[str, dict[int, _Encoded]] = {}
+        ends: dict[str, dict[int, Batch]] = {}  # a node's first and last batch of the ring
+        slow: set[str] = set()  # layout changes within the ring, or events: re-encoded each tick
+        self._uuids: dict[tuple[str, str], str] = {}
         sdks: dict[str, dict[int, Batch]] = {}
         for j, tick in enumerate(islice(sim, ring)):
             for b in tick.node_batches.values():
-                nodes.setdefault(b.source, {})[j] = b
+                seen = ends.setdefault(b.source, {})
+                if not seen:
+                    for f in b.frames:
+                        for e in f.entities:
+                            if "uuid" in e and "node" in e:
+                                self._uuids[(e["node"], e.get("gpu", ""))] = e["uuid"]
+                if b.source in skip:
+                    continue
+                first = seen[min(seen)] if seen else b
+                if (
+                    b.events
+                    or b.training
+                    or [(f.metrics, f.values.shape) for f in b.frames]
+                    != [(f.metrics, f.values.shape) for f in first.frames]
+                ):
+                    slow.add(b.source)
+                seen.update({min(seen, default=j): first, j: b})
+                if len(seen) > 2:
+                    del seen[sorted(seen)[1]]
+                parts = encode_parts(b)
+                encoded.setdefault(b.source, {})[j] = _Encoded(
+                    parts.rest, tuple(f.ts for f in b.frames), parts.ts_offsets, parts.value_offsets
+                )
             for b in tick.sdk_batches:
                 sdks.setdefault(b.source, {})[j] = b
-        self._uuids = {
-            (e["node"], e.get("gpu", "")): e["uuid"]
-            for slots in nodes.values()
-            for f in next(iter(slots.values())).frames
-            for e in f.entities
-            if "uuid" in e and "node" in e
-        }
         self._templates: dict[str, tuple[list[tuple[list[str], list[Labels]]], Encoded]] = {}
         self._nodes: list[_NodeStream] = []
         self._sdks: list[_SdkStream] = []
-        for source, slots in nodes.items():
-            if source in skip:
+        for source, slots in encoded.items():
+            if len(slots) != ring or source in slow or prelude.get(source):
+                # read back from the frames: the same batches, as objects to re-encode each tick
+                batches = {k: decode_frame(head(source, None) + e.rest) for k, e in slots.items()}
+                self._sdks.append(_sdk_stream(source, batches, ring, prelude.get(source, [])))
                 continue
-            bs = list(slots.values())
-            layouts = {tuple((tuple(f.metrics), f.values.shape) for f in b.frames) for b in bs}
-            slow = len(layouts) != 1 or any(b.events or b.training for b in bs) or prelude.get(source)
-            if len(bs) != ring or slow:
-                self._sdks.append(_sdk_stream(source, slots, ring, prelude.get(source, [])))  # re-encoded
-                continue
-            encoded = []
-            for b in bs:
-                parts = encode_parts(b)
-                encoded.append(
-                    _Encoded(parts.rest, tuple(f.ts for f in b.frames), parts.ts_offsets, parts.value_offsets)
-                )
-            first = describe(bs[0], b"")
-            spans = _counter_spans(slots, ring)
-            per_frame = [spans.get(_frame_key(f)) for f in bs[0].frames]
-            self._nodes.append(_NodeStream(source, encoded, per_frame, first.rows, first.samples))
+            first_batch = ends[source][0]
+            shape = describe(first_batch, b"")
+            spans = _counter_spans(ends[source], ring)
+            per_frame = [spans.get(_frame_key(f)) for f in first_batch.frames]
+            ticks = [slots[k] for k in range(ring)]
+            self._nodes.append(_NodeStream(source, ticks, per_frame, shape.rows, shape.samples))
         self._sdks.extend(
             _sdk_stream(s, slots, ring, prelude.get(s, [])) for s, slots in sdks.items() if s not in skip
         )
-        quiet = set(prelude) - set(nodes) - set(sdks) - skip  # sent in the start-up only
+        quiet = set(prelude) - set(ends) - set(sdks) - skip  # sent in the start-up only
         self._sdks.extend(_sdk_stream(s, {}, ring, prelude[s]) for s in sorted(quiet) if prelude[s])
 
     @property
