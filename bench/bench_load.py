@@ -316,7 +316,9 @@ def main() -> None:
     results["load_average_end"] = os.getloadavg()
     if args.json_out:
         args.json_out.write_bytes(
-            orjson.dumps(results, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY)
+            orjson.dumps(  # HTTP statuses are integer keys
+                results, option=orjson.OPT_INDENT_2 | orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS
+            )
         )
 
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 import httpx
 import orjson
 
-from gpuscope.ingest.payload import decode_json, parse_batch
+from gpuscope.ingest.frame import CONTENT_TYPE as FRAME_CONTENT_TYPE
+from gpuscope.ingest.frame import decode_body
 from gpuscope.model import Batch
 
 
@@ -33,6 +34,7 @@ class FakeHub:
     ``down``: connections are refused. ``status``: answer this status without storing.
     ``lose_replies``: store the next N batches but lose the answer (a timeout at the agent).
     ``refuse``: per batch, ``(status, message)`` to refuse it permanently, or None.
+    ``reads_frames``: False plays a hub from before binary frames (415 to a frame, as its route did).
     """
 
     down: bool = False
@@ -43,13 +45,17 @@ class FakeHub:
     stored: list[Batch] = field(default_factory=list)
     seen_ids: list[str] = field(default_factory=list)  # every id that reached the hub, repeats too
     requests: list[httpx.Request] = field(default_factory=list)
+    reads_frames: bool = True
 
     def handler(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
         if self.down:
             raise httpx.ConnectError("connection refused", request=request)
         assert request.url.path == "/api/v1/ingest"
-        batch = parse_batch(decode_json(request.content))
+        ctype = request.headers.get("content-type", "")
+        if ctype == FRAME_CONTENT_TYPE and not self.reads_frames:
+            return httpx.Response(415, json={"error": "send application/json", "field": "content-type"})
+        batch = decode_body(ctype, request.content)
         assert batch.batch_id is not None
         self.seen_ids.append(batch.batch_id)
         if self.status is not None:

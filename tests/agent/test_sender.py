@@ -9,9 +9,11 @@ import numpy as np
 import pytest
 
 from agent.fakes import FakeClock, FakeHub
-from gpuscope.agent.sender import Backoff, Sender
+from gpuscope.agent.sender import _ENVELOPE, FRAME_RETRY_S, Backoff, Sender
 from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
+from gpuscope.ingest.frame import CONTENT_TYPE as FRAME_CONTENT_TYPE
+from gpuscope.ingest.frame import encode_frame
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Batch, Frame
 
@@ -222,3 +224,48 @@ def test_backoff_grows_jittered_and_capped() -> None:
         delays = [b.delay(failures, rng) for _ in range(50)]
         assert all(full * 0.5 <= d <= full for d in delays)
         assert len(set(delays)) > 1
+
+
+def test_frames_go_out_as_frames_and_json_spool_records_still_replay(
+    tmp_path: Path, hub: FakeHub, clock: FakeClock
+) -> None:
+    # an agent from before frames spooled JSON bodies while the hub was away
+    old = Spool(tmp_path / "spool", fsync=False)
+    for seq in range(3):
+        b = batch(seq, clock())
+        old.append(_ENVELOPE.pack(b.sample_count) + encode_batch(b))
+    old.close()
+    counters = Counters()
+    sender = make_sender(tmp_path, hub, clock, counters)
+    for seq in range(3, 6):
+        b = batch(seq, clock())
+        sender.submit(encode_frame(b), b.sample_count)
+    assert hub.stored_ids == [f"n1:boot:{k}" for k in range(6)]
+    types = [r.headers["content-type"] for r in hub.requests]
+    assert types == ["application/json"] * 3 + [FRAME_CONTENT_TYPE] * 3
+    assert counters.get("batches_sent") == 6 and counters.get("samples_sent") == 12
+    assert hub.stored[4].frames[0].values.tolist() == [[0.5, 4.0]]
+
+
+def test_a_hub_without_frames_gets_json_then_is_asked_again_later(
+    tmp_path: Path, hub: FakeHub, clock: FakeClock
+) -> None:
+    hub.reads_frames = False
+    counters = Counters()
+    sender = make_sender(tmp_path, hub, clock, counters)
+    for seq in range(4):
+        b = batch(seq, clock())
+        sender.submit(encode_frame(b), b.sample_count)
+        clock.sleep(1.0)
+    assert hub.stored_ids == [f"n1:boot:{k}" for k in range(4)]  # each once, none refused
+    types = [r.headers["content-type"] for r in hub.requests]
+    # one frame refused with 415, converted and sent again at once; then JSON without asking
+    assert types == [FRAME_CONTENT_TYPE] + ["application/json"] * 4
+    assert counters.get("frames_refused_by_hub") == 1 and counters.get("batches_refused") == 0
+    assert not sender.sends_frames
+    hub.reads_frames = True  # the hub was upgraded
+    clock.sleep(FRAME_RETRY_S)
+    b = batch(4, clock())
+    sender.submit(encode_frame(b), b.sample_count)
+    assert hub.requests[-1].headers["content-type"] == FRAME_CONTENT_TYPE
+    assert hub.stored_ids[-1] == "n1:boot:4" and sender.sends_frames

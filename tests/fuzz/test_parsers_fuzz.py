@@ -36,6 +36,7 @@ from gpuscope.collect.procfs import (
 from gpuscope.collect.promtext import ExpositionError, Sample, parse_exposition
 from gpuscope.collect.serving import EngineScraper, split_target
 from gpuscope.config import ConfigError, load_config
+from gpuscope.ingest.frame import decode_frame, encode_frame
 from gpuscope.ingest.payload import PayloadError, batch_to_json, decode_json, parse_batch
 from gpuscope.model import Batch, Event, Frame, TrainingRecord
 from gpuscope.sdk.env import PlacementError, detect_placement
@@ -596,6 +597,43 @@ def test_batch_json_round_trips(batch: Batch) -> None:
     wire = orjson.loads(orjson.dumps(batch_to_json(batch)))
     again = parse_batch(wire)
     assert orjson.dumps(batch_to_json(again)) == orjson.dumps(batch_to_json(batch))
+
+
+# -- binary frames (ingest/frame.py) ----------------------------------------------------------------
+
+
+@given(batches())
+def test_batch_frame_round_trips_like_json(batch: Batch) -> None:
+    TRIED["ingest_frame"] += 1
+    via_json = parse_batch(orjson.loads(orjson.dumps(batch_to_json(batch))))
+    via_frame = decode_frame(encode_frame(batch))
+    assert orjson.dumps(batch_to_json(via_frame)) == orjson.dumps(batch_to_json(via_json))
+
+
+def _check_frame(body: bytes) -> None:
+    try:
+        batch = decode_frame(body)
+    except PayloadError as exc:
+        assert exc.field and exc.message
+        return
+    assert isinstance(batch, Batch) and batch.source
+
+
+@given(batches(), st.data())
+def test_truncated_or_damaged_frames_decode_or_name_the_field(batch: Batch, data: st.DataObject) -> None:
+    TRIED["ingest_frame"] += 3
+    body = encode_frame(batch)
+    cut = data.draw(st.integers(0, len(body)))
+    _check_frame(body[:cut])
+    at = data.draw(st.integers(0, len(body) - 1))
+    _check_frame(body[:at] + bytes([data.draw(st.integers(0, 255))]) + body[at + 1 :])
+    _check_frame(body[:at] + data.draw(st.binary(max_size=12)) + body[at:])
+
+
+@given(st.binary(max_size=200).map(lambda b: b"\x89GSF\x01\x00\x00\x00" + b))
+def test_any_bytes_after_the_frame_header_decode_or_name_the_field(body: bytes) -> None:
+    TRIED["ingest_frame"] += 1
+    _check_frame(body)
 
 
 # -- SDK payloads (sdk/shipper.py, sdk/env.py) ------------------------------------------------------

@@ -14,7 +14,9 @@ with warnings.catch_warnings():  # starlette prefers httpx2 for its test client;
     from starlette.testclient import TestClient
 
 from gpuscope.hub import Hub
-from gpuscope.ingest.payload import Limits
+from gpuscope.ingest.frame import CONTENT_TYPE as FRAME_TYPE
+from gpuscope.ingest.frame import encode_frame
+from gpuscope.ingest.payload import Limits, parse_batch
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.api import HubApi
 from gpuscope.web.server import HubServer, is_loopback
@@ -131,6 +133,28 @@ def test_bad_bodies_name_the_field(client: TestClient, body: bytes, status: int,
     r = client.post("/api/v1/ingest", content=body, headers={"Content-Type": "application/json"})
     assert r.status_code == status
     assert r.json()["field"] == field
+
+
+def test_binary_frames_are_ingested_like_json_and_refused_by_field(client: TestClient) -> None:
+    def send(body: bytes) -> Any:
+        return client.post("/api/v1/ingest", content=body, headers={"Content-Type": FRAME_TYPE})
+
+    for k in range(3):
+        r = send(encode_frame(parse_batch(batch(k))))
+        assert r.status_code == 200, r.text
+        assert r.json()["accepted"] == {"samples": 4, "events": 1, "training": 1}
+    assert send(encode_frame(parse_batch(batch(2)))).json()["duplicate"] is True
+    assert post(client, batch(3)).status_code == 200  # JSON stays accepted beside frames
+    series = client.get(
+        "/api/v1/series",
+        params={"metric": "gpu_temp_celsius", "gpu": "1", "start": 890, "end": 910, "points": 100},
+    ).json()
+    assert [p[1] for p in series["points"]] == [60.0, 61.0, 62.0, 63.0]
+    body = encode_frame(parse_batch(batch(4)))
+    r = send(body[:-30])
+    assert r.status_code == 400 and r.json()["field"] == "extras" and "ends at byte" in r.json()["error"]
+    r = send(encode_frame(parse_batch({**batch(5), "source": "node-0", "frames": [], "events": []}))[:9])
+    assert r.status_code == 400 and r.json()["field"] == "source"
 
 
 def test_bad_input_loses_nothing_accepted(client: TestClient) -> None:

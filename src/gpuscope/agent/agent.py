@@ -30,7 +30,8 @@ from gpuscope.agent.sender import Backoff, Sender
 from gpuscope.agent.spool import Spool
 from gpuscope.collect.base import Collector, CollectorError, CollectorSet
 from gpuscope.counters import Counters
-from gpuscope.ingest.payload import encode_batch, training_to_json
+from gpuscope.ingest.frame import encode_frame
+from gpuscope.ingest.payload import training_to_json
 from gpuscope.model import Batch, Event, Labels
 
 log = logging.getLogger("gpuscope.agent")
@@ -159,8 +160,8 @@ class Agent:
         """Collect one round and deliver it (or spool it); spooled batches drain until ``deadline``."""
         batch = self.run_once(now)
         try:
-            body = encode_batch(batch)
-        except TypeError as exc:  # a collector put something JSON cannot hold in event data
+            body = encode_frame(batch)
+        except (TypeError, ValueError) as exc:  # event data JSON cannot hold, a string too long
             self.counters.inc("batches_unencodable")
             log.error("batch %s cannot be encoded (%s); dropped", batch.batch_id, exc)
             return batch
@@ -208,7 +209,7 @@ class Agent:
         event = Event(ts=now, kind="agent_stopping", labels={"node": self.node}, data={"reason": reason})
         batch = Batch(source=self.node, events=[event], batch_id=f"{self.node}:{self.boot_id}:{self._seq}")
         self._seq += 1
-        self.sender.submit(encode_batch(batch), 0, deadline=now + wait)
+        self.sender.submit(encode_frame(batch), 0, deadline=now + wait)
 
     def close(self) -> None:
         """Close collectors, the HTTP client and the spool (what is spooled stays for next start)."""

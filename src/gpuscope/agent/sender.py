@@ -6,6 +6,11 @@ capped), or waits the ``Retry-After`` the hub gave. Any other status is a perman
 retrying would never succeed, so the batch is counted as ``batches_refused``, the hub's message is
 logged once, and delivery moves on. While the spool holds anything, new batches queue behind it so the hub
 receives batches in the order they were collected.
+
+A body is a JSON batch or a binary frame (:mod:`gpuscope.ingest.frame`); each is posted with its
+own content type, so spooled records of either kind replay as they were written. A hub that does
+not read frames answers 415: the frame is converted to JSON and posted again at once, and frames go
+out as JSON for :data:`FRAME_RETRY_S` before the hub is asked again (it may have been upgraded).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ import orjson
 from gpuscope import __version__
 from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
+from gpuscope.ingest.frame import CONTENT_TYPE as FRAME_CONTENT_TYPE
+from gpuscope.ingest.frame import JSON_CONTENT_TYPE, frame_to_json, is_frame
+from gpuscope.ingest.payload import PayloadError
 from gpuscope.tls import client_context
 
 log = logging.getLogger("gpuscope.agent.sender")
@@ -33,6 +41,8 @@ INGEST_PATH = "/api/v1/ingest"
 #: spool records carry the batch's sample count ahead of the body, for ``samples_sent``
 _ENVELOPE = struct.Struct("<I")
 _MAX_LOGGED_REFUSALS = 64
+#: after a hub refused a frame (415), how long frames are sent as JSON before trying a frame again
+FRAME_RETRY_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +97,7 @@ class Sender:
         self.clock = clock
         self.backoff = backoff if backoff is not None else Backoff()
         self.rng = rng if rng is not None else random.Random()
-        headers = {"Content-Type": "application/json", "User-Agent": f"gpuscope-agent/{__version__}"}
+        headers = {"User-Agent": f"gpuscope-agent/{__version__}"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
         # https: the hub's certificate is verified, against ``ca_file`` / GPUSCOPE_CA_FILE if set
@@ -96,6 +106,7 @@ class Sender:
         self._failures = 0  # consecutive failed attempts
         self._next_attempt = float("-inf")
         self._logged_refusals: set[tuple[int, str]] = set()
+        self._frames_refused_until = float("-inf")  # the hub answered 415 to a frame until then
 
     @property
     def backlog(self) -> int:
@@ -169,9 +180,22 @@ class Sender:
         self.counters.inc("batches_sent")
         self.counters.inc("samples_sent", samples)
 
+    @property
+    def sends_frames(self) -> bool:
+        """False while frames go out as JSON because the hub refused one (415)."""
+        return self.clock() >= self._frames_refused_until
+
     def _post(self, body: bytes) -> Outcome:
+        if is_frame(body) and not self.sends_frames:
+            body = self._as_json(body)
         try:
-            resp = self._client.post(self.url, content=body)
+            resp = self._client.post(self.url, content=body, headers={"Content-Type": _content_type(body)})
+            if resp.status_code == 415 and is_frame(body):
+                self._frames_refused_until = self.clock() + FRAME_RETRY_S
+                self.counters.inc("frames_refused_by_hub")
+                log.info("hub %s does not read binary frames (415); sending JSON", self.url)
+                body = self._as_json(body)
+                resp = self._client.post(self.url, content=body, headers={"Content-Type": JSON_CONTENT_TYPE})
         except httpx.RequestError as exc:
             self._failed(f"{type(exc).__name__}: {exc}", None)
             return Outcome.RETRY
@@ -195,6 +219,14 @@ class Sender:
             )
         return Outcome.REFUSED
 
+    def _as_json(self, body: bytes) -> bytes:
+        try:
+            return frame_to_json(body)
+        except PayloadError:
+            # a frame this sender wrote but cannot read back (damaged in the spool): the hub
+            # refuses it by name, counted as batches_refused, and delivery moves on
+            return body
+
     def _failed(self, why: str, retry_after: float | None) -> None:
         self.counters.inc("send_failures")
         self._failures += 1
@@ -212,6 +244,10 @@ class Sender:
             log.debug(
                 "delivery attempt %d to %s failed (%s); next in %.1fs", self._failures, self.url, why, delay
             )
+
+
+def _content_type(body: bytes) -> str:
+    return FRAME_CONTENT_TYPE if is_frame(body) else JSON_CONTENT_TYPE
 
 
 def _hub_message(resp: httpx.Response) -> str:

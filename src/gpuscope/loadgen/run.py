@@ -1,7 +1,9 @@
 """Driving a load run: the simulated fleet in real time, sender processes, hub resources, faults.
 
-The main process runs the simulator one tick per second of wall time, encodes the tick's batches
-and hands them to the sender processes (each owns a fixed set of agents' streams). Beside it, one
+Before the run the main process pre-encodes the fleet's traffic (:mod:`gpuscope.loadgen.playback`:
+a ring of simulated ticks as binary frames, the jobs that faults touch simulated live); each second
+of wall time it patches one tick's frames and hands them to the sender processes (each owns a
+fixed set of agents' streams). Beside it, one
 thread samples the hubs' CPU and memory (psutil, by PID) and one polls ``/api/v1/alerts`` on every
 hub, timing the detection of each injected fault from its onset.
 """
@@ -22,15 +24,9 @@ import httpx
 import numpy as np
 import psutil
 
+from gpuscope.loadgen.playback import Playback
 from gpuscope.loadgen.sender import Item, SenderStats, worker_main
-from gpuscope.loadgen.traffic import (
-    ExpectedAlert,
-    FleetShape,
-    build_scenario,
-    expected_alerts,
-    shard_of,
-    tick_bodies,
-)
+from gpuscope.loadgen.traffic import ExpectedAlert, FleetShape, expected_alerts, scenario_doc, shard_of
 
 
 @dataclass(slots=True)
@@ -49,6 +45,10 @@ class LoadOptions:
     timeout: float = 30.0
     start_delay: float = 3.0
     max_backlog: int = 120  # batches per stream waiting for the hub (a bounded agent spool)
+    ring: int = 30  # simulated ticks pre-encoded and replayed (30 s: 20 steps of 1.5 s)
+    # simulated ticks before the ring (the jobs' start-up), not replayed; a multiple of the simulated
+    # services' 30-s and 60-s quality windows, so those fall on the same ticks as without a ring
+    warmup: int = 60
 
 
 class ResourceMonitor(threading.Thread):
@@ -443,6 +443,8 @@ def run_load(opts: LoadOptions, say: Callable[[str], None] = lambda _: None) -> 
     if opts.workers < 1 or opts.duration < 1:
         raise ValueError("workers and duration must be at least 1")
     headers = {"Authorization": f"Bearer {opts.token}"} if opts.token else {}
+    playback = Playback(scenario_doc(opts.shape, opts.duration, opts.faults), opts.ring, opts.warmup)
+    scenario = playback.scenario
     ctx = mp.get_context("spawn")
     conns = []
     procs = []
@@ -459,7 +461,6 @@ def run_load(opts: LoadOptions, say: Callable[[str], None] = lambda _: None) -> 
         conns.append(parent)
         procs.append(proc)
     t0 = math.ceil(time.time()) + opts.start_delay
-    scenario = build_scenario(opts.shape, opts.duration, opts.faults)
     watcher = AlertWatcher(opts.hubs, expected_alerts(scenario, t0), headers, opts.poll_interval)
     hub_monitor = ResourceMonitor(opts.hub_pids)
     gen_monitor = ResourceMonitor([mp.current_process().pid or 0, *[p.pid or 0 for p in procs]])
@@ -472,7 +473,7 @@ def run_load(opts: LoadOptions, say: Callable[[str], None] = lambda _: None) -> 
     late = 0.0
     next_report = t0 + 10
     try:
-        for due, outgoing in tick_bodies(scenario, t0):
+        for due, outgoing in playback.ticks(t0):
             wait = due - time.time()
             if wait > 0:
                 time.sleep(wait)

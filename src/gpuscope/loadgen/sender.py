@@ -4,7 +4,8 @@ Each sender (a node's agent, a job's SDK process) is one stream: its batches go 
 time, in order, as a real agent's do; a batch that fails (connection error, 5xx, 408, 429) is
 retried with the agent's backoff, on the next hub when there are several, until it is
 acknowledged or the run's grace period ends, and batches behind it wait. What is still unacknowledged
-at the end is a drop. Connections are kept alive, a pool per hub per process.
+at the end is a drop. Connections are kept alive, a pool per hub per process, through the lean
+client of :mod:`gpuscope.loadgen.http` on uvloop; bodies are binary frames.
 """
 
 from __future__ import annotations
@@ -18,11 +19,13 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
-import httpx
 import orjson
+import uvloop
 
 from gpuscope import __version__
-from gpuscope.agent.sender import INGEST_PATH, Backoff, _retry_after
+from gpuscope.agent.sender import INGEST_PATH, Backoff
+from gpuscope.ingest.frame import CONTENT_TYPE
+from gpuscope.loadgen.http import HubClient, Reply, RequestError
 from gpuscope.loadgen.traffic import shard_of
 
 #: (sender, body, rows, samples, events, training) as the main process ships them
@@ -92,13 +95,10 @@ class _Worker:
         self, hubs: list[str], token: str | None, connections: int, timeout: float, max_backlog: int
     ) -> None:
         self.max_backlog = max_backlog
-        headers = {"Content-Type": "application/json", "User-Agent": f"gpuscope-loadgen/{__version__}"}
+        headers = {"Content-Type": CONTENT_TYPE, "User-Agent": f"gpuscope-loadgen/{__version__}"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
-        self.clients = [
-            httpx.AsyncClient(base_url=h, headers=headers, limits=limits, timeout=timeout) for h in hubs
-        ]
+        self.clients = [HubClient(h, INGEST_PATH, headers, connections, timeout) for h in hubs]
         self.streams: dict[str, _Stream] = {}
         self.stats = SenderStats()
         self.backoff = Backoff()
@@ -131,12 +131,12 @@ class _Worker:
             retry_after: float | None = None
             started = time.perf_counter()
             try:
-                resp = await client.post(INGEST_PATH, content=body)
-            except httpx.RequestError:
+                resp = await client.post(body)
+            except RequestError:
                 st.connect_errors += 1
             else:
                 st.latencies.append(time.perf_counter() - started)
-                status = resp.status_code
+                status = resp.status
                 if 200 <= status < 300:
                     stream.queue.popleft()
                     failures = 0
@@ -149,16 +149,14 @@ class _Worker:
                     if len(st.refusal_messages) < 10:
                         st.refusal_messages.append(f"HTTP {status}: {resp.text[:300]}")
                     continue
-                retry_after = _retry_after(resp)
+                retry_after = resp.retry_after
             failures += 1
             st.retries += 1
             delay = self.backoff.delay(failures, self.rng)
             await asyncio.sleep(max(delay, retry_after or 0.0))
         stream.task = None
 
-    def _acked(
-        self, resp: httpx.Response, due: float, rows: int, samples: int, events: int, training: int
-    ) -> None:
+    def _acked(self, resp: Reply, due: float, rows: int, samples: int, events: int, training: int) -> None:
         st = self.stats
         now = time.time()
         st.lags.append(now - due)
@@ -199,7 +197,7 @@ class _Worker:
             if stream.task is not None:
                 stream.task.cancel()
         for client in self.clients:
-            await client.aclose()
+            client.close()
         return self.stats
 
 
@@ -222,5 +220,5 @@ def worker_main(
     async def main() -> SenderStats:
         return await _serve(conn, _Worker(hubs, token, connections, timeout, max_backlog))
 
-    conn.send(asyncio.run(main()))
+    conn.send(uvloop.run(main()))
     conn.close()

@@ -1,10 +1,11 @@
-"""What the load generator sends: a simulated fleet's agent and SDK batches, encoded once per tick.
+"""What the load generator sends: a simulated fleet's agent and SDK batches.
 
 The values come from the cluster simulator (:mod:`gpuscope.sim`), so every node batch carries the
 full GPU and node metric sets with realistic dynamics, driver events, and the training SDKs' step
 records and heartbeats; faults are scenario faults, so what the hub must detect is what
-``sim-eval`` scores. Encoding is the only per-tick cost here; the HTTP work happens in the
-sender processes (:mod:`gpuscope.loadgen.sender`).
+``sim-eval`` scores. :mod:`gpuscope.loadgen.playback` pre-encodes them as binary frames for a
+run; :func:`tick_bodies` simulates and encodes JSON tick by tick (for benchmarks of the JSON path).
+The HTTP work happens in the sender processes (:mod:`gpuscope.loadgen.sender`).
 """
 
 from __future__ import annotations
@@ -85,10 +86,11 @@ def default_faults(shape: FleetShape, duration: float) -> list[dict[str, Any]]:
     ]
 
 
-def build_scenario(
+def scenario_doc(
     shape: FleetShape, duration: float, faults: list[dict[str, Any]] | None = None
-) -> Scenario:
-    """A scenario (DESIGN §4) for the fleet: training jobs over all nodes but the service ones."""
+) -> dict[str, Any]:
+    """The scenario (DESIGN §4) of the fleet as a document: training jobs over all nodes but the
+    service ones; ``faults`` None means :func:`default_faults`."""
     if shape.nodes < 1 or shape.gpus_per_node < 1 or shape.job_nodes < 1:
         raise ValueError("nodes, gpus_per_node and job_nodes must be at least 1")
     training_nodes = shape.nodes - shape.service_nodes
@@ -99,7 +101,7 @@ def build_scenario(
     for s in range(shape.service_nodes):
         node = f"node-{training_nodes + s}"
         jobs.append({"name": f"svc-{s}", "kind": "inference", "nodes": [node], "rps": 40, "model": f"m{s}"})
-    doc = {
+    return {
         "name": f"load-{shape.nodes}x{shape.gpus_per_node}",
         "seed": shape.seed,
         "duration": duration,
@@ -108,7 +110,17 @@ def build_scenario(
         "jobs": jobs,
         "faults": faults if faults is not None else default_faults(shape, duration),
     }
+
+
+def parse_doc(doc: dict[str, Any]) -> Scenario:
     return parse_scenario(yaml.safe_dump(doc, sort_keys=False), name=str(doc["name"]) + ".yaml")
+
+
+def build_scenario(
+    shape: FleetShape, duration: float, faults: list[dict[str, Any]] | None = None
+) -> Scenario:
+    """The parsed scenario of :func:`scenario_doc`."""
+    return parse_doc(scenario_doc(shape, duration, faults))
 
 
 @dataclass(frozen=True, slots=True)

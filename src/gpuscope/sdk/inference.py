@@ -31,7 +31,7 @@ import numpy as np
 from gpuscope.agent.sender import Sender
 from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
-from gpuscope.ingest.payload import encode_batch
+from gpuscope.ingest.frame import encode_frame
 from gpuscope.model import Batch, Event, Frame, Labels
 from gpuscope.quality.sketch import CategorySketch, NumericSketch, Sketch
 
@@ -241,7 +241,7 @@ class _Shipper(threading.Thread):
             if frames or events:
                 batch = Batch(f"sdk:{self.svc.service}", frames=frames, events=events)
                 batch.batch_id = f"{self._prefix}:{next(self._ids)}"
-                self.svc.sender.submit(encode_batch(batch), batch.sample_count, deadline=deadline)
+                self.svc.sender.submit(encode_frame(batch), batch.sample_count, deadline=deadline)
 
     def _labels(self, version: str) -> Labels:
         s = self.svc

@@ -25,7 +25,8 @@ from typing import Any
 
 from gpuscope.agent.sender import Sender
 from gpuscope.counters import Counters
-from gpuscope.ingest.payload import NAME_RE, encode_batch
+from gpuscope.ingest.frame import encode_frame
+from gpuscope.ingest.payload import NAME_RE
 from gpuscope.model import Batch, Event, TrainingRecord
 from gpuscope.sdk.env import Placement
 from gpuscope.sdk.goodput import Goodput
@@ -231,4 +232,4 @@ class Shipper(threading.Thread):
         batch.batch_id = f"{self._id_prefix}:{next(self._ids)}"
         self.counters.inc("records_shipped", len(batch.training))
         self.counters.inc("events_shipped", len(batch.events))
-        self.sender.submit(encode_batch(batch), deadline=deadline)
+        self.sender.submit(encode_frame(batch), deadline=deadline)

@@ -24,12 +24,11 @@ from gpuscope import __version__
 from gpuscope.alert.service import AlertingService
 from gpuscope.cluster.member import ClusterMember
 from gpuscope.hub import Hub
+from gpuscope.ingest.frame import CONTENT_TYPES, decode_body
 from gpuscope.ingest.payload import (
     Limits,
     PayloadError,
     check_time_window,
-    decode_json,
-    parse_batch,
     training_to_json,
 )
 from gpuscope.lineage import LineageRegistry, for_hub
@@ -280,13 +279,14 @@ class HubApi:
 
     async def _ingest(self, request: Request) -> Response:
         ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
-        if ctype != "application/json":
-            raise ApiError(415, "content-type", f"{ctype!r} is not supported; send application/json")
+        if ctype not in CONTENT_TYPES:
+            accepted = " or ".join(CONTENT_TYPES)
+            raise ApiError(415, "content-type", f"{ctype!r} is not supported; send {accepted}")
         body = await self._read_body(request)
 
         def work() -> dict[str, Any]:
             try:
-                batch = parse_batch(decode_json(body, self.limits), self.limits)
+                batch = decode_body(ctype, body, self.limits)
                 check_time_window(batch, self.clock(), self.limits)
             except PayloadError as exc:
                 self.hub.counters.inc("ingest_rejected_batches")

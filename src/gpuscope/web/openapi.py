@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from gpuscope.ingest.frame import CONTENT_TYPE as FRAME_CONTENT_TYPE
+
 _LABELS = {
     "type": "object",
     "additionalProperties": {"type": "string", "maxLength": 256},
@@ -343,7 +345,11 @@ def openapi_document(version: str) -> dict[str, Any]:
                         "summary": "Ingest one batch; answered once the batch is durable",
                         "requestBody": {
                             "required": True,
-                            "content": {"application/json": {"schema": BATCH_SCHEMA}},
+                            "content": {
+                                "application/json": {"schema": BATCH_SCHEMA},
+                                # the same batch as a binary frame: docs/wire-format.md
+                                FRAME_CONTENT_TYPE: {"schema": {"type": "string", "format": "binary"}},
+                            },
                         },
                         "responses": {
                             "200": _INGESTED,
