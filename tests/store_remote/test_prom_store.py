@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import orjson
+import psycopg
 import pytest
 
 from gpuscope.config import ConfigError, HubConfig, load_config
@@ -378,3 +379,44 @@ def test_a_refusal_in_a_grouped_request_is_counted_against_its_own_batch(tsdb: L
     tsdb.flush()
     assert [p.value for p in store.series("gpu_temp_celsius", {"node": "n1"}, NOW - 1, NOW + 1)] == [3.0]
     store.close()
+
+
+def _rows(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn, autocommit=True) as con:
+        return {
+            t: int(con.execute(f"SELECT count(*) FROM gpuscope_{t}").fetchone()[0])  # type: ignore[index]
+            for t in ("events", "training", "batch_ids")
+        }
+
+
+def test_steady_heartbeats_live_in_memory_and_only_transitions_are_stored(postgres_dsn: str) -> None:
+    meta = PostgresMeta(postgres_dsn)
+    t0 = time.time() - 300
+
+    def beats(second: float, ranks: range, seq: int) -> Batch:
+        events = [Event(t0 + second, "heartbeat", {"job": "j", "rank": str(r)}, {"step": seq}) for r in ranks]
+        return Batch("sdk:j", events=events, batch_id=f"sdk:j:{seq}")
+
+    meta.append(beats(0, range(4), 0))  # four ranks seen: four transitions
+    assert _rows(postgres_dsn) == {"events": 4, "training": 0, "batch_ids": 1}
+    before = _rows(postgres_dsn)
+    for second in range(1, 40):  # steady: not one row, not even a batch id
+        result = meta.append(beats(second, range(4), second))
+        assert result.events == 4 and not result.duplicate
+    assert _rows(postgres_dsn) == before
+    assert meta.stats()["heartbeats"] == {"ranks": 4, "kept_in_memory": 4 * 39}
+    # rank 3 stops: 60 s later (the others' beats tell the time) its loss is stored; it comes back
+    for second in range(40, 110):
+        meta.append(beats(second, range(3), second))
+    meta.append(beats(110, range(3), 110))
+    meta.append(beats(111, range(4), 111))
+    kinds = [(e.kind, e.labels["rank"], e.ts - t0) for e in meta.events(0, time.time(), limit=100)]
+    assert sorted(kinds) == sorted(
+        [("heartbeat_seen", str(r), 0.0) for r in range(4)]
+        + [("heartbeat_lost", "3", 39.0), ("heartbeat_seen", "3", 111.0)]
+    )
+    # a heartbeat riding with step records adds no row of its own
+    record = TrainingRecord(t0 + 112, "j", 0, 112, {"loss": 1.0}, {})
+    meta.append(Batch("sdk:j", events=beats(112, range(4), 112).events, training=[record], batch_id="x"))
+    assert _rows(postgres_dsn)["events"] == 6
+    meta.close()

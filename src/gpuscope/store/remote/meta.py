@@ -24,6 +24,7 @@ from gpuscope.store.errors import StoreError
 from gpuscope.store.group import GroupCommitter
 from gpuscope.store.prepare import Prepared, Preparer
 from gpuscope.store.registry import ColumnRegistry, EntityRegistry
+from gpuscope.store.remote.heartbeats import HEARTBEAT, HeartbeatMemory
 
 DAY = 86_400.0
 #: how long a group's writer waits for the rest of a wave of concurrent requests (see group.py)
@@ -115,7 +116,9 @@ class PostgresMeta:
 
     The batch-id lookups and the appends of concurrent requests are grouped (``group_writes``):
     one query looks up every id asked meanwhile, one transaction stores every batch appended
-    meanwhile, instead of a round trip or a transaction per request.
+    meanwhile, instead of a round trip or a transaction per request. Heartbeats stay in memory and
+    only their transitions are stored (:mod:`.heartbeats`): a batch of heartbeats alone writes
+    nothing, not even its id (a heartbeat seen twice by the detectors is harmless).
     """
 
     def __init__(
@@ -129,6 +132,7 @@ class PostgresMeta:
         group_writes: bool = True,
     ) -> None:
         self.dsn = dsn
+        self.heartbeats = HeartbeatMemory()
         self.path = "postgres"
         self.record_retention_s = record_retention_s
         self.batch_id_ttl_s = batch_id_ttl_s
@@ -191,6 +195,13 @@ class PostgresMeta:
     def append(self, batch: Batch) -> AppendResult:
         # validated here, in the caller's thread: a bad batch is refused before it joins a group
         prepared = self._preparer.prepare(Batch(batch.source, events=batch.events, training=batch.training))
+        if any(e.kind == HEARTBEAT for e in batch.events):
+            kept = self.heartbeats.sift(batch.events)
+            if not kept and not batch.training:
+                return prepared.result
+            stored = self._preparer.prepare(Batch(batch.source, events=kept, training=batch.training))
+            stored.result = prepared.result  # the sender is told what it sent was accepted
+            prepared = stored
         if self._appends is not None:
             return self._appends.submit((batch.batch_id, prepared)).result()
         return self._append_group([(batch.batch_id, prepared)])[0]
@@ -375,7 +386,8 @@ class PostgresMeta:
                 t: int(con.execute(f"SELECT count(*) FROM gpuscope_{t}").fetchone()[0])  # type: ignore[index]
                 for t in ("events", "training", "alerts", "batch_ids")
             }
-        return {"backend": "postgres", "rows": counts}
+        memory = {"ranks": len(self.heartbeats), "kept_in_memory": self.heartbeats.kept}
+        return {"backend": "postgres", "rows": counts, "heartbeats": memory}
 
     def close(self) -> None:
         if self._closed:
