@@ -19,7 +19,6 @@ from gpuscope.alert.incidents import Incident, IncidentTracker
 from gpuscope.cluster.membership import ClusterNode, connect
 from gpuscope.cluster.ring import entity_shard
 from gpuscope.model import Alert, Labels
-from gpuscope.store.base import Store
 
 
 def entity_key(entity: dict[str, str]) -> str:
@@ -51,9 +50,6 @@ class PgAlertState:
         self._read_lock = threading.Lock()
         #: how incidents group (the alert engine's defaults)
         self.incident_window, self.reopen_within = 600.0, 120.0
-        #: the member's own store, which keeps a copy of the alerts this member writes (what reads
-        #: the store directly, such as the dashboard pages, sees them)
-        self.local: Store | None = None
 
     # -- AlertState ---------------------------------------------------------------------------
 
@@ -63,18 +59,10 @@ class PgAlertState:
             # the incident it joins, as every member derives it (routes group by incident)
             incidents = self.view()[1]
             alert.incident = next((i.id for i in incidents if alert.id in i.members), None)
-            self._keep_local(alert)
         return theirs
 
     def resolved(self, alert: Alert, now: float) -> bool:
-        done = self.write_resolved(alert, now)
-        if done:
-            self._keep_local(alert)
-        return done
-
-    def _keep_local(self, alert: Alert) -> None:
-        if self.local is not None:
-            self.local.save_alert(alert)
+        return self.write_resolved(alert, now)
 
     def continued(self, alerts: list[Alert]) -> None:
         """Continued alerts are in PostgreSQL already."""
@@ -158,7 +146,6 @@ class PgAlertState:
                 "UPDATE cluster_alerts SET doc = %s WHERE id = %s",
                 (orjson.dumps(doc, default=str).decode(), alert.id),
             )
-        self._keep_local(alert)
 
     def firing_in(self, shards: set[int]) -> list[Alert]:
         """The alerts firing on these shards: what a hub taking them over continues."""

@@ -3,7 +3,8 @@
 Each sender (a node's agent, a job's SDK process) is one stream: its batches go out one at a
 time, in order, as a real agent's do; a batch that fails (connection error, 5xx, 408, 429) is
 retried with the agent's backoff, on the next hub when there are several, until it is
-acknowledged or the run's grace period ends, and batches behind it wait. What is still unacknowledged
+acknowledged or the run's grace period ends, and batches behind it wait. A stream follows the
+owner of its shard that a cluster member's answer names, as an agent does. What is still unacknowledged
 at the end is a drop. Connections are kept alive, a pool per hub per process.
 """
 
@@ -22,6 +23,7 @@ import httpx
 import orjson
 
 from gpuscope import __version__
+from gpuscope.agent.route import OWNER_HEADER
 from gpuscope.agent.sender import INGEST_PATH, Backoff, _retry_after
 from gpuscope.loadgen.traffic import shard_of
 
@@ -99,6 +101,8 @@ class _Worker:
         self.clients = [
             httpx.AsyncClient(base_url=h, headers=headers, limits=limits, timeout=timeout) for h in hubs
         ]
+        #: a cluster member names the hub owning a stream's shard: the stream goes there, as an agent's
+        self._hub_index = {h.rstrip("/"): i for i, h in enumerate(hubs)}
         self.streams: dict[str, _Stream] = {}
         self.stats = SenderStats()
         self.backoff = Backoff()
@@ -140,6 +144,7 @@ class _Worker:
                 if 200 <= status < 300:
                     stream.queue.popleft()
                     failures = 0
+                    stream.hub = self._hub_index.get(resp.headers.get(OWNER_HEADER, ""), stream.hub)
                     self._acked(resp, due, rows, samples, events, training)
                     continue
                 st.http_errors[status] = st.http_errors.get(status, 0) + 1
