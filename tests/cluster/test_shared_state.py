@@ -261,3 +261,24 @@ def test_dashboard_pages_of_every_member_read_the_clusters_alerts(pair: tuple[Me
     for member in (a, b):
         idle = reports_view(member.hub, now, 1)["idle_allocated"]
         assert idle["by_job"] == {job: pytest.approx(1.0, abs=0.01)}, member.member.cfg.hub_id
+
+
+def test_the_cluster_alert_view_reads_only_what_changed(pair: tuple[Member, Member, Sink]) -> None:
+    a, b, _ = pair
+    state = a.member.state
+    state.view()
+    start = state.rows_read
+    now = time.time()
+    fired = []
+    for i, node in enumerate(_nodes_of(b, 3)):
+        alert = Alert(b.member.state.next_id(), RULE, "P1", "platform", {"node": node}, now + i, "dbe", 0.0)
+        assert b.member.state.fired(alert, None, now + i) is None
+        fired.append(alert)
+    assert [x.id for x in state.view()[0]] == [x.id for x in fired]
+    assert state.rows_read - start == 3
+    fired[0].resolved_at = now + 10
+    assert b.member.state.resolved(fired[0], now + 10)
+    alerts, incidents = state.view()
+    assert state.rows_read - start == 4  # the one row that changed, not all of them again
+    assert [x.resolved_at for x in alerts] == [now + 10, None, None]
+    assert (alerts, incidents) == b.member.state.view()
