@@ -2,7 +2,9 @@
 
 (a) one ``gpuscope hub`` process on the embedded DuckDB store; (b) two sharded hubs on
 VictoriaMetrics (remote write) + PostgreSQL (cluster state, meta store), when those backends are
-in this version. The load generator (``gpuscope loadgen``) plays a simulated cluster in real time
+in this version; (c) three such hubs, one of them SIGKILLed halfway through the run, with every
+notification sent to a webhook receiver here: drops, and notifications lost or sent twice. The
+load generator (``gpuscope loadgen``) plays a simulated cluster in real time
 over HTTP, one in-order stream per agent and SDK process, retrying until acknowledged, and injects
 faults during the run (DESIGN §4 kinds) whose time to detect is read from ``/api/v1/alerts``.
 
@@ -10,7 +12,7 @@ Anchor, same run: VictoriaMetrics ingesting the same samples at the same pace (o
 node per second, Prometheus text through its import API): the cores it needs for what the hub
 does, beside the hub's cores.
 
-usage: python bench/bench_load.py [--duration 600] [--nodes 1024] [--only a|b] [--anchor-seconds 60]
+usage: python bench/bench_load.py [--duration 600] [--nodes 1024] [--only a|b|c] [--anchor-seconds 60]
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import argparse
 import asyncio
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -46,6 +50,7 @@ from gpuscope.loadgen.run import ResourceMonitor
 from gpuscope.sim.cluster import Simulator
 
 sys.path.insert(0, str(ROOT / "tests"))
+from alert.sink import Sink
 from pgserver import PostgresServer, postgres_bin_dir
 
 PEER_TOKEN = "bench-load-peer-token-0123456789"
@@ -98,8 +103,18 @@ def cluster_unavailable() -> str | None:
     return None
 
 
-def _hub_config(port: int, vm: str, dsn: str, index: int) -> dict[str, object]:
+def _hub_config(port: int, vm: str, dsn: str, index: int, hook: str | None = None) -> dict[str, object]:
+    notify: dict[str, object] = {}
+    if hook is not None:  # every notification to a receiver here; no repeats within a run
+        notify = {
+            "receivers": [{"name": "hook", "webhook": {"url": hook}}],
+            # one group per alert: a notification names it once, so a repeat is a duplicate
+            "routes": [
+                {"receiver": "hook", "group_by": ["..."], "group_wait": "0s", "repeat_interval": "24h"}
+            ],
+        }
     return {
+        **notify,
         "listen": f"127.0.0.1:{port}",
         "storage": {
             "backend": "prometheus",
@@ -118,7 +133,9 @@ def _hub_config(port: int, vm: str, dsn: str, index: int) -> dict[str, object]:
 
 
 @contextmanager
-def cluster_hubs(vm: str, dsn: str, tmp: Path, count: int) -> Iterator[list[tuple[str, int]]]:
+def cluster_hubs(
+    vm: str, dsn: str, tmp: Path, count: int, hook: str | None = None
+) -> Iterator[list[tuple[str, int]]]:
     """``count`` hub processes, each with its own config file, sharing VictoriaMetrics and PostgreSQL."""
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -126,7 +143,7 @@ def cluster_hubs(vm: str, dsn: str, tmp: Path, count: int) -> Iterator[list[tupl
         for i in range(count):
             port = free_port()
             cfg = tmp / f"hub-{i}.yaml"
-            cfg.write_text(yaml.safe_dump(_hub_config(port, vm, dsn, i)))
+            cfg.write_text(yaml.safe_dump(_hub_config(port, vm, dsn, i, hook)))
             log = (tmp / f"hub-{i}.log").open("wb")
             cmd = [
                 sys.executable,
@@ -158,25 +175,44 @@ def cluster_hubs(vm: str, dsn: str, tmp: Path, count: int) -> Iterator[list[tupl
                 )
 
 
-def run_cluster(args: argparse.Namespace, shape: FleetShape) -> LoadReport | None:
+def run_cluster(
+    args: argparse.Namespace,
+    shape: FleetShape,
+    setup: str = "b",
+    count: int = 2,
+    kill_at: float | None = None,
+) -> LoadReport | None:
+    """(b), or (c) with ``count`` hubs and the first SIGKILLed ``kill_at`` seconds into the load."""
     why = cluster_unavailable()
     if why is not None:
-        console.print(f"[yellow](b) skipped: backend not available ({why})[/yellow]")
+        console.print(f"[yellow]({setup}) skipped: backend not available ({why})[/yellow]")
         return None
     pg = PostgresServer(postgres_bin_dir() or Path()).start()
+    sink = Sink() if kill_at is not None else None
     try:
         with victoria_metrics() as vm, tempfile.TemporaryDirectory() as tmp:
             assert vm is not None
             dsn = pg.create_database("bench_load")
-            with cluster_hubs(vm[0], dsn, Path(tmp), 2) as hubs:
+            hook = f"{sink.url}/hook" if sink is not None else None
+            with cluster_hubs(vm[0], dsn, Path(tmp), count, hook) as hubs:
                 backends = ResourceMonitor(
                     _pids_with(f"-httpListenAddr={vm[0].removeprefix('http://')}", f"-p {pg.port}")
                 )
                 backends.start()
-                console.print(f"(b) two hubs on VictoriaMetrics + PostgreSQL: {[u for u, _ in hubs]}")
+                console.print(
+                    f"({setup}) {count} hubs on VictoriaMetrics + PostgreSQL: {[u for u, _ in hubs]}"
+                )
+                killer = None
+                if kill_at is not None:
+                    victim = hubs[0][1]
+                    killer = threading.Timer(kill_at, lambda: os.kill(victim, signal.SIGKILL))
+                    killer.start()
+                    console.print(f"({setup}) {hubs[0][0]} is SIGKILLed {kill_at:g} s into the load")
                 report = run_load(
                     _options(args, shape, [u for u, _ in hubs], [p for _, p in hubs]), say=console.print
                 )
+                if killer is not None:
+                    killer.cancel()
                 backends.stop()
                 extra = [
                     [
@@ -185,13 +221,84 @@ def run_cluster(args: argparse.Namespace, shape: FleetShape) -> LoadReport | Non
                         "beside the hubs",
                     ]
                 ]
+                if sink is not None:
+                    time.sleep(5)  # notifications of the last alerts leave the outbox within a few seconds
+                    extra += notification_rows(sink, [u for u, _ in hubs[1:]])
                 # printed before the hubs stop: a slow shutdown must not cost the figures
                 print_report(
-                    f"(b) two hubs, VictoriaMetrics + PostgreSQL: {shape.nodes} nodes", report, extra
+                    f"({setup}) {count} hubs, VictoriaMetrics + PostgreSQL: {shape.nodes} nodes",
+                    report,
+                    extra,
                 )
         return report
     finally:
+        if sink is not None:
+            sink.down()
         pg.stop()
+
+
+def notification_rows(sink: Sink, survivors: list[str]) -> list[list[str]]:
+    """Alerts of the cluster (as a survivor answers) against what the receiver was told: fired
+    alerts never notified (lost), and notifications of one alert and status sent more than once."""
+    told: dict[tuple[str, str], int] = {}
+    labels_told: list[tuple[str, dict[str, str]]] = []
+    for body in sink.bodies("/hook"):
+        for alert in body["alerts"]:
+            key = (alert["fingerprint"], alert["status"])
+            told[key] = told.get(key, 0) + 1
+            if alert["status"] == "firing":
+                labels_told.append((alert["labels"].get("alertname", ""), alert["labels"]))
+    alerts: list[dict[str, object]] = []
+    for hub in survivors:
+        try:
+            alerts = httpx.get(
+                f"{hub}/api/v1/alerts", params={"state": "all", "limit": 100_000}, timeout=30
+            ).json()["alerts"]
+            break
+        except (httpx.HTTPError, ValueError, KeyError):
+            continue
+
+    def notified(alert: dict[str, object]) -> bool:
+        entity = alert.get("entity") or {}
+        assert isinstance(entity, dict)
+        return any(
+            name == alert.get("rule") and all(labels.get(k) == str(v) for k, v in entity.items())
+            for name, labels in labels_told
+        )
+
+    def brief(alert: dict[str, object]) -> bool:
+        """Resolved within 10 s of firing: a group may drop what resolved before it was sent."""
+        started, resolved = alert.get("started_at"), alert.get("resolved_at")
+        return (
+            isinstance(started, float | int) and isinstance(resolved, float | int) and resolved - started < 10
+        )
+
+    untold = [a for a in alerts if not notified(a)]
+    lost = [a for a in untold if not brief(a)]
+    for alert in untold:
+        console.print(
+            f"never notified: {alert.get('rule')} {alert.get('entity')} started {alert.get('started_at')} "
+            f"resolved {alert.get('resolved_at')}"
+        )
+    twice = sum(1 for n in told.values() if n > 1)
+    return [
+        [
+            "alerts fired in the cluster / firing notifications",
+            f"{len(alerts)} / {sum(1 for k in told if k[1] == 'firing')}",
+            "",
+        ],
+        [
+            "alerts never notified (lost)",
+            str(len(lost)),
+            "must be 0; the first: " + str([a.get("rule") for a in lost[:5]]),
+        ],
+        [
+            "alerts never notified that resolved within 10 s",
+            str(len(untold) - len(lost)),
+            "may be dropped unsent",
+        ],
+        ["notifications sent more than once", str(twice), "must be 0 (repeat_interval 24h)"],
+    ]
 
 
 def _pids_with(*needles: str) -> list[int]:
@@ -295,7 +402,7 @@ def main() -> None:
     ap.add_argument("--job-nodes", type=int, default=16, help="nodes per training job (16)")
     ap.add_argument("--workers", type=int, default=2, help="sender processes of the load generator")
     ap.add_argument("--connections", type=int, default=64, help="connections per hub per sender")
-    ap.add_argument("--only", choices=["a", "b"], default=None, help="run one setup only")
+    ap.add_argument("--only", choices=["a", "b", "c"], default=None, help="run one setup only")
     ap.add_argument("--anchor-seconds", type=float, default=60, help="VictoriaMetrics anchor; 0 skips it")
     ap.add_argument("--no-faults", action="store_true")
     ap.add_argument("--json-out", type=Path, default=None, help="also write the figures as JSON here")
@@ -313,6 +420,9 @@ def main() -> None:
     if args.only in (None, "b"):
         report = run_cluster(args, shape)
         results["b"] = report.to_dict() if report is not None else "skipped: backend not available"
+    if args.only in (None, "c"):
+        report = run_cluster(args, shape, "c", 3, args.duration / 2)
+        results["c"] = report.to_dict() if report is not None else "skipped: backend not available"
     results["load_average_end"] = os.getloadavg()
     if args.json_out:
         args.json_out.write_bytes(

@@ -11,30 +11,46 @@ node's tick per batch (what agents send) and the whole fleet's tick per batch. M
    this process and of VictoriaMetrics: what one core of each carries (this machine's cores are
    shared by both, so the wall-clock rate is bounded by their sum);
 3. anchor: VictoriaMetrics' own ingest of the same samples as Prometheus text through
-   ``/api/v1/import/prometheus`` from as many client threads, measured the same way.
+   ``/api/v1/import/prometheus`` from as many client threads, measured the same way;
+4. round trips per request (issue 13): agents' batches (one node's tick each, a batch id each)
+   appended by ``--appenders`` threads, as a cluster hub's request threads do, into
+   ``PromStore`` + ``PostgresMeta`` (a real PostgreSQL started here), with concurrent appends
+   grouped into one remote write, one id lookup and one transaction, and without; the anchor is
+   VictoriaMetrics' direct remote write of the same samples, one request per batch. Remote writes
+   are counted by VictoriaMetrics (``vm_http_requests_total``), transactions by PostgreSQL
+   (``pg_stat_database.xact_commit``), both per appended batch.
 
 Target: >= 500,000 samples/s per core for encode + snappy; a 1,024-node fleet at 1 Hz is 245,760
 samples/s.
 
 usage: python bench/bench_remote.py [--nodes 1024] [--ticks 5] [--seconds 10] [--appenders 8]
+       python bench/bench_remote.py --only round-trips --nodes 256 --seconds 10 --appenders 32
 """
 
 from __future__ import annotations
 
 import argparse
+import re
+import sys
 import threading
 import time
 from collections.abc import Callable
 
 import cramjam
+import httpx
 import psutil
+import psycopg
 
 from bench_ingest import blast, vm_bodies
-from common import TELEMETRY, Fleet, console, print_table, telemetry_ticks, victoria_metrics
+from common import ROOT, TELEMETRY, Fleet, console, print_table, telemetry_ticks, victoria_metrics
 from gpuscope.model import Batch, Frame
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.remote import wire
+from gpuscope.store.remote.meta import PostgresMeta
 from gpuscope.store.remote.prom_store import PromStore
+
+sys.path.insert(0, str(ROOT / "tests"))
+from pgserver import PostgresServer, postgres_bin_dir
 
 
 def batches(fleet: Fleet, ticks: int, per_node: bool) -> list[Batch]:
@@ -144,6 +160,147 @@ def appends(store: PromStore, shape: list[Batch], threads: int, seconds: float) 
     return sum(stored), sum(errors)
 
 
+def vm_writes(url: str) -> int:
+    """Remote-write requests VictoriaMetrics has served (its own counter)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    found = re.findall(r'^vm_http_requests_total\{path="/api/v1/write"[^}]*\} (\d+)', text, re.MULTILINE)
+    return sum(int(n) for n in found)
+
+
+def pg_commits(dsn: str) -> int:
+    """Transactions PostgreSQL has committed in the bench's database (its statistics, flushed)."""
+    time.sleep(1.5)  # exited backends' counts reach the statistics soon after
+    with psycopg.connect(dsn, autocommit=True) as con:
+        con.execute("SELECT pg_stat_clear_snapshot()")
+        row = con.execute(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def with_ids(shape: list[Batch], run: str) -> list[Batch]:
+    return [Batch(b.source, frames=b.frames, batch_id=f"{b.source}:{run}:{i}") for i, b in enumerate(shape)]
+
+
+def round_trips(url: str, shape: list[Batch], threads: int, seconds: float) -> list[list[str]]:
+    """Rows: per mode, appended batches, samples/s, remote writes and PostgreSQL transactions per
+    batch, samples per CPU second of this process."""
+    bin_dir = postgres_bin_dir()
+    if bin_dir is None:
+        console.print("[yellow]PostgreSQL not installed: round trips skipped[/yellow]")
+        return []
+    rows = []
+    pg = PostgresServer(bin_dir).start()
+    try:
+        dsn = pg.create_database("bench_remote")
+        for grouped in (False, True):
+            mode = "grouped" if grouped else "one per request"
+            meta = PostgresMeta(dsn, group_writes=grouped)
+            with PromStore(f"{url}/api/v1/write", url, meta, group_writes=grouped) as store:
+                batches_ = with_ids(shape, mode.replace(" ", "-"))
+                writes, commits, cpu = vm_writes(url), pg_commits(dsn), time.process_time()
+                wall = time.perf_counter()
+                samples, errors, appended = appends_counted(store, batches_, threads, seconds)
+                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            # after close: a backend that exits reports its transactions to the statistics at once
+            writes, commits = vm_writes(url) - writes, pg_commits(dsn) - commits
+            rows.append(
+                [
+                    f"PromStore + PostgresMeta, {mode}",
+                    f"{appended:,}",
+                    f"{samples / wall:,.0f}",
+                    f"{writes / max(1, appended):.3f}",
+                    f"{commits / max(1, appended):.3f}",
+                    f"{samples / cpu:,.0f}",
+                    str(errors),
+                ]
+            )
+    finally:
+        pg.stop()
+    # anchor: the same samples written straight to VictoriaMetrics, one request per batch
+    bodies = []
+    with PromStore(f"{url}/api/v1/write", url, DuckDBStore(":memory:")) as encoder:
+        for b in shape:
+            p = encoder._preparer.prepare(b)
+            for heads, fields in encoder._lanes(p, p.result):
+                bodies.append((wire.write_request(heads, fields), len(heads)))
+    writes, cpu, wall = vm_writes(url), time.process_time(), time.perf_counter()
+    samples, errors, sent = post_all(f"{url}/api/v1/write", bodies, threads, seconds)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    writes = vm_writes(url) - writes
+    rows.append(
+        [
+            "VictoriaMetrics remote write, direct (anchor)",
+            f"{sent:,}",
+            f"{samples / wall:,.0f}",
+            f"{writes / max(1, sent):.3f}",
+            "-",
+            f"{samples / cpu:,.0f}",
+            str(errors),
+        ]
+    )
+    return rows
+
+
+def appends_counted(
+    store: PromStore, shape: list[Batch], threads: int, seconds: float
+) -> tuple[int, int, int]:
+    """Like :func:`appends`, each batch once at most: (samples stored, errors, batches appended)."""
+    lock = threading.Lock()
+    cursor = iter(range(len(shape)))
+    stored, errors, done = [0] * threads, [0] * threads, [0] * threads
+    deadline = time.perf_counter() + seconds
+
+    def worker(i: int) -> None:
+        while time.perf_counter() < deadline:
+            with lock:
+                k = next(cursor, None)
+            if k is None:
+                return
+            try:
+                stored[i] += store.append(shape[k]).samples
+                done[i] += 1
+            except Exception:
+                errors[i] += 1
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return sum(stored), sum(errors), sum(done)
+
+
+def post_all(url: str, bodies: list[tuple[bytes, int]], threads: int, seconds: float) -> tuple[int, int, int]:
+    """POST each body once (``threads`` at a time) until done or ``seconds``: (samples, errors, requests)."""
+    lock = threading.Lock()
+    cursor = iter(range(len(bodies)))
+    stored, errors, done = [0] * threads, [0] * threads, [0] * threads
+    deadline = time.perf_counter() + seconds
+
+    def worker(i: int) -> None:
+        with httpx.Client(timeout=10) as client:
+            while time.perf_counter() < deadline:
+                with lock:
+                    k = next(cursor, None)
+                if k is None:
+                    return
+                body, n = bodies[k]
+                r = client.post(url, content=body, headers=wire.HEADERS)
+                if r.status_code // 100 == 2:
+                    stored[i] += n
+                    done[i] += 1
+                else:
+                    errors[i] += 1
+
+    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    return sum(stored), sum(errors), sum(done)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--nodes", type=int, default=1024)
@@ -151,41 +308,52 @@ def main() -> None:
     ap.add_argument("--ticks", type=int, default=5, help="seconds of telemetry generated (then re-sent)")
     ap.add_argument("--seconds", type=float, default=10, help="seconds per end-to-end measurement")
     ap.add_argument("--appenders", type=int, default=8, help="threads calling append (per-node batches)")
+    ap.add_argument("--only", choices=["all", "round-trips"], default="all")
     a = ap.parse_args()
     fleet = Fleet(a.nodes, a.gpus_per_node)
-    gpus = fleet.nodes * fleet.gpus_per_node
-    console.print(f"generating {a.ticks} s of telemetry for {gpus} GPUs")
-    shapes = {
-        "1 node / batch": batches(fleet, a.ticks, True),
-        "fleet / batch": batches(fleet, a.ticks, False),
-    }
-    encode_rows, e2e_rows = [], []
+    console.print(f"generating {a.ticks} s of telemetry for {fleet.nodes * fleet.gpus_per_node} GPUs")
+    per_node = batches(fleet, a.ticks, True)
     with victoria_metrics() as vm:
         if vm is None:
             return
-        url = vm[0]
-        [tsdb] = [p for p in psutil.Process().children() if "victoria" in p.name()]
-        with PromStore(f"{url}/api/v1/write", url, DuckDBStore(":memory:")) as store:
-            for b in shapes["1 node / batch"][: fleet.nodes]:
-                store.append(b)  # registries and series heads warm, as in a running hub
-            for name, shape in shapes.items():
-                console.print(f"encoding ({name})")
-                ours, library = encode_rates(store, shape)
-                encode_rows.append([name, f"{ours:,.0f}", f"{library:,.0f}", f"{ours / library:.1f}x"])
-            for name, shape in shapes.items():
-                threads = a.appenders if name.startswith("1 node") else 1
-                console.print(f"PromStore.append ({name}, {threads} thread(s))")
-                cells = measured(lambda: appends(store, shape, threads, a.seconds), tsdb)  # noqa: B023
-                e2e_rows.append([f"PromStore.append x{threads}", name, *cells])
-        console.print("anchor: VictoriaMetrics import of the same samples (Prometheus text)")
-        bodies = vm_bodies(fleet, a.ticks, True)
+        if a.only == "all":
+            throughput(a, fleet, vm[0], per_node)
+        console.print(f"round trips per request ({a.appenders} appender threads)")
+        trip_rows = round_trips(vm[0], per_node, a.appenders, a.seconds)
+    print_table(
+        f"round trips per appended batch (1 node / batch, {a.appenders} threads, {a.seconds:g} s each)",
+        ["path", "batches", "samples/s", "VM writes/batch", "PG xacts/batch", "/CPU-s sender", "errors"],
+        trip_rows,
+    )
 
-        def anchor() -> tuple[int, int]:
-            rate, _, errors = blast(f"{url}/api/v1/import/prometheus", bodies, a.appenders, a.seconds, {})
-            return round(rate * a.seconds), errors  # blast reports a rate over about a.seconds
 
-        cells = measured(anchor, tsdb)
-        e2e_rows.append([f"VM import x{a.appenders} (anchor)", "1 node / request", *cells])
+def throughput(a: argparse.Namespace, fleet: Fleet, url: str, per_node: list[Batch]) -> None:
+    """Sections 1 to 3 of the module's docstring."""
+    gpus = fleet.nodes * fleet.gpus_per_node
+    shapes = {"1 node / batch": per_node, "fleet / batch": batches(fleet, a.ticks, False)}
+    encode_rows, e2e_rows = [], []
+    [tsdb] = [p for p in psutil.Process().children() if "victoria" in p.name()]
+    with PromStore(f"{url}/api/v1/write", url, DuckDBStore(":memory:")) as store:
+        for b in shapes["1 node / batch"][: fleet.nodes]:
+            store.append(b)  # registries and series heads warm, as in a running hub
+        for name, shape in shapes.items():
+            console.print(f"encoding ({name})")
+            ours, library = encode_rates(store, shape)
+            encode_rows.append([name, f"{ours:,.0f}", f"{library:,.0f}", f"{ours / library:.1f}x"])
+        for name, shape in shapes.items():
+            threads = a.appenders if name.startswith("1 node") else 1
+            console.print(f"PromStore.append ({name}, {threads} thread(s))")
+            cells = measured(lambda: appends(store, shape, threads, a.seconds), tsdb)  # noqa: B023
+            e2e_rows.append([f"PromStore.append x{threads}", name, *cells])
+    console.print("anchor: VictoriaMetrics import of the same samples (Prometheus text)")
+    bodies = vm_bodies(fleet, a.ticks, True)
+
+    def anchor() -> tuple[int, int]:
+        rate, _, errors = blast(f"{url}/api/v1/import/prometheus", bodies, a.appenders, a.seconds, {})
+        return round(rate * a.seconds), errors  # blast reports a rate over about a.seconds
+
+    cells = measured(anchor, tsdb)
+    e2e_rows.append([f"VM import x{a.appenders} (anchor)", "1 node / request", *cells])
     print_table(
         "encode + snappy, samples per CPU second, one thread (target >= 500,000)",
         ["batch shape", "gpuscope", "protobuf library", "speed-up"],

@@ -35,6 +35,11 @@ class Placement(Protocol):
         it takes them)."""
         ...
 
+    def owner_url(self, batch: Batch) -> str | None:
+        """Where the sender of ``batch`` should send its next batches (the hub owning its shard),
+        told on every ingest answer; None when any hub will do."""
+        ...
+
 
 class LocalPlacement:
     """One hub: every part of every batch is detected here."""
@@ -50,3 +55,6 @@ class LocalPlacement:
 
     def resume(self, now: float, window: float, warm_up: WarmUp) -> None:
         warm_up(now, window)
+
+    def owner_url(self, batch: Batch) -> str | None:
+        return None

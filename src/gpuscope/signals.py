@@ -303,6 +303,9 @@ EVENT_KINDS = {
     "ecc_dbe": "An uncorrectable ECC error event from NVML; data: count",
     "gpu_lost": "A GPU fell off the bus or NVML returned GPU_IS_LOST / UNKNOWN",
     "heartbeat": "A training rank's liveness beat (labels job, rank, node, gpu)",
+    "heartbeat_seen": "Stored by a hub whose meta store is PostgreSQL instead of every heartbeat: a rank "
+    "began beating, or beat again after a silence (labels and data of that beat)",
+    "heartbeat_lost": "Stored by such a hub: a rank silent for 60 s, at the time of its last beat",
     "job_started": "A job began; data: kind, placement [[rank, node, gpu], ...]",
     "job_ended": "A job finished normally",
     "job_failed": "A job's processes exited abnormally; data: reason, exit_code (a rank's last words: "

@@ -25,9 +25,11 @@ from gpuscope.cluster.ring import shard_of
 from gpuscope.config import load_config
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import parse_batch
+from gpuscope.model import Alert
 from gpuscope.runtime import assemble
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.api import HubApi
+from gpuscope.web.dashboard.reports import reports_view
 from support import wait_until
 
 SHARDS = 16
@@ -237,3 +239,46 @@ def test_mutes_lifting_repeats_and_escalation_on_a_member_are_a_single_hubs(
     assert _told(sink, "/hook") == sorted(hook)
     assert _told(sink, "/pager") == [(loud, "firing"), (loud, "resolved")]
     assert "escalated" in [h["what"] for h in a.get(f"/api/v1/alerts/{ids[loud]}/history")["history"]]
+
+
+def test_dashboard_pages_of_every_member_read_the_clusters_alerts(pair: tuple[Member, Member, Sink]) -> None:
+    a, b, _ = pair
+    # an idle-allocation alert on a job whose shard b owns, fired (and stored) by b alone
+    job = next(f"job-{i}" for i in range(500) if shard_of("job", f"job-{i}", SHARDS) in b.member.node.owned)
+    now = time.time()
+    alert = Alert(
+        b.member.state.next_id(),
+        "gpu_idle_allocated",
+        "P3",
+        "ml",
+        {"job": job, "node": "n", "gpu": "0"},
+        now - 3600,
+        "idle",
+        b.hub.alerts.price_per_gpu_hour,
+    )
+    assert b.member.state.fired(alert, None, now) is None
+    assert a.hub.store.alerts() == [] and b.hub.store.alerts() == []  # no member keeps a local copy
+    for member in (a, b):
+        idle = reports_view(member.hub, now, 1)["idle_allocated"]
+        assert idle["by_job"] == {job: pytest.approx(1.0, abs=0.01)}, member.member.cfg.hub_id
+
+
+def test_the_cluster_alert_view_reads_only_what_changed(pair: tuple[Member, Member, Sink]) -> None:
+    a, b, _ = pair
+    state = a.member.state
+    state.view()
+    start = state.rows_read
+    now = time.time()
+    fired = []
+    for i, node in enumerate(_nodes_of(b, 3)):
+        alert = Alert(b.member.state.next_id(), RULE, "P1", "platform", {"node": node}, now + i, "dbe", 0.0)
+        assert b.member.state.fired(alert, None, now + i) is None
+        fired.append(alert)
+    assert [x.id for x in state.view()[0]] == [x.id for x in fired]
+    assert state.rows_read - start == 3
+    fired[0].resolved_at = now + 10
+    assert b.member.state.resolved(fired[0], now + 10)
+    alerts, incidents = state.view()
+    assert state.rows_read - start == 4  # the one row that changed, not all of them again
+    assert [x.resolved_at for x in alerts] == [now + 10, None, None]
+    assert (alerts, incidents) == b.member.state.view()

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from gpuscope.store.duckdb.writer import GroupCommitter, WriterClosed
+from gpuscope.store.group import GroupCommitter, WriterClosed
 
 
 def test_items_queued_during_a_commit_are_coalesced() -> None:

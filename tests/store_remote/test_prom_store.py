@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import orjson
+import psycopg
 import pytest
 
 from gpuscope.config import ConfigError, HubConfig, load_config
@@ -315,3 +316,107 @@ def test_hub_process_with_remote_storage_ingests_and_answers_series(
     wait_until(answered, 15, "the hub to read the series back from VictoriaMetrics")
     health = httpx.get(f"{hub.url}/api/v1/health").json()
     assert health["store"]["backend"] == "prometheus"
+
+
+def _concurrent_appends(store: PromStore, n: int, boot: str = "boot") -> list[AppendResult]:
+    """``n`` agents' batches (a sample and an event each) appended by ``n`` threads at once."""
+    start = threading.Barrier(n)
+
+    def one(i: int) -> AppendResult:
+        batch = Batch(
+            f"node-{i}",
+            frames=[frame(NOW, float(i), node=f"node-{i}")],
+            events=[Event(NOW, "mark", {"node": f"node-{i}"}, {"i": i})],
+            batch_id=f"node-{i}:{boot}:0",
+        )
+        start.wait()
+        return store.append(batch)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+@pytest.mark.parametrize("tsdb", ["victoriametrics"], indirect=True)
+def test_concurrent_appends_share_remote_writes_and_postgres_transactions(
+    tsdb: LocalTSDB, postgres_dsn: str
+) -> None:
+    n = 24
+    meta = PostgresMeta(postgres_dsn)
+    store = ReadYourWrites(tsdb, meta)
+    results = _concurrent_appends(store, n)
+    assert [(r.samples, r.events, r.duplicate) for r in results] == [(1, 1, False)] * n
+    requests = store.counters.get("store.remote_write_requests")
+    assert requests <= n // 2, requests  # one request per append before grouping
+    assert meta._appends is not None and meta._lookups is not None
+    assert meta._appends.items == n and meta._appends.groups <= n // 2  # transactions
+    assert meta._lookups.items == n and meta._lookups.groups <= n // 2  # id lookups
+    # everything is stored, once: a retry of every batch is a duplicate
+    assert len(store.meta.events(0, NOW + 10, "mark", limit=1000)) == n
+    assert store.aggregate("gpu_temp_celsius", "node", NOW - 1, NOW + 1)[0]["count"] == 1
+    assert len(store.aggregate("gpu_temp_celsius", "node", NOW - 1, NOW + 1)) == n
+    assert all(r.duplicate for r in _concurrent_appends(store, n))
+    store.close()
+
+    # the same without grouping: a request and a transaction per append (the figure bench_remote
+    # prints beside the grouped one)
+    plain = ReadYourWrites(tsdb, PostgresMeta(postgres_dsn, group_writes=False), group_writes=False)
+    assert not any(r.duplicate for r in _concurrent_appends(plain, n, "rebooted"))
+    assert plain.counters.get("store.remote_write_requests") == n
+    plain.close()
+
+
+@pytest.mark.parametrize("tsdb", ["prometheus"], indirect=True)
+def test_a_refusal_in_a_grouped_request_is_counted_against_its_own_batch(tsdb: LocalTSDB) -> None:
+    store = ReadYourWrites(tsdb, DuckDBStore(":memory:"), retry_s=1)
+    assert store.append(Batch("a", frames=[frame(NOW, 1.0)])).samples == 1
+    late = store._preparer.prepare(Batch("a", frames=[frame(NOW - 30, 2.0)]))  # out of order
+    fine = store._preparer.prepare(Batch("b", frames=[frame(NOW, 3.0, node="n1")]))
+    lanes = [store._lanes(p, p.result)[0] for p in (late, fine)]
+    refused, taken = store._send_group(lanes)
+    assert isinstance(refused, tuple) and refused[0] == 1 and "out of order" in refused[1]
+    assert taken is None
+    assert store.counters.get("store.remote_write_grouped") == 2
+    tsdb.flush()
+    assert [p.value for p in store.series("gpu_temp_celsius", {"node": "n1"}, NOW - 1, NOW + 1)] == [3.0]
+    store.close()
+
+
+def _rows(dsn: str) -> dict[str, int]:
+    with psycopg.connect(dsn, autocommit=True) as con:
+        return {
+            t: int(con.execute(f"SELECT count(*) FROM gpuscope_{t}").fetchone()[0])  # type: ignore[index]
+            for t in ("events", "training", "batch_ids")
+        }
+
+
+def test_steady_heartbeats_live_in_memory_and_only_transitions_are_stored(postgres_dsn: str) -> None:
+    meta = PostgresMeta(postgres_dsn)
+    t0 = time.time() - 300
+
+    def beats(second: float, ranks: range, seq: int) -> Batch:
+        events = [Event(t0 + second, "heartbeat", {"job": "j", "rank": str(r)}, {"step": seq}) for r in ranks]
+        return Batch("sdk:j", events=events, batch_id=f"sdk:j:{seq}")
+
+    meta.append(beats(0, range(4), 0))  # four ranks seen: four transitions
+    assert _rows(postgres_dsn) == {"events": 4, "training": 0, "batch_ids": 1}
+    before = _rows(postgres_dsn)
+    for second in range(1, 40):  # steady: not one row, not even a batch id
+        result = meta.append(beats(second, range(4), second))
+        assert result.events == 4 and not result.duplicate
+    assert _rows(postgres_dsn) == before
+    assert meta.stats()["heartbeats"] == {"ranks": 4, "kept_in_memory": 4 * 39}
+    # rank 3 stops: 60 s later (the others' beats tell the time) its loss is stored; it comes back
+    for second in range(40, 110):
+        meta.append(beats(second, range(3), second))
+    meta.append(beats(110, range(3), 110))
+    meta.append(beats(111, range(4), 111))
+    kinds = [(e.kind, e.labels["rank"], e.ts - t0) for e in meta.events(0, time.time(), limit=100)]
+    assert sorted(kinds) == sorted(
+        [("heartbeat_seen", str(r), 0.0) for r in range(4)]
+        + [("heartbeat_lost", "3", 39.0), ("heartbeat_seen", "3", 111.0)]
+    )
+    # a heartbeat riding with step records adds no row of its own
+    record = TrainingRecord(t0 + 112, "j", 0, 112, {"loss": 1.0}, {})
+    meta.append(Batch("sdk:j", events=beats(112, range(4), 112).events, training=[record], batch_id="x"))
+    assert _rows(postgres_dsn)["events"] == 6
+    meta.close()

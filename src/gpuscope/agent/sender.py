@@ -1,7 +1,8 @@
 """Delivering encoded batches to the hub, in order, through the spool when the hub is away.
 
-A 2xx answer means the hub stored the batch durably. A connection error, a 5xx, 408 or 429
-means "later": the batch goes to the spool and the sender backs off (exponential, jittered,
+A 2xx answer means the hub stored the batch durably; when it names the owner of this sender's
+shard (a sharded cluster), the next batches go there (:mod:`.route`). A connection error, a 5xx,
+408, 421 or 429 means "later": the batch goes to the spool and the sender backs off (exponential, jittered,
 capped), or waits the ``Retry-After`` the hub gave. Any other status is a permanent refusal:
 retrying would never succeed, so the batch is counted as ``batches_refused``, the hub's message is
 logged once, and delivery moves on. While the spool holds anything, new batches queue behind it so the hub
@@ -28,6 +29,7 @@ import httpx
 import orjson
 
 from gpuscope import __version__
+from gpuscope.agent.route import HubRoute, parse_hubs
 from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
 from gpuscope.ingest.frame import CONTENT_TYPE as FRAME_CONTENT_TYPE
@@ -88,12 +90,11 @@ class Sender:
         rng: random.Random | None = None,
         ca_file: str | None = None,
     ) -> None:
-        if not hub_url.startswith(("http://", "https://")):
-            raise ValueError(f"hub URL must start with http:// or https://, got {hub_url!r}")
-        self.url = hub_url.rstrip("/") + INGEST_PATH
         self.spool = spool
         self._lock = threading.RLock()
         self.counters = counters if counters is not None else Counters()
+        #: the hub posted to: a cluster's owner of this sender's shard once a hub named it
+        self.route = HubRoute(parse_hubs(hub_url), INGEST_PATH, self.counters)
         self.clock = clock
         self.backoff = backoff if backoff is not None else Backoff()
         self.rng = rng if rng is not None else random.Random()
@@ -101,12 +102,16 @@ class Sender:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         # https: the hub's certificate is verified, against ``ca_file`` / GPUSCOPE_CA_FILE if set
-        verify = client_context(ca_file) if hub_url.startswith("https://") else True
+        verify = client_context(ca_file) if self.route.tls else True
         self._client = httpx.Client(headers=headers, timeout=timeout, transport=transport, verify=verify)
         self._failures = 0  # consecutive failed attempts
         self._next_attempt = float("-inf")
         self._logged_refusals: set[tuple[int, str]] = set()
         self._frames_refused_until = float("-inf")  # the hub answered 415 to a frame until then
+
+    @property
+    def url(self) -> str:
+        return self.route.url
 
     @property
     def backlog(self) -> int:
@@ -198,9 +203,15 @@ class Sender:
                 resp = self._client.post(self.url, content=body, headers={"Content-Type": JSON_CONTENT_TYPE})
         except httpx.RequestError as exc:
             self._failed(f"{type(exc).__name__}: {exc}", None)
+            self.route.failed()
             return Outcome.RETRY
         status = resp.status_code
+        if status == 421:  # "not the hub for this": another hub takes it, and names the owner
+            self._failed(f"HTTP {status}: {_hub_message(resp)}", None)
+            self.route.failed()
+            return Outcome.RETRY
         if 200 <= status < 300:
+            self.route.answered(resp.headers)
             if self._failures:
                 log.info("hub %s reachable again; %d batches waiting in the spool", self.url, len(self.spool))
             self._failures, self._next_attempt = 0, float("-inf")

@@ -61,7 +61,6 @@ class ClusterMember:
 
     def attach(self, hub: Hub) -> None:
         self._hub = hub
-        self.state.local = hub.store
         hub.alerts.continue_grace = self.takeover_grace
 
     def use_alerting(self, service: AlertingService) -> None:

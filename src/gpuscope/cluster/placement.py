@@ -1,9 +1,18 @@
 """A cluster member's :class:`~gpuscope.placement.Placement`: each part of a batch is detected by
 the hub that owns its shard. Parts this hub owns go to its own detectors; the others are
-forwarded to their owners (:mod:`.forward`), which route them again by what they own then."""
+forwarded to their owners (:mod:`.forward`), which route them again by what they own then.
+
+Forwarding is the exception: every ingest answer names the hub that owns the sender's shard
+(:meth:`ShardPlacement.owner_url`), and agents and SDKs send their next batches there. What is
+still forwarded is counted per received batch (``cluster_batches_forwarded`` against
+``cluster_batches_local``): batches of senders that have not followed yet, and the rows a batch
+carries for another shard (an agent's GPU rows labelled with a job whose shard a peer owns).
+"""
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterator
 from contextlib import AbstractContextManager
 
 from gpuscope.cluster.config import ClusterConfig
@@ -57,12 +66,38 @@ class ShardPlacement:
             else:
                 self.forwarder.send(dest, part, hops + 1)
                 counts["forwarded"] += 1
+        if hops == 0:  # a batch from its sender (not a part a peer passed on)
+            self.counters.inc("cluster_batches_forwarded" if counts["forwarded"] else "cluster_batches_local")
         return counts
 
-    def _destinations(self, labels: Labels, source: str) -> set[str]:
+    def owner_url(self, batch: Batch) -> str | None:
+        """The URL of the hub that should receive this sender's batches: the one whose detectors
+        need every record of the batch (an agent's node, an SDK's job), else the one needing most."""
+        records = list(_record_labels(batch)) or [{}]
+        tally: Counter[str] = Counter()
+        for labels in records:
+            tally.update(self._hubs(labels, batch.source))
+        total = len(records)
+        hub = max(tally.items(), key=lambda item: (item[1] == total, item[1], item[0]))[0]
+        if hub == self.cfg.hub_id:
+            return self.cfg.advertise_url
+        return self.node.members.get(hub)
+
+    def _hubs(self, labels: Labels, source: str) -> set[str]:
+        """The hubs (ids) whose detectors need a record with these labels."""
         shards = data_shards(labels, self.cfg.shards) or {shard_of("source", source, self.cfg.shards)}
-        out: set[str] = set()
-        for shard in shards:
-            hub = self.node.assignment.get(shard, self.cfg.hub_id)
-            out.add(LOCAL if hub == self.cfg.hub_id else hub)
-        return out
+        assignment = self.node.assignment
+        return {assignment.get(shard, self.cfg.hub_id) for shard in shards}
+
+    def _destinations(self, labels: Labels, source: str) -> set[str]:
+        return {LOCAL if hub == self.cfg.hub_id else hub for hub in self._hubs(labels, source)}
+
+
+def _record_labels(batch: Batch) -> Iterator[Labels]:
+    """The labels of every record of a batch, as :func:`~.route.split` places them."""
+    for frame in batch.frames:
+        yield from frame.entities
+    for event in batch.events:
+        yield event.labels
+    for record in batch.training:
+        yield {**record.labels, "job": record.job}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable, Mapping
+from functools import lru_cache
 
 #: Label keys that place data and alerts, in the order an alert's entity is placed by them: a
 #: rank-level alert names job, rank, node and GPU, and belongs with its job.
@@ -20,6 +21,7 @@ def _hash64(text: str) -> int:
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
 
 
+@lru_cache(maxsize=65536)  # every record of every batch is placed: a fleet's names repeat
 def shard_of(kind: str, name: str, shards: int) -> int:
     """The shard of one node (``kind="node"``), job or service."""
     return _hash64(f"{kind}\x00{name}") % shards

@@ -13,6 +13,7 @@ NS_SCHEMA = 0x6770_0001
 NS_MEMBER = 0x6770_0002
 NS_SHARD = 0x6770_0003
 NS_OUTBOX = 0x6770_0004
+NS_ALERT_VERSION = 0x6770_0005  # one key: held by every write of cluster_alerts until it commits
 
 #: The NOTIFY channel on which members announce joins, leaves and released shards.
 CHANNEL = "gpuscope_cluster"
@@ -97,6 +98,9 @@ CREATE TABLE IF NOT EXISTS cluster_told (
     sent_at DOUBLE PRECISION NOT NULL
 );
 CREATE INDEX IF NOT EXISTS cluster_told_alert ON cluster_told (alert_id);
+CREATE SEQUENCE IF NOT EXISTS cluster_alert_version_seq;
+ALTER TABLE cluster_alerts ADD COLUMN IF NOT EXISTS version BIGINT NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS cluster_alerts_version ON cluster_alerts (version);
 """
     + ALERT_STATE_DDL
     + LINEAGE_DDL

@@ -6,20 +6,28 @@ repeat is a no-op: at most one firing alert per rule and entity (a partial uniqu
 writes go over the session that holds the owner's shard locks: if that session is gone, so are
 the locks, and the write fails. Notifications are the owner's alerting service's, as on a single
 hub; what it sent is kept with the cluster's outbox (:mod:`.outbox`).
+
+Every write stamps the row with the next ``version`` while holding one transaction-level advisory
+lock, so versions become visible in the order they were given: each member reads only the rows
+whose version is above the highest it has read (the cluster's alert view is incremental: a fired
+alert does not re-read every alert the cluster ever had), and regroups incidents in memory.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
+from typing import Any
 
 import orjson
+import psycopg
 
 from gpuscope.alert.engine import KEPT_DETAILS
 from gpuscope.alert.incidents import Incident, IncidentTracker
 from gpuscope.cluster.membership import ClusterNode, connect
 from gpuscope.cluster.ring import entity_shard
+from gpuscope.cluster.schema import NS_ALERT_VERSION
 from gpuscope.model import Alert, Labels
-from gpuscope.store.base import Store
 
 
 def entity_key(entity: dict[str, str]) -> str:
@@ -33,6 +41,14 @@ def _keep_stored(alert: Alert, stored: str) -> None:
     for key in KEPT_DETAILS:
         if key in details and (key == "ack" or key not in alert.details):
             alert.details[key] = details[key]
+
+
+def _stamp(con: psycopg.Connection[Any], alert_id: str) -> None:
+    """Give a written row the next version, in commit order (caller is inside the transaction)."""
+    con.execute("SELECT pg_advisory_xact_lock(%s, 0)", (NS_ALERT_VERSION,))
+    con.execute(
+        "UPDATE cluster_alerts SET version = nextval('cluster_alert_version_seq') WHERE id = %s", (alert_id,)
+    )
 
 
 def _doc(alert: Alert) -> str:
@@ -51,9 +67,11 @@ class PgAlertState:
         self._read_lock = threading.Lock()
         #: how incidents group (the alert engine's defaults)
         self.incident_window, self.reopen_within = 600.0, 120.0
-        #: the member's own store, which keeps a copy of the alerts this member writes (what reads
-        #: the store directly, such as the dashboard pages, sees them)
-        self.local: Store | None = None
+        #: the cluster's alerts as last read (seq -> alert, its places), and the highest version read
+        self._rows: dict[int, tuple[Alert, list[Labels] | None]] = {}
+        self._version = -1  # rows written before versions existed have version 0
+        #: rows read by :meth:`view` since start (the incremental reads' measure)
+        self.rows_read = 0
 
     # -- AlertState ---------------------------------------------------------------------------
 
@@ -63,18 +81,10 @@ class PgAlertState:
             # the incident it joins, as every member derives it (routes group by incident)
             incidents = self.view()[1]
             alert.incident = next((i.id for i in incidents if alert.id in i.members), None)
-            self._keep_local(alert)
         return theirs
 
     def resolved(self, alert: Alert, now: float) -> bool:
-        done = self.write_resolved(alert, now)
-        if done:
-            self._keep_local(alert)
-        return done
-
-    def _keep_local(self, alert: Alert) -> None:
-        if self.local is not None:
-            self.local.save_alert(alert)
+        return self.write_resolved(alert, now)
 
     def continued(self, alerts: list[Alert]) -> None:
         """Continued alerts are in PostgreSQL already."""
@@ -119,6 +129,7 @@ class PgAlertState:
                     (alert.rule, entity_key(alert.entity)),
                 ).fetchone()
                 return Alert(**orjson.loads(row[0])) if row else None
+            _stamp(con, alert.id)
         return None
 
     def write_resolved(self, alert: Alert, now: float) -> bool:
@@ -138,6 +149,7 @@ class PgAlertState:
             )
             if cur.rowcount == 0:
                 return False
+            _stamp(con, alert.id)
         return True
 
     def save(self, alert: Alert) -> None:
@@ -158,7 +170,7 @@ class PgAlertState:
                 "UPDATE cluster_alerts SET doc = %s WHERE id = %s",
                 (orjson.dumps(doc, default=str).decode(), alert.id),
             )
-        self._keep_local(alert)
+            _stamp(self._read, alert.id)
 
     def firing_in(self, shards: set[int]) -> list[Alert]:
         """The alerts firing on these shards: what a hub taking them over continues."""
@@ -177,14 +189,21 @@ class PgAlertState:
         (and numbers them the same), whichever hub fired what."""
         with self._read_lock:
             rows = self._read.execute(
-                "SELECT doc, places FROM cluster_alerts ORDER BY started_at, seq"
+                "SELECT seq, doc, places, version FROM cluster_alerts WHERE version > %s ORDER BY version",
+                (self._version,),
             ).fetchall()
+            self.rows_read += len(rows)
+            for seq, doc, places, version in rows:
+                alert = Alert(**orjson.loads(doc))
+                self._rows[int(seq)] = (alert, None if places is None else orjson.loads(places))
+                self._version = max(self._version, int(version))
+            ordered = sorted(self._rows.items(), key=lambda item: (item[1][0].started_at, item[0]))
+            # copies: callers may change what they are given, the cache stays as stored
+            alerts = [dataclasses.replace(a, details=dict(a.details)) for _, (a, _) in ordered]
+            places_of = [p for _, (_, p) in ordered]
         tracker = IncidentTracker(self.incident_window, self.reopen_within)
-        alerts = []
-        for doc, places in rows:
-            alert = Alert(**orjson.loads(doc))
-            tracker.add(alert, None if places is None else orjson.loads(places))
-            alerts.append(alert)
+        for alert, places in zip(alerts, places_of, strict=True):
+            tracker.add(alert, places)
         return alerts, tracker.incidents()
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:

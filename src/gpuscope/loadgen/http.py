@@ -17,6 +17,10 @@ from urllib.parse import urlsplit
 
 import httptools
 
+from gpuscope.agent.route import OWNER_HEADER
+
+OWNER_HEADER_BYTES = OWNER_HEADER.lower().encode()
+
 
 class RequestError(ConnectionError):
     """The request got no complete answer (refused, reset, timed out, unparseable)."""
@@ -27,6 +31,8 @@ class Reply:
     status: int
     content: bytes
     retry_after: float | None
+    #: the hub owning the sender's shard, as a cluster member's answer names it
+    owner: str | None = None
 
     @property
     def text(self) -> str:
@@ -53,6 +59,7 @@ class _Connection(asyncio.Protocol):
         self.closed = False
         self._body: list[bytes] = []
         self._retry_after: bytes | None = None
+        self._owner: bytes | None = None
 
     # -- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -70,15 +77,19 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks
     def on_header(self, name: bytes, value: bytes) -> None:
-        if name.lower() == b"retry-after":
+        lower = name.lower()
+        if lower == b"retry-after":
             self._retry_after = value
+        elif lower == OWNER_HEADER_BYTES:
+            self._owner = value
 
     def on_body(self, body: bytes) -> None:
         self._body.append(body)
 
     def on_message_complete(self) -> None:
-        reply = Reply(self.parser.get_status_code(), b"".join(self._body), _seconds(self._retry_after))
-        self._body, self._retry_after = [], None
+        owner = self._owner.decode("latin-1").rstrip("/") if self._owner else None
+        reply = Reply(self.parser.get_status_code(), b"".join(self._body), _seconds(self._retry_after), owner)
+        self._body, self._retry_after, self._owner = [], None, None
         if not self.parser.should_keep_alive():
             self.close()
         waiter, self.waiter = self.waiter, None

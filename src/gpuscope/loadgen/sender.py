@@ -3,9 +3,10 @@
 Each sender (a node's agent, a job's SDK process) is one stream: its batches go out one at a
 time, in order, as a real agent's do; a batch that fails (connection error, 5xx, 408, 429) is
 retried with the agent's backoff, on the next hub when there are several, until it is
-acknowledged or the run's grace period ends, and batches behind it wait. What is still unacknowledged
-at the end is a drop. Connections are kept alive, a pool per hub per process, through the lean
-client of :mod:`gpuscope.loadgen.http` on uvloop; bodies are binary frames.
+acknowledged or the run's grace period ends, and batches behind it wait. A stream follows the
+owner of its shard that a cluster member's answer names, as an agent does. What is still
+unacknowledged at the end is a drop. Connections are kept alive, a pool per hub per process,
+through the lean client of :mod:`gpuscope.loadgen.http` on uvloop; bodies are binary frames.
 """
 
 from __future__ import annotations
@@ -99,6 +100,8 @@ class _Worker:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self.clients = [HubClient(h, INGEST_PATH, headers, connections, timeout) for h in hubs]
+        #: a cluster member names the hub owning a stream's shard: the stream goes there, as an agent's
+        self._hub_index = {h.rstrip("/"): i for i, h in enumerate(hubs)}
         self.streams: dict[str, _Stream] = {}
         self.stats = SenderStats()
         self.backoff = Backoff()
@@ -140,6 +143,7 @@ class _Worker:
                 if 200 <= status < 300:
                     stream.queue.popleft()
                     failures = 0
+                    stream.hub = self._hub_index.get(resp.owner or "", stream.hub)
                     self._acked(resp, due, rows, samples, events, training)
                     continue
                 st.http_errors[status] = st.http_errors.get(status, 0) + 1

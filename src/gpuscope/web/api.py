@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gpuscope import __version__
+from gpuscope.agent.route import OWNER_HEADER
 from gpuscope.alert.service import AlertingService
 from gpuscope.cluster.member import ClusterMember
 from gpuscope.hub import Hub
@@ -284,7 +285,7 @@ class HubApi:
             raise ApiError(415, "content-type", f"{ctype!r} is not supported; send {accepted}")
         body = await self._read_body(request)
 
-        def work() -> dict[str, Any]:
+        def work() -> tuple[dict[str, Any], str | None]:
             try:
                 batch = decode_body(ctype, body, self.limits)
                 check_time_window(batch, self.clock(), self.limits)
@@ -307,9 +308,11 @@ class HubApi:
                 "refused": {"entities": result.refused_entities, "samples": result.refused_samples},
                 "duplicate": result.duplicate,
                 "notes": result.notes,
-            }
+            }, self.hub.placement.owner_url(batch)
 
-        return JSONResponse(await run_in_threadpool(work))
+        doc, owner = await run_in_threadpool(work)
+        # a cluster member names the hub owning the sender's shard: senders move there
+        return JSONResponse(doc, headers={OWNER_HEADER: owner} if owner else None)
 
     async def series(self, request: Request) -> Response:
         metric = _str_param(request, "metric")

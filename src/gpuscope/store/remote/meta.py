@@ -21,10 +21,16 @@ import psycopg
 from gpuscope.model import LABEL_KEY_RE, Alert, Batch, Event, Labels, TrainingRecord
 from gpuscope.store.base import AppendResult, GpuTime
 from gpuscope.store.errors import StoreError
-from gpuscope.store.prepare import Preparer
+from gpuscope.store.group import GroupCommitter
+from gpuscope.store.prepare import Prepared, Preparer
 from gpuscope.store.registry import ColumnRegistry, EntityRegistry
+from gpuscope.store.remote.heartbeats import HEARTBEAT, HeartbeatMemory
 
 DAY = 86_400.0
+#: how long a group's writer waits for the rest of a wave of concurrent requests (see group.py)
+GROUP_LINGER_S = 0.005
+#: batch ids looked up, or batches written, in one PostgreSQL round trip or transaction at most
+GROUP_ITEMS = 512
 
 
 class MetaStore(Protocol):
@@ -107,6 +113,12 @@ class PostgresMeta:
     Labels, event data and alert documents are kept as JSON text, exactly as stored (PostgreSQL's
     ``jsonb`` refuses ``\\u0000`` and would reorder keys); training values as a ``float8[]`` so a
     NaN loss survives.
+
+    The batch-id lookups and the appends of concurrent requests are grouped (``group_writes``):
+    one query looks up every id asked meanwhile, one transaction stores every batch appended
+    meanwhile, instead of a round trip or a transaction per request. Heartbeats stay in memory and
+    only their transitions are stored (:mod:`.heartbeats`): a batch of heartbeats alone writes
+    nothing, not even its id (a heartbeat seen twice by the detectors is harmless).
     """
 
     def __init__(
@@ -117,8 +129,10 @@ class PostgresMeta:
         pool_size: int = 8,
         record_retention_s: float = 90 * DAY,
         batch_id_ttl_s: float = DAY,
+        group_writes: bool = True,
     ) -> None:
         self.dsn = dsn
+        self.heartbeats = HeartbeatMemory()
         self.path = "postgres"
         self.record_retention_s = record_retention_s
         self.batch_id_ttl_s = batch_id_ttl_s
@@ -130,6 +144,15 @@ class PostgresMeta:
             con.execute("SELECT pg_advisory_xact_lock(%s)", [SCHEMA_LOCK])
             for stmt in SCHEMA:
                 con.execute(stmt)
+        self._lookups: GroupCommitter[str, bool] | None = None
+        self._appends: GroupCommitter[tuple[str | None, Prepared], AppendResult] | None = None
+        if group_writes:
+            self._lookups = GroupCommitter(
+                self._have, lambda _: 1, GROUP_ITEMS, "gpuscope-meta-lookups", GROUP_LINGER_S
+            )
+            self._appends = GroupCommitter(
+                self._append_group, lambda _: 1, GROUP_ITEMS, "gpuscope-meta-writer", GROUP_LINGER_S
+            )
 
     @contextlib.contextmanager
     def _conn(self) -> Iterator[psycopg.Connection[Any]]:
@@ -156,38 +179,74 @@ class PostgresMeta:
             self._pool.put(con)
 
     def has_batch(self, batch_id: str) -> bool:
+        if self._lookups is not None:
+            return self._lookups.submit(batch_id).result()
+        return self._have([batch_id])[0]
+
+    def _have(self, batch_ids: list[str]) -> list[bool]:
+        """Which of these batch ids are stored, in one query."""
         with self._conn() as con:
-            row = con.execute("SELECT 1 FROM gpuscope_batch_ids WHERE id = %s", [batch_id]).fetchone()
-        return row is not None
+            rows = con.execute(
+                "SELECT id FROM gpuscope_batch_ids WHERE id = ANY(%s)", [list(set(batch_ids))]
+            ).fetchall()
+        found = {str(r[0]) for r in rows}
+        return [bid in found for bid in batch_ids]
 
     def append(self, batch: Batch) -> AppendResult:
+        # validated here, in the caller's thread: a bad batch is refused before it joins a group
         prepared = self._preparer.prepare(Batch(batch.source, events=batch.events, training=batch.training))
-        result = prepared.result
+        if any(e.kind == HEARTBEAT for e in batch.events):
+            kept = self.heartbeats.sift(batch.events)
+            if not kept and not batch.training:
+                return prepared.result
+            stored = self._preparer.prepare(Batch(batch.source, events=kept, training=batch.training))
+            stored.result = prepared.result  # the sender is told what it sent was accepted
+            prepared = stored
+        if self._appends is not None:
+            return self._appends.submit((batch.batch_id, prepared)).result()
+        return self._append_group([(batch.batch_id, prepared)])[0]
+
+    def _append_group(self, items: list[tuple[str | None, Prepared]]) -> list[AppendResult]:
+        """Store several batches in one transaction: their new ids, then their events and training
+        records; a batch whose id is stored already (or twice in the group) stores nothing."""
         names = self._preparer.train_columns.name
+        ids = list(dict.fromkeys(bid for bid, _ in items if bid is not None))
+        results: list[AppendResult] = []
+        events: list[tuple[float, str, str, str]] = []
+        training: list[tuple[Any, ...]] = []
         with self._conn() as con, con.transaction():
-            if batch.batch_id is not None:
-                new = con.execute(
-                    "INSERT INTO gpuscope_batch_ids VALUES (%s, %s) ON CONFLICT DO NOTHING RETURNING id",
-                    [batch.batch_id, time.time()],
-                ).fetchone()
-                if new is None:
-                    return AppendResult(duplicate=True)
+            new: set[str] = set()
+            if ids:
+                rows = con.execute(
+                    "INSERT INTO gpuscope_batch_ids (id, received) SELECT unnest(%s::text[]), %s "
+                    "ON CONFLICT DO NOTHING RETURNING id",
+                    [ids, time.time()],
+                ).fetchall()
+                new = {str(r[0]) for r in rows}
+            for bid, prepared in items:
+                if bid is not None:
+                    if bid not in new:
+                        results.append(AppendResult(duplicate=True))
+                        continue
+                    new.discard(bid)
+                events += prepared.events
+                training += [
+                    (t.ts, t.job, t.rank, t.step, t.labels, [names(c) for c in t.cols], t.values)
+                    for t in prepared.training
+                ]
+                results.append(prepared.result)
             with con.cursor() as cur:
-                if prepared.events:
+                if events:
                     cur.executemany(
-                        "INSERT INTO gpuscope_events (ts, kind, labels, data) VALUES (%s, %s, %s, %s)",
-                        prepared.events,
+                        "INSERT INTO gpuscope_events (ts, kind, labels, data) VALUES (%s, %s, %s, %s)", events
                     )
-                if prepared.training:
+                if training:
                     cur.executemany(
                         "INSERT INTO gpuscope_training (ts, job, rank, step, labels, names, vals) "
                         "VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                        [
-                            (t.ts, t.job, t.rank, t.step, t.labels, [names(c) for c in t.cols], t.values)
-                            for t in prepared.training
-                        ],
+                        training,
                     )
-        return result
+        return results
 
     def events(
         self,
@@ -327,11 +386,15 @@ class PostgresMeta:
                 t: int(con.execute(f"SELECT count(*) FROM gpuscope_{t}").fetchone()[0])  # type: ignore[index]
                 for t in ("events", "training", "alerts", "batch_ids")
             }
-        return {"backend": "postgres", "rows": counts}
+        memory = {"ranks": len(self.heartbeats), "kept_in_memory": self.heartbeats.kept}
+        return {"backend": "postgres", "rows": counts, "heartbeats": memory}
 
     def close(self) -> None:
         if self._closed:
             return
+        for writer in (self._lookups, self._appends):
+            if writer is not None:
+                writer.close()  # what is queued is still written
         self._closed = True
         while True:
             try:

@@ -5,7 +5,8 @@ Write path: a batch is validated and converted exactly as the embedded store doe
 :class:`~gpuscope.store.prepare.Preparer`: the same refusals, limits, float32 values and notes),
 its telemetry sent with remote-write (one series per metric and label set, attribution labels such
 as ``job`` included; requests of at most ``max_request_samples`` samples, ``parallel_requests`` at
-a time; series heads cached, see :mod:`~gpuscope.store.remote.wire`), and only once the TSDB
+a time; series heads cached, see :mod:`~gpuscope.store.remote.wire`; the samples of small batches
+appended at the same time go in one request, see :mod:`gpuscope.store.group`), and only once the TSDB
 answered 2xx are its events, training records and batch id committed to the meta store: a batch is
 acknowledged only when all of it is stored, and a retry after a failure writes the same samples
 again, which the TSDB keeps once (same timestamp, same value: Prometheus drops the repeat,
@@ -48,6 +49,7 @@ from gpuscope.signals import ALL_METRICS
 from gpuscope.store.base import AppendResult, GpuTime, SeriesPoint
 from gpuscope.store.batch_ids import BatchIds, Claim
 from gpuscope.store.errors import StoreError
+from gpuscope.store.group import GroupCommitter
 from gpuscope.store.prepare import Prepared, Preparer
 from gpuscope.store.registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
 from gpuscope.store.remote import wire
@@ -70,6 +72,12 @@ MAX_POINTS = 11_000  # Prometheus refuses range queries of more points per serie
 #: One entity's series heads for a set of metric columns (an object array of bytes, None where
 #: refused) and the refused columns with the reason.
 _Row = tuple[npt.NDArray[np.object_], tuple[tuple[int, str], ...]]
+#: The series heads and sample fields of one request's worth of samples.
+_Lane = tuple[list[bytes], list[bytes]]
+#: What became of a request: taken (None), (samples refused, the TSDB's answer), or a failure.
+_Outcome = tuple[int, str] | StoreError | None
+#: How long the request writer waits for the rest of a wave of concurrent appends (see group.py).
+GROUP_LINGER_S = 0.005
 
 
 def redact(url: str) -> str:
@@ -107,6 +115,7 @@ class PromStore:
         label_cache_series: int = 1_000_000,
         counters: Counters | None = None,
         path: str | None = None,
+        group_writes: bool = True,
     ) -> None:
         self.remote_write_url = remote_write_url
         self.query_url = query_url
@@ -131,6 +140,9 @@ class PromStore:
         self._cached = 0  # series in _heads
         self._cache_lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None  # senders of a batch's requests, made on need
+        #: small batches of concurrent appends (an agent's tick each) share one remote-write request
+        self.group_writes = group_writes
+        self._writer: GroupCommitter[_Lane, _Outcome] | None = None  # made on need
         self._closed_windows: bool | None = None  # range selectors include their left edge
         self._tlast: bool | None = None  # whether the TSDB has MetricsQL's tlast_over_time
         self._closed = False
@@ -280,7 +292,9 @@ class PromStore:
         and a series is in one lane only. Every lane is sent (and refusals counted) before a
         failure is raised."""
         parts = self._lanes(prepared, result)
-        if len(parts) <= 1:
+        if len(parts) == 1 and self.group_writes and len(parts[0][0]) <= self.max_request_samples:
+            outcomes = [self._grouped_writer().submit(parts[0]).result()]
+        elif len(parts) <= 1:
             outcomes = [o for part in parts for o in self._send_lane(*part)]
         else:
             with self._lock:
@@ -316,6 +330,38 @@ class PromStore:
         return [
             (head_arr[a:b].tolist(), field_arr[a:b].tolist()) for a, b in itertools.pairwise(bounds) if b > a
         ]
+
+    def _grouped_writer(self) -> GroupCommitter[_Lane, _Outcome]:
+        with self._lock:
+            self._check_open()
+            if self._writer is None:
+                self._writer = GroupCommitter(
+                    self._send_group,
+                    lambda lane: len(lane[0]),
+                    self.max_request_samples,
+                    name="gpuscope-remote-writer",
+                    linger_s=GROUP_LINGER_S,
+                )
+            return self._writer
+
+    def _send_group(self, lanes: list[_Lane]) -> list[_Outcome]:
+        """One request for the samples of several appends (each at most one request's worth). When
+        the TSDB refuses some of them, each append's samples are sent again alone, so that the
+        refusal is counted against the batch it belongs to (what it took it keeps once)."""
+        if len(lanes) > 1:
+            self.counters.inc("store.remote_write_grouped", len(lanes))
+        heads = [h for lane in lanes for h in lane[0]] if len(lanes) > 1 else lanes[0][0]
+        fields = [f for lane in lanes for f in lane[1]] if len(lanes) > 1 else lanes[0][1]
+        outcome = self._send_once(heads, fields)
+        if isinstance(outcome, tuple) and len(lanes) > 1:
+            return [self._send_once(*lane) for lane in lanes]
+        return [outcome] * len(lanes)
+
+    def _send_once(self, heads: list[bytes], fields: list[bytes]) -> _Outcome:
+        try:
+            return self._send(heads, fields)
+        except StoreError as exc:
+            return exc
 
     def _send_lane(
         self, heads: list[bytes], fields: list[bytes]
@@ -603,8 +649,11 @@ class PromStore:
                 return
             self._closed = True
             pool, self._pool = self._pool, None
+            writer, self._writer = self._writer, None
         if pool is not None:
             pool.shutdown()
+        if writer is not None:
+            writer.close()
         self._client.close()
         self.meta.close()
 

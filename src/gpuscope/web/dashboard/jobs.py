@@ -120,7 +120,7 @@ def _stragglers(hub: Hub, job: str, records: list[TrainingRecord]) -> list[dict[
     """Ranks a straggler alert names (firing first, then by start), else the one arriving last."""
     named = [
         a
-        for a in hub.store.alerts(False, 2000)
+        for a in hub.stored_alerts(False, 2000)
         if a.rule == "training_straggler" and a.entity.get("job") == job
     ]
     if named:

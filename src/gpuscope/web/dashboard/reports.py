@@ -38,7 +38,7 @@ def reports_view(hub: Hub, now: float, days: int) -> dict[str, Any]:
     """Capacity-planning figures over the last ``days`` days."""
     start = now - days * 86400.0
     price = hub.alerts.price_per_gpu_hour
-    history = hub.store.alerts(False, 100_000)
+    history = hub.stored_alerts(False, 100_000)
     idle_hours = 0.0
     idle_cost = 0.0
     idle_jobs: dict[str, float] = {}

@@ -59,7 +59,7 @@ def service_view(hub: Hub, service: str, now: float) -> dict[str, Any]:
         or e.data.get("service") == service
         or (info.get("model") and (e.data.get("model") or e.labels.get("model")) == info["model"])
     ]
-    history = [a for a in hub.store.alerts(False, 5000) if a.entity.get("service") == service]
+    history = [a for a in hub.stored_alerts(False, 5000) if a.entity.get("service") == service]
     drift = [
         {"rule": a.rule, "score": finite(a.value), "started_at": a.started_at, "firing": a.firing, "id": a.id}
         for a in history
