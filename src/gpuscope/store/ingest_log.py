@@ -64,7 +64,9 @@ class IngestLog:
         self.segment_bytes = segment_bytes
         self.reserve_bytes = reserve_bytes
         self.dir.mkdir(parents=True, exist_ok=True)
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # appenders wait on it for their record's sync
+        self._work = threading.Condition(lock)  # the sync thread waits on it for records to sync
         self._fd = -1
         self._size = 0  # bytes in the current segment
         self._written = 0  # last sequence number written
@@ -155,7 +157,7 @@ class IngestLog:
             self._size += len(record)
             self._written = seq
             written(seq)
-            self._cond.notify_all()
+            self._work.notify()
             while self._synced < seq and self._failed is None:
                 self._cond.wait()
             if self._synced < seq:
@@ -166,7 +168,7 @@ class IngestLog:
         while True:
             with self._cond:
                 while self._synced >= self._written and not self._closing and not self._rotate:
-                    self._cond.wait()
+                    self._work.wait()
                 if self._closing and self._synced >= self._written:
                     return
                 target, fd = self._written, self._fd
@@ -195,7 +197,7 @@ class IngestLog:
             self._first_unreleased = max(self._first_unreleased, upto + 1)
             if self._size and (self._size >= self.segment_bytes or self._written <= upto):
                 self._rotate = True
-                self._cond.notify_all()
+                self._work.notify()
         segments = self._segments()
         for k, (_, path) in enumerate(segments[:-1]):
             if segments[k + 1][0] - 1 <= upto and path != self._current:
@@ -251,7 +253,7 @@ class IngestLog:
         """Sync what was written, stop the sync thread and close the segment."""
         with self._cond:
             self._closing = True
-            self._cond.notify_all()
+            self._work.notify()
         if self._thread is not None:
             self._thread.join()
         if self._fd >= 0:
