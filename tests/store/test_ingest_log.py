@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from gpuscope.model import Batch, Event, TrainingRecord
 from gpuscope.store.duckdb import DuckDBStore
@@ -127,3 +128,13 @@ def test_every_tick_moves_the_log_into_the_tables_and_frees_the_segments(tmp_pat
             time.sleep(0.01)
         assert store.counters.get("store.commits") >= 1  # by the flush thread, not by a read
     assert not list((tmp_path / "s.duckdb.log").glob(f"*{SUFFIX}"))
+
+
+def test_a_rank_or_step_the_tables_cannot_hold_is_refused_before_acknowledgement(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "s.duckdb")) as store:
+        for rank, step, field in ((2**31, 1, "training[0].rank"), (0, 2**63, "training[0].step")):
+            record = TrainingRecord(1.0, "j", rank, step, {"loss": 1.0})
+            with pytest.raises(ValueError, match=field.replace("[", r"\[").replace("]", r"\]")):
+                store.append(Batch("sdk", training=[record], batch_id=f"r{rank}"))
+            assert not store.append(Batch("sdk", batch_id=f"r{rank}")).duplicate  # not remembered
+        assert store.counters.get("store.unstorable_batches") == 0

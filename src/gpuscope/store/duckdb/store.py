@@ -364,12 +364,18 @@ class DuckDBStore:
                 try:
                     self._commit([p for _, p in items], position)
                 except duckdb.Error as exc:
-                    if log is None or not disk_full(exc) or not log.release_reserve():
+                    if log is None or not disk_full(exc):
+                        raise
+                    if not log.release_reserve():
                         raise
                     self._commit([p for _, p in items], position)  # in the space the reserve held
             except duckdb.Error as exc:
                 if log is None:
                     self.counters.inc("store.lost_buffered_batches", len(items))
+                elif not disk_full(exc) and len(items) > 1:
+                    self._commit_one_by_one(items)
+                    log.release(position)
+                    return
                 else:
                     self.counters.inc("store.flush_failures")
                     with self._buffer_lock:
@@ -378,6 +384,16 @@ class DuckDBStore:
                 raise write_error(f"committing {len(items)} pending batches failed", exc) from None
             if log is not None:
                 log.release(position)
+
+    def _commit_one_by_one(self, items: list[tuple[int, Prepared]]) -> None:
+        """After a failed group: each batch alone, so that one the tables refuse (validation
+        should have refused it) cannot hold back the others; it is counted, not retried forever."""
+        for seq, prepared in items:
+            try:
+                self._commit([prepared], seq)
+            except duckdb.Error:
+                self.counters.inc("store.unstorable_batches")
+                self._commit([], seq)  # past it, so a restart does not replay it either
 
     def _commit(self, items: list[Prepared], position: int = 0) -> None:
         """One transaction for all ``items``, and the ingest-log position they reach."""
