@@ -1,8 +1,9 @@
 """Hub CPU per node batch: a real ``gpuscope hub`` process fed agent-shaped batches over HTTP.
 
 The load generator's node batches (8 GPUs × the full metric set, about 375 samples, one POST per
-node per second) are sent at the pace of agents, each tick at its wall time (its timestamps are
-now, so no node looks silent), by ``--agents`` concurrent connections; the figure is the hub
+node per second) are sent at the pace of agents: each tick at its wall time (its timestamps are
+now, so no node looks silent), its batches spread over the second as unsynchronised agents send
+them, by ``--agents`` concurrent connections; the figure is the hub
 process's CPU seconds (psutil, all threads: HTTP, decode, durable store, detection, the evaluation
 loop each second) per acknowledged batch and samples per hub CPU-second. Issue 9's target:
 ≥ 300,000 samples per CPU-second.
@@ -26,8 +27,8 @@ import argparse
 import os
 import tempfile
 import time
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
@@ -64,6 +65,7 @@ def node_ticks(nodes: int, ticks: int) -> Ticks:
 
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 
 
 def paced(ticks: list[tuple[float, T]]) -> Iterator[tuple[int, T]]:
@@ -71,6 +73,16 @@ def paced(ticks: list[tuple[float, T]]) -> Iterator[tuple[int, T]]:
     for k, (t, tick) in enumerate(ticks):
         time.sleep(max(0.0, t - time.time()))
         yield k, tick
+
+
+def spread(pool: ThreadPoolExecutor, send: Callable[[Item], int], items: list[Item]) -> list[Future[int]]:
+    """Submit the items of one tick evenly over the next second (agents are not synchronised)."""
+    start = time.time()
+    futures = []
+    for i, item in enumerate(items):
+        time.sleep(max(0.0, start + i / len(items) - time.time()))
+        futures.append(pool.submit(send, item))
+    return futures
 
 
 def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
@@ -86,16 +98,17 @@ def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
             reply.raise_for_status()
             return item[1].samples
 
-        cpu0, batches, samples = 0.0, 0, 0
+        cpu0, batches, measured = 0.0, 0, list[Future[int]]()
         with ThreadPoolExecutor(agents) as pool:
             for k, tick in paced(ticks):
                 if k == WARM_TICKS:
                     t = hub.cpu_times()
                     cpu0 = t.user + t.system
-                acked = sum(pool.map(send, enumerate(tick)))
+                sent = spread(pool, send, list(enumerate(tick)))
                 if k >= WARM_TICKS:
                     batches += len(tick)
-                    samples += acked
+                    measured += sent
+            samples = sum(f.result() for f in measured)
         time.sleep(SETTLE_S)
         t = hub.cpu_times()
         for c in clients:
@@ -132,16 +145,17 @@ def victoria(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int] | 
             reply.raise_for_status()
             return item[1][1]
 
-        cpu0, batches, samples = 0.0, 0, 0
+        cpu0, batches, measured = 0.0, 0, list[Future[int]]()
         with ThreadPoolExecutor(agents) as pool:
             for k, tick in paced(bodies):
                 if k == WARM_TICKS:
                     t = vm.cpu_times()
                     cpu0 = t.user + t.system
-                acked = sum(pool.map(send, enumerate(tick)))
+                sent = spread(pool, send, list(enumerate(tick)))
                 if k >= WARM_TICKS:
                     batches += len(tick)
-                    samples += acked
+                    measured += sent
+            samples = sum(f.result() for f in measured)
         time.sleep(SETTLE_S)  # its in-memory buffers are flushed to parts within a second: count that too
         t = vm.cpu_times()
         for c in clients:
@@ -165,16 +179,17 @@ def in_process(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
             hub.ingest(batch)
             return o.samples
 
-        cpu0, batches, samples = 0.0, 0, 0
+        cpu0, batches, measured = 0.0, 0, list[Future[int]]()
         with ThreadPoolExecutor(agents) as pool:
             for k, tick in paced(ticks):
                 if k == WARM_TICKS:
                     cpu0 = time.process_time()
-                acked = sum(pool.map(ingest, tick))
+                sent = spread(pool, ingest, tick)
                 hub.evaluate(time.time())
                 if k >= WARM_TICKS:
                     batches += len(tick)
-                    samples += acked
+                    measured += sent
+            samples = sum(f.result() for f in measured)
         hub.store.close()  # its last commit
         cpu = time.process_time() - cpu0
         return cpu, batches, samples
