@@ -203,7 +203,9 @@ class DuckDBStore:
         log.start()
         self._log = log
         if replayed:
-            self._flush()
+            # a failure (a full disk) leaves them pending, in memory and in the log, for the flusher
+            with contextlib.suppress(StoreError):
+                self._flush()
 
     # ------------------------------------------------------------------ opening
 
