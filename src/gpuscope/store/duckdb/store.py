@@ -189,7 +189,10 @@ class DuckDBStore:
 
     def _open_log(self, reserve_bytes: int) -> None:
         """Replay the acknowledged batches the tables do not hold yet, then accept appends."""
-        position = int(get_meta(self._con, LOG_POSITION) or 0)
+        stored = get_meta(self._con, LOG_POSITION)
+        if stored is None:  # the row each tick's commit updates
+            set_meta(self._con, LOG_POSITION, "0")
+        position = int(stored or 0)
         log = IngestLog(Path(self.path + ".log"), self.counters, reserve_bytes=reserve_bytes)
         now = time.time()
         replayed = 0
@@ -444,7 +447,8 @@ class DuckDBStore:
                 if ids:
                     ins.insert_batch_ids(con, ids, time.time(), self._batch_seq)
                 if position:
-                    set_meta(con, LOG_POSITION, str(position))
+                    # an UPDATE of the existing row: INSERT OR REPLACE cost about 3 ms more a commit
+                    con.execute("UPDATE meta SET value = ? WHERE key = ?", [str(position), LOG_POSITION])
                 con.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(duckdb.Error):
