@@ -16,8 +16,12 @@ class StoreFull(StoreError):
     returns will succeed (the hub answers 507, senders keep the batch)."""
 
 
+def disk_full(exc: BaseException) -> bool:
+    """Whether a failed write failed for want of space (DuckDB says so only in its message)."""
+    text = str(exc)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
 def write_error(what: str, exc: BaseException) -> StoreError:
     """The error for a failed write: :class:`StoreFull` when the disk is full."""
-    text = str(exc)
-    full = "No space left on device" in text or "Disk quota exceeded" in text
-    return (StoreFull if full else StoreError)(f"{what}: {text}")
+    return (StoreFull if disk_full(exc) else StoreError)(f"{what}: {exc}")

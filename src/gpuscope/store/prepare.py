@@ -239,6 +239,11 @@ class Preparer:
         ts = _check_ts(record.ts, f"{where}.ts")
         if not isinstance(record.job, str) or not record.job:
             raise ValueError(f"{where}.job: must be a non-empty string, got {record.job!r}")
+        # the columns are INTEGER and BIGINT: refused here, not after the batch is acknowledged
+        if not 0 <= record.rank < 2**31:
+            raise ValueError(f"{where}.rank: must be in 0..{2**31 - 1}, got {record.rank!r}")
+        if not -(2**63) <= record.step < 2**63:
+            raise ValueError(f"{where}.step: must fit a 64-bit integer, got {record.step!r}")
         layout = self._train_layouts.get(tuple(record.metrics))
         if layout is None or layout.pending:
             layout = self._train_layout(record, where)

@@ -12,6 +12,7 @@ storage:
   retry_s: 30                                # 5xx / connection errors retried this long, then 503
   meta: duckdb                               # or postgres: events, training, alerts, batch ids
   postgres_dsn: postgresql://hub@db/gpuscope # shared by several hubs
+  flush_interval_s: 1                        # duckdb: acknowledged rows reach the tables this often
 ```
 """
 
@@ -37,6 +38,7 @@ KEYS = {
     "retry_s",
     "meta",
     "postgres_dsn",
+    "flush_interval_s",
 }
 
 
@@ -57,6 +59,7 @@ class StorageSettings:
     retry_s: float = 30.0
     meta: str = "duckdb"
     postgres_dsn: str | None = field(default=None, repr=False)  # may carry a password
+    flush_interval_s: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,7 @@ def parse_storage(section: dict[str, Any]) -> StorageSettings:
         raise StorageConfigError("storage.basic_auth: give either bearer_token_file or basic_auth")
     s.timeout_s = _seconds(section, "timeout_s", s.timeout_s)
     s.retry_s = _seconds(section, "retry_s", s.retry_s)
+    s.flush_interval_s = _seconds(section, "flush_interval_s", s.flush_interval_s)
     s.meta = _str(section, "meta") or s.meta
     if s.meta not in METAS:
         raise StorageConfigError(f"storage.meta: {s.meta!r} is not one of {', '.join(METAS)}")
@@ -147,6 +151,7 @@ def _duckdb(s: StorageSettings, limits: StoreLimits) -> Store:
         max_entities=limits.max_entities,
         max_metrics=limits.max_metrics,
         raw_retention_s=limits.raw_retention_s,
+        flush_interval_s=s.flush_interval_s,
     )
 
 

@@ -6,10 +6,14 @@ into a zstd Parquet file ordered by entity (``_chunks``); 1-minute and 1-hour ro
 training records and alerts are DuckDB tables.
 
 Write path: batches are validated and turned into column arrays in the caller's thread
-(``_prepare``), then one writer thread commits everything queued as a single transaction
-(``_writer``): group commit, so ``append`` returns once the batch is durable without paying an
-fsync per request. With ``durable=False`` appends are buffered and committed every
-``flush_rows`` rows or before any read. Snapshots come from an in-memory latest-value cache
+(``prepare``). In durable mode the batch is then appended to the ingest log beside the database
+file (``store/ingest_log``: group fsync, one sync for every append that arrived meanwhile) and
+``append`` returns once that record is synced; the prepared rows wait in memory and move into
+DuckDB in one columnar transaction per tick (``flush_interval_s``, or ``flush_rows`` rows), which
+also records the log position it covers, so a restart replays exactly the acknowledged batches
+DuckDB does not hold yet. With ``durable=False`` there is no log: appends are buffered and
+committed every ``flush_rows`` rows. Either way, every read first commits what is pending.
+Snapshots come from an in-memory latest-value cache
 (``_latest``); series and aggregates read raw rows or rollups by range (``_planner``, ``_reads``).
 Upkeep (``_upkeep``): :meth:`DuckDBStore.rollup` and :meth:`DuckDBStore.compact`, run by the hub.
 """
@@ -17,6 +21,7 @@ Upkeep (``_upkeep``): :meth:`DuckDBStore.rollup` and :meth:`DuckDBStore.compact`
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import threading
 import time
@@ -37,17 +42,26 @@ from gpuscope.store.duckdb import inserts as ins
 from gpuscope.store.duckdb.chunks import BASE_COLUMNS, ChunkSet
 from gpuscope.store.duckdb.latest import LatestCache
 from gpuscope.store.duckdb.reads import Reader
-from gpuscope.store.duckdb.schema import metric_column_ddl, one, open_database, training_column_ddl
+from gpuscope.store.duckdb.schema import (
+    get_meta,
+    metric_column_ddl,
+    one,
+    open_database,
+    set_meta,
+    training_column_ddl,
+)
 from gpuscope.store.duckdb.upkeep import Retention, Upkeep
 from gpuscope.store.duckdb.watermarks import Watermarks
-from gpuscope.store.duckdb.writer import GroupCommitter, WriterClosed
-from gpuscope.store.errors import StoreError, write_error
+from gpuscope.store.errors import StoreError, StoreFull, disk_full, write_error
+from gpuscope.store.ingest_log import IngestLog
+from gpuscope.store.log_codec import decode, encode
 from gpuscope.store.prepare import Prepared, Preparer, RowBlock, to_ms
 from gpuscope.store.registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
 from gpuscope.store.replay import Scope, check_window
 
 DAY = 86_400.0
 CHECKPOINT_TRIES = 10
+LOG_POSITION = "ingest_log_seq"  # meta key: the last ingest-log record the tables hold
 
 
 def _count(cur: duckdb.DuckDBPyConnection, table: str) -> int:
@@ -77,8 +91,8 @@ class DuckDBStore:
         seal_chunk_s: float = 3600.0,
         rollup_lag_s: float = 10.0,
         flush_rows: int = 200_000,
-        max_group_rows: int = 2_000_000,
-        group_linger_s: float = 0.01,
+        flush_interval_s: float = 1.0,
+        log_reserve_bytes: int = 1 << 20,
         checkpoint_bytes: int = 128 * 1024 * 1024,
         batch_id_capacity: int = 1_000_000,
         batch_id_ttl_s: float = DAY,
@@ -102,9 +116,11 @@ class DuckDBStore:
         self._cursor_lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._buffer_lock = threading.Lock()
-        self._buffer: list[Prepared] = []
+        # (ingest-log sequence number, or 0 without a log; prepared batch), in log order
+        self._buffer: list[tuple[int, Prepared]] = []
         self._buffer_rows = 0
         self._closed = False
+        self._closing = False  # the flusher thread stops
         self.entities = EntityRegistry(max_entities)
         self.columns = ColumnRegistry(max_metrics)
         self.train_columns = ColumnRegistry(max_metrics)
@@ -156,11 +172,43 @@ class DuckDBStore:
             int(rollup_lag_s * 1000),
             retention,
         )
-        self._writer: GroupCommitter[Prepared, AppendResult] | None = None
+        self.flush_interval_s = flush_interval_s
+        self._log: IngestLog | None = None
+        self._flusher: threading.Thread | None = None
+        self._wake = threading.Condition()
         if self.durable:
-            self._writer = GroupCommitter(
-                self._commit, lambda p: p.rows, max_group_rows, linger_s=group_linger_s
+            try:
+                self._open_log(log_reserve_bytes)
+            except BaseException:
+                self._con.close()
+                raise
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name="gpuscope-store-flush", daemon=True
             )
+            self._flusher.start()
+
+    def _open_log(self, reserve_bytes: int) -> None:
+        """Replay the acknowledged batches the tables do not hold yet, then accept appends."""
+        stored = get_meta(self._con, LOG_POSITION)
+        if stored is None:  # the row each tick's commit updates
+            set_meta(self._con, LOG_POSITION, "0")
+        position = int(stored or 0)
+        log = IngestLog(Path(self.path + ".log"), self.counters, reserve_bytes=reserve_bytes)
+        now = time.time()
+        replayed = 0
+        for seq, payload in log.recover(position):
+            batch = decode(payload)
+            if batch.batch_id is not None:
+                self.batch_ids.load([(batch.batch_id, now)])
+            self._buffer.append((seq, self._preparer.prepare(batch)))
+            replayed += 1
+        self.counters.inc("store.log_replayed_batches", replayed)
+        log.start()
+        self._log = log
+        if replayed:
+            # a failure (a full disk) leaves them pending, in memory and in the log, for the flusher
+            with contextlib.suppress(StoreError):
+                self._flush()
 
     # ------------------------------------------------------------------ opening
 
@@ -232,17 +280,12 @@ class DuckDBStore:
             prepared = self._preparer.prepare(batch)
             self.counters.inc("store.refused_entities", prepared.result.refused_entities)
             self.counters.inc("store.refused_samples", prepared.result.refused_samples)
-            if self._writer is not None:
-                try:
-                    result = self._writer.submit(prepared).result()
-                except WriterClosed:
-                    raise StoreError("the store is closed") from None
-                except duckdb.Error as exc:
-                    raise write_error("append failed", exc) from None
+            if self._log is not None:
+                self._log_append(self._log, batch, prepared)
             else:
-                result = self._buffer_append(prepared)
+                self._buffer_append(prepared)
             stored = True
-            return result
+            return prepared.result
         finally:
             if bid is not None:
                 self.batch_ids.finish(bid, stored, time.time())
@@ -251,32 +294,114 @@ class DuckDBStore:
         """Whether a batch with this id was stored (a remote store asks before writing telemetry)."""
         return batch_id in self.batch_ids
 
-    def _buffer_append(self, prepared: Prepared) -> AppendResult:
+    def _buffer_append(self, prepared: Prepared) -> None:
         with self._buffer_lock:
-            self._buffer.append(prepared)
+            self._buffer.append((0, prepared))
             self._buffer_rows += prepared.rows
             full = self._buffer_rows >= self.flush_rows
         if full:
             self._flush()
-        return prepared.result
+
+    def _log_append(self, log: IngestLog, batch: Batch, prepared: Prepared) -> None:
+        """Durable on return: the batch's record is synced in the ingest log."""
+        if not log.has_reserve() and not log.restore_reserve():
+            # the disk is still full: refuse before writing rather than eat into what remains
+            raise StoreFull(f"append failed: {os.strerror(errno.ENOSPC)} (the ingest log's reserve)")
+
+        def pending(seq: int) -> None:
+            with self._buffer_lock:
+                self._buffer.append((seq, prepared))
+                self._buffer_rows += prepared.rows
+
+        try:
+            log.append(encode(batch), pending)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                # what is acknowledged goes into the tables now, in the reserve's space, so that
+                # reads keep seeing it while the disk stays full
+                log.release_reserve()
+                with contextlib.suppress(StoreError):
+                    self._flush()
+            raise write_error("append failed", exc) from None
+        if self._buffer_rows >= self.flush_rows:
+            with self._wake:
+                self._wake.notify()
+            if self._buffer_rows >= 4 * self.flush_rows:  # the tables fall behind: slow senders down
+                with contextlib.suppress(StoreError):
+                    self._flush()
+
+    def _flush_loop(self) -> None:
+        """Commit what the log holds into the tables once per tick (or once ``flush_rows`` wait)."""
+        while True:
+            with self._wake:
+                if self._closing:
+                    return
+                if self._buffer_rows < self.flush_rows:
+                    self._wake.wait(self.flush_interval_s)
+                if self._closing:
+                    return
+            # a failure is counted; the rows stay pending, in memory and in the log, and are retried
+            with contextlib.suppress(StoreError):
+                self._flush()
 
     def _flush(self) -> None:
-        """Commit buffered batches (non-durable mode); reads call it so they see every append."""
-        if self._writer is not None:
-            return
+        """Commit pending batches in one transaction; reads call it so they see every append.
+
+        With the log, only records already synced are taken (the others are not acknowledged
+        yet), and a failed commit keeps them pending; without it, a failed flush loses them
+        (counted)."""
+        log = self._log
         with self._flush_lock:
             with self._buffer_lock:
-                items, self._buffer, self._buffer_rows = self._buffer, [], 0
+                if log is None:
+                    items, self._buffer, self._buffer_rows = self._buffer, [], 0
+                else:
+                    synced = log.synced
+                    k = len(self._buffer)
+                    while k and self._buffer[k - 1][0] > synced:
+                        k -= 1
+                    items, self._buffer = self._buffer[:k], self._buffer[k:]
+                    self._buffer_rows -= sum(p.rows for _, p in items)
             if not items:
                 return
+            position = items[-1][0]
             try:
-                self._commit(items)
+                try:
+                    self._commit([p for _, p in items], position)
+                except duckdb.Error as exc:
+                    if log is None or not disk_full(exc):
+                        raise
+                    if not log.release_reserve():
+                        raise
+                    self._commit([p for _, p in items], position)  # in the space the reserve held
             except duckdb.Error as exc:
-                self.counters.inc("store.lost_buffered_batches", len(items))
-                raise write_error(f"flushing {len(items)} buffered batches failed", exc) from None
+                if log is None:
+                    self.counters.inc("store.lost_buffered_batches", len(items))
+                elif not disk_full(exc) and len(items) > 1:
+                    self._commit_one_by_one(items)
+                    log.release(position)
+                    return
+                else:
+                    self.counters.inc("store.flush_failures")
+                    with self._buffer_lock:
+                        self._buffer[:0] = items
+                        self._buffer_rows += sum(p.rows for _, p in items)
+                raise write_error(f"committing {len(items)} pending batches failed", exc) from None
+            if log is not None:
+                log.release(position)
 
-    def _commit(self, items: list[Prepared]) -> list[AppendResult]:
-        """One transaction for all ``items`` (on the writer thread, or the flushing thread)."""
+    def _commit_one_by_one(self, items: list[tuple[int, Prepared]]) -> None:
+        """After a failed group: each batch alone, so that one the tables refuse (validation
+        should have refused it) cannot hold back the others; it is counted, not retried forever."""
+        for seq, prepared in items:
+            try:
+                self._commit([prepared], seq)
+            except duckdb.Error:
+                self.counters.inc("store.unstorable_batches")
+                self._commit([], seq)  # past it, so a restart does not replay it either
+
+    def _commit(self, items: list[Prepared], position: int = 0) -> None:
+        """One transaction for all ``items``, and the ingest-log position they reach."""
         blocks: dict[tuple[int, ...], RowBlock] = {}
         for item in items:
             for key, block in item.blocks.items():
@@ -321,6 +446,9 @@ class DuckDBStore:
                     ins.insert_training(con, training)
                 if ids:
                     ins.insert_batch_ids(con, ids, time.time(), self._batch_seq)
+                if position:
+                    # an UPDATE of the existing row: INSERT OR REPLACE cost about 3 ms more a commit
+                    con.execute("UPDATE meta SET value = ? WHERE key = ?", [str(position), LOG_POSITION])
                 con.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(duckdb.Error):
@@ -334,7 +462,6 @@ class DuckDBStore:
             self.latest.update(key, ts, ent, attr, vals)
         self.counters.inc("store.commits")
         self.counters.inc("store.samples", sum(i.result.samples for i in items))
-        return [i.result for i in items]
 
     # ------------------------------------------------------------------ upkeep
 
@@ -528,6 +655,8 @@ class DuckDBStore:
             wal = self.path + ".wal"
             wal_bytes = os.path.getsize(wal) if os.path.exists(wal) else 0
         chunks = self.chunks.all()
+        log = self._log_stats()
+        log_bytes = log["bytes"] if log is not None else 0
         return {
             "path": self.path,
             "durable": self.durable,
@@ -540,13 +669,24 @@ class DuckDBStore:
             "training_metrics": len(self.train_columns),
             "file_bytes": file_bytes,
             "wal_bytes": wal_bytes,
-            "disk_bytes": file_bytes + wal_bytes + sum(c.bytes for c in chunks),
+            "disk_bytes": file_bytes + wal_bytes + sum(c.bytes for c in chunks) + log_bytes,
             "used_bytes": int(size[0]) * int(size[1]) if size else 0,
             "watermarks": self.marks.as_dict(),
             "counters": {k: v for k, v in self.counters.snapshot().items() if k.startswith("store.")},
-            "commits": self._writer.groups
-            if self._writer is not None
-            else self.counters.get("store.commits"),
+            "commits": self.counters.get("store.commits"),
+            "log": log,
+        }
+
+    def _log_stats(self) -> dict[str, int] | None:
+        if self._log is None:
+            return None
+        with self._buffer_lock:
+            pending, rows = len(self._buffer), self._buffer_rows
+        return {
+            "bytes": self._log.bytes(),
+            "segments": self._log.segments(),
+            "pending_batches": pending,
+            "pending_rows": rows,
         }
 
     # ------------------------------------------------------------------ closing
@@ -559,9 +699,14 @@ class DuckDBStore:
         """Commit everything pending and close the files. Safe to call twice."""
         if self._closed:
             return
-        if self._writer is not None:
-            self._writer.close()
+        if self._flusher is not None:
+            with self._wake:
+                self._closing = True
+                self._wake.notify()
+            self._flusher.join()
         self._flush()
+        if self._log is not None:
+            self._log.close()  # removes the segments when the tables hold every record
         with self._maint_lock, self._commit_lock:
             self._closed = True
             self._wcon.close()

@@ -1,0 +1,264 @@
+"""The ingest log: an append-only, checksummed record log with group fsync.
+
+A store acknowledges a batch once its record is in the log and synced; rows reach the database
+later, in bulk (one transaction per tick instead of one per request). One dedicated thread runs
+``fdatasync``: every record written while a sync runs is covered by the next one, so many
+concurrent appends cost one sync, and appenders only wait.
+
+Layout: a directory of segment files named by the sequence number of their first record. A
+record is ``<payload length u32><crc32 u32><seq u64><payload>``, the CRC over seq and payload. The
+store records in its own transaction the last sequence number it holds (``release``); segments
+wholly at or below it are deleted. On open, records after it are handed back for replay. A torn
+record (a crash in the middle of a write) is dropped, counted, and cut off the file; it cannot
+have been acknowledged, because acknowledgement waits for the sync after the whole write.
+
+A small ``reserve`` file holds disk space back: when the disk fills, the store frees it to move
+what is acknowledged into the database, so reads still see every acknowledged batch.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from gpuscope.counters import Counters
+
+_HEAD = struct.Struct("<IIQ")
+_SEQ = struct.Struct("<Q")
+SUFFIX = ".seg"
+
+
+class LogFailed(OSError):
+    """An earlier sync failed: nothing more is acknowledged until the store is reopened."""
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _crc(seq: int, payload: bytes) -> int:
+    return zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq)))
+
+
+class IngestLog:
+    def __init__(
+        self,
+        directory: Path,
+        counters: Counters,
+        *,
+        segment_bytes: int = 32 << 20,
+        reserve_bytes: int = 1 << 20,
+    ) -> None:
+        self.dir = directory
+        self.counters = counters
+        self.segment_bytes = segment_bytes
+        self.reserve_bytes = reserve_bytes
+        self.dir.mkdir(parents=True, exist_ok=True)
+        lock = threading.Lock()
+        self._cond = threading.Condition(lock)  # appenders wait on it for their record's sync
+        self._work = threading.Condition(lock)  # the sync thread waits on it for records to sync
+        self._fd = -1
+        self._size = 0  # bytes in the current segment
+        self._written = 0  # last sequence number written
+        self._synced = 0  # every record up to here is on disk
+        self._first_unreleased = 1
+        self._failed: OSError | None = None
+        self._closing = False
+        self._rotate = False
+        self._thread: threading.Thread | None = None
+        self._current = self.dir / f"0{SUFFIX}"
+        self._reserved = False
+
+    # ------------------------------------------------------------------ opening
+
+    def _segments(self) -> list[tuple[int, Path]]:
+        out = []
+        for p in self.dir.iterdir():
+            if p.suffix == SUFFIX and p.stem.isdigit():
+                out.append((int(p.stem), p))
+        return sorted(out)
+
+    def recover(self, after: int) -> Iterator[tuple[int, bytes]]:
+        """Every whole record with a sequence number above ``after``, in order; then the log is
+        ready for appends (:meth:`start`). Torn or corrupt records are cut off and counted."""
+        last = after
+        for _, path in self._segments():
+            data = path.read_bytes()
+            pos = 0
+            while pos < len(data):
+                if pos + _HEAD.size > len(data):
+                    break
+                n, crc, seq = _HEAD.unpack_from(data, pos)
+                end = pos + _HEAD.size + n
+                if end > len(data) or _crc(seq, data[pos + _HEAD.size : end]) != crc:
+                    break
+                if seq > after:
+                    yield seq, data[pos + _HEAD.size : end]
+                last = max(last, seq)
+                pos = end
+            if pos < len(data):
+                self.counters.inc("store.log_torn_records")
+                with open(path, "r+b") as f:
+                    f.truncate(pos)
+                    os.fsync(f.fileno())
+        self._written = self._synced = last
+        self._first_unreleased = after + 1
+
+    def start(self) -> None:
+        """Open a fresh segment for appends and start the sync thread."""
+        self._open_segment()
+        self.restore_reserve()
+        self._thread = threading.Thread(target=self._sync_loop, name="gpuscope-log-sync", daemon=True)
+        self._thread.start()
+
+    def _open_segment(self) -> None:
+        path = self.dir / f"{self._written + 1:020d}{SUFFIX}"
+        self._current = path
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        _fsync_dir(self.dir)  # the new file's name must survive a crash as well as its records
+        if self._fd >= 0:
+            os.close(self._fd)
+        self._fd = fd
+        self._size = os.fstat(fd).st_size
+
+    # ------------------------------------------------------------------ appending
+
+    @property
+    def synced(self) -> int:
+        """The sequence number up to which every record is on disk."""
+        return self._synced
+
+    def append(self, payload: bytes, written: Callable[[int], None]) -> int:
+        """Write one record, call ``written(seq)`` (in log order: under the log's lock), then wait
+        until the record is synced. Raises OSError when it could not be written or synced."""
+        with self._cond:
+            if self._failed is not None:
+                raise LogFailed(errno.EIO, f"the ingest log failed earlier: {self._failed}")
+            seq = self._written + 1
+            record = _HEAD.pack(len(payload), _crc(seq, payload), seq) + payload
+            try:
+                done = 0
+                while done < len(record):
+                    done += os.write(self._fd, record[done:])
+            except OSError:
+                if done:  # a partial record would be torn: take it back
+                    os.ftruncate(self._fd, self._size)
+                raise
+            self._size += len(record)
+            self._written = seq
+            written(seq)
+            self._work.notify()
+            while self._synced < seq and self._failed is None:
+                self._cond.wait()
+            if self._synced < seq:
+                raise LogFailed(errno.EIO, f"the ingest log could not be synced: {self._failed}")
+        return seq
+
+    def _sync_loop(self) -> None:
+        while True:
+            with self._cond:
+                while self._synced >= self._written and not self._closing and not self._rotate:
+                    self._work.wait()
+                if self._closing and self._synced >= self._written:
+                    return
+                target, fd = self._written, self._fd
+            try:
+                os.fdatasync(fd)
+            except OSError as exc:
+                with self._cond:
+                    self._failed = exc
+                    self.counters.inc("store.log_sync_failures")
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._synced = max(self._synced, target)
+                if self._rotate and self._synced >= self._written:
+                    self._rotate = False
+                    with contextlib.suppress(OSError):  # a full disk: keep writing the old one
+                        self._open_segment()
+                self._cond.notify_all()
+
+    # ------------------------------------------------------------------ releasing
+
+    def release(self, upto: int) -> None:
+        """Everything up to ``upto`` is safe elsewhere: delete the segments that hold nothing
+        newer, and ask for a fresh segment once the current one is large or fully released."""
+        with self._cond:
+            self._first_unreleased = max(self._first_unreleased, upto + 1)
+            if self._size and (self._size >= self.segment_bytes or self._written <= upto):
+                self._rotate = True
+                self._work.notify()
+        segments = self._segments()
+        for k, (_, path) in enumerate(segments[:-1]):
+            if segments[k + 1][0] - 1 <= upto and path != self._current:
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+
+    # ------------------------------------------------------------------ space
+
+    @property
+    def _reserve(self) -> Path:
+        return self.dir / "reserve"
+
+    def release_reserve(self) -> bool:
+        """Give the reserved space back to the filesystem; False if it was already given."""
+        self._reserved = False
+        try:
+            self._reserve.unlink()
+        except FileNotFoundError:
+            return False
+        self.counters.inc("store.log_reserve_released")
+        return True
+
+    def restore_reserve(self) -> bool:
+        """Hold the reserve again (True), or False while the disk has no room for it."""
+        if self._reserved or self.reserve_bytes <= 0:
+            return True
+        try:
+            fd = os.open(self._reserve.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, self.reserve_bytes)
+            finally:
+                os.close(fd)
+            os.replace(self._reserve.with_suffix(".tmp"), self._reserve)
+            self._reserved = True
+        except OSError:
+            with contextlib.suppress(OSError):
+                self._reserve.with_suffix(".tmp").unlink()
+            return False
+        return True
+
+    def has_reserve(self) -> bool:
+        return self._reserved or self.reserve_bytes <= 0
+
+    def bytes(self) -> int:
+        return sum(p.stat().st_size for _, p in self._segments())
+
+    def segments(self) -> int:
+        return len(self._segments())
+
+    # ------------------------------------------------------------------ closing
+
+    def close(self) -> None:
+        """Sync what was written, stop the sync thread and close the segment."""
+        with self._cond:
+            self._closing = True
+            self._work.notify()
+        if self._thread is not None:
+            self._thread.join()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._written < self._first_unreleased:  # everything is elsewhere: no segment needed
+            for _, path in self._segments():
+                path.unlink()
