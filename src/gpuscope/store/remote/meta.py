@@ -19,7 +19,7 @@ import orjson
 import psycopg
 
 from gpuscope.model import LABEL_KEY_RE, Alert, Batch, Event, Labels, TrainingRecord
-from gpuscope.store.base import AppendResult, GpuTime
+from gpuscope.store.base import AppendResult, GpuTime, RecordStore
 from gpuscope.store.errors import StoreError
 from gpuscope.store.prepare import Preparer
 from gpuscope.store.registry import ColumnRegistry, EntityRegistry
@@ -27,7 +27,7 @@ from gpuscope.store.registry import ColumnRegistry, EntityRegistry
 DAY = 86_400.0
 
 
-class MetaStore(Protocol):
+class MetaStore(RecordStore, Protocol):
     """The non-telemetry half of :class:`gpuscope.store.base.Store`, plus a batch-id lookup."""
 
     path: str
@@ -38,35 +38,6 @@ class MetaStore(Protocol):
         """Store the batch's events and training records and its id, in one transaction; a
         duplicate id stores nothing and says so."""
         ...
-
-    def events(
-        self,
-        start: float,
-        end: float,
-        kind: str | None = None,
-        labels: Labels | None = None,
-        limit: int = 1000,
-    ) -> list[Event]: ...
-
-    def training(
-        self, job: str, start: float, end: float, rank: int | None = None, limit: int = 100_000
-    ) -> list[TrainingRecord]: ...
-
-    def save_alert(self, alert: Alert) -> None: ...
-
-    def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]: ...
-
-    def save_gpu_time(self, cells: list[GpuTime]) -> None: ...
-
-    def fold_gpu_time(self, before: float) -> int: ...
-
-    def gpu_time(self, start: float, end: float) -> list[GpuTime]: ...
-
-    def compact(self, now: float) -> dict[str, int]: ...
-
-    def stats(self) -> dict[str, Any]: ...
-
-    def close(self) -> None: ...
 
 
 SCHEMA = (
