@@ -7,7 +7,7 @@ DEMO_ARGS ?=
 # tests wait on real processes (hubs, databases, browsers) as much as they compute: two workers
 TEST_WORKERS ?= 2
 
-.PHONY: demo test lint typecheck unit bench clean system-deps
+.PHONY: demo test check deps lint typecheck unit bench clean system-deps
 
 DEMO_STAMP := $(VENV)/.installed-demo
 PIP_INSTALL := $(BIN)/pip install --constraint constraints.txt
@@ -44,6 +44,14 @@ unit: $(STAMP) system-deps
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
 
 test: lint typecheck unit
+
+# the inner loop: lint, types and every test not marked `integration` (no real hubs, databases,
+# TSDBs, browsers or fresh venvs; tests/conftest.py marks the fixtures that start them)
+check: lint typecheck
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m 'not integration'
+
+# the Python packages and the Debian ones at the same time (`make -j2 deps`: .ci/run)
+deps: $(STAMP) system-deps
 
 bench: $(STAMP) system-deps
 	$(PIP_INSTALL) --quiet -e '.[hub,dev,bench]'

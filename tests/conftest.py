@@ -1,4 +1,5 @@
-"""Shared fixtures: real hub processes on loopback ports, stopped after each test."""
+"""Shared fixtures: real hub processes on loopback ports, stopped after each test; and the
+``integration`` mark for every test that uses a fixture starting a real process or server."""
 
 from __future__ import annotations
 
@@ -10,6 +11,16 @@ import pytest
 
 from pgserver import PostgresServer, postgres_bin_dir
 from support import HubProcess
+
+#: Fixtures that start real processes or servers (hubs, PostgreSQL, TSDBs): a test using one, even
+#: through another fixture, is an integration test, which ``make check`` leaves out.
+PROCESS_FIXTURES = frozenset({"hub_factory", "postgres_server", "sdk_hub", "tsdb"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
 
 
 @pytest.fixture
