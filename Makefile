@@ -40,15 +40,18 @@ typecheck: $(STAMP)
 system-deps:
 	./scripts/system-deps.sh
 
+# modules in the order tests/conftest.py puts them: the long integration ones first
+PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 unit: $(STAMP) system-deps
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PYTEST)
 
 test: lint typecheck unit
 
 # the inner loop: lint, types and every test not marked `integration` (no real hubs, databases,
 # TSDBs, browsers or fresh venvs; tests/conftest.py marks the fixtures that start them)
 check: lint typecheck
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile -m 'not integration'
+	$(PYTEST) -m 'not integration'
 
 # the Python packages and the Debian ones at the same time (`make -j2 deps`: .ci/run)
 deps: $(STAMP) system-deps

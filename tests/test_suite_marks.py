@@ -17,22 +17,23 @@ THROUGH_FIXTURE = "tests/cluster/test_membership.py"
 PLAIN = "tests/test_config.py"
 
 
-def _collected(marks: str) -> set[str]:
+def _collected(marks: str) -> list[str]:
+    """The modules collected from PLAIN and THROUGH_FIXTURE (in that order on the command line),
+    in the order they would run."""
     out = subprocess.run(
         [
             sys.executable,
             "-m",
             "pytest",
-            "--collect-only",
-            "-q",
+            "--collect-only",  # with addopts' -q: one "path::test" line per test, in run order
             "-p",
             "no:cacheprovider",
             "-p",
             "no:xdist",
             "-m",
             marks,
-            THROUGH_FIXTURE,
             PLAIN,
+            THROUGH_FIXTURE,
         ],
         cwd=ROOT,
         capture_output=True,
@@ -40,12 +41,16 @@ def _collected(marks: str) -> set[str]:
         timeout=120,
     )
     assert out.returncode in (0, 5), out.stdout + out.stderr  # 5: nothing collected
-    # "path::test" per test, or "path: count" per file (quieter, as addopts has -q already)
-    return {line.split(":")[0] for line in out.stdout.splitlines() if line.startswith("tests/")}
+    modules = [line.split("::")[0] for line in out.stdout.splitlines() if "::" in line]
+    return list(dict.fromkeys(modules))
 
 
 def test_make_check_leaves_out_tests_that_start_real_processes_through_fixtures() -> None:
-    assert _collected("not integration") == {PLAIN}
+    assert _collected("not integration") == [PLAIN]
+
+
+def test_modules_with_integration_tests_are_dealt_out_first() -> None:
+    assert _collected("") == [THROUGH_FIXTURE, PLAIN]
 
 
 def _make_n(target: str) -> list[str]:
