@@ -7,7 +7,7 @@ DEMO_ARGS ?=
 # tests wait on real processes (hubs, databases, browsers) as much as they compute: two workers
 TEST_WORKERS ?= 2
 
-.PHONY: demo test lint typecheck unit bench clean system-deps
+.PHONY: demo test check deps lint typecheck unit bench clean system-deps
 
 DEMO_STAMP := $(VENV)/.installed-demo
 PIP_INSTALL := $(BIN)/pip install --constraint constraints.txt
@@ -40,10 +40,21 @@ typecheck: $(STAMP)
 system-deps:
 	./scripts/system-deps.sh
 
+# modules in the order tests/conftest.py puts them: the long integration ones first
+PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 unit: $(STAMP) system-deps
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile
+	$(PYTEST)
 
 test: lint typecheck unit
+
+# the inner loop: lint, types and every test not marked `integration` (no real hubs, databases,
+# TSDBs, browsers or fresh venvs; tests/conftest.py marks the fixtures that start them)
+check: lint typecheck
+	$(PYTEST) -m 'not integration'
+
+# the Python packages and the Debian ones at the same time (`make -j2 deps`: .ci/run)
+deps: $(STAMP) system-deps
 
 bench: $(STAMP) system-deps
 	$(PIP_INSTALL) --quiet -e '.[hub,dev,bench]'

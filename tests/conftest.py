@@ -1,4 +1,5 @@
-"""Shared fixtures: real hub processes on loopback ports, stopped after each test."""
+"""Shared fixtures: real hub processes on loopback ports, stopped after each test; and the
+``integration`` mark for every test that uses a fixture starting a real process or server."""
 
 from __future__ import annotations
 
@@ -10,6 +11,21 @@ import pytest
 
 from pgserver import PostgresServer, postgres_bin_dir
 from support import HubProcess
+
+#: Fixtures that start real processes or servers (hubs, PostgreSQL, TSDBs): a test using one, even
+#: through another fixture, is an integration test, which ``make check`` leaves out.
+PROCESS_FIXTURES = frozenset({"hub_factory", "postgres_server", "sdk_hub", "tsdb"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+    # Modules with integration tests run first: they are the long ones, often a single test each,
+    # and a long module dealt out last keeps one worker busy alone at the end. (The Makefile turns
+    # off xdist's own reordering, which deals the modules with the most tests first.)
+    heavy = {item.path for item in items if item.get_closest_marker("integration") is not None}
+    items.sort(key=lambda item: item.path not in heavy)
 
 
 @pytest.fixture

@@ -1,10 +1,12 @@
-"""Building the project's wheel for install tests, offline (no build isolation, from a copy)."""
+"""Building the project's wheel for install tests, offline (no build isolation, from a copy), and
+installing into fresh venvs."""
 
 from __future__ import annotations
 
 import shutil
 import subprocess
 import sys
+import venv
 from pathlib import Path
 
 
@@ -22,3 +24,23 @@ def build_wheel(root: Path, tmp: Path) -> Path:
     )
     (wheel,) = out.glob("gpuscope-*.whl")
     return wheel
+
+
+def fresh_venv(path: Path) -> Path:
+    """A new venv without a pip of its own (ensurepip alone takes seconds of CPU): :func:`pip`
+    installs into it from outside. Returns its python."""
+    venv.create(path, with_pip=False)
+    return path / "bin" / "python"
+
+
+def pip(python: Path, args: list[str | Path], env: dict[str, str], timeout: float = 120) -> str:
+    """This process's pip run on the venv of ``python`` (``pip --python``); its output."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", python, "--disable-pip-version-check", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout

@@ -98,6 +98,7 @@ def test_unknown_paths_are_404(endpoint: tuple[MetricsEndpoint, PublishingCollec
     assert httpx.get(f"http://127.0.0.1:{ep.address[1]}/other").status_code == 404
 
 
+@pytest.mark.integration
 def test_real_prometheus_scrapes_the_agent_and_answers_promql(
     endpoint: tuple[MetricsEndpoint, PublishingCollectorSet, FakeNvml], tmp_path: Path
 ) -> None:

@@ -18,6 +18,8 @@ import pytest
 from gpuscope.collect.slurm import SlurmCollector
 from gpuscope.model import Frame
 
+pytestmark = pytest.mark.integration  # munged, slurmctld and slurmd
+
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol")
 
 

@@ -17,6 +17,8 @@ import pytest
 
 from dashboard.conftest import Served
 
+pytestmark = pytest.mark.integration  # headless Chromium
+
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
 ARGS = [

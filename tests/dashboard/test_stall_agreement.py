@@ -22,6 +22,8 @@ from gpuscope.hub import Hub
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 
+pytestmark = pytest.mark.integration  # headless Chromium
+
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 SCENARIO = Path(__file__).parent / "fixtures" / "stall.yaml"

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import venv
 from pathlib import Path
 
 import httpx
 import pytest
 
-from packaging_support import build_wheel
+from packaging_support import build_wheel, fresh_venv, pip
 from support import free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -22,30 +21,17 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_hub_extra_alone_in_a_fresh_venv_starts_a_hub(tmp_path: Path) -> None:
     wheel = build_wheel(ROOT, tmp_path)
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
+    python = fresh_venv(env_dir)
     bin_dir = env_dir / "bin"
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "GPUSCOPE_TOKEN")}
-    subprocess.run(
-        [
-            bin_dir / "python",
-            "-m",
-            "pip",
-            "install",
-            "-q",
-            "--constraint",
-            ROOT / "constraints.txt",
-            f"{wheel}[hub]",
-        ],
-        check=True,
-        timeout=900,
-        env=clean,
+    # --no-compile: bytecode is written at first import instead, for the modules the hub imports
+    pip(
+        python,
+        ["install", "-q", "--no-compile", "--constraint", ROOT / "constraints.txt", f"{wheel}[hub]"],
+        clean,
+        900,
     )
-    installed = subprocess.run(
-        [bin_dir / "python", "-m", "pip", "list", "--format=freeze"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.lower()
+    installed = pip(python, ["list", "--format=freeze"], clean).lower()
     for dev_only in ("torch", "transformers", "playwright", "pytest", "mypy"):
         assert f"\n{dev_only}==" not in f"\n{installed}", f"the hub install pulled in {dev_only}"
     config = tmp_path / "hub.yaml"

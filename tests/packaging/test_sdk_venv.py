@@ -10,14 +10,13 @@ from __future__ import annotations
 import os
 import subprocess
 import tomllib
-import venv
 from pathlib import Path
 
 import numpy
 import pytest
 from packaging.requirements import Requirement
 
-from packaging_support import build_wheel
+from packaging_support import build_wheel, fresh_venv, pip
 from sdk.hubquery import events, records
 from support import HubProcess, free_port
 
@@ -58,18 +57,11 @@ def test_sdk_alone_in_a_fresh_venv_trains_against_a_hub(tmp_path: Path) -> None:
     assert any(p.startswith("numpy==") and p != f"numpy=={numpy.__version__}" for p in lowest)
     wheel = build_wheel(ROOT, tmp_path)
     env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
-    py = str(env_dir / "bin" / "python")
+    py = fresh_venv(env_dir)
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    subprocess.run(
-        [py, "-m", "pip", "install", "-q", "--disable-pip-version-check", str(wheel), *lowest],
-        check=True,
-        timeout=600,
-        env=clean,
-    )
-    installed = subprocess.run(
-        [py, "-m", "pip", "list", "--format=freeze"], capture_output=True, text=True, check=True
-    ).stdout.lower()
+    # --no-compile: bytecode is written at first import instead, for the few modules that run
+    pip(py, ["install", "-q", "--no-compile", wheel, *lowest], clean, timeout=600)
+    installed = pip(py, ["list", "--format=freeze"], clean).lower()
     for hub_only in ("duckdb", "uvicorn", "starlette", "psycopg", "protobuf", "pyyaml", "psutil"):
         assert f"\n{hub_only}==" not in f"\n{installed}", f"the SDK install pulled in {hub_only}"
 

@@ -50,7 +50,56 @@ class GpuTime:
     lost: float
 
 
-class Store(Protocol):
+class RecordStore(Protocol):
+    """The store's records: events, training records, alerts and GPU-time cells (documents, not
+    series), with their retention. A remote backend keeps these in its meta store."""
+
+    def events(
+        self,
+        start: float,
+        end: float,
+        kind: str | None = None,
+        labels: Labels | None = None,
+        limit: int = 1000,
+    ) -> list[Event]: ...
+
+    def training(
+        self, job: str, start: float, end: float, rank: int | None = None, limit: int = 100_000
+    ) -> list[TrainingRecord]: ...
+
+    def save_alert(self, alert: Alert) -> None:
+        """Insert or update an alert (keyed by its id)."""
+        ...
+
+    def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]: ...
+
+    def save_gpu_time(self, cells: list[GpuTime]) -> None:
+        """Insert or replace minute cells of GPU time (keyed by everything but the figures)."""
+        ...
+
+    def fold_gpu_time(self, before: float) -> int:
+        """Move the minute cells that end by ``before`` into hour cells (adding), atomically, so
+        hubs sharing the store fold each minute once. Returns minute cells folded."""
+        ...
+
+    def gpu_time(self, start: float, end: float) -> list[GpuTime]:
+        """Minute and hour cells of GPU time overlapping ``[start, end)``."""
+        ...
+
+    def compact(self, now: float) -> dict[str, int]:
+        """Apply retention: drop raw rows (and old rollups) past their keep time; rows dropped per table."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Row counts, file size, refusals: for health and benchmarks."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class Store(RecordStore, Protocol):
+    """Telemetry (append, series reads, rollups, replay) over :class:`RecordStore`."""
+
     def append(self, batch: Batch) -> AppendResult:
         """Store a batch durably; when it returns, a crash cannot lose the batch."""
         ...
@@ -74,19 +123,6 @@ class Store(Protocol):
         ``job``, ...): ``[{"group": "node-0", "mean": .., "min": .., "max": .., "count": n}]``."""
         ...
 
-    def events(
-        self,
-        start: float,
-        end: float,
-        kind: str | None = None,
-        labels: Labels | None = None,
-        limit: int = 1000,
-    ) -> list[Event]: ...
-
-    def training(
-        self, job: str, start: float, end: float, rank: int | None = None, limit: int = 100_000
-    ) -> list[TrainingRecord]: ...
-
     def replay(
         self,
         start: float,
@@ -99,35 +135,6 @@ class Store(Protocol):
         of them (a ``node`` or ``job`` label, a training record's job)."""
         ...
 
-    def save_alert(self, alert: Alert) -> None:
-        """Insert or update an alert (keyed by its id)."""
-        ...
-
-    def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]: ...
-
-    def save_gpu_time(self, cells: list[GpuTime]) -> None:
-        """Insert or replace minute cells of GPU time (keyed by everything but the figures)."""
-        ...
-
-    def fold_gpu_time(self, before: float) -> int:
-        """Move the minute cells that end by ``before`` into hour cells (adding), atomically, so
-        hubs sharing the store fold each minute once. Returns minute cells folded."""
-        ...
-
-    def gpu_time(self, start: float, end: float) -> list[GpuTime]:
-        """Minute and hour cells of GPU time overlapping ``[start, end)``."""
-        ...
-
     def rollup(self, now: float) -> dict[str, int]:
         """Bring the 1-minute and 1-hour rollups up to ``now`` (idempotent); rows written per table."""
         ...
-
-    def compact(self, now: float) -> dict[str, int]:
-        """Apply retention: drop raw rows (and old rollups) past their keep time; rows dropped per table."""
-        ...
-
-    def stats(self) -> dict[str, Any]:
-        """Row counts, file size, refusals: for health and benchmarks."""
-        ...
-
-    def close(self) -> None: ...

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,12 +82,14 @@ def _check_chunk_file(path: Path, size: int) -> None:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class ChunkView:
-    """A frozen list of chunk files and the SQL that reads them together with the hot table."""
+class _ReadsChunks(ABC):
+    """``source``, the SQL that reads the hot table together with chunk files: for a frozen
+    :class:`ChunkView` and for the live :class:`ChunkSet` (whose :meth:`view` freezes its current list)."""
 
-    directory: Path | None
-    chunks: tuple[Chunk, ...]
+    __slots__ = ()
+
+    @abstractmethod
+    def view(self) -> ChunkView: ...
 
     def source(
         self,
@@ -100,20 +103,21 @@ class ChunkView:
         """``SELECT columns FROM <hot table and chunk files> WHERE where``: one UNION ALL part per
         distinct column set among the files (a file lacks metrics that appeared after it; files
         without metric column ``require``, which ``where`` may name, are skipped)."""
+        view = self.view()
         names = ", ".join(columns)
         parts = [f"SELECT {names} FROM samples WHERE {where}"]
         out_params = list(params)
         groups: dict[frozenset[int], list[Chunk]] = {}
-        for chunk in self.chunks:
+        for chunk in view.chunks:
             if (hi is not None and chunk.lo >= hi) or (lo is not None and chunk.hi <= lo):
                 continue
             if require is None or require in chunk.cols:
                 groups.setdefault(chunk.cols, []).append(chunk)
         if not groups:
             return parts[0], out_params
-        if self.directory is None:
+        if view.directory is None:
             raise StoreError("chunk files are registered but the store has no chunk directory")
-        base: Path = self.directory
+        base: Path = view.directory
         for cols, chunks in groups.items():
             select = ", ".join(c if _present(c, cols) else f"NULL::FLOAT AS {c}" for c in columns)
             files = ", ".join(_sql_str(str(base / c.file)) for c in chunks)
@@ -122,7 +126,18 @@ class ChunkView:
         return " UNION ALL ".join(parts), out_params
 
 
-class ChunkSet:
+@dataclass(frozen=True, slots=True)
+class ChunkView(_ReadsChunks):
+    """A frozen list of chunk files: a query reads the files of one moment."""
+
+    directory: Path | None
+    chunks: tuple[Chunk, ...]
+
+    def view(self) -> ChunkView:
+        return self
+
+
+class ChunkSet(_ReadsChunks):
     """The registered chunk files of one store, and the SQL that reads them with the hot table."""
 
     def __init__(self, directory: Path | None) -> None:
@@ -180,17 +195,6 @@ class ChunkSet:
         """The current chunks, frozen: a query reads the files of one moment."""
         with self._lock:
             return ChunkView(self.directory, tuple(self._chunks))
-
-    def source(
-        self,
-        columns: list[str],
-        where: str,
-        params: list[Any],
-        lo: int | None,
-        hi: int | None,
-        require: int | None = None,
-    ) -> tuple[str, list[Any]]:
-        return self.view().source(columns, where, params, lo, hi, require)
 
     def seal(self, con: duckdb.DuckDBPyConnection, cut: int, cols: list[int]) -> Chunk | None:
         """Write hot rows older than ``cut`` to a new chunk file and delete them from the hot

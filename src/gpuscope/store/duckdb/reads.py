@@ -17,7 +17,7 @@ import duckdb
 import numpy as np
 import orjson
 
-from gpuscope.model import ATTRIBUTION_LABELS, LABEL_KEY_RE, Alert, Batch, Event, Labels, TrainingRecord
+from gpuscope.model import ATTRIBUTION_LABELS, Alert, Batch, Event, Labels, TrainingRecord
 from gpuscope.store.base import SeriesPoint
 from gpuscope.store.duckdb.chunks import ChunkSet, ChunkView
 from gpuscope.store.duckdb.latest import LatestCache
@@ -25,6 +25,7 @@ from gpuscope.store.duckdb.planner import Tier, plan
 from gpuscope.store.duckdb.queries import Filter, aggregate_sql, series_sql
 from gpuscope.store.duckdb.watermarks import Watermarks
 from gpuscope.store.errors import StoreError
+from gpuscope.store.event_filter import event_filter
 from gpuscope.store.registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
 from gpuscope.store.replay import REPLAY_LIMIT, Row, Scope, batches, ceil_div, ms_range
 
@@ -176,22 +177,13 @@ class Reader:
     def events(
         self, start: float, end: float, kind: str | None, labels: Labels | None, limit: int
     ) -> list[Event]:
-        where = ["ts >= ?", "ts <= ?"]
-        params: list[Any] = [start, end]
-        if kind is not None:
-            where.append("kind = ?")
-            params.append(kind)
-        for key, value in (labels or {}).items():
-            if not LABEL_KEY_RE.fullmatch(key):
-                raise ValueError(f"label key {key!r} is not a valid label name")
-            where.append(f"json_extract_string(labels, '$.{key}') = ?")
-            params.append(value)
-        params.append(int(limit))
+        where, params = event_filter(
+            start, end, kind, labels, lambda k, v: (f"json_extract_string(labels, '$.{k}') = ?", v), "?"
+        )
         with self.snapshot_of_now() as snap:
             rows = snap.cur.execute(
-                f"SELECT ts, kind, labels, data FROM events WHERE {' AND '.join(where)} "
-                "ORDER BY ts DESC LIMIT ?",
-                params,
+                f"SELECT ts, kind, labels, data FROM events WHERE {where} ORDER BY ts DESC LIMIT ?",
+                [*params, int(limit)],
             ).fetchall()
         return [
             Event(float(ts), str(k), orjson.loads(lbl), orjson.loads(data)) for ts, k, lbl, data in rows[::-1]

@@ -18,9 +18,10 @@ from typing import Any, Protocol
 import orjson
 import psycopg
 
-from gpuscope.model import LABEL_KEY_RE, Alert, Batch, Event, Labels, TrainingRecord
-from gpuscope.store.base import AppendResult, GpuTime
+from gpuscope.model import Alert, Batch, Event, Labels, TrainingRecord
+from gpuscope.store.base import AppendResult, GpuTime, RecordStore
 from gpuscope.store.errors import StoreError
+from gpuscope.store.event_filter import event_filter
 from gpuscope.store.group import GroupCommitter
 from gpuscope.store.prepare import Prepared, Preparer
 from gpuscope.store.registry import ColumnRegistry, EntityRegistry
@@ -33,7 +34,7 @@ GROUP_LINGER_S = 0.005
 GROUP_ITEMS = 512
 
 
-class MetaStore(Protocol):
+class MetaStore(RecordStore, Protocol):
     """The non-telemetry half of :class:`gpuscope.store.base.Store`, plus a batch-id lookup."""
 
     path: str
@@ -44,35 +45,6 @@ class MetaStore(Protocol):
         """Store the batch's events and training records and its id, in one transaction; a
         duplicate id stores nothing and says so."""
         ...
-
-    def events(
-        self,
-        start: float,
-        end: float,
-        kind: str | None = None,
-        labels: Labels | None = None,
-        limit: int = 1000,
-    ) -> list[Event]: ...
-
-    def training(
-        self, job: str, start: float, end: float, rank: int | None = None, limit: int = 100_000
-    ) -> list[TrainingRecord]: ...
-
-    def save_alert(self, alert: Alert) -> None: ...
-
-    def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]: ...
-
-    def save_gpu_time(self, cells: list[GpuTime]) -> None: ...
-
-    def fold_gpu_time(self, before: float) -> int: ...
-
-    def gpu_time(self, start: float, end: float) -> list[GpuTime]: ...
-
-    def compact(self, now: float) -> dict[str, int]: ...
-
-    def stats(self) -> dict[str, Any]: ...
-
-    def close(self) -> None: ...
 
 
 SCHEMA = (
@@ -256,22 +228,14 @@ class PostgresMeta:
         labels: Labels | None = None,
         limit: int = 1000,
     ) -> list[Event]:
-        where = ["ts >= %s", "ts <= %s"]
-        params: list[Any] = [start, end]
-        if kind is not None:
-            where.append("kind = %s")
-            params.append(kind)
-        for key, value in (labels or {}).items():
-            if not LABEL_KEY_RE.fullmatch(key):
-                raise ValueError(f"label key {key!r} is not a valid label name")
-            where.append("strpos(labels, %s) > 0")
-            params.append(_label_fragment(key, value))
-        params.append(int(limit))
+        where, params = event_filter(
+            start, end, kind, labels, lambda k, v: ("strpos(labels, %s) > 0", _label_fragment(k, v)), "%s"
+        )
         with self._conn() as con:
             rows = con.execute(
-                f"SELECT ts, kind, labels, data FROM gpuscope_events WHERE {' AND '.join(where)} "
+                f"SELECT ts, kind, labels, data FROM gpuscope_events WHERE {where} "
                 "ORDER BY ts DESC, seq DESC LIMIT %s",
-                params,
+                [*params, int(limit)],
             ).fetchall()
         return [Event(float(t), str(k), orjson.loads(lb), orjson.loads(d)) for t, k, lb, d in rows[::-1]]
 

@@ -44,9 +44,9 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuscope.counters import Counters
-from gpuscope.model import ATTRIBUTION_LABELS, Alert, Batch, Event, Labels, TrainingRecord
+from gpuscope.model import ATTRIBUTION_LABELS, Batch, Labels
 from gpuscope.signals import ALL_METRICS
-from gpuscope.store.base import AppendResult, GpuTime, SeriesPoint
+from gpuscope.store.base import AppendResult, SeriesPoint
 from gpuscope.store.batch_ids import BatchIds, Claim
 from gpuscope.store.errors import StoreError
 from gpuscope.store.group import GroupCommitter
@@ -63,6 +63,7 @@ from gpuscope.store.remote.promql import (
     quote,
     selector,
 )
+from gpuscope.store.remote.records import MetaRecords
 from gpuscope.store.replay import REPLAY_LIMIT, Row, Scope, batches, ceil_div, check_window, ms_range
 
 DAY = 86_400.0
@@ -94,8 +95,8 @@ def _note(result: AppendResult, text: str) -> None:
         result.notes.append(text)
 
 
-class PromStore:
-    """Telemetry in a remote TSDB, everything else in a :class:`MetaStore`."""
+class PromStore(MetaRecords):
+    """Telemetry in a remote TSDB, everything else in a :class:`MetaStore` (:class:`MetaRecords`)."""
 
     def __init__(
         self,
@@ -579,54 +580,9 @@ class PromStore:
         )
         return batches(sorted(rows.values(), key=lambda row: row[0]), events, training, scope)
 
-    # ------------------------------------------------------------------ meta store
-
-    def events(
-        self,
-        start: float,
-        end: float,
-        kind: str | None = None,
-        labels: Labels | None = None,
-        limit: int = 1000,
-    ) -> list[Event]:
-        self._check_open()
-        return self.meta.events(start, end, kind, labels, limit)
-
-    def training(
-        self, job: str, start: float, end: float, rank: int | None = None, limit: int = 100_000
-    ) -> list[TrainingRecord]:
-        self._check_open()
-        return self.meta.training(job, start, end, rank, limit)
-
-    def save_alert(self, alert: Alert) -> None:
-        self._check_open()
-        self.meta.save_alert(alert)
-
-    def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
-        self._check_open()
-        return self.meta.alerts(firing_only, limit)
-
-    def save_gpu_time(self, cells: list[GpuTime]) -> None:
-        self._check_open()
-        self.meta.save_gpu_time(cells)
-
-    def fold_gpu_time(self, before: float) -> int:
-        self._check_open()
-        return self.meta.fold_gpu_time(before)
-
-    def gpu_time(self, start: float, end: float) -> list[GpuTime]:
-        self._check_open()
-        return self.meta.gpu_time(start, end)
-
     def rollup(self, now: float) -> dict[str, int]:
         """Nothing to do: the TSDB downsamples (or queries raw data fast enough)."""
         return {}
-
-    def compact(self, now: float) -> dict[str, int]:
-        """Retention of telemetry is the TSDB's (``-retentionPeriod``, ...); this applies the meta
-        store's to events, training records and batch ids."""
-        self._check_open()
-        return self.meta.compact(now)
 
     def stats(self) -> dict[str, Any]:
         return {
