@@ -75,7 +75,8 @@ class HubProcess(Process):
         )
         self.url = f"http://127.0.0.1:{port}"
 
-    def wait_ready(self, timeout: float = 30) -> None:
+    def wait_ready(self, timeout: float = 90) -> None:
+        # generous: under a loaded CI machine a hub's imports alone have taken over 30 s
         def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"hub exited:\n{self.output()}")
