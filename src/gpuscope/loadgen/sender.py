@@ -23,7 +23,7 @@ import httpx
 import orjson
 
 from gpuscope import __version__
-from gpuscope.agent.route import OWNER_HEADER
+from gpuscope.agent.route import CONNECT_TIMEOUT_S, OWNER_HEADER
 from gpuscope.agent.sender import INGEST_PATH, Backoff, _retry_after
 from gpuscope.loadgen.traffic import shard_of
 
@@ -98,8 +98,9 @@ class _Worker:
         if token:
             headers["Authorization"] = f"Bearer {token}"
         limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        timeouts = httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))  # as an agent's
         self.clients = [
-            httpx.AsyncClient(base_url=h, headers=headers, limits=limits, timeout=timeout) for h in hubs
+            httpx.AsyncClient(base_url=h, headers=headers, limits=limits, timeout=timeouts) for h in hubs
         ]
         #: a cluster member names the hub owning a stream's shard: the stream goes there, as an agent's
         self._hub_index = {h.rstrip("/"): i for i, h in enumerate(hubs)}
@@ -136,6 +137,12 @@ class _Worker:
             started = time.perf_counter()
             try:
                 resp = await client.post(INGEST_PATH, content=body)
+            except (httpx.ConnectError, httpx.ConnectTimeout):
+                st.connect_errors += 1
+                if failures + 1 < len(self.clients):  # a hub is gone: the next one at once, as an agent
+                    failures += 1
+                    st.retries += 1
+                    continue
             except httpx.RequestError:
                 st.connect_errors += 1
             else:
