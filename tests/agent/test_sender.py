@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -269,3 +270,40 @@ def test_a_hub_without_frames_gets_json_then_is_asked_again_later(
     sender.submit(encode_frame(b), b.sample_count)
     assert hub.requests[-1].headers["content-type"] == FRAME_CONTENT_TYPE
     assert hub.stored_ids[-1] == "n1:boot:4" and sender.sends_frames
+
+
+def test_a_dead_hub_is_left_for_the_next_known_one_at_once_and_a_dead_cluster_backs_off(
+    tmp_path: Path, hub: FakeHub, clock: FakeClock
+) -> None:
+    dead: set[str] = {"a.test"}
+    attempts: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        attempts.append(request.url.host)
+        if request.url.host in dead:  # what a SIGKILLed cluster member's port answers
+            raise httpx.ConnectError("connection refused", request=request)
+        return hub.handler(request)
+
+    counters = Counters()
+    sender = Sender(
+        "http://a.test:7470,http://b.test:7470",
+        spool=Spool(tmp_path / "spool", counters=counters, fsync=False),
+        transport=httpx.MockTransport(handler),
+        counters=counters,
+        clock=clock,
+        rng=random.Random(7),
+    )
+    first = batch(0, clock())
+    sender.submit(encode_batch(first), first.sample_count)
+    # delivered in the same call, to b, with no backoff and nothing left in the spool
+    assert hub.stored_ids == [first.batch_id] and len(sender.spool) == 0 and sender.hub_ok
+    assert counters.get("hub_fallbacks") == 1 and counters.get("batches_spooled") == 0
+
+    dead.add("b.test")  # every hub gone: each is tried once, then the sender backs off
+    second = batch(1, clock())
+    sender.submit(encode_batch(second), second.sample_count)
+    assert len(sender.spool) == 1 and not sender.hub_ok
+    assert attempts == ["a.test", "b.test", "b.test", "a.test"]
+    sender.submit(encode_batch(batch(2, clock())), 0)  # within the backoff: no attempt
+    assert len(attempts) == 4 and len(sender.spool) == 2
+    sender.close()

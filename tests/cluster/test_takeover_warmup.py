@@ -81,6 +81,8 @@ class Agents:
         self.fleet = FakeCluster(nodes=64, gpus=1)
         self.names = [self.silent, self.steady, *self.others]
         self.hubs = [a, b]
+        #: ticks in which a node's batches are stuck in its sender (moving from a dead hub)
+        self.moving: dict[str, range] = {}
 
     @staticmethod
     def _shard(node: str) -> int:
@@ -99,7 +101,7 @@ class Agents:
         for tick in range(start, stop):
             now = t0 + tick
             for node in self.names:
-                if not (node == self.silent and tick >= SILENT_AT):
+                if not (node == self.silent and tick >= SILENT_AT) and tick not in self.moving.get(node, ()):
                     self._deliver(self.fleet.batch(now, node), node)
             for hub in self.hubs:
                 changes[hub.cfg.hub_id].extend((now, c) for c in hub.hub.evaluate(now))
@@ -140,6 +142,8 @@ def test_survivor_raises_node_unreachable_for_the_dead_hubs_silent_node_once(
     wait_until(lambda: _owns_all(b), 10, "hub b to take every shard")
     assert b.counters.get("warmup_batches") > 0 and orphaned <= b.node.owned
 
+    held_until = b.hub.holds.until({"node": agents.silent}, t0 + died_at)
+    assert held_until is not None  # the silent node's shard moved: its verdict waits for its sender
     after = agents.run(t0, died_at, died_at + 20)["hub-b"]
     fired_on_b = _of(after, agents.silent, "fired")
     firing = [x for x in b.hub.firing() if x.rule == RULE]
@@ -153,6 +157,37 @@ def test_survivor_raises_node_unreachable_for_the_dead_hubs_silent_node_once(
         assert b.counters.get("cluster_alerts_adopted") >= 1
     else:
         (fired,) = fired_on_b
-        # within the detector's budget (4 x the 1 s period) of its last report, not of the takeover
-        assert fired[0] <= t0 + SILENT_AT + 5
+        # within the detector's budget (4 x the 1 s period) of its last report, or at the end of
+        # the hold on the moved shard's silence verdicts (the senders' failover grace)
+        assert fired[0] <= max(t0 + SILENT_AT + 5, held_until + 1)
     assert not [c for _, c in after if c.alert.entity["node"] != agents.silent]
+
+
+def test_nodes_whose_senders_move_during_the_takeover_are_not_blamed_and_a_dead_one_still_is(
+    pair: tuple[ClusterMember, ClusterMember],
+) -> None:
+    """The senders of the dead hub's nodes need a few seconds to find the survivor (their next
+    send, a refused connection, a reroute): longer than node_unreachable's 4 s threshold, within
+    the survivor's failover grace. Only the node that really went quiet is alerted, at the end of
+    the hold at the latest."""
+    a, b = pair
+    agents = Agents(a, b)
+    t0 = math.floor(time.time()) - 40
+    died_at = SILENT_AT + 2
+    agents.run(t0, 0, died_at)
+    _kill(a)
+    agents.hubs = [b]
+    wait_until(lambda: _owns_all(b), 10, "hub b to take every shard")
+    grace = b.failover_grace
+    assert 4 < grace <= 2 * b.cfg.renew_s + 5  # wider than the threshold, bounded
+    held_until = b.hub.holds.until({"node": agents.steady}, t0 + died_at)
+    assert held_until is not None
+    # the steady node's sender is silent for 6 s after the kill: longer than the threshold
+    moving = math.ceil(held_until - t0) - 1 - died_at
+    assert moving >= 5
+    agents.moving[agents.steady] = range(died_at, died_at + moving)
+    after = agents.run(t0, died_at, died_at + moving + 10)["hub-b"]
+    assert not _of(after, agents.steady, "fired")  # the cluster's gap, not the node's
+    assert b.counters.get("silence_verdicts_held") > 0
+    (fired,) = _of(after, agents.silent, "fired")  # the node that is really gone
+    assert held_until <= fired[0] <= held_until + 1

@@ -21,6 +21,12 @@ log = logging.getLogger("gpuscope.agent.route")
 OWNER_HEADER = "X-Gpuscope-Shard-Owner"
 #: owners remembered beyond the configured hubs (a cluster's members, as they came and went)
 MAX_KNOWN = 64
+#: how long a sender waits for a hub to accept its connection before it tries the next one
+CONNECT_TIMEOUT_S = 2.0
+#: how long a sender takes, at most, to reach a live hub after the one in use died: its next send
+#: (agents and SDKs send about once a second) plus a connect timeout each for two dead hubs; the
+#: next known hub is tried at once after a failed connection, without backoff
+FAILOVER_S = 1.0 + 2 * CONNECT_TIMEOUT_S
 
 
 def parse_hubs(hub_url: str) -> list[str]:
@@ -44,6 +50,7 @@ class HubRoute:
         self._configured = list(hubs)
         self._known = list(hubs)
         self.base = hubs[0]
+        self._tried: set[str] = set()  # hubs that failed to connect since the last delivery
         # a sender configured for TLS never follows a hub's answer to a plain-text URL
         self.tls = any(h.startswith("https://") for h in hubs)
 
@@ -53,6 +60,7 @@ class HubRoute:
 
     def answered(self, headers: Mapping[str, str]) -> None:
         """A hub stored a batch; follow the owner its answer names, if any."""
+        self._tried.clear()
         owner = headers.get(OWNER_HEADER)
         if not owner:
             return
@@ -77,3 +85,11 @@ class HubRoute:
         at = self._known.index(self.base) if self.base in self._known else -1
         self.base = self._known[(at + 1) % len(self._known)]
         self.counters.inc("hub_fallbacks")
+
+    def fail_over(self) -> bool:
+        """The hub in use refused the connection (gone, not slow): move to the next known hub.
+        True when that one has not failed since the last delivery, so it may be tried at once;
+        False once every known hub failed (then the sender backs off as usual)."""
+        self._tried.add(self.base)
+        self.failed()
+        return self.base not in self._tried

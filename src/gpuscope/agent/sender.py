@@ -29,7 +29,7 @@ import httpx
 import orjson
 
 from gpuscope import __version__
-from gpuscope.agent.route import HubRoute, parse_hubs
+from gpuscope.agent.route import CONNECT_TIMEOUT_S, HubRoute, parse_hubs
 from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
 from gpuscope.ingest.frame import CONTENT_TYPE as FRAME_CONTENT_TYPE
@@ -103,7 +103,9 @@ class Sender:
             headers["Authorization"] = f"Bearer {token}"
         # https: the hub's certificate is verified, against ``ca_file`` / GPUSCOPE_CA_FILE if set
         verify = client_context(ca_file) if self.route.tls else True
-        self._client = httpx.Client(headers=headers, timeout=timeout, transport=transport, verify=verify)
+        # a hub that does not accept the connection soon is gone: the next one is tried
+        limits = httpx.Timeout(timeout, connect=min(timeout, CONNECT_TIMEOUT_S))
+        self._client = httpx.Client(headers=headers, timeout=limits, transport=transport, verify=verify)
         self._failures = 0  # consecutive failed attempts
         self._next_attempt = float("-inf")
         self._logged_refusals: set[tuple[int, str]] = set()
@@ -193,18 +195,32 @@ class Sender:
     def _post(self, body: bytes) -> Outcome:
         if is_frame(body) and not self.sends_frames:
             body = self._as_json(body)
-        try:
-            resp = self._client.post(self.url, content=body, headers={"Content-Type": _content_type(body)})
-            if resp.status_code == 415 and is_frame(body):
-                self._frames_refused_until = self.clock() + FRAME_RETRY_S
-                self.counters.inc("frames_refused_by_hub")
-                log.info("hub %s does not read binary frames (415); sending JSON", self.url)
-                body = self._as_json(body)
-                resp = self._client.post(self.url, content=body, headers={"Content-Type": JSON_CONTENT_TYPE})
-        except httpx.RequestError as exc:
-            self._failed(f"{type(exc).__name__}: {exc}", None)
-            self.route.failed()
-            return Outcome.RETRY
+        while True:
+            try:
+                resp = self._client.post(
+                    self.url, content=body, headers={"Content-Type": _content_type(body)}
+                )
+                if resp.status_code == 415 and is_frame(body):
+                    self._frames_refused_until = self.clock() + FRAME_RETRY_S
+                    self.counters.inc("frames_refused_by_hub")
+                    log.info("hub %s does not read binary frames (415); sending JSON", self.url)
+                    body = self._as_json(body)
+                    resp = self._client.post(
+                        self.url, content=body, headers={"Content-Type": JSON_CONTENT_TYPE}
+                    )
+                break
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+                # the hub is gone (a cluster member died): the next known hub at once, not after
+                # a backoff, so the sender's silence stays within the cluster's failover grace
+                if self.route.fail_over():
+                    self.counters.inc("send_failures")
+                    continue
+                self._failed(f"{type(exc).__name__}: {exc}", None)
+                return Outcome.RETRY
+            except httpx.RequestError as exc:
+                self._failed(f"{type(exc).__name__}: {exc}", None)
+                self.route.failed()
+                return Outcome.RETRY
         status = resp.status_code
         if status == 421:  # "not the hub for this": another hub takes it, and names the owner
             self._failed(f"HTTP {status}: {_hub_message(resp)}", None)

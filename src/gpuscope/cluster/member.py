@@ -15,6 +15,7 @@ import logging
 import time
 from typing import Any
 
+from gpuscope.agent.route import FAILOVER_S
 from gpuscope.alert.service import AlertingService
 from gpuscope.cluster.config import ClusterConfig
 from gpuscope.cluster.forward import Forwarder
@@ -46,6 +47,10 @@ class ClusterMember:
         self.placement.forwarder = self.forwarder
         #: how long a taken-over alert waits for this hub's detectors before it may resolve
         self.takeover_grace = 2 * cfg.lease_s
+        #: how long silence verdicts on the senders of shards this hub takes are held: survivors
+        #: see a dead member within a renewal, its senders find a live hub within FAILOVER_S, and a
+        #: batch reaching a hub that does not own its shard yet is routed again after a renewal
+        self.failover_grace = 2 * cfg.renew_s + FAILOVER_S
         #: where notifications wait, delivered by any member, and the ledger of what was sent
         self.outbox = PgOutbox(cfg.postgres_dsn, cfg.hub_id)
         self.alerting: AlertingService | None = None
@@ -104,6 +109,10 @@ class ClusterMember:
         window = self.placement.warmup_s
         nodes, jobs = self._keys_in(shards, now, window)
         replayed = hub.warm_up(now, window, nodes, jobs) if nodes or jobs else 0
+        if self._joined:  # taken from a member that died or left, or given up to this one
+            taken = frozenset(shards)
+            until = time.time() + self.failover_grace
+            hub.holds.hold(lambda entity: entity_shard(entity, self.cfg.shards) in taken, until)
         log.info(
             "took %d shards, continuing %d firing alerts, %d batches replayed for %d nodes, %d jobs",
             *(len(shards), n, replayed, len(nodes), len(jobs)),

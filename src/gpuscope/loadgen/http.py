@@ -26,6 +26,10 @@ class RequestError(ConnectionError):
     """The request got no complete answer (refused, reset, timed out, unparseable)."""
 
 
+class ConnectFailed(RequestError):
+    """No connection to the hub could be opened (refused, or no answer within the connect timeout)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Reply:
     status: int
@@ -119,7 +123,13 @@ class HubClient:
     """POSTs to one path of one hub over at most ``connections`` kept-alive connections."""
 
     def __init__(
-        self, url: str, path: str, headers: dict[str, str], connections: int, timeout: float
+        self,
+        url: str,
+        path: str,
+        headers: dict[str, str],
+        connections: int,
+        timeout: float,
+        connect_timeout: float | None = None,
     ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "http" or not parts.hostname:
@@ -129,6 +139,7 @@ class HubClient:
         lines = [f"POST {path} HTTP/1.1", f"Host: {parts.netloc}", *(f"{k}: {v}" for k, v in headers.items())]
         self._head = ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
         self.timeout = timeout
+        self.connect_timeout = timeout if connect_timeout is None else min(timeout, connect_timeout)
         self.size = connections
         self._idle: deque[_Connection] = deque()
         self._open = 0
@@ -159,7 +170,7 @@ class HubClient:
                 except (OSError, TimeoutError) as exc:
                     self._open -= 1
                     self._wake()
-                    raise RequestError(f"cannot connect: {exc}") from exc
+                    raise ConnectFailed(f"cannot connect: {exc}") from exc
             turn = asyncio.get_running_loop().create_future()
             self._waiting.append(turn)
             await turn
@@ -167,7 +178,9 @@ class HubClient:
     async def _connect(self) -> _Connection:
         loop = asyncio.get_running_loop()
         conn = _Connection(loop)
-        await asyncio.wait_for(loop.create_connection(lambda: conn, self.host, self.port), self.timeout)
+        await asyncio.wait_for(
+            loop.create_connection(lambda: conn, self.host, self.port), self.connect_timeout
+        )
         return conn
 
     def _release(self, conn: _Connection) -> None:

@@ -24,9 +24,10 @@ import orjson
 import uvloop
 
 from gpuscope import __version__
+from gpuscope.agent.route import CONNECT_TIMEOUT_S
 from gpuscope.agent.sender import INGEST_PATH, Backoff
 from gpuscope.ingest.frame import CONTENT_TYPE
-from gpuscope.loadgen.http import HubClient, Reply, RequestError
+from gpuscope.loadgen.http import ConnectFailed, HubClient, Reply, RequestError
 from gpuscope.loadgen.traffic import shard_of
 
 #: (sender, body, rows, samples, events, training) as the main process ships them
@@ -99,7 +100,9 @@ class _Worker:
         headers = {"Content-Type": CONTENT_TYPE, "User-Agent": f"gpuscope-loadgen/{__version__}"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self.clients = [HubClient(h, INGEST_PATH, headers, connections, timeout) for h in hubs]
+        self.clients = [
+            HubClient(h, INGEST_PATH, headers, connections, timeout, CONNECT_TIMEOUT_S) for h in hubs
+        ]
         #: a cluster member names the hub owning a stream's shard: the stream goes there, as an agent's
         self._hub_index = {h.rstrip("/"): i for i, h in enumerate(hubs)}
         self.streams: dict[str, _Stream] = {}
@@ -135,6 +138,12 @@ class _Worker:
             started = time.perf_counter()
             try:
                 resp = await client.post(body)
+            except ConnectFailed:
+                st.connect_errors += 1
+                if failures + 1 < len(self.clients):  # a hub is gone: the next one at once, as an agent
+                    failures += 1
+                    st.retries += 1
+                    continue
             except RequestError:
                 st.connect_errors += 1
             else:
