@@ -183,6 +183,10 @@ class Ledger:
     refused: list[str] = field(default_factory=list)
     refused_samples: dict[str, int] = field(default_factory=dict)
     duplicates: list[str] = field(default_factory=list)
+    #: acknowledged only as a duplicate: the hub stored the first attempt, whose answer was lost
+    #: (a timeout under load), so the sender's retry was the first answer it got
+    late_acks: list[str] = field(default_factory=list)
+    _acked_ids: set[str] = field(default_factory=set)
     #: (samples, events, training) of every batch the hub derived itself (quality monitor)
     derived: list[tuple[int, int, int]] = field(default_factory=list)
 
@@ -200,7 +204,13 @@ class Ledger:
         status = response.status_code
         if 200 <= status < 300:
             doc = response.json()
-            (self.duplicates if doc["duplicate"] else self.acked).append(batch_id)
+            if doc["duplicate"] and batch_id in self._acked_ids:
+                self.duplicates.append(batch_id)
+            else:
+                self.acked.append(batch_id)
+                self._acked_ids.add(batch_id)
+                if doc["duplicate"]:
+                    self.late_acks.append(batch_id)
             if doc["refused"]["samples"]:
                 self.refused_samples[batch_id] = int(doc["refused"]["samples"])
         elif status not in (408, 429) and status < 500:  # the sender's rule for a final refusal
@@ -578,6 +588,7 @@ def _print(run: LongRun) -> None:
             ["events sent / stored", f"{run.total('events'):,} / {st.events:,}"],
             ["training records sent / stored", f"{run.total('training'):,} / {st.training:,}"],
             ["batches acknowledged / batch ids stored", f"{len(run.ledger.acked):,} / {len(st.batch_ids):,}"],
+            ["of which acknowledged on a retry (first answer lost)", f"{len(run.ledger.late_acks):,}"],
             [
                 "refused batches / refused samples",
                 f"{run.total('refused_batches')} / {run.total('refused_samples')}",
