@@ -19,7 +19,7 @@ The figure is RSS after the first ``--warm`` simulated seconds against the large
 (issue 13 (d): growth ≤ 10 %), and the transient peaks between probes (what ``ru_maxrss`` and
 so the 6-hour figure record).
 
-usage: python bench/bench_soak.py [--hours 1] [--wall-minutes 25] [--probe 300] [--trace]
+usage: python bench/bench_longrun_memory.py [--hours 1] [--wall-minutes 25] [--probe 300] [--trace]
 """
 
 from __future__ import annotations
