@@ -59,6 +59,7 @@ from gpuscope.agent.agent import Agent
 from gpuscope.agent.sender import INGEST_PATH
 from gpuscope.config import HubConfig
 from gpuscope.demo import sim_nvml_nodes
+from gpuscope.hub import Hub
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Alert, Batch
 from gpuscope.quality.monitor import SOURCE as QUALITY_SOURCE
@@ -182,6 +183,10 @@ class Ledger:
     refused: list[str] = field(default_factory=list)
     refused_samples: dict[str, int] = field(default_factory=dict)
     duplicates: list[str] = field(default_factory=list)
+    #: acknowledged only as a duplicate: the hub stored the first attempt, whose answer was lost
+    #: (a timeout under load), so the sender's retry was the first answer it got
+    late_acks: list[str] = field(default_factory=list)
+    _acked_ids: set[str] = field(default_factory=set)
     #: (samples, events, training) of every batch the hub derived itself (quality monitor)
     derived: list[tuple[int, int, int]] = field(default_factory=list)
 
@@ -199,7 +204,13 @@ class Ledger:
         status = response.status_code
         if 200 <= status < 300:
             doc = response.json()
-            (self.duplicates if doc["duplicate"] else self.acked).append(batch_id)
+            if doc["duplicate"] and batch_id in self._acked_ids:
+                self.duplicates.append(batch_id)
+            else:
+                self.acked.append(batch_id)
+                self._acked_ids.add(batch_id)
+                if doc["duplicate"]:
+                    self.late_acks.append(batch_id)
             if doc["refused"]["samples"]:
                 self.refused_samples[batch_id] = int(doc["refused"]["samples"])
         elif status not in (408, 429) and status < 500:  # the sender's rule for a final refusal
@@ -303,12 +314,15 @@ def count_store(path: Path) -> Stored:
         twice = 0
         if rows != distinct_rows:
             excess = " + ".join(f"greatest(sum({p}) - 1, 0)" for p in present)
+            keys, key_params = ChunkView(chunk_dir, chunks).source(["ts", "entity"], "true", [], None, None)
+            # the keys stored twice first (two columns), then only their rows with every metric: a
+            # CTE of all rows with all metrics, read twice, was held whole (735 MiB for 6 minutes)
             (twice,) = _one(
                 con,
-                f"WITH raw AS ({src}), keys AS (SELECT entity, ts FROM raw GROUP BY entity, ts "
-                f"HAVING count(*) > 1) SELECT sum(d) FROM (SELECT {excess} AS d FROM raw "
-                "JOIN keys USING (entity, ts) GROUP BY entity, ts)",
-                params,
+                f"SELECT sum(d) FROM (SELECT {excess} AS d FROM ({src}) AS raw SEMI JOIN "
+                f"(SELECT entity, ts FROM ({keys}) GROUP BY entity, ts HAVING count(*) > 1) AS k "
+                "USING (entity, ts) GROUP BY entity, ts)",
+                [*params, *key_params],
             )
         (hot_rows,) = _one(con, "SELECT count(*) FROM samples")
         events, distinct_events = _one(
@@ -362,6 +376,9 @@ class LongRun:
     alerts: list[Alert]
     report: Report
     maintenance_runs: int
+    #: the process's peak RSS (``ru_maxrss``: hub, agents, simulated SDKs and the senders' ledger)
+    #: when the run ended, and again after the store was counted, which reads every file back
+    peak_rss_run_bytes: int
     peak_rss_bytes: int
 
     def total(self, what: str) -> int:
@@ -404,9 +421,15 @@ def run_longrun(
     kinds: Sequence[str] | None = None,
     interval: float | None = None,
     progress: Callable[[float, float], None] | None = None,
+    probe: Callable[[float, Hub, Ledger], None] | None = None,
+    probe_every: float = 600.0,
+    until: Callable[[], bool] | None = None,
 ) -> LongRun:
     """Play ``duration`` simulated seconds of the demo cluster with random faults from ``t0``
-    (epoch seconds) through agents, HTTP and a real hub, then count both sides."""
+    (epoch seconds) through agents, HTTP and a real hub, then count both sides.
+
+    ``probe`` is called every ``probe_every`` simulated seconds with the hub and the senders'
+    ledger (memory soaks); ``until`` ends the run early once it returns True (a wall-time budget)."""
     scenario, schedule = longrun_scenario(duration, seed, kinds, interval)
     (workdir / "longrun.yaml").write_text(schedule, encoding="utf-8")
     db = workdir / "longrun.duckdb"
@@ -478,6 +501,10 @@ def run_longrun(
                 maintained, last_maintenance = maintained + 1, now[0]
             if progress is not None and int(tick.t) % 600 == 0:
                 progress(tick.t, scenario.duration)
+            if probe is not None and tick.t % probe_every < scenario.interval:
+                probe(tick.t, hub, ledger)
+            if until is not None and until():
+                break
         if upkeep_run is not None:
             upkeep_run.result()
         for agent in agents.values():
@@ -491,6 +518,7 @@ def run_longrun(
         sdk.close()
         runtime.stop()  # closes the store: everything committed, the WAL checkpointed
     wall = time.perf_counter() - started
+    peak_run = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     sent = ledger.by_source()
     # the senders' side, kept on disk: a failure while counting the store must not lose it
     (workdir / "sent.json").write_bytes(
@@ -515,6 +543,7 @@ def run_longrun(
         alerts=shifted,
         report=evaluate(scenario, shifted),
         maintenance_runs=maintained,
+        peak_rss_run_bytes=peak_run,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
     )
 
@@ -562,6 +591,7 @@ def _print(run: LongRun) -> None:
             ["events sent / stored", f"{run.total('events'):,} / {st.events:,}"],
             ["training records sent / stored", f"{run.total('training'):,} / {st.training:,}"],
             ["batches acknowledged / batch ids stored", f"{len(run.ledger.acked):,} / {len(st.batch_ids):,}"],
+            ["of which acknowledged on a retry (first answer lost)", f"{len(run.ledger.late_acks):,}"],
             [
                 "refused batches / refused samples",
                 f"{run.total('refused_batches')} / {run.total('refused_samples')}",
@@ -586,7 +616,11 @@ def _print(run: LongRun) -> None:
             ["missed", ", ".join(missed) or "-"],
             ["store size on disk", f"{st.disk_bytes / 2**20:,.1f} MiB"],
             ["bytes per stored sample (all files)", f"{st.disk_bytes / samples:.3f}"],
-            ["peak RSS (hub + agents, one process)", f"{run.peak_rss_bytes / 2**20:,.0f} MiB"],
+            [
+                "peak RSS, one process: hub + senders, during the run",
+                f"{run.peak_rss_run_bytes / 2**20:,.0f} MiB",
+            ],
+            ["peak RSS, also counting the store afterwards", f"{run.peak_rss_bytes / 2**20:,.0f} MiB"],
         ],
     )
 

@@ -57,7 +57,7 @@ class Hub:
         self.alerts = AlertEngine(
             price_per_gpu_hour=price_per_gpu_hour,
             places=lambda entity: placements(self.store, entity),
-            state=state if state is not None else LocalAlertState(store),
+            state=state if state is not None else LocalAlertState(store, counters=self.counters),
         )
         #: every GPU-second's state, cause and owner (the one model all pages read)
         self.productivity = ProductivityModel(price_per_gpu_hour)

@@ -19,7 +19,9 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import numpy as np
+import orjson
 import pytest
 
 from gpuscope.model import Batch, Frame
@@ -131,3 +133,18 @@ def test_the_store_count_finds_a_sample_stored_twice(tmp_path: Path) -> None:
     st = longrun.count_store(path)
     assert (st.samples, st.distinct_samples, st.rows, st.distinct_rows) == (2, 1, 2, 1)
     assert sorted(st.batch_ids) == ["n:1", "n:1-again"]
+
+
+def test_a_batch_whose_first_answer_was_lost_counts_as_acknowledged_once() -> None:
+    """Under load a sender may time out on a batch the hub did store; its retry is answered as a
+    duplicate. That first duplicate answer is the batch's acknowledgement, a second one is not."""
+    ledger = longrun.Ledger()
+    body = orjson.dumps({"batch_id": "node-0:7"})
+    answer = {"duplicate": True, "refused": {"samples": 0}}
+    ledger.answer(body, httpx.Response(200, json=answer))
+    ledger.answer(body, httpx.Response(200, json=answer))
+    assert ledger.acked == ["node-0:7"] and ledger.late_acks == ["node-0:7"]
+    assert ledger.duplicates == ["node-0:7"]
+    fresh = orjson.dumps({"batch_id": "node-0:8"})
+    ledger.answer(fresh, httpx.Response(200, json={"duplicate": False, "refused": {"samples": 0}}))
+    assert ledger.acked == ["node-0:7", "node-0:8"] and ledger.late_acks == ["node-0:7"]

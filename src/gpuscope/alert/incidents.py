@@ -194,6 +194,26 @@ class IncidentTracker:
         for key in keys:
             self._by_key.setdefault(key, set()).add(group.id)
 
+    def forget(self, ended_before: float, alerts: int) -> list[Alert]:
+        """Forget the oldest incidents whose every alert had resolved before ``ended_before``, until
+        at least ``alerts`` of their alerts are gone; returns the alerts forgotten. Pass a time at
+        least ``reopen_within`` ago: no alert firing from then on could join such an incident."""
+        gone: list[Alert] = []
+        for group in sorted(self._groups.values(), key=lambda g: g.seq):
+            if len(gone) >= alerts:
+                break
+            if not group.ended_before(ended_before):
+                continue
+            del self._groups[group.id]
+            for key in group.keys:
+                ids = self._by_key.get(key)
+                if ids is not None:
+                    ids.discard(group.id)
+                    if not ids:
+                        del self._by_key[key]
+            gone.extend(group.members)
+        return gone
+
     def incidents(self) -> list[Incident]:
         """Every incident, oldest first, as of now."""
         return [g.snapshot() for g in sorted(self._groups.values(), key=lambda g: g.seq)]

@@ -13,10 +13,13 @@ import threading
 from typing import Protocol
 
 from gpuscope.alert.incidents import Incident, IncidentTracker
+from gpuscope.counters import Counters
 from gpuscope.model import Alert, Labels
 from gpuscope.store.base import Store
 
 _ALL = 1_000_000
+#: alerts one hub holds in memory (firing ones always, and the newest ended incidents)
+KEEP_ALERTS = 10_000
 
 
 class AlertState(Protocol):
@@ -61,11 +64,26 @@ class AlertState(Protocol):
 class LocalAlertState:
     """One hub's alerts: in memory, grouped into incidents as they fire, saved to its store.
 
-    Its own lock lets readers (the API, a playbook run inside an evaluation) see a consistent view."""
+    Memory holds at most about ``keep`` alerts: past that, the oldest incidents that have ended
+    (every alert resolved, too long ago to take new members) are forgotten, counted in
+    ``alerts_forgotten``; their alerts stay in the store, where :meth:`alerts` reads. Firing alerts
+    are never forgotten. Its own lock lets readers (the API, a playbook run inside an evaluation)
+    see a consistent view."""
 
-    def __init__(self, store: Store | None = None, incident_window: float = 600.0) -> None:
+    def __init__(
+        self,
+        store: Store | None = None,
+        incident_window: float = 600.0,
+        *,
+        keep: int = KEEP_ALERTS,
+        counters: Counters | None = None,
+    ) -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1 alert, got {keep}")
         self.store = store
         self.incident_window = incident_window
+        self.keep = keep
+        self.counters = counters or Counters()
         self._alerts: list[Alert] = []
         self._incidents = IncidentTracker(incident_window)
         #: the number of the last alert id handed out (a restarted hub continues after its stored ones)
@@ -80,8 +98,19 @@ class LocalAlertState:
         with self._lock:
             self._alerts.append(alert)
             self._incidents.add(alert, places)
+            if len(self._alerts) > self.keep:
+                self._forget(now)
         self.save(alert)
         return None
+
+    def _forget(self, now: float) -> None:
+        # a tenth of `keep` below the bound at once, so that the scan runs once per many alerts
+        excess = len(self._alerts) - self.keep + self.keep // 10
+        gone = self._incidents.forget(now - self._incidents.reopen_within, excess)
+        if gone:
+            ids = {id(a) for a in gone}
+            self._alerts = [a for a in self._alerts if id(a) not in ids]
+            self.counters.inc("alerts_forgotten", len(gone))
 
     def resolved(self, alert: Alert, now: float) -> bool:
         self.save(alert)

@@ -123,6 +123,9 @@ class DetectionEngine:
             if self.feeds.steps.dropped:
                 self.counters.inc("training_records_late", self.feeds.steps.dropped)
                 self.feeds.steps.dropped = 0
+            if self.feeds.steps.forgotten:
+                self.counters.inc("training_jobs_forgotten", self.feeds.steps.forgotten)
+                self.feeds.steps.forgotten = 0
         if self._services:
             tick.snapshots = self.feeds.services.snapshots()
         findings: list[Finding] = []

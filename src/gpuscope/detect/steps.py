@@ -49,20 +49,32 @@ class _Job:
     last_closed: int = -1
     world: int = 0
     placement: dict[int, Place] = field(default_factory=dict)
+    heard: int = 0  # when its last record came, in records added
 
 
 class StepGatherer:
     """Collects training records and yields closed steps per job, oldest first."""
 
-    def __init__(self, max_open: int = 64) -> None:
+    def __init__(self, max_open: int = 64, max_jobs: int = 4096) -> None:
+        if max_jobs < 1:
+            raise ValueError(f"max_jobs must be at least 1, got {max_jobs}")
         self.max_open = max_open
+        #: jobs held at most: past it, those not heard from longest are forgotten (jobs end, and
+        #: a hub runs for months); one that reports again starts afresh
+        self.max_jobs = max_jobs
         self.jobs: dict[str, _Job] = {}
         self.dropped = 0  # records for steps already closed (too late to count)
+        self.forgotten = 0  # jobs forgotten past max_jobs
+        self._added = 0
 
     def add(self, record: TrainingRecord) -> None:
+        self._added += 1
         job = self.jobs.get(record.job)
         if job is None:
+            if len(self.jobs) >= self.max_jobs:
+                self._forget()
             job = self.jobs[record.job] = _Job()
+        job.heard = self._added
         node = record.labels.get("node")
         if node is not None:
             job.placement[record.rank] = (node, gpu_of(record.labels.get("gpu")))
@@ -78,6 +90,13 @@ class StepGatherer:
         if len(job.open) > self.max_open:
             del job.open[min(job.open)]
             self.dropped += 1
+
+    def _forget(self) -> None:
+        # a tenth of the bound at once, so that the scan runs once per many new jobs
+        quiet = sorted(self.jobs, key=lambda name: self.jobs[name].heard)
+        for name in quiet[: max(1, self.max_jobs // 10)]:
+            del self.jobs[name]
+            self.forgotten += 1
 
     def where(self, job: str, rank: int) -> Labels:
         """The node and GPU a rank runs on, as labels (empty when unknown)."""

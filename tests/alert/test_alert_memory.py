@@ -1,0 +1,76 @@
+"""A hub's alert history in memory is bounded; what it forgets stays in the store and is counted."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from gpuscope.alert.engine import AlertEngine
+from gpuscope.alert.state import LocalAlertState
+from gpuscope.counters import Counters
+from gpuscope.model import Finding
+from gpuscope.store.duckdb import DuckDBStore
+
+
+def throttle(node: int) -> Finding:
+    entity = {"node": f"node-{node}", "gpu": "0"}
+    return Finding("gpu_thermal_throttle", entity, f"throttling on node-{node}")
+
+
+@pytest.fixture
+def store() -> Iterator[DuckDBStore]:
+    with DuckDBStore(":memory:") as s:
+        yield s
+
+
+def test_a_flapping_fleet_keeps_at_most_keep_alerts_in_memory_and_every_alert_in_the_store(
+    store: DuckDBStore,
+) -> None:
+    counters = Counters()
+    engine = AlertEngine(resolve_after=0.0, state=LocalAlertState(store, keep=200, counters=counters))
+    for i in range(2000):  # a GPU somewhere fires and clears every 10 s, for 5.5 hours
+        engine.update(i * 10.0, [throttle(i % 7)])
+        engine.update(i * 10.0 + 1, [])
+    held = engine.all()
+    assert 0 < len(held) <= 200
+    assert counters.get("alerts_forgotten") == 2000 - len(held)
+    assert held[-1].id == "al-2000" and [a.id for a in held] == sorted(
+        (a.id for a in held), key=lambda x: int(x[3:])
+    )
+    incidents = engine.incidents()
+    assert 0 < len(incidents) <= len(held)
+    assert {m for i in incidents for m in i.members} == {a.id for a in held}
+    assert len(store.alerts(limit=10_000)) == 2000  # forgotten in memory, not lost
+
+
+def test_firing_alerts_are_never_forgotten(store: DuckDBStore) -> None:
+    counters = Counters()
+    engine = AlertEngine(resolve_after=0.0, state=LocalAlertState(store, keep=20, counters=counters))
+    stuck = [throttle(1000 + n) for n in range(50)]  # 50 GPUs throttle throughout
+    for i in range(300):
+        engine.update(i * 10.0, [*stuck, throttle(i % 5)])
+        engine.update(i * 10.0 + 1, stuck)
+    firing = {a.id for a in engine.firing()}
+    assert len(firing) == 50 and firing <= {a.id for a in engine.all()}
+    assert counters.get("alerts_forgotten") == 350 - len(engine.all()) > 0
+
+
+def test_an_incident_that_ended_recently_is_kept_and_still_takes_a_related_alert(store: DuckDBStore) -> None:
+    counters = Counters()
+    state = LocalAlertState(store, keep=10, counters=counters)
+    engine = AlertEngine(resolve_after=0.0, state=state)
+    for i in range(40):  # distinct nodes, one short alert every 20 s
+        engine.update(i * 20.0, [throttle(i)])
+        engine.update(i * 20.0 + 1, [])
+    assert counters.get("alerts_forgotten") > 0
+    recent = next(a for a in engine.all() if a.entity["node"] == "node-37")  # ended 60 s ago
+    engine.update(40 * 20.0, [throttle(37)])
+    again = engine.all()[-1]
+    assert again.entity["node"] == "node-37" and again.id != recent.id
+    assert again.incident == recent.incident  # joined the ended incident it reopens
+
+
+def test_keep_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="keep"):
+        LocalAlertState(None, keep=0)
