@@ -60,6 +60,8 @@ from gpuscope.agent.sender import INGEST_PATH
 from gpuscope.config import HubConfig
 from gpuscope.demo import sim_nvml_nodes
 from gpuscope.hub import Hub
+from gpuscope.ingest.frame import CONTENT_TYPE as FRAME_CONTENT_TYPE
+from gpuscope.ingest.frame import decode_frame
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Alert, Batch
 from gpuscope.quality.monitor import SOURCE as QUALITY_SOURCE
@@ -199,8 +201,7 @@ class Ledger:
             len(batch.training),
         )
 
-    def answer(self, body: bytes, response: httpx.Response) -> None:
-        batch_id = str(orjson.loads(body)["batch_id"])
+    def answer(self, batch_id: str, response: httpx.Response) -> None:
         status = response.status_code
         if 200 <= status < 300:
             doc = response.json()
@@ -247,6 +248,13 @@ class Ledger:
             self.derived.append((batch.sample_count, len(batch.events), len(batch.training)))
 
 
+def _batch_id(request: httpx.Request) -> str:
+    """Agents send binary frames, the simulated SDKs JSON: the hub's own decoder reads frames."""
+    if request.headers.get("content-type", "") == FRAME_CONTENT_TYPE:
+        return str(decode_frame(request.content).batch_id)
+    return str(orjson.loads(request.content)["batch_id"])
+
+
 class CountingTransport(httpx.BaseTransport):
     """The real HTTP transport, noting the hub's answer to every ingest request it carries."""
 
@@ -258,7 +266,7 @@ class CountingTransport(httpx.BaseTransport):
         response = self.inner.handle_request(request)
         if request.method == "POST" and request.url.path == INGEST_PATH:
             response.read()
-            self.ledger.answer(request.content, response)
+            self.ledger.answer(_batch_id(request), response)
         return response
 
     def close(self) -> None:

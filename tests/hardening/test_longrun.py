@@ -21,7 +21,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import orjson
 import pytest
 
 from gpuscope.model import Batch, Frame
@@ -139,12 +138,10 @@ def test_a_batch_whose_first_answer_was_lost_counts_as_acknowledged_once() -> No
     """Under load a sender may time out on a batch the hub did store; its retry is answered as a
     duplicate. That first duplicate answer is the batch's acknowledgement, a second one is not."""
     ledger = longrun.Ledger()
-    body = orjson.dumps({"batch_id": "node-0:7"})
     answer = {"duplicate": True, "refused": {"samples": 0}}
-    ledger.answer(body, httpx.Response(200, json=answer))
-    ledger.answer(body, httpx.Response(200, json=answer))
+    ledger.answer("node-0:7", httpx.Response(200, json=answer))
+    ledger.answer("node-0:7", httpx.Response(200, json=answer))
     assert ledger.acked == ["node-0:7"] and ledger.late_acks == ["node-0:7"]
     assert ledger.duplicates == ["node-0:7"]
-    fresh = orjson.dumps({"batch_id": "node-0:8"})
-    ledger.answer(fresh, httpx.Response(200, json={"duplicate": False, "refused": {"samples": 0}}))
+    ledger.answer("node-0:8", httpx.Response(200, json={"duplicate": False, "refused": {"samples": 0}}))
     assert ledger.acked == ["node-0:7", "node-0:8"] and ledger.late_acks == ["node-0:7"]
