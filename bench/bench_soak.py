@@ -1,0 +1,157 @@
+"""(d) Soak: is a real hub's memory flat over hours of real-time fleet traffic?
+
+One ``gpuscope hub`` process on the embedded DuckDB store takes the load generator's traffic (one
+batch per node per second, training SDK traffic, the default faults) in real time. Every 10 s the
+hub's RSS is sampled. The figure is the growth of RSS after the first 10 minutes (the store's
+caches, detector baselines and DuckDB's buffer pool fill during warm-up): max RSS afterwards over
+the RSS at 10 minutes. Budget (issue 13, d): growth <= 10 %.
+
+Anchor, same run: VictoriaMetrics ingesting the same node samples at 1 Hz (Prometheus text, its
+import API), sampled the same way: what a store that users trust does with the same load.
+
+usage: python bench/bench_soak.py [--duration 7200] [--nodes 64] [--json-out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+
+from bench_load import prometheus_bodies
+from common import console, gpuscope_hub, print_table, victoria_metrics
+from gpuscope.loadgen import FleetShape, LoadOptions, run_load
+
+SAMPLE_S = 10.0
+WARM_S = 600.0
+
+
+class RssSeries(threading.Thread):
+    """RSS of each named process (with its children) every ``SAMPLE_S`` seconds."""
+
+    def __init__(self, pids: dict[str, int]) -> None:
+        super().__init__(daemon=True, name="rss-series")
+        self.pids = pids
+        self.t0 = time.monotonic()
+        self.rows: list[dict[str, float]] = []
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        while not self._halt.is_set():
+            row: dict[str, float] = {"t": time.monotonic() - self.t0}
+            for name, pid in self.pids.items():
+                try:
+                    proc = psutil.Process(pid)
+                    row[name] = float(
+                        sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
+                    )
+                except psutil.Error:
+                    row[name] = float("nan")
+            self.rows.append(row)
+            self._halt.wait(SAMPLE_S)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    def growth(self, name: str) -> dict[str, float]:
+        """RSS at the end of warm-up, max afterwards, end; growth in % of the warm-up RSS."""
+        warm = [r[name] for r in self.rows if r["t"] <= WARM_S] or [self.rows[0][name]]
+        after = [r[name] for r in self.rows if r["t"] > WARM_S] or [warm[-1]]
+        base = warm[-1]
+        return {
+            "rss_at_warmup_mib": base / 2**20,
+            "rss_max_after_mib": max(after) / 2**20,
+            "rss_end_mib": after[-1] / 2**20,
+            "growth_pct": (max(after) / base - 1) * 100,
+        }
+
+
+def pace_anchor(url: str, bodies: list[list[bytes]], seconds: float, errors: list[int]) -> None:
+    async def main() -> None:
+        async with httpx.AsyncClient(timeout=30) as client:
+            t0 = time.time()
+            for k in range(int(seconds)):
+                await asyncio.sleep(max(0.0, t0 + k - time.time()))
+                for body in bodies[k % len(bodies)]:
+                    try:
+                        resp = await client.post(url, content=body)
+                        errors[0] += resp.status_code >= 300
+                    except httpx.HTTPError:
+                        errors[0] += 1
+
+    asyncio.run(main())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--duration", type=float, default=7200, help="seconds of load (7200)")
+    ap.add_argument("--nodes", type=int, default=64)
+    ap.add_argument("--json-out", type=Path, default=None, help="also write figures and series here")
+    args = ap.parse_args()
+    shape = FleetShape(nodes=args.nodes)
+    console.print(f"soak: {args.nodes} nodes x 8 GPUs for {args.duration:g} s; load {os.getloadavg()}")
+    bodies = prometheus_bodies(shape, 10)
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        gpuscope_hub(Path(tmp) / "soak.duckdb") as (url, proc),
+        victoria_metrics() as vm,
+    ):
+        pids = {"hub": proc.pid}
+        anchor: threading.Thread | None = None
+        errors = [0]
+        if vm is not None:
+            pids["victoriametrics"] = next(
+                p.pid
+                for p in psutil.process_iter(["cmdline"])
+                if any(str(vm[1]) in arg for arg in p.info["cmdline"] or [])
+            )
+            anchor = threading.Thread(
+                target=pace_anchor,
+                args=(vm[0] + "/api/v1/import/prometheus", bodies, args.duration, errors),
+                daemon=True,
+            )
+            anchor.start()
+        series = RssSeries(pids)
+        series.start()
+        report = run_load(
+            LoadOptions(hubs=[url], shape=shape, duration=args.duration, hub_pids=[proc.pid]),
+            say=console.print,
+        )
+        series.stop()
+        if anchor is not None:
+            anchor.join(timeout=60)
+    figures = {name: series.growth(name) for name in pids}
+    rows = [
+        [
+            name,
+            f"{f['rss_at_warmup_mib']:,.0f}",
+            f"{f['rss_max_after_mib']:,.0f}",
+            f"{f['rss_end_mib']:,.0f}",
+            f"{f['growth_pct']:+.1f} %",
+            "budget <= 10 %" if name == "hub" else f"anchor, same samples (errors {errors[0]})",
+        ]
+        for name, f in figures.items()
+    ]
+    load0, load1 = report.load_average
+    print_table(
+        f"soak, {args.nodes} nodes, {args.duration:g} s, load {load0:.1f} -> {load1:.1f}",
+        ["process", "RSS at 10 min MiB", "max after MiB", "end MiB", "growth", "note"],
+        rows,
+    )
+    print_table("load", ["figure", "value", "note"], report.rows())
+    if args.json_out:
+        out = {"figures": figures, "series": series.rows, "load": report.to_dict()}
+        args.json_out.write_text(json.dumps(out, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
