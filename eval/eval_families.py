@@ -4,11 +4,15 @@ A family is the rule a fault kind is detected by (``gpuscope.sim.kinds``). Recal
 a family's faults detected in their window; precision is the share of the family's alerts that a
 fault explains (the detection itself or a knock-on in its blast radius, as ``sim-eval --report``
 judges them); time to detect is the median and worst over detected faults. Also counted: P1/P2
-alerts on the healthy scenarios, and alerts that resolve and fire again on the same entity more
-than twice within an hour (flapping). ``--json-dir`` writes each scenario's ``sim-eval --json``
-document there, for ``score.py`` and other outside scorers.
+alerts on the healthy scenarios, and, among the alerts no fault explains (the steady state),
+those that resolve and fire again on the same entity more than twice within an hour (flapping).
+``tests/scenarios/long`` (a day and more of simulated time) runs too unless ``--short``.
+``--json-dir`` writes each scenario's ``sim-eval --json`` document there, for outside scorers.
 
-usage: python eval/eval_families.py [--only NAME ...] [--json-dir DIR]
+``--from-json DIR`` scores documents written earlier instead of simulating (the scenarios whose
+document is missing are left out and named).
+
+usage: python eval/eval_families.py [--only NAME ...] [--short] [--json-dir DIR | --from-json DIR]
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from gpuscope.model import Alert
+from gpuscope.rules import RULES
 from gpuscope.sim.scenario import load_scenario
 from gpuscope.simeval.report import evaluate
 from gpuscope.simeval.runner import alerts_json, run_scenario
@@ -41,12 +46,37 @@ def flapping(alerts: list[Alert], per_hour: int = 2) -> list[str]:
     return out
 
 
+def from_document(doc: dict[str, object]) -> list[Alert]:
+    """The alerts of a ``sim-eval --json`` document (DESIGN §5), as the scorer reads them."""
+    rows = doc["alerts"]
+    assert isinstance(rows, list)
+    return [
+        Alert(
+            id=str(i),
+            rule=a["rule"],
+            severity=a["severity"],
+            owner=RULES[a["rule"]].owner,
+            entity=dict(a["entity"]),
+            started_at=float(a["started_at"]),
+            summary=a["summary"],
+            cost_per_hour=float(a["cost_per_hour"]),
+            resolved_at=a["resolved_at"],
+            incident=a.get("incident"),
+        )
+        for i, a in enumerate(rows)
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="scenario names to run")
     parser.add_argument("--json-dir", type=Path, default=None, help="write each sim-eval JSON here")
+    parser.add_argument("--short", action="store_true", help="leave out tests/scenarios/long")
+    parser.add_argument("--from-json", type=Path, default=None, help="score documents saved by --json-dir")
     args = parser.parse_args()
     paths = sorted(ROOT.glob("*.yaml")) + sorted((ROOT / "healthy").glob("*.yaml"))
+    if not args.short:
+        paths += sorted((ROOT / "long").glob("*.yaml"))
     if args.only:
         paths = [p for p in paths if p.stem in args.only]
     faults: dict[str, int] = defaultdict(int)
@@ -58,11 +88,19 @@ def main() -> None:
     flaps: list[str] = []
     for path in paths:
         scenario = load_scenario(path)
-        result = run_scenario(scenario)
-        if args.json_dir is not None:
-            args.json_dir.mkdir(parents=True, exist_ok=True)
-            (args.json_dir / f"{path.stem}.json").write_text(json.dumps(alerts_json(result)))
-        report = evaluate(scenario, result.alerts)
+        if args.from_json is not None:
+            saved = args.from_json / f"{path.stem}.json"
+            if not saved.exists():
+                print(f"  {scenario.name}: no saved document, left out")
+                continue
+            alerts = from_document(json.loads(saved.read_text()))
+        else:
+            result = run_scenario(scenario)
+            alerts = result.alerts
+            if args.json_dir is not None:
+                args.json_dir.mkdir(parents=True, exist_ok=True)
+                (args.json_dir / f"{path.stem}.json").write_text(json.dumps(alerts_json(result)))
+        report = evaluate(scenario, alerts)
         for o in report.outcomes:
             faults[o.rule] += 1
             if o.time_to_detect is not None:
@@ -70,15 +108,15 @@ def main() -> None:
                 ttd[o.rule].append(o.time_to_detect)
             else:
                 print(f"  {scenario.name}: MISSED {o.fault.kind} at {o.fault.at} {o.fault.target}")
-        for a in result.alerts:
+        for a in alerts:
             fired[a.rule] += 1
         for a in report.unexplained:
             stray[a.rule] += 1
             print(f"  {scenario.name}: UNEXPLAINED {a.severity} {a.rule} at {a.started_at:.0f} {a.entity}")
         if not scenario.faults:
-            healthy_p1p2 += [f"{scenario.name} {a.rule}" for a in result.alerts if a.severity in ("P1", "P2")]
-        flaps += [f"{scenario.name}: {f}" for f in flapping(result.alerts)]
-        print(f"{scenario.name}: {len(result.alerts)} alerts, {report.recall:.2f} recall", flush=True)
+            healthy_p1p2 += [f"{scenario.name} {a.rule}" for a in alerts if a.severity in ("P1", "P2")]
+        flaps += [f"{scenario.name}: {f}" for f in flapping(report.unexplained)]  # steady state
+        print(f"{scenario.name}: {len(alerts)} alerts, {report.recall:.2f} recall", flush=True)
     head = ("faults", "recall", "alerts", "precision", "TTD p50", "max")
     print(f"\n{'family (rule)':<30} " + " ".join(f"{h:>9}" for h in head))
     for rule in sorted(set(faults) | set(fired)):

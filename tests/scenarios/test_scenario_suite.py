@@ -99,3 +99,11 @@ def test_a_gpu_speed_group_from_the_start_is_placement_not_underperformance() ->
     assert not wrong
     placement = [a for a in result.alerts if a.rule == "slow_placement"]
     assert [(a.entity, a.severity) for a in placement] == [({"job": "mixed"}, "P3")]
+
+
+def test_steady_high_load_is_quiet_and_pressure_that_slows_requests_is_p2() -> None:
+    result = _run(HERE / "serving-steady-kv.yaml")
+    busy = [a.to_dict() for a in result.alerts if a.entity.get("service") in ("busy-a", "busy-b")]
+    assert not busy
+    kv = [a for a in result.alerts if a.rule == "kv_cache_pressure"]
+    assert [(a.entity, a.severity) for a in kv] == [({"service": "quiet"}, "P2")]
