@@ -91,9 +91,8 @@ class _Share:
 
 @dataclass(slots=True)
 class _Peers:
-    """One job's GPUs as peers: who they were when last learned, and their speed groups."""
+    """One job's GPUs as peers: their speed groups and paces when last learned."""
 
-    members: set[int] = field(default_factory=set)
     #: warm-up evaluations: (GPU ids, their lag behind the job's reference clock)
     warm: list[tuple[IntArray, FloatArray]] = field(default_factory=list)
     #: GPU id -> speed group (0: fastest); None until the first warm-up ends
@@ -126,6 +125,10 @@ class ClockDetector(GpuTableDetector):
         self._slow = _Share(tau, 0.6, 0.3)
         self._ratio: FloatArray = np.zeros(0)
         self._peers: dict[int, _Peers] = {}
+        #: per GPU id, its speed group (-1: not learned yet; a GPU that joined is judged once it is)
+        self._gid: IntArray = np.zeros(0, np.intp)
+        #: per GPU id, the job (code) it was a member of when last seen (-1: none)
+        self._member: IntArray = np.zeros(0, np.intp)
 
     def evaluate(self, now: float) -> list[Finding]:
         t = self.table
@@ -161,37 +164,42 @@ class ClockDetector(GpuTableDetector):
     ) -> tuple[FloatArray, BoolArray]:
         """Per GPU, the reference clock of its speed group, and whether it can be judged yet."""
         n = len(clock)
+        if len(self._gid) < n:
+            size = max(n, 2 * len(self._gid), 16)
+            self._gid = np.concatenate([self._gid, np.full(size - len(self._gid), -1, np.intp)])
+            self._member = np.concatenate([self._member, np.full(size - len(self._member), -1, np.intp)])
         ref = np.full(n, math.nan)
         judged: BoolArray = np.zeros(n, bool)
         finite = np.isfinite(clock)
         for code in np.unique(job[(job >= 0) & recent]).tolist():
             mine = job == code
+            joined = np.flatnonzero(mine & recent & (self._member[:n] != code))
+            peers = self._peers.setdefault(code, _Peers())
+            if joined.size:
+                self._member[joined] = code
+                self._gid[joined] = -1
+                if peers.group is not None and not peers.relearn:
+                    peers.relearn, peers.warm = True, []  # GPUs joined the job: learn its speeds again
             ids = np.flatnonzero(mine & finite)
             if len(ids) <= self.min_peers:
                 continue
-            peers = self._peers.setdefault(code, _Peers())
-            members = set(np.flatnonzero(mine & recent).tolist())
-            if peers.group is not None and not members <= peers.members:
-                peers.relearn, peers.warm = True, []  # GPUs joined the job: learn its speeds again
-                peers.members |= members
             if peers.group is None or peers.relearn:
-                peers.members |= members
                 top = float(np.quantile(clock[ids], self.ref_quantile))
                 peers.warm.append((ids, top / clock[ids] - 1.0))
                 if len(peers.warm) >= self.warm:
-                    self._split(peers)
+                    self._split(peers, np.flatnonzero(self._member[:n] == code))
             if peers.group is None:
                 continue
-            groups = np.array([peers.group.get(i, 0) for i in ids.tolist()])
-            for g in np.unique(groups).tolist():
+            groups = self._gid[ids]
+            for g in np.unique(groups[groups >= 0]).tolist():
                 own = ids[groups == g]
                 pool = own if len(own) >= 2 else ids
                 ref[own] = float(np.quantile(clock[pool], self.ref_quantile))
             # a GPU that joined is judged once the groups were learned with it
-            judged[ids] = [i in peers.group for i in ids.tolist()]
+            judged[ids] = groups >= 0
         return ref, judged
 
-    def _split(self, peers: _Peers) -> None:
+    def _split(self, peers: _Peers, members: IntArray) -> None:
         """End of a warm-up: cluster the job's GPUs by pace; firing or worsened GPUs keep their group."""
         seen: dict[int, list[float]] = {}
         for ids, lags in peers.warm:
@@ -211,7 +219,9 @@ class ClockDetector(GpuTableDetector):
         learn = {i: p for i, p in paces.items() if i not in kept}
         group = speed_groups(learn, gap) if len(learn) >= 4 else dict.fromkeys(learn, 0)
         group.update({i: old.get(i, 0) for i in kept})
+        group.update({i: 0 for i in members.tolist() if i not in group})  # idle so far: the fast group
         peers.group = group
+        self._gid[np.fromiter(group, np.intp, len(group))] = np.fromiter(group.values(), np.intp, len(group))
         peers.pace = {**old_pace, **learn}
         peers.relearn = False
 

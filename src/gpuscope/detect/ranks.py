@@ -172,7 +172,8 @@ class RankDetector(StepDetector):
             if len(job.warm) >= self.warm_steps:
                 self._split(view.job, job)
             return
-        if not job.relearn and self._moved(view.job, job, view.ranks):
+        present = [r for r, x in zip(view.ranks, raw.tolist(), strict=True) if math.isfinite(x)]
+        if not job.relearn and self._moved(view.job, job, present):
             job.relearn, job.warm = True, []
         self._judge(job, list(view.ranks), raw, additive)
         if job.relearn:
