@@ -352,12 +352,14 @@ RULES: dict[str, RuleSpec] = _table(
     ),
     RuleSpec(
         KV_CACHE_PRESSURE,
-        "P2",
+        # P2 (the finding escalates) when latency or time to first token moved with it: users feel it
+        "P3",
         "serving",
         0.3,
         "serving",
         False,
-        "The KV cache is near full and requests are preempted.",
+        "The KV cache is fuller, or preempts more, than at the service's own operating point; P2 when "
+        "latency or time to first token moves with it (users feel the preemptions).",
     ),
     RuleSpec(
         PREDICTION_DRIFT,

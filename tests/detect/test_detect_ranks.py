@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuscope.detect.ranks import RankDetector, speed_groups
+from gpuscope.detect.ranks import RankDetector
+from gpuscope.detect.vectors import speed_groups
 from gpuscope.model import Finding, TrainingRecord
 
 STEP = 1.0
@@ -143,3 +144,40 @@ def test_slow_placement_from_own_step_times_costs_the_share_of_the_slow_step() -
     assert len(placed) == 1 and placed[0].details["slow_ranks"] == [6, 7]
     assert placed[0].at_risk is not None and abs(placed[0].at_risk - 0.2) < 0.02  # (1.25 - 1) / 1.25
     assert not [f for f in out if f.rule == "training_straggler"]
+
+
+def elastic(steps: int, grow_at: int, slow: dict[int, int], seed: int = 5) -> list[list[Finding]]:
+    """A job of 8 ranks that grows to 16 at ``grow_at`` onto parts 1.3x slower (elastic scale-up);
+    ``slow[r]`` is the step rank r slows down 1.3x (a live fault)."""
+    rng = np.random.default_rng(seed)
+    offsets = np.concatenate([rng.uniform(0.97, 1.03, 8), 1.3 * rng.uniform(0.97, 1.03, 8)])
+    detector = RankDetector()
+    out: list[list[Finding]] = []
+    for k in range(steps):
+        world = 16 if k >= grow_at else 8
+        factor = np.array([1.3 if r in slow and k >= slow[r] else 1.0 for r in range(world)])
+        compute = 0.85 * offsets[:world] * factor * (1.0 - np.abs(0.01 * rng.standard_normal(world)))
+        skew = compute - compute.min()
+        ts = float(k)
+        for r in range(world):
+            metrics = {
+                "step_seconds": float(compute.max()) + 0.15,
+                "collective_arrival_skew_seconds": float(skew[r]),
+            }
+            detector.on_training(
+                TrainingRecord(ts, "j", r, k, metrics, {"node": f"n{r // 4}", "gpu": str(r % 4)})
+            )
+        detector.on_training(TrainingRecord(ts + 0.5, "j", 0, k + 1, {}))
+        out.append(detector.evaluate(ts + 0.6))
+    return out
+
+
+def test_ranks_joining_on_slower_parts_form_their_own_group_and_a_live_straggler_stays_flagged() -> None:
+    findings = elastic(400, grow_at=150, slow={2: 80})
+    assert 2 in flagged(findings[100:150])
+    assert flagged(findings[200:]) == {2}  # the new ranks are a placement, rank 2 is still a fault
+    assert all(
+        any(f.entity["rank"] == "2" for f in fs if f.rule == "training_straggler") for fs in findings[100:]
+    )
+    placement = [f for f in findings[-1] if f.rule == "slow_placement"]
+    assert placement and placement[0].details["slow_ranks"] == list(range(8, 16))

@@ -1,4 +1,5 @@
-"""KV-cache pressure is judged against the service's own operating point."""
+"""KV-cache pressure is judged against the service's own operating point, and is P2 only when
+latency or time to first token moves with it."""
 
 from __future__ import annotations
 
@@ -10,22 +11,27 @@ from gpuscope.model import Finding
 
 
 def serve(
-    kv: list[tuple[float, float, float]], hours: float, seed: int = 1
+    kv: list[tuple[float, float, float]],
+    hours: float,
+    seed: int = 1,
+    slower: tuple[float, float, float] | None = None,
 ) -> list[tuple[float, list[Finding]]]:
-    """A service sampled every 5 s; ``kv`` lists (from_second, usage, preemptions per minute)."""
+    """A service sampled every 5 s; ``kv`` lists (from_second, usage, preemptions per minute);
+    ``slower`` (from, to, factor) multiplies p95 latency and TTFT (preempted requests recomputed)."""
     rng = np.random.default_rng(seed)
     detector = ServingDetector()
     out = []
     for k in range(int(hours * 3600 / 5)):
         ts = 5.0 * k
         usage, per_min = next((u, p) for t, u, p in reversed(kv) if ts >= t)
+        factor = slower[2] if slower is not None and slower[0] <= ts < slower[1] else 1.0
         snap = Snapshot(
             ts=ts,
             requests=30.0,
             errors=0.0,
-            p95=0.4 * float(np.exp(0.04 * rng.standard_normal())),
+            p95=0.4 * factor * float(np.exp(0.04 * rng.standard_normal())),
             p99=0.6,
-            ttft=0.1 * float(np.exp(0.05 * rng.standard_normal())),
+            ttft=0.1 * factor * float(np.exp(0.05 * rng.standard_normal())),
             queue=float(rng.poisson(2.0)),
             kv=min(1.0, usage + 0.01 * float(rng.standard_normal())),
             preempted=float(rng.poisson(per_min * 5.0 / 60.0)),
@@ -62,3 +68,18 @@ def test_pressure_beyond_the_operating_point_fires_once() -> None:
 def test_a_quiet_service_whose_cache_jumps_fires() -> None:
     run = serve([(0.0, 0.45, 0.0), (1800.0, 0.97, 40.0)], hours=1.0)
     assert len(kv_alerts(run)) == 1 and 1800.0 <= kv_alerts(run)[0] <= 1900.0
+
+
+def kv_severities(run: list[tuple[float, list[Finding]]]) -> set[str | None]:
+    return {f.severity for _, findings in run for f in findings if f.rule == "kv_cache_pressure"}
+
+
+def test_pressure_that_users_do_not_feel_stays_below_p2() -> None:
+    run = serve([(0.0, 0.90, 5.0), (3600.0, 0.985, 60.0), (4200.0, 0.90, 5.0)], hours=2.0)
+    assert kv_alerts(run) and kv_severities(run) == {None}  # the rule's own tier: P3
+
+
+def test_pressure_that_moves_time_to_first_token_is_p2() -> None:
+    slower = (3620.0, 4200.0, 1.8)  # preempted requests are recomputed: TTFT and the tail grow
+    run = serve([(0.0, 0.90, 5.0), (3600.0, 0.985, 60.0), (4200.0, 0.90, 5.0)], hours=2.0, slower=slower)
+    assert len(kv_alerts(run)) == 1 and "P2" in kv_severities(run)

@@ -21,6 +21,12 @@ and a job whose slower groups were slow from the start gets one ``slow_placement
 names them and the share of the job's GPU time they cost (a synchronous job runs at the pace of
 its slowest group); it is a placement to fix, not a live fault.
 
+When the job's membership changes after the warm-up (a rank joins, elastic growth, or a rank comes
+back on another node or GPU after a restart), the groups are learned again over the next
+``warm_steps`` steps while the old ones keep judging. A rank that is judged slow then, or whose pace
+got worse by the split gap since it was last learned, keeps its old group: a live fault never
+becomes the new normal. Ranks whose group changed (and new ones) learn their normal again.
+
 Gradient skew: a rank's smoothed log-ratio of gradient norm to the peer median beyond
 ``log(skew_ratio)``. Fragmentation: a rank's allocator fragmentation ``frag_rise`` above its own
 early level, or allocator retries climbing. Verdicts need ``sustain`` steps in a row.
@@ -37,6 +43,7 @@ import numpy as np
 from gpuscope.detect.base import StepDetector, register
 from gpuscope.detect.jobs import place_text
 from gpuscope.detect.steps import StepView
+from gpuscope.detect.vectors import speed_groups
 from gpuscope.model import Event, Finding, FloatArray
 
 STRAGGLER, SKEW, FRAG = "training_straggler", "gradient_skew", "memory_fragmentation"
@@ -75,26 +82,12 @@ class _Job:
     group_lag: dict[int, float] = field(default_factory=dict)
     #: lags are shares of a step (arrival skew) rather than step-time ratios minus one
     additive: bool = True
-
-
-def speed_groups(paces: dict[int, float], gap: float, min_size: int = 2) -> dict[int, int]:
-    """Cluster ranks by their healthy pace (1-D): split the sorted paces at every gap of at least
-    ``gap`` that leaves ``min_size`` or more ranks on each side; group 0 is the fastest."""
-    order = sorted(paces, key=lambda r: paces[r])
-    cuts = [
-        i for i in range(min_size, len(order) - min_size + 1) if paces[order[i]] - paces[order[i - 1]] >= gap
-    ]
-    kept: list[int] = []
-    for i in cuts:  # every group keeps min_size ranks, also between two cuts
-        if not kept or i - kept[-1] >= min_size:
-            kept.append(i)
-    group: dict[int, int] = {}
-    g = 0
-    for i, rank in enumerate(order):
-        if g < len(kept) and i >= kept[g]:
-            g += 1
-        group[rank] = g
-    return group
+    #: rank -> its pace (median lag behind the job's reference) when the groups were last learned
+    pace: dict[int, float] = field(default_factory=dict)
+    #: rank -> (node, gpu) it ran on when the groups were last learned
+    place: dict[int, tuple[str, str]] = field(default_factory=dict)
+    #: the groups are being learned again after a change of membership
+    relearn: bool = False
 
 
 @register
@@ -177,9 +170,30 @@ class RankDetector(StepDetector):
         if job.group is None:
             job.warm.append((list(view.ranks), raw.copy(), additive))
             if len(job.warm) >= self.warm_steps:
-                self._split(job)
+                self._split(view.job, job)
             return
+        present = [r for r, x in zip(view.ranks, raw.tolist(), strict=True) if math.isfinite(x)]
+        if not job.relearn and self._moved(view.job, job, present):
+            job.relearn, job.warm = True, []
         self._judge(job, list(view.ranks), raw, additive)
+        if job.relearn:
+            job.warm.append((list(view.ranks), raw.copy(), additive))
+            if len(job.warm) >= self.warm_steps:
+                self._split(view.job, job)
+
+    def _moved(self, name: str, job: _Job, ranks: list[int]) -> bool:
+        """A rank the groups do not know, or one that now runs somewhere else."""
+        group = job.group or {}
+        for r in ranks:
+            if r not in group:
+                return True
+            where = self.steps.where(name, r)
+            if "node" in where and job.place.get(r, (where["node"], where.get("gpu", ""))) != (
+                where["node"],
+                where.get("gpu", ""),
+            ):
+                return True
+        return False
 
     def _reference(self, job: _Job, rank_ids: list[int], raw: FloatArray, additive: bool) -> FloatArray:
         """Each rank's lag behind the ``ref_quantile`` of its own speed group."""
@@ -195,9 +209,12 @@ class RankDetector(StepDetector):
             lags[mine] = raw[mine] - ref if additive else raw[mine] / ref - 1.0
         return lags
 
-    def _split(self, job: _Job) -> None:
-        """End of the warm-up: group the ranks by pace, then learn each one's normal in its group."""
-        job.group = {}
+    def _split(self, name: str, job: _Job) -> None:
+        """End of a warm-up: group the ranks by pace, then learn each one's normal in its group.
+
+        After a change of membership, a rank that is slow now or got slower keeps its group."""
+        old, old_pace = job.group or {}, job.pace
+        job.group = {}  # the paces are lags behind the whole job's reference
         seen: dict[int, list[float]] = {}
         for rank_ids, raw, additive in job.warm:
             for r, x in zip(rank_ids, self._reference(job, rank_ids, raw, additive).tolist(), strict=True):
@@ -206,21 +223,47 @@ class RankDetector(StepDetector):
         paces = {r: float(np.median(xs)) for r, xs in seen.items()}
         noise = [float(np.median(np.abs(np.array(xs) - paces[r]))) for r, xs in seen.items()]
         gap = max(self.split_gap, self.noise_k * float(np.median(noise))) if noise else self.split_gap
-        job.group = speed_groups(paces, gap) if len(paces) >= 4 else {}
-        fast = [p for r, p in paces.items() if job.group.get(r, 0) == 0]
-        for g in set(job.group.values()) - {0}:
-            mine = [p for r, p in paces.items() if job.group[r] == g]
-            job.group_lag[g] = float(np.median(mine)) - (float(np.median(fast)) if fast else 0.0)
+        kept = {
+            r
+            for r, p in paces.items()
+            if r in old and (job.ranks[r].lag_hits > 0 or (r in old_pace and p - old_pace[r] >= gap))
+        }
+        learn = {r: p for r, p in paces.items() if r not in kept}
+        group = speed_groups(learn, gap) if len(learn) >= 4 else dict.fromkeys(learn, 0)
+        group.update({r: old.get(r, 0) for r in kept})
+        job.group = group
+        job.group_lag = {}
+        fast = [p for r, p in learn.items() if group[r] == 0]
+        for g in set(group.values()) - {0}:
+            mine = [p for r, p in learn.items() if group[r] == g]
+            if mine:
+                job.group_lag[g] = float(np.median(mine)) - (float(np.median(fast)) if fast else 0.0)
         job.additive = job.warm[-1][2]
-        warm, job.warm = job.warm, []
+        job.pace = {**old_pace, **learn}
+        job.place = {}
+        for r in group:
+            where = self.steps.where(name, r)
+            if "node" in where:
+                job.place[r] = (where["node"], where.get("gpu", ""))
+        # a first warm-up replays every rank; a later one only those it moved (or that are new)
+        fresh = set(group) if not old else {r for r in group if r not in old or group[r] != old[r]}
+        for r in fresh & set(job.ranks):
+            state = job.ranks[r]
+            state.lags.clear()
+            state.recent.clear()
+            state.lag, state.lag_base, state.lag_spread = math.nan, math.nan, 0.0
+            state.lag_n = state.lag_hits = 0
+        warm, job.warm, job.relearn = job.warm, [], False
         for rank_ids, raw, additive in warm:
-            self._judge(job, rank_ids, raw, additive)
+            self._judge(job, rank_ids, raw, additive, fresh)
 
-    def _judge(self, job: _Job, rank_ids: list[int], raw: FloatArray, additive: bool) -> None:
+    def _judge(
+        self, job: _Job, rank_ids: list[int], raw: FloatArray, additive: bool, only: set[int] | None = None
+    ) -> None:
         lags = self._reference(job, rank_ids, raw, additive)
         for r, x in zip(rank_ids, lags.tolist(), strict=True):
             state = job.ranks.get(r)
-            if state is None or not math.isfinite(x):
+            if state is None or not math.isfinite(x) or (only is not None and r not in only):
                 continue
             state.recent.append(x)
             del state.recent[: -self.sustain]

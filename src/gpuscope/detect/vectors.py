@@ -156,6 +156,10 @@ class SeasonalBaseline:
         self._count[b] += 1
         self._all.update(np.array([value]), 0.01)
 
+    def known(self, ts: float) -> bool:
+        """Whether the bucket of ``ts`` itself has ``min_count`` values (not a neighbour's stand-in)."""
+        return bool(self._count[self._bucket(ts)] >= self.min_count)
+
     def expected(self, ts: float) -> float:
         """The baseline at ``ts``; NaN before anything was seen."""
         b = self._bucket(ts)
@@ -202,3 +206,24 @@ def group_count(mask: BoolArray, groups: IntArray, size: int) -> FloatArray:
     """How many elements of each group (0..size-1) have ``mask`` set."""
     valid = mask & (groups >= 0)
     return np.bincount(groups[valid], minlength=size).astype(float)
+
+
+def speed_groups(paces: dict[int, float], gap: float, min_size: int = 2) -> dict[int, int]:
+    """Cluster ranks (or GPUs) by their healthy pace, a lag where smaller is faster (1-D): split
+    the sorted paces at every gap of at least ``gap`` that leaves ``min_size`` or more on each
+    side; group 0 is the fastest."""
+    order = sorted(paces, key=lambda r: paces[r])
+    cuts = [
+        i for i in range(min_size, len(order) - min_size + 1) if paces[order[i]] - paces[order[i - 1]] >= gap
+    ]
+    kept: list[int] = []
+    for i in cuts:  # every group keeps min_size ranks, also between two cuts
+        if not kept or i - kept[-1] >= min_size:
+            kept.append(i)
+    group: dict[int, int] = {}
+    g = 0
+    for i, rank in enumerate(order):
+        if g < len(kept) and i >= kept[g]:
+            g += 1
+        group[rank] = g
+    return group

@@ -216,6 +216,7 @@ _KINDS = (
         slowdown=Param(1.3, 1.01, 10.0, help="compute-time factor of the slow group"),
         first_rank=Param(0, 0, 1_000_000, help="first rank of the slow group"),
         ranks=Param(2, 2, 1_000_000, help="how many ranks, from first_rank on, are in the slow group"),
+        clocks=Param(False, help="the slow group's GPUs run at lower SM clocks (slower parts, clock limits)"),
     ),
     _k(
         "step_time_regression",

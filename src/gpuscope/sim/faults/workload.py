@@ -94,13 +94,18 @@ class WorseningStraggler(Effect):
 class SlowPlacement(Effect):
     """A group of ranks computes slower for as long as the fault lasts (from the start: a job
     placed on mixed hardware). It is the job's normal pace, not lost work, in the ground truth;
-    ranks past the job's world are ignored."""
+    ranks past the job's world are ignored. With ``clocks`` the group's GPUs themselves run at
+    lower SM clocks (slower parts, clock limits), which is how the ranks get slower."""
 
     kinds = ("slow_placement",)
 
     def apply(self) -> None:
         first = int(self.param("first_rank"))
-        self.job.cond.rank_pace[first : first + int(self.param("ranks"))] *= self.param("slowdown")
+        group = slice(first, first + int(self.param("ranks")))
+        if self.fault.params["clocks"]:
+            self.world.fleet.mods.slowdown[self.job.gpu_idx[group]] *= self.param("slowdown")
+        else:
+            self.job.cond.rank_pace[group] *= self.param("slowdown")
 
 
 @register

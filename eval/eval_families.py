@@ -1,0 +1,140 @@
+"""Per rule family: recall, precision, time to detect, over the whole scenario suite; flapping too.
+
+A family is the rule a fault kind is detected by (``gpuscope.sim.kinds``). Recall is the share of
+a family's faults detected in their window; precision is the share of the family's alerts that a
+fault explains (the detection itself or a knock-on in its blast radius, as ``sim-eval --report``
+judges them); time to detect is the median and worst over detected faults. Also counted: P1/P2
+alerts on the healthy scenarios, and, among the alerts no fault explains (the steady state),
+those that resolve and fire again on the same entity more than twice within an hour (flapping).
+``tests/scenarios/long`` (a day and more of simulated time) runs too unless ``--short``.
+``--json-dir`` writes each scenario's ``sim-eval --json`` document there, for outside scorers.
+
+``--from-json DIR`` scores documents written earlier instead of simulating (the scenarios whose
+document is missing are left out and named).
+
+usage: python eval/eval_families.py [--only NAME ...] [--short] [--json-dir DIR | --from-json DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+from gpuscope.model import Alert
+from gpuscope.rules import RULES
+from gpuscope.sim.scenario import load_scenario
+from gpuscope.simeval.report import evaluate
+from gpuscope.simeval.runner import alerts_json, run_scenario
+
+ROOT = Path(__file__).resolve().parent.parent / "tests" / "scenarios"
+
+
+def flapping(alerts: list[Alert], per_hour: int = 2) -> list[str]:
+    """Rule/entity pairs that started more than ``per_hour`` times again within any hour."""
+    starts: dict[tuple[str, tuple[tuple[str, str], ...]], list[float]] = defaultdict(list)
+    for a in alerts:
+        starts[(a.rule, tuple(sorted(a.entity.items())))].append(a.started_at)
+    out = []
+    for (rule, entity), ts in starts.items():
+        ts.sort()
+        refires = ts[1:]
+        if any(sum(1 for u in refires if t <= u < t + 3600.0) > per_hour for t in refires):
+            out.append(f"{rule} {dict(entity)} fired {len(ts)} times")
+    return out
+
+
+def from_document(doc: dict[str, object]) -> list[Alert]:
+    """The alerts of a ``sim-eval --json`` document (DESIGN §5), as the scorer reads them."""
+    rows = doc["alerts"]
+    assert isinstance(rows, list)
+    return [
+        Alert(
+            id=str(i),
+            rule=a["rule"],
+            severity=a["severity"],
+            owner=RULES[a["rule"]].owner,
+            entity=dict(a["entity"]),
+            started_at=float(a["started_at"]),
+            summary=a["summary"],
+            cost_per_hour=float(a["cost_per_hour"]),
+            resolved_at=a["resolved_at"],
+            incident=a.get("incident"),
+        )
+        for i, a in enumerate(rows)
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", default=None, help="scenario names to run")
+    parser.add_argument("--json-dir", type=Path, default=None, help="write each sim-eval JSON here")
+    parser.add_argument("--short", action="store_true", help="leave out tests/scenarios/long")
+    parser.add_argument("--from-json", type=Path, default=None, help="score documents saved by --json-dir")
+    args = parser.parse_args()
+    paths = sorted(ROOT.glob("*.yaml")) + sorted((ROOT / "healthy").glob("*.yaml"))
+    if not args.short:
+        paths += sorted((ROOT / "long").glob("*.yaml"))
+    if args.only:
+        paths = [p for p in paths if p.stem in args.only]
+    faults: dict[str, int] = defaultdict(int)
+    found: dict[str, int] = defaultdict(int)
+    ttd: dict[str, list[float]] = defaultdict(list)
+    fired: dict[str, int] = defaultdict(int)
+    stray: dict[str, int] = defaultdict(int)
+    healthy_p1p2: list[str] = []
+    flaps: list[str] = []
+    for path in paths:
+        scenario = load_scenario(path)
+        if args.from_json is not None:
+            saved = args.from_json / f"{path.stem}.json"
+            if not saved.exists():
+                print(f"  {scenario.name}: no saved document, left out")
+                continue
+            alerts = from_document(json.loads(saved.read_text()))
+        else:
+            result = run_scenario(scenario)
+            alerts = result.alerts
+            if args.json_dir is not None:
+                args.json_dir.mkdir(parents=True, exist_ok=True)
+                (args.json_dir / f"{path.stem}.json").write_text(json.dumps(alerts_json(result)))
+        report = evaluate(scenario, alerts)
+        for o in report.outcomes:
+            faults[o.rule] += 1
+            if o.time_to_detect is not None:
+                found[o.rule] += 1
+                ttd[o.rule].append(o.time_to_detect)
+            else:
+                print(f"  {scenario.name}: MISSED {o.fault.kind} at {o.fault.at} {o.fault.target}")
+        for a in alerts:
+            fired[a.rule] += 1
+        for a in report.unexplained:
+            stray[a.rule] += 1
+            print(f"  {scenario.name}: UNEXPLAINED {a.severity} {a.rule} at {a.started_at:.0f} {a.entity}")
+        if not scenario.faults:
+            healthy_p1p2 += [f"{scenario.name} {a.rule}" for a in alerts if a.severity in ("P1", "P2")]
+        flaps += [f"{scenario.name}: {f}" for f in flapping(report.unexplained)]  # steady state
+        print(f"{scenario.name}: {len(alerts)} alerts, {report.recall:.2f} recall", flush=True)
+    head = ("faults", "recall", "alerts", "precision", "TTD p50", "max")
+    print(f"\n{'family (rule)':<30} " + " ".join(f"{h:>9}" for h in head))
+    for rule in sorted(set(faults) | set(fired)):
+        n, hit, a = faults.get(rule, 0), found.get(rule, 0), fired.get(rule, 0)
+        recall = f"{hit / n:.2f}" if n else "-"
+        precision = f"{(a - stray.get(rule, 0)) / a:.2f}" if a else "-"
+        times = ttd.get(rule, [])
+        p50 = f"{statistics.median(times):.0f}" if times else "-"
+        worst = f"{max(times):.0f}" if times else "-"
+        print(f"{rule:<30} " + " ".join(f"{c:>9}" for c in (n, recall, a, precision, p50, worst)))
+    total_f, total_hit = sum(faults.values()), sum(found.values())
+    total_a, total_stray = sum(fired.values()), sum(stray.values())
+    print(
+        f"\nall: recall {total_hit / max(total_f, 1):.3f} ({total_hit}/{total_f}), precision "
+        f"{(total_a - total_stray) / max(total_a, 1):.3f} ({total_a - total_stray}/{total_a}); "
+        f"P1/P2 on healthy scenarios: {len(healthy_p1p2)} {healthy_p1p2}; flapping: {len(flaps)} {flaps}"
+    )
+
+
+if __name__ == "__main__":
+    main()
