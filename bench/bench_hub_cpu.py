@@ -18,7 +18,10 @@ Anchors, same run:
 - the same batches through the same hub code in process, without HTTP (decode, validate, store
   durably, detect): the difference is what the HTTP layer costs.
 
-usage: python bench/bench_hub_cpu.py [--nodes 64] [--ticks 30] [--agents 32]
+Batches go as binary frames (``application/vnd.gpuscope.frame``), as agents send them; ``--json``
+sends the JSON batches of earlier rounds instead.
+
+usage: python bench/bench_hub_cpu.py [--nodes 64] [--ticks 30] [--agents 32] [--json]
 """
 
 from __future__ import annotations
@@ -37,8 +40,10 @@ import psutil
 
 from common import console, gpuscope_hub, print_table, victoria_metrics_binary
 from gpuscope.hub import Hub
-from gpuscope.ingest.payload import Limits, check_time_window, decode_json, parse_batch
-from gpuscope.loadgen.traffic import FleetShape, Outgoing, build_scenario, tick_bodies
+from gpuscope.ingest.frame import CONTENT_TYPE, JSON_CONTENT_TYPE, decode_body, encode_frame
+from gpuscope.ingest.payload import Limits, check_time_window, encode_batch
+from gpuscope.loadgen.traffic import FleetShape, Outgoing, build_scenario, describe
+from gpuscope.sim.cluster import Simulator
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.remote.local import start_victoria_metrics
 
@@ -51,14 +56,19 @@ ENCODE_S = 5.0
 
 Ticks = list[tuple[float, list[Outgoing]]]
 
+#: the body's media type: set once from ``--json`` before any run
+content_type = CONTENT_TYPE
+
 
 def node_ticks(nodes: int, ticks: int) -> Ticks:
     """Per tick, its wall time and the agents' batches (SDK batches left out: this is the per-node
-    figure), the first tick due a few seconds from now."""
+    figure) encoded as :data:`content_type`, the first tick due a few seconds from now."""
     scenario = build_scenario(FleetShape(nodes=nodes), ticks + 5, faults=[])
+    encode = encode_batch if content_type == JSON_CONTENT_TYPE else encode_frame
+    t0 = time.time() + ENCODE_S
     out = []
-    for t, batches in tick_bodies(scenario, time.time() + ENCODE_S):
-        out.append((t, [b for b in batches if b.sender.startswith("node-")]))
+    for tick in Simulator(scenario, t0=t0).ticks():
+        out.append((t0 + tick.t, [describe(b, encode(b)) for b in tick.node_batches.values()]))
         if len(out) == ticks:
             break
     return out
@@ -91,7 +101,7 @@ def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
         ticks = node_ticks(nodes, n_ticks)
         hub = psutil.Process(proc.pid)
         clients = [httpx.Client(base_url=url, timeout=60) for _ in range(agents)]
-        headers = {"Content-Type": "application/json"}
+        headers = {"Content-Type": content_type}
 
         def send(item: tuple[int, Outgoing]) -> int:
             reply = clients[item[0] % agents].post("/api/v1/ingest", content=item[1].body, headers=headers)
@@ -118,7 +128,7 @@ def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
 
 def prometheus_text(o: Outgoing) -> bytes:
     """One node batch as Prometheus text without timestamps (VictoriaMetrics stamps them)."""
-    batch = parse_batch(decode_json(o.body, Limits()), Limits())
+    batch = decode_body(content_type, o.body, Limits())
     lines = []
     for frame in batch.frames:
         for labels, row in zip(frame.entities, frame.values.tolist(), strict=True):
@@ -174,7 +184,7 @@ def in_process(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
         ticks = node_ticks(nodes, n_ticks)
 
         def ingest(o: Outgoing) -> int:
-            batch = parse_batch(decode_json(o.body, limits), limits)
+            batch = decode_body(content_type, o.body, limits)
             check_time_window(batch, time.time(), limits)
             hub.ingest(batch)
             return o.samples
@@ -200,7 +210,10 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=64)
     ap.add_argument("--ticks", type=int, default=30)
     ap.add_argument("--agents", type=int, default=32, help="concurrent connections")
+    ap.add_argument("--json", action="store_true", help="send JSON batches instead of binary frames")
     a = ap.parse_args()
+    global content_type
+    content_type = JSON_CONTENT_TYPE if a.json else CONTENT_TYPE
     console.print(f"{a.ticks} ticks of {a.nodes} agents' batches, one tick a second, per system")
     rows = []
     figures: dict[str, float] = {}
@@ -223,8 +236,8 @@ def main() -> None:
         rows[0][4] += f"; ratio to VictoriaMetrics {hub_rate / vm_rate:.2f} (≥ 1.0, issue 13)"
     load = os.getloadavg()
     print_table(
-        f"hub CPU per node batch ({a.nodes} agents, {samples // batches} samples per batch; "
-        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f})",
+        f"hub CPU per node batch ({a.nodes} agents, {samples // batches} samples per batch, "
+        f"{content_type}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f})",
         ["path", "batches", "CPU ms/batch", "samples per CPU-s", "target"],
         rows,
     )

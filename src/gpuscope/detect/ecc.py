@@ -16,9 +16,9 @@ import numpy as np
 
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
-from gpuscope.detect.frames import BoolArray, GpuKey, view
+from gpuscope.detect.frames import GpuKey, view
 from gpuscope.detect.refusals import refuse
-from gpuscope.model import Event, Finding, FloatArray, Frame
+from gpuscope.model import Event, Finding, Frame
 
 RULE = "gpu_ecc_uncorrectable"
 VOLATILE = "gpu_ecc_dbe_volatile_total"
@@ -97,21 +97,21 @@ class EccDetector(Detector):
         if not columns:
             return
         block = np.column_stack([c for _, c in columns])
-        nonzero: BoolArray = np.asarray((block > 0).any(axis=1))  # NaN > 0 is False: missing is no error
+        nonzero: list[bool] = np.asarray((block > 0).any(axis=1)).tolist()  # NaN > 0 is False: no error
+        rows: list[list[float]] | None = None  # Python floats, converted once when a GPU needs them
         for i, key in enumerate(v.gpu_keys):
             state = self._gpus.get(key)
             if state is None and not nonzero[i]:
                 self._seen.add(key)
                 continue
-            self._update(key, state or self._state(key), columns, i, frame.ts)
+            if rows is None:
+                rows = block.tolist()
+            self._update(key, state or self._state(key), [m for m, _ in columns], rows[i], frame.ts)
 
-    def _update(
-        self, key: GpuKey, state: _Gpu, columns: list[tuple[str, FloatArray]], i: int, ts: float
-    ) -> None:
+    def _update(self, key: GpuKey, state: _Gpu, metrics: list[str], row: list[float], ts: float) -> None:
         first = key not in self._seen
         self._seen.add(key)
-        for metric, column in columns:
-            value = float(column[i])
+        for metric, value in zip(metrics, row, strict=True):
             if value != value:  # NaN: not reported this time
                 continue
             before = state.last.get(metric, None if first else 0.0)

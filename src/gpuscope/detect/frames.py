@@ -45,6 +45,10 @@ class FrameView:
         j = self._columns.get(metric)
         return None if j is None else self.frame.values[self._gpu_index, j]
 
+    def gpu_rows_of(self, columns: npt.NDArray[np.intp]) -> FloatArray:
+        """The given columns (frame positions) over the GPU rows only, as one matrix."""
+        return self.frame.values[self._gpu_index][:, columns]
+
     def gpu_alive(self) -> BoolArray:
         """Per GPU row: did it report any value at all? An all-NaN row is a GPU that did not answer."""
         alive = self._gpu_alive

@@ -1,6 +1,7 @@
 """The latest values of a few GPU metrics for every GPU, as dense arrays: the vectorised detectors' input.
 
-``on_frame`` only scatters a frame's rows into the arrays (one numpy operation per metric);
+``on_frame`` only scatters a frame's rows into one matrix (a single numpy operation per frame: the
+metrics are its columns, each frame layout's column map computed once);
 detectors do their arithmetic once per evaluation over all GPUs at once. Each GPU gets a dense id
 the first time it is seen; its job (attribution label) is kept as a small integer code so peers
 can be grouped without Python loops.
@@ -16,15 +17,22 @@ from gpuscope.detect.frames import FrameView, GpuKey
 from gpuscope.detect.vectors import IntArray, grow
 from gpuscope.model import FloatArray
 
+#: distinct frame layouts (metric tuples) whose column maps are kept
+_MAX_LAYOUTS = 256
+
 
 class GpuTable:
     """Latest value per GPU of ``metrics`` (NaN when never reported), its timestamp and its job."""
 
     def __init__(self, metrics: tuple[str, ...]) -> None:
         self.metrics = metrics
+        self._slot = {m: j for j, m in enumerate(metrics)}
         self.ids: dict[GpuKey, int] = {}
         self.keys: list[GpuKey] = []
-        self.values: dict[str, FloatArray] = {m: np.zeros(0) for m in metrics}
+        #: one row per GPU, one column per metric (a C-ordered matrix, so a GPU's row is one write)
+        self._matrix: FloatArray = np.zeros((0, len(metrics)))
+        #: per frame metric layout: (frame columns, matrix columns) of the metrics both hold
+        self._layouts: dict[tuple[str, ...], tuple[IntArray, IntArray]] = {}
         self.ts: FloatArray = np.zeros(0)
         self.job: IntArray = np.zeros(0, np.intp)
         self.job_codes: dict[str, int] = {}
@@ -39,8 +47,10 @@ class GpuTable:
             i = self.ids[key] = len(self.keys)
             self.keys.append(key)
             n = len(self.keys)
-            for m in self.metrics:
-                self.values[m] = grow(self.values[m], n)
+            if len(self._matrix) < n:
+                matrix = np.full((max(n, 2 * len(self._matrix), 16), len(self.metrics)), math.nan)
+                matrix[: len(self._matrix)] = self._matrix
+                self._matrix = matrix
             self.ts = grow(self.ts, n, -math.inf)
             if len(self.job) < n:
                 job = np.full(len(self.ts), -1, np.intp)
@@ -62,17 +72,26 @@ class GpuTable:
         if not v.gpu_keys:
             return None
         ids = np.fromiter((self._id(k) for k in v.gpu_keys), np.intp, len(v.gpu_keys))
-        for m in self.metrics:
-            column = v.gpu_column(m)
-            if column is not None:
-                self.values[m][ids] = column
+        source, target = self._layout(tuple(v.frame.metrics))
+        if len(target):
+            self._matrix[ids[:, None], target] = v.gpu_rows_of(source)
         self.ts[ids] = v.frame.ts
         self.job[ids] = [self.job_code(j) for j in v.gpu_jobs]
         return ids
 
+    def _layout(self, names: tuple[str, ...]) -> tuple[IntArray, IntArray]:
+        layout = self._layouts.get(names)
+        if layout is None:
+            pairs = [(j, self._slot[m]) for j, m in enumerate(names) if m in self._slot]
+            layout = (np.array([j for j, _ in pairs], np.intp), np.array([k for _, k in pairs], np.intp))
+            if len(self._layouts) >= _MAX_LAYOUTS:  # senders with ever-new layouts: start afresh
+                self._layouts.clear()
+            self._layouts[names] = layout
+        return layout
+
     def column(self, metric: str) -> FloatArray:
         """Latest values of ``metric`` over every known GPU (a view; do not write)."""
-        return self.values[metric][: len(self.keys)]
+        return self._matrix[: len(self.keys), self._slot[metric]]
 
     @property
     def n(self) -> int:

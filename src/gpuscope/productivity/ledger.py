@@ -57,6 +57,14 @@ class Ledger:
 
     def add(self, start: float, end: float, slot: Slot, lost_fraction: float = 0.0) -> None:
         """Count ``(start, end]`` of one GPU in ``slot`` (split at minute boundaries)."""
+        # one frame's interval: almost always within one minute
+        if start < end and end <= ((minute := math.floor(start / MINUTE)) + 1) * MINUTE:
+            cell = self.minutes[minute][slot]
+            cell[0] += end - start
+            cell[1] += (end - start) * lost_fraction
+            self._dirty.add((minute, slot))
+            self.latest = max(self.latest, end)
+            return
         t = start
         while t < end:
             minute = math.floor(t / MINUTE)

@@ -19,6 +19,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from gpuscope.model import Alert, Batch, FloatArray, Frame
 from gpuscope.productivity.holders import Holders
 from gpuscope.productivity.jobs import JobView
@@ -44,6 +46,8 @@ _THROTTLE_FLAGS = (
     "gpu_throttle_hw_thermal",
     "gpu_throttle_hw_power_brake",
 )
+#: slots kept for reuse (about one per GPU and state at a time)
+_MAX_SLOTS = 1 << 18
 
 
 @dataclass(slots=True)
@@ -88,6 +92,8 @@ class ProductivityModel:
         #: nodes the scheduler holds out of service, and when it last said so
         self.unavailable: dict[str, float] = {}
         self.holders = Holders()
+        #: the slots counted into, reused: a GPU stays in one slot for many frames
+        self._slots: dict[tuple[str, str, str, str, str, str], Slot] = {}
         self._lock = threading.Lock()
 
     # -- input ------------------------------------------------------------------------------------
@@ -199,10 +205,17 @@ class ProductivityModel:
 
     def _gpu_frame(self, frame: Frame) -> None:
         ts = frame.ts
-        util = frame.column("gpu_utilization_percent")
-        assert util is not None
-        flags = [c for c in (frame.column(m) for m in _THROTTLE_FLAGS) if c is not None]
-        clocks = frame.column("gpu_sm_clock_mhz")
+        column = frame.column("gpu_utilization_percent")
+        assert column is not None
+        # the columns as Python floats once per frame: indexing numpy scalars row by row costs more
+        util: list[float] = column.tolist()
+        throttled = np.zeros(len(util), bool)
+        for flag in _THROTTLE_FLAGS:
+            if (c := frame.column(flag)) is not None:
+                throttled |= c > 0
+        is_throttled: list[bool] = throttled.tolist()
+        clock_column = frame.column("gpu_sm_clock_mhz")
+        clocks: list[float] | None = None if clock_column is None else clock_column.tolist()
         for i, labels in enumerate(frame.entities):
             node, gpu = labels.get("node"), labels.get("gpu")
             if node is None or gpu is None:
@@ -221,11 +234,11 @@ class ProductivityModel:
             view.job = labels.get("job", "")
             view.held = self.holders.held(node, gpu, ts)
             view.team = labels.get("team") or self.holders.team(node, gpu, labels.get("pod", ""), ts)
-            view.throttled = any(c[i] > 0 for c in flags)
-            busy = float(util[i])
+            view.throttled = is_throttled[i]
+            busy = util[i]
             job = self.jobs.get(view.job) if view.job else None
             if job is not None and clocks is not None:
-                clock = float(clocks[i])
+                clock = clocks[i]
                 ratio = 1.0
                 if busy >= 50.0 and math.isfinite(clock) and clock > 0:
                     view.clock_max = max(view.clock_max, clock)
@@ -281,7 +294,13 @@ class ProductivityModel:
         job = "" if view.job in self.services else view.job
         service = view.job if view.job in self.services else ""
         team = (self.jobs[job].team if job in self.jobs else "") or view.team or ("unassigned" if job else "")
-        return Slot(view.node, view.gpu, job, team, service, cause)
+        key = (view.node, view.gpu, job, team, service, cause)
+        slot = self._slots.get(key)
+        if slot is None:
+            if len(self._slots) >= _MAX_SLOTS:  # jobs come and go: start the cache afresh
+                self._slots.clear()
+            slot = self._slots[key] = Slot(*key)
+        return slot
 
     def _count(self, view: GpuView, start: float, end: float, cause: str, lost: float) -> None:
         if math.isfinite(start) and end > start:

@@ -1,0 +1,59 @@
+"""The GPU table scatters each frame's GPU rows into one matrix: layouts may differ per frame."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpuscope.detect import frames
+from gpuscope.detect.gputable import GpuTable
+from gpuscope.model import Frame
+
+
+def _frame(ts: float, metrics: list[str], rows: list[dict[str, str]], values: list[list[float]]) -> Frame:
+    return Frame(ts, metrics, rows, np.array(values, float))
+
+
+def test_frames_of_different_layouts_update_only_the_metrics_they_carry() -> None:
+    table = GpuTable(("gpu_temp_celsius", "gpu_utilization_percent"))
+    gpus = [{"node": "n1", "gpu": "0", "job": "a"}, {"node": "n1", "gpu": "1"}]
+    node_row = {"node": "n1"}
+    first = _frame(
+        10.0,
+        ["gpu_utilization_percent", "node_load", "gpu_temp_celsius"],
+        [node_row, *gpus],
+        [[math.nan, 3.0, math.nan], [90.0, math.nan, 70.0], [10.0, math.nan, 50.0]],
+    )
+    ids = table.ingest(frames.index(first))
+    assert ids is not None and ids.tolist() == [0, 1]
+    assert table.column("gpu_utilization_percent").tolist() == [90.0, 10.0]
+    assert table.column("gpu_temp_celsius").tolist() == [70.0, 50.0]
+    # another layout (temperature only, other column order) and a new GPU: utilisation keeps its
+    # last value, the new GPU's unreported metric stays NaN
+    second = _frame(
+        11.0,
+        ["gpu_power_watts", "gpu_temp_celsius"],
+        [{"node": "n2", "gpu": "0"}, gpus[0]],
+        [[300.0, 40.0], [250.0, 72.0]],
+    )
+    assert table.ingest(frames.index(second)) is not None
+    assert table.column("gpu_temp_celsius").tolist() == [72.0, 50.0, 40.0]
+    util = table.column("gpu_utilization_percent")
+    assert util[:2].tolist() == [90.0, 10.0] and math.isnan(util[2])
+    assert table.ts[: table.n].tolist() == [11.0, 10.0, 11.0]
+    assert [table.job_names[c] if c >= 0 else None for c in table.job[: table.n]] == ["a", None, None]
+    # the first layout again, after the table grew past its first allocation
+    many = [{"node": f"m{i}", "gpu": "0"} for i in range(40)]
+    third = _frame(12.0, ["gpu_utilization_percent"], many, [[float(i)] for i in range(40)])
+    assert table.ingest(frames.index(third)) is not None
+    assert table.column("gpu_utilization_percent")[3:].tolist() == [float(i) for i in range(40)]
+    assert table.column("gpu_temp_celsius")[:3].tolist() == [72.0, 50.0, 40.0]
+
+
+def test_a_frame_without_the_tables_metrics_still_stamps_its_gpus() -> None:
+    table = GpuTable(("gpu_temp_celsius",))
+    frame = _frame(5.0, ["gpu_power_watts"], [{"node": "n1", "gpu": "0"}], [[100.0]])
+    assert table.ingest(frames.index(frame)) is not None
+    assert table.ts[: table.n].tolist() == [5.0]
+    assert math.isnan(table.column("gpu_temp_celsius")[0])
