@@ -291,8 +291,11 @@ def _hub_message(resp: httpx.Response) -> str:
 
 
 def _retry_after(resp: httpx.Response) -> float | None:
+    return retry_after_seconds(resp.headers.get("retry-after"))
+
+
+def retry_after_seconds(raw: str | bytes | None) -> float | None:
     """``Retry-After`` in seconds; the HTTP-date form is rare from an ingest API and ignored."""
-    raw = resp.headers.get("retry-after")
     if raw is None:
         return None
     try:

@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import httptools
 
 from gpuscope.agent.route import OWNER_HEADER
+from gpuscope.agent.sender import retry_after_seconds
 
 OWNER_HEADER_BYTES = OWNER_HEADER.lower().encode()
 
@@ -41,17 +42,6 @@ class Reply:
     @property
     def text(self) -> str:
         return self.content.decode("utf-8", "replace")
-
-
-def _seconds(raw: bytes | None) -> float | None:
-    """``Retry-After`` in seconds; the HTTP-date form is rare from an ingest API and ignored."""
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        return None
-    return value if value >= 0 else None
 
 
 class _Connection(asyncio.Protocol):
@@ -92,7 +82,9 @@ class _Connection(asyncio.Protocol):
 
     def on_message_complete(self) -> None:
         owner = self._owner.decode("latin-1").rstrip("/") if self._owner else None
-        reply = Reply(self.parser.get_status_code(), b"".join(self._body), _seconds(self._retry_after), owner)
+        reply = Reply(
+            self.parser.get_status_code(), b"".join(self._body), retry_after_seconds(self._retry_after), owner
+        )
         self._body, self._retry_after, self._owner = [], None, None
         if not self.parser.should_keep_alive():
             self.close()
