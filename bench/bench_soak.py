@@ -50,17 +50,28 @@ class RssSeries(threading.Thread):
             for name, pid in self.pids.items():
                 try:
                     proc = psutil.Process(pid)
-                    row[name] = float(
-                        sum(p.memory_info().rss for p in [proc, *proc.children(recursive=True)])
-                    )
+                    family = [proc, *proc.children(recursive=True)]
+                    row[name] = float(sum(p.memory_info().rss for p in family))
+                    row[f"{name}_cpu_s"] = sum(t.user + t.system for t in (p.cpu_times() for p in family))
                 except psutil.Error:
                     row[name] = float("nan")
+                    row[f"{name}_cpu_s"] = float("nan")
             self.rows.append(row)
             self._halt.wait(SAMPLE_S)
 
     def stop(self) -> None:
         self._halt.set()
         self.join()
+
+    def cpu_by_window(self, name: str, window_s: float = 1200.0) -> list[float]:
+        """Cores used by ``name`` in each window: does its CPU for the same load grow with age?"""
+        cores: list[float] = []
+        start = self.rows[0] if self.rows else None
+        for row in self.rows:
+            if start is not None and row["t"] - start["t"] >= window_s:
+                cores.append((row[f"{name}_cpu_s"] - start[f"{name}_cpu_s"]) / (row["t"] - start["t"]))
+                start = row
+        return cores
 
     def growth(self, name: str) -> dict[str, float]:
         """RSS at the end of warm-up, max afterwards, end; growth in % of the warm-up RSS."""
@@ -147,9 +158,19 @@ def main() -> None:
         ["process", "RSS at 10 min MiB", "max after MiB", "end MiB", "growth", "note"],
         rows,
     )
+    print_table(
+        "cores used per 20-minute window (the same load throughout)",
+        ["process", "cores per window"],
+        [[name, "  ".join(f"{c:.3f}" for c in series.cpu_by_window(name))] for name in pids],
+    )
     print_table("load", ["figure", "value", "note"], report.rows())
     if args.json_out:
-        out = {"figures": figures, "series": series.rows, "load": report.to_dict()}
+        out = {
+            "figures": figures,
+            "cores_per_20_min": {name: series.cpu_by_window(name) for name in pids},
+            "series": series.rows,
+            "load": report.to_dict(),
+        }
         args.json_out.write_text(json.dumps(out, indent=1, default=str))
 
 
