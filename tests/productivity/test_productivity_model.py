@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -219,3 +220,31 @@ def test_a_gpu_computing_again_after_a_fatal_xid_was_reset_and_is_not_down() -> 
     causes = seconds_by_cause(model)
     assert math.isclose(causes["fatal_xid"], 20.0, abs_tol=1.0), causes
     assert math.isclose(causes["unattributed"], 20.0, abs_tol=1.0), causes
+
+
+def _clocked_run(model: ProductivityModel, clocks_at: Callable[[float], list[float]], until: int = 90) -> None:
+    model.observe(started(0.0))
+    entities = [{"node": "node-0", "gpu": str(g), "job": "train"} for g in range(GPUS)]
+    for t in range(1, until + 1):
+        ts = float(t)
+        values = np.array([[99.0, c] for c in clocks_at(ts)])
+        columns = ["gpu_utilization_percent", "gpu_sm_clock_mhz"]
+        model.observe(Batch("node-0", frames=[Frame(ts, columns, entities, values)]))
+        model.observe(Batch("sdk", training=step_records(ts, t, 1.2)))
+        model.advance(ts, [])
+
+
+def test_a_job_placed_on_slower_parts_is_productive_and_judged_by_its_slowest_part() -> None:
+    # GPUs 2 and 3 are slower parts (1650 MHz) from the start: the job's normal pace. From 30 s GPU 0
+    # drops to 1800 MHz, still faster than them: the job waits for them as before, nothing is lost.
+    # From 60 s GPU 3 drops to 1320 MHz: now the job's steps slow by 1650 / 1320 = 1.25.
+    def clocks(ts: float) -> list[float]:
+        return [1980.0 if ts <= 30 else 1800.0, 1980.0, 1650.0, 1650.0 if ts <= 60 else 1320.0]
+
+    model = ProductivityModel()
+    _clocked_run(model, clocks)
+    causes = seconds_by_cause(model)
+    assert math.isclose(causes["throttled"], GPUS * 30, abs_tol=GPUS * 2), causes
+    assert causes["training"] >= GPUS * 55, causes
+    degraded = model.summary("fleet", 0.0, 1e6)["groups"][0]["states"]["degraded"]
+    assert math.isclose(degraded["lost_gpu_hours"] / degraded["gpu_hours"], 0.2, abs_tol=0.01)

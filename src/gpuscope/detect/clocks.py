@@ -6,30 +6,23 @@ Both judge a per-GPU condition sampled at each evaluation and smoothed into the 
 ``clear_share``, so one- or two-second power blips (normal under load) never reach it and a
 recurring throttle does not flap. Vectorised over every GPU.
 
-Peers are the loaded GPUs of the same job (attribution label), with the same robust reference as
-training ranks (:mod:`gpuscope.detect.ranks`): the ``ref_quantile`` quantile of their SM clocks
-(the fast end, not the median), so it stays with the healthy GPUs when up to three quarters of
-them slow down together. For the first ``warm`` evaluations of a job its GPUs' paces (the
-reference clock over their own) are only recorded; then the GPUs are clustered into speed groups
-(:func:`~gpuscope.detect.vectors.speed_groups`: mixed clocks or parts from the start) and each
-is judged within its own group. A group that was slower from the start is the job's placement,
-not a live fault (training jobs report it as ``slow_placement``); a GPU alone in being slow from
-the start is still underperforming. When GPUs join the job the groups are learned again, but a
-GPU that is firing, or whose pace got worse since it was last learned, keeps its old group: a
-live fault never becomes the new normal.
+Peers are the loaded GPUs of the same job, judged within their speed group against its fast end
+(:class:`~gpuscope.detect.peers.ClockPeers`, shared with ``gpu_failure_risk``): a group that was
+slower from the start is the job's placement, not a live fault, and a GPU that is firing keeps
+its group when the job's groups are learned again.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 
 import numpy as np
 
 from gpuscope.detect.base import GpuTableDetector, register
 from gpuscope.detect.frames import BoolArray
 from gpuscope.detect.gputable import GpuTable
-from gpuscope.detect.vectors import IntArray, grow, speed_groups
+from gpuscope.detect.peers import ClockPeers
+from gpuscope.detect.vectors import grow
 from gpuscope.model import Finding, FloatArray
 
 POWER, SLOW = "gpu_power_throttle", "gpu_underperforming"
@@ -89,19 +82,6 @@ class _Share:
         return firing
 
 
-@dataclass(slots=True)
-class _Peers:
-    """One job's GPUs as peers: their speed groups and paces when last learned."""
-
-    #: warm-up evaluations: (GPU ids, their lag behind the job's reference clock)
-    warm: list[tuple[IntArray, FloatArray]] = field(default_factory=list)
-    #: GPU id -> speed group (0: fastest); None until the first warm-up ends
-    group: dict[int, int] | None = None
-    #: GPU id -> its pace (lag behind the reference) when the groups were last learned
-    pace: dict[int, float] = field(default_factory=dict)
-    relearn: bool = False
-
-
 @register
 class ClockDetector(GpuTableDetector):
     rules = (POWER, SLOW)
@@ -119,16 +99,11 @@ class ClockDetector(GpuTableDetector):
         noise_k: float = 5.0,
     ) -> None:
         super().__init__()
-        self.load_percent, self.lag_ratio, self.min_peers = load_percent, lag_ratio, min_peers
-        self.ref_quantile, self.warm, self.split_gap, self.noise_k = ref_quantile, warm, split_gap, noise_k
+        self.load_percent, self.lag_ratio = load_percent, lag_ratio
         self._power = _Share(tau, 0.5, 0.25)
         self._slow = _Share(tau, 0.6, 0.3)
         self._ratio: FloatArray = np.zeros(0)
-        self._peers: dict[int, _Peers] = {}
-        #: per GPU id, its speed group (-1: not learned yet; a GPU that joined is judged once it is)
-        self._gid: IntArray = np.zeros(0, np.intp)
-        #: per GPU id, the job (code) it was a member of when last seen (-1: none)
-        self._member: IntArray = np.zeros(0, np.intp)
+        self._peers = ClockPeers(min_peers, ref_quantile, warm, split_gap, noise_k)
 
     def evaluate(self, now: float) -> list[Finding]:
         t = self.table
@@ -148,7 +123,7 @@ class ClockDetector(GpuTableDetector):
         )
         hw = _flag(t, "gpu_throttle_hw_slowdown") | _bits(t, HW_SLOWDOWN)
         clock = np.where(loaded, t.column("gpu_sm_clock_mhz"), math.nan)
-        peers, judged = self._references(clock, t.job[:n], recent)
+        peers, judged = self._peers.references(clock, t.job[:n], recent, self._slow.firing)
         ratio = clock / peers
         self._ratio = ratio
         slow = judged & (ratio < self.lag_ratio) & ~power & ~thermal & ~hw
@@ -158,72 +133,6 @@ class ClockDetector(GpuTableDetector):
         for i in np.flatnonzero(self._slow.update(now, slow) & recent).tolist():
             out.append(self._slow_finding(i, float(ratio[i]), float(peers[i])))
         return out
-
-    def _references(
-        self, clock: FloatArray, job: IntArray, recent: BoolArray
-    ) -> tuple[FloatArray, BoolArray]:
-        """Per GPU, the reference clock of its speed group, and whether it can be judged yet."""
-        n = len(clock)
-        if len(self._gid) < n:
-            size = max(n, 2 * len(self._gid), 16)
-            self._gid = np.concatenate([self._gid, np.full(size - len(self._gid), -1, np.intp)])
-            self._member = np.concatenate([self._member, np.full(size - len(self._member), -1, np.intp)])
-        ref = np.full(n, math.nan)
-        judged: BoolArray = np.zeros(n, bool)
-        finite = np.isfinite(clock)
-        for code in np.unique(job[(job >= 0) & recent]).tolist():
-            mine = job == code
-            joined = np.flatnonzero(mine & recent & (self._member[:n] != code))
-            peers = self._peers.setdefault(code, _Peers())
-            if joined.size:
-                self._member[joined] = code
-                self._gid[joined] = -1
-                if peers.group is not None and not peers.relearn:
-                    peers.relearn, peers.warm = True, []  # GPUs joined the job: learn its speeds again
-            ids = np.flatnonzero(mine & finite)
-            if len(ids) <= self.min_peers:
-                continue
-            if peers.group is None or peers.relearn:
-                top = float(np.quantile(clock[ids], self.ref_quantile))
-                peers.warm.append((ids, top / clock[ids] - 1.0))
-                if len(peers.warm) >= self.warm:
-                    self._split(peers, np.flatnonzero(self._member[:n] == code))
-            if peers.group is None:
-                continue
-            groups = self._gid[ids]
-            for g in np.unique(groups[groups >= 0]).tolist():
-                own = ids[groups == g]
-                pool = own if len(own) >= 2 else ids
-                ref[own] = float(np.quantile(clock[pool], self.ref_quantile))
-            # a GPU that joined is judged once the groups were learned with it
-            judged[ids] = groups >= 0
-        return ref, judged
-
-    def _split(self, peers: _Peers, members: IntArray) -> None:
-        """End of a warm-up: cluster the job's GPUs by pace; firing or worsened GPUs keep their group."""
-        seen: dict[int, list[float]] = {}
-        for ids, lags in peers.warm:
-            for i, x in zip(ids.tolist(), lags.tolist(), strict=True):
-                seen.setdefault(i, []).append(x)
-        peers.warm = []
-        paces = {i: float(np.median(xs)) for i, xs in seen.items()}
-        noise = [float(np.median(np.abs(np.array(xs) - paces[i]))) for i, xs in seen.items()]
-        gap = max(self.split_gap, self.noise_k * float(np.median(noise))) if noise else self.split_gap
-        old, old_pace = peers.group or {}, peers.pace
-        firing = self._slow.firing
-        kept = {
-            i
-            for i, p in paces.items()
-            if i in old and ((i < len(firing) and firing[i]) or p - old_pace[i] >= gap)
-        }
-        learn = {i: p for i, p in paces.items() if i not in kept}
-        group = speed_groups(learn, gap) if len(learn) >= 4 else dict.fromkeys(learn, 0)
-        group.update({i: old.get(i, 0) for i in kept})
-        group.update({i: 0 for i in members.tolist() if i not in group})  # idle so far: the fast group
-        peers.group = group
-        self._gid[np.fromiter(group, np.intp, len(group))] = np.fromiter(group.values(), np.intp, len(group))
-        peers.pace = {**old_pace, **learn}
-        peers.relearn = False
 
     def _power_finding(self, i: int, brake: bool) -> Finding:
         node, gpu = self.table.keys[i]
@@ -252,8 +161,7 @@ class ClockDetector(GpuTableDetector):
         node, gpu = self.table.keys[i]
         code = int(self.table.job[i])
         job = self.table.job_names[code] if code >= 0 else "?"
-        known = self._peers.get(code)
-        group = known.group.get(i, 0) if known is not None and known.group else 0
+        group = self._peers.group_of(code, i)
         clock = ratio * peers
         return Finding(
             SLOW,

@@ -4,10 +4,12 @@ Five kinds of evidence decay over ``tau`` (a day by default), each scaled to 0..
 errors (``sbe_full`` of them is 1), rows remapped after correctable errors (``rows_full`` new
 ones is 1; rows remapped before the hub first saw the GPU do not count), throttle episodes
 (rising edges of any thermal or power flag; ``throttle_full`` is 1), XIDs (a fatal one is 1, an
-application one 0.25) and peer lag (SM clock below the median of its job's GPUs, as a share of
-time). The score is their sum; it fires at ``threshold`` and only with evidence of at least two
-kinds, so one noisy counter is never a risk. At ``imminent`` the alert escalates to P2: the GPU
-is about to take its work down with it.
+application one 0.25) and peer lag (SM clock below its peers, as a share of time: the fast end of
+its speed group in its job, :class:`~gpuscope.detect.peers.ClockPeers`, the reference
+``gpu_underperforming`` uses, so many GPUs slowing together do not hide the lag of one and a slower
+group the job was placed on from the start is not lag). The score is their sum; it fires at
+``threshold`` and only with evidence of at least two kinds, so one noisy counter is never a risk.
+At ``imminent`` the alert escalates to P2: the GPU is about to take its work down with it.
 """
 
 from __future__ import annotations
@@ -17,7 +19,9 @@ import math
 import numpy as np
 
 from gpuscope.detect.base import GpuTableDetector, register
-from gpuscope.detect.vectors import group_median, grow
+from gpuscope.detect.frames import BoolArray
+from gpuscope.detect.peers import ClockPeers
+from gpuscope.detect.vectors import grow
 from gpuscope.model import Event, Finding, FloatArray
 from gpuscope.signals import FATAL_XIDS
 
@@ -30,6 +34,8 @@ _FLAGS = (
 )
 _KINDS = ("ecc", "rows", "throttle", "xid", "lag")
 ROWS = "gpu_remapped_rows_correctable"
+#: an SM clock below this share of its peers' lags
+LAG_RATIO = 0.96
 
 
 @register
@@ -55,6 +61,9 @@ class FailureRiskDetector(GpuTableDetector):
         self._prev_flag: FloatArray = np.zeros(0)
         self._xids: list[tuple[tuple[str, str], float]] = []
         self._last: float | None = None
+        self._peers = ClockPeers()
+        #: GPUs lagging at the last evaluation: they keep their speed group when it is learned again
+        self._lagging: BoolArray = np.zeros(0, bool)
 
     def on_event(self, event: Event) -> None:
         if event.kind == "xid":
@@ -101,9 +110,12 @@ class FailureRiskDetector(GpuTableDetector):
             if i is not None:
                 self._ev["xid"][i] += weight
         self._xids.clear()
-        util = t.column("gpu_utilization_percent")
-        clock = np.where(util >= 50.0, t.column("gpu_sm_clock_mhz"), math.nan)
-        lagging = (clock / group_median(clock, t.job[:n])) < 0.96
+        recent = t.recent(now, 10.0)
+        loaded = recent & (t.column("gpu_utilization_percent") >= 50.0)
+        clock = np.where(loaded, t.column("gpu_sm_clock_mhz"), math.nan)
+        ref, judged = self._peers.references(clock, t.job[:n], recent, self._lagging)
+        lagging = judged & (clock < LAG_RATIO * ref)
+        self._lagging = lagging
         self._ev["lag"][:n] += lagging * (dt / 3600.0)
         parts = np.stack([np.minimum(self._ev[k][:n], 1.0) for k in _KINDS])
         score = parts.sum(axis=0)

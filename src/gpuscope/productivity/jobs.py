@@ -37,8 +37,8 @@ class JobView:
     outcome: str = ""  # failed | finished once the job is over
     #: when the first step after the latest (re)start began: the end of its start-up
     first_step_start: float = -math.inf
-    #: each of its GPUs' SM clock over its full speed while computing (1.0 when idle or unknown)
-    clock_ratio: dict[tuple[str, str], float] = field(default_factory=dict)
+    #: each of its GPUs' SM clock while computing and its full speed (the highest seen; 0 unknown)
+    clocks: dict[tuple[str, str], tuple[float, float]] = field(default_factory=dict)
     _clock_at: float = -math.inf
     _clock_slowdown: float = 1.0
     _base: float = math.nan
@@ -55,7 +55,7 @@ class JobView:
             self.in_checkpoint.clear()
             self.beats.clear()
             self.recent.clear()
-            self.clock_ratio.clear()
+            self.clocks.clear()
         elif kind == "checkpoint_started":
             if not self.in_checkpoint:
                 self.checkpoint_since = event.ts
@@ -100,12 +100,16 @@ class JobView:
         return statistics.median(self.recent) / base
 
     def clock_slowdown(self, now: float) -> float:
-        """How much its slowest GPU's clock slows the job (synchronous steps wait for it);
-        recomputed at most once a second, so a large job costs O(GPUs) per second, not per GPU."""
+        """How much the clocks slow the job: synchronous steps wait for the slowest GPU, so the
+        slowest clock now against the slowest full speed. A job placed on slower parts from the
+        start runs at their pace as its normal, and a faster GPU clocked down to no lower than them
+        slows nothing. Recomputed at most once a second, so a large job costs O(GPUs) per second."""
         if now - self._clock_at >= 1.0:
             self._clock_at = now
-            slowest = min(self.clock_ratio.values(), default=1.0)
-            self._clock_slowdown = 1.0 / slowest if slowest > 0 else 1.0
+            known = [c for c in self.clocks.values() if c[1] > 0]
+            slowest = min((clock for clock, _ in known), default=0.0)
+            full = min((top for _, top in known), default=0.0)
+            self._clock_slowdown = full / slowest if slowest > 0 else 1.0
         return self._clock_slowdown
 
     def status(self, now: float) -> str:

@@ -239,11 +239,11 @@ class ProductivityModel:
             job = self.jobs.get(view.job) if view.job else None
             if job is not None and clocks is not None:
                 clock = clocks[i]
-                ratio = 1.0
                 if busy >= 50.0 and math.isfinite(clock) and clock > 0:
                     view.clock_max = max(view.clock_max, clock)
-                    ratio = clock / view.clock_max
-                job.clock_ratio[key] = ratio
+                else:
+                    clock = view.clock_max  # idle or unknown: not slowed
+                job.clocks[key] = (clock, view.clock_max)
             cause, lost = self._classify(view, busy, ts)
             if job is not None and cause != view.cause:
                 self._recount(view, job, cause)

@@ -82,6 +82,9 @@ class Mods:
     power_cap: FloatArray  # fraction of the power limit enforced
     brake: BoolArray
     slowdown: FloatArray
+    #: the share of ``slowdown`` that is the GPU's normal speed, not a fault (a slower part or a
+    #: clock limit the job was placed on): the ground truth judges the GPU against it
+    part_slowdown: FloatArray
     sbe_rate: FloatArray
     nvlink_rate: FloatArray
     pcie_rate: FloatArray
@@ -151,6 +154,7 @@ class GpuFleet:
             power_cap=np.ones(n),
             brake=np.zeros(n, dtype=bool),
             slowdown=np.ones(n),
+            part_slowdown=np.ones(n),
             sbe_rate=np.zeros(n),
             nvlink_rate=np.zeros(n),
             pcie_rate=np.zeros(n),

@@ -470,10 +470,11 @@ def true_slowdown(job: TrainingJob) -> float:
         return 1.0
     c, alive = job.cond, job.alive
     perf = job.fleet.perf[job.gpu_idx][alive]
-    base = COMPUTE_SHARE * job.nominal * job.noise[alive] * c.rank_pace[alive]
+    part = job.fleet.mods.part_slowdown[job.gpu_idx][alive]  # slower parts placed on: the normal pace
+    base = COMPUTE_SHARE * job.nominal * job.noise[alive] * c.rank_pace[alive] * part
     comm = (1.0 - COMPUTE_SHARE) * job.nominal
     healthy = float((base + job.wait[alive]).max()) + comm
     actual = (
-        float((base * c.rank_slow[alive] / perf + job.wait[alive]).max()) + comm * c.comm_factor
+        float((base * c.rank_slow[alive] / (perf * part) + job.wait[alive]).max()) + comm * c.comm_factor
     ) * c.job_factor
     return actual / healthy

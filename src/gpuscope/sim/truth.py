@@ -64,7 +64,9 @@ class GroundTruth:
         if service is not None:
             return ("idle_job" if service.cond.idle else "serving"), 0.0
         job = world.jobs[name]
-        throttled = bool((fleet.perf[job.gpu_idx] < 1.0 / DEGRADED_AT).any())
+        # against each GPU's normal speed: a slower part a job was placed on is not throttled
+        perf = fleet.perf[job.gpu_idx] * mods.part_slowdown[job.gpu_idx]
+        throttled = bool((perf < 1.0 / DEGRADED_AT).any())
         return _training_cause(job, i, throttled)
 
     def gpu_hours(self) -> dict[str, float]:

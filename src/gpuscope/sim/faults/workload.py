@@ -95,7 +95,8 @@ class SlowPlacement(Effect):
     """A group of ranks computes slower for as long as the fault lasts (from the start: a job
     placed on mixed hardware). It is the job's normal pace, not lost work, in the ground truth;
     ranks past the job's world are ignored. With ``clocks`` the group's GPUs themselves run at
-    lower SM clocks (slower parts, clock limits), which is how the ranks get slower."""
+    lower SM clocks (slower parts, clock limits), which is how the ranks get slower; the ground
+    truth takes those clocks as the GPUs' normal speed (``Mods.part_slowdown``) too."""
 
     kinds = ("slow_placement",)
 
@@ -103,7 +104,9 @@ class SlowPlacement(Effect):
         first = int(self.param("first_rank"))
         group = slice(first, first + int(self.param("ranks")))
         if self.fault.params["clocks"]:
-            self.world.fleet.mods.slowdown[self.job.gpu_idx[group]] *= self.param("slowdown")
+            mods, gpus = self.world.fleet.mods, self.job.gpu_idx[group]
+            mods.slowdown[gpus] *= self.param("slowdown")
+            mods.part_slowdown[gpus] *= self.param("slowdown")
         else:
             self.job.cond.rank_pace[group] *= self.param("slowdown")
 
