@@ -222,7 +222,11 @@ def test_a_gpu_computing_again_after_a_fatal_xid_was_reset_and_is_not_down() -> 
     assert math.isclose(causes["unattributed"], 20.0, abs_tol=1.0), causes
 
 
-def _clocked_run(model: ProductivityModel, clocks_at: Callable[[float], list[float]], until: int = 90) -> None:
+def _clocked_run(
+    model: ProductivityModel,
+    clocks_at: Callable[[float], list[float]],
+    until: int = 90,
+) -> None:
     model.observe(started(0.0))
     entities = [{"node": "node-0", "gpu": str(g), "job": "train"} for g in range(GPUS)]
     for t in range(1, until + 1):

@@ -45,7 +45,10 @@ cluster: {nodes: 2, gpus_per_node: 4, gpu_model: H100-SXM5-80GB}
 jobs:
   - {name: mixed, kind: training, nodes: [node-0, node-1], step_time: 1.0, checkpoint_every: 900}
 faults:
-  - {at: 0, kind: slow_placement, target: {job: mixed}, params: {first_rank: 4, ranks: 4, slowdown: 1.2, clocks: true}}
+  - at: 0
+    kind: slow_placement
+    target: {job: mixed}
+    params: {first_rank: 4, ranks: 4, slowdown: 1.2, clocks: true}
   - {at: 150, kind: gpu_slow, target: {node: node-0, gpu: 1}, params: {slowdown: 1.1}, duration: 150}
   - {at: 400, kind: gpu_slow, target: {node: node-1, gpu: 2}, params: {slowdown: 1.15}, duration: 150}
 """
