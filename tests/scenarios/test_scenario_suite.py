@@ -87,8 +87,11 @@ def test_a_worsening_straggler_is_one_alert_that_follows_it() -> None:
 
 
 def test_a_gpu_speed_group_from_the_start_is_placement_not_underperformance() -> None:
-    # in long/: its GPU-hours truth counts the slow-clocked group as degraded (open: sim/truth.py)
+    # in long/ (over 90 s of wall time on a loaded machine); slower parts from the start are the
+    # job's normal pace, in the simulator's GPU-hours truth as in the productivity model
     result = _run(HERE / "long" / "hardware-peer-groups.yaml")
+    hours = compare(result.measured_gpu_hours, result.true_gpu_hours)
+    assert hours["max_error_pct"] <= 2.0, hours
     slow_group = {"node-2", "node-3"}  # ranks 8-15 of job mixed run on lower clocks from the start
     wrong = [
         a.to_dict()

@@ -141,6 +141,21 @@ def test_gpu_failure_risk_creeps_up_then_ends_in_a_fatal_xid() -> None:
     assert trace.beats("train", 5, xid[0].ts + 1, AT + 1400) == []
 
 
+def test_gpu_failure_risk_shapes_leave_out_the_symptoms_they_are_told_to() -> None:
+    # worn memory: corrected errors, no remaps and no heat; the fatal XID still ends it
+    trace = fault(
+        "- {at: 300, kind: gpu_failure_risk, target: {node: node-1, gpu: 1},"
+        " params: {ramp: 600, rows: 0, throttle: false, sbe_rate: 1.0}}",
+        duration=1000,
+    )
+    sbe = trace.gpu("node-1", 1, "gpu_ecc_sbe_aggregate_total", AT, AT + 599)
+    assert sbe[-1] - sbe[0] >= 100
+    rows = trace.gpu("node-1", 1, "gpu_remapped_rows_correctable", AT - 100, AT + 599)
+    assert rows[-1] == rows[0]
+    assert during(trace, "gpu_throttle_sw_thermal", t0=AT, t1=AT + 599).max() == 0
+    assert [e.data["code"] for e in trace.events("xid", node="node-1", gpu="1")] == [79]
+
+
 def test_node_down_sends_nothing_and_its_ranks_and_replicas_go_silent() -> None:
     text = (
         small("- {at: 300, kind: node_down, target: {node: node-1}, duration: 120}")

@@ -2,9 +2,10 @@
 
 Five kinds of evidence decay over ``tau`` (a day by default), each scaled to 0..1: corrected ECC
 errors (``sbe_full`` of them is 1), rows remapped after correctable errors (``rows_full`` new
-ones is 1; rows remapped before the hub first saw the GPU do not count), throttle episodes
-(rising edges of any thermal or power flag; ``throttle_full`` is 1), XIDs (a fatal one is 1, an
-application one 0.25) and peer lag (SM clock below its peers, as a share of time: the fast end of
+ones is 1; rows remapped before the hub first saw the GPU do not count), overheating episodes
+(rising edges of a thermal throttle flag; ``throttle_full`` is 1: a healthy, cooled GPU has none,
+while power-cap episodes are policy met under load, not wear, and do not count), XIDs (a fatal
+one is 1, an application one 0.25) and peer lag (SM clock below its peers, as a share of time: the fast end of
 its speed group in its job, :class:`~gpuscope.detect.peers.ClockPeers`, the reference
 ``gpu_underperforming`` uses, so many GPUs slowing together do not hide the lag of one and a slower
 group the job was placed on from the start is not lag). The score is their sum; it fires at
@@ -26,12 +27,7 @@ from gpuscope.model import Event, Finding, FloatArray
 from gpuscope.signals import FATAL_XIDS
 
 RULE = "gpu_failure_risk"
-_FLAGS = (
-    "gpu_throttle_sw_thermal",
-    "gpu_throttle_hw_thermal",
-    "gpu_throttle_sw_power",
-    "gpu_throttle_hw_power_brake",
-)
+_FLAGS = ("gpu_throttle_sw_thermal", "gpu_throttle_hw_thermal")
 _KINDS = ("ecc", "rows", "throttle", "xid", "lag")
 ROWS = "gpu_remapped_rows_correctable"
 #: an SM clock below this share of its peers' lags
@@ -48,7 +44,7 @@ class FailureRiskDetector(GpuTableDetector):
         tau: float = 86400.0,
         threshold: float = 1.5,
         sbe_full: float = 200.0,
-        throttle_full: float = 20.0,
+        throttle_full: float = 5.0,
         rows_full: float = 4.0,
         imminent: float = 3.0,
     ) -> None:

@@ -191,7 +191,9 @@ class NodeDown(Effect):
 class GpuFailureRisk(_GpuEffect):
     """A GPU wearing out: over ``ramp`` seconds its corrected ECC errors, remapped rows and thermal
     throttle episodes creep up (episodes come more often as it degrades), then a fatal XID
-    (``code``) takes it down; it stays unusable until the fault ends (replaced or reset)."""
+    (``code``) takes it down; it stays unusable until the fault ends (replaced or reset). Each
+    symptom can be left out (``sbe_rate: 0``, ``rows: 0``, ``throttle: false``): worn memory shows
+    errors and remaps without heat, a failing cooler heat and errors without remaps."""
 
     kinds = ("gpu_failure_risk",)
 
@@ -207,7 +209,8 @@ class GpuFailureRisk(_GpuEffect):
 
     def begin(self, t: float) -> None:
         self.t0 = t
-        self.next_episode = t + self._period()
+        if self.fault.params["throttle"]:
+            self.next_episode = t + self._period()
 
     def _period(self) -> float:
         # a third of the ramp between episodes at first, a twentieth at the end

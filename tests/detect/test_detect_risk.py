@@ -1,11 +1,15 @@
-"""gpu_failure_risk's peer-lag evidence against robust GPU peers (the reference gpu_underperforming
-uses): many GPUs slowing together do not hide a wearing GPU's lag, and a slower group a job was
-placed on from the start is not lag that, with one other kind of evidence, invents a risk."""
+"""gpu_failure_risk: its peer-lag evidence against robust GPU peers (the reference
+gpu_underperforming uses): many GPUs slowing together do not hide a wearing GPU's lag, and a slower
+group a job was placed on from the start is not lag that, with one other kind of evidence, invents
+a risk. Overheating episodes are wear; power-cap episodes under load are not."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from detect.rig import Driver, FakeCluster
 from gpuscope.detect.risk import FailureRiskDetector
+from gpuscope.model import Batch
 
 FULL = 1980.0
 SBE = "gpu_ecc_sbe_aggregate_total"
@@ -45,3 +49,33 @@ def test_a_slower_group_placed_from_the_start_is_not_lag_that_invents_a_risk() -
     cluster.overrides[keys[5]][SBE] = 2.0 + 160.0  # one kind of evidence: corrected errors
     driver.run(300, 3600, cluster.batches, STEP)
     assert at_risk(driver) == set()
+
+
+def _episodes(
+    cluster: FakeCluster, key: tuple[str, str], flag: str, every: float, length: float
+) -> Callable[[float], list[Batch]]:
+    """Batches with ``flag`` up for ``length`` seconds of every ``every``."""
+
+    def make(t: float) -> list[Batch]:
+        cluster.overrides[key][flag] = 1.0 if t % every < length else 0.0
+        return cluster.batches(t)
+
+    return make
+
+
+def test_power_cap_episodes_under_load_are_not_wear() -> None:
+    cluster, driver, keys = job_of_eight()
+    cluster.overrides[keys[2]] = {SBE: 2.0}
+    driver.run(0, 300, cluster.batches, STEP)
+    cluster.overrides[keys[2]][SBE] = 2.0 + 120.0  # some corrected errors: one kind
+    driver.run(300, 2400, _episodes(cluster, keys[2], "gpu_throttle_sw_power", 60.0, 20.0), STEP)
+    assert at_risk(driver) == set()
+
+
+def test_overheating_again_and_again_with_corrected_errors_is_a_risk() -> None:
+    cluster, driver, keys = job_of_eight()
+    cluster.overrides[keys[2]] = {SBE: 2.0}
+    driver.run(0, 300, cluster.batches, STEP)
+    cluster.overrides[keys[2]][SBE] = 2.0 + 120.0
+    driver.run(300, 1800, _episodes(cluster, keys[2], "gpu_throttle_sw_thermal", 300.0, 90.0), STEP)
+    assert at_risk(driver) == {keys[2]}  # five episodes of heat and the errors
