@@ -61,6 +61,8 @@ _TARGETS = {
     "rank": RANK_TARGET,
     "service": SERVICE_TARGET,
 }
+#: libyaml's safe loader where PyYAML was built with it: the table is read at every start
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _KIND_KEYS = frozenset({"rule", "target", "job", "simulated", "params"})
 _PARAM_KEYS = frozenset({"default", "lo", "hi", "choices", "help"})
 
@@ -122,7 +124,7 @@ def _kind(name: str, row: object, source: str) -> FaultKind:
 
 def load_kinds(text: str, source: str = TABLE.name) -> dict[str, FaultKind]:
     """Every fault kind of a table in the format of ``kinds.yaml``, in its order."""
-    rows = yaml.safe_load(text)
+    rows = yaml.load(text, Loader=_LOADER)
     if not isinstance(rows, dict) or not rows:
         raise KindTableError(f"{source}: a mapping of fault kinds")
     return {str(name): _kind(str(name), row, source) for name, row in rows.items()}
