@@ -158,7 +158,7 @@ def test_concurrent_requests_lose_nothing_and_each_sender_stays_in_order() -> No
         assert [k for source, k in seen if source == f"agent-n{i}"] == list(range(300))
 
 
-def test_an_observer_that_ingests_what_it_derives_has_it_observed_on_the_next_tick() -> None:
+def test_what_an_observer_derives_and_stores_is_seen_before_the_same_evaluation() -> None:
     hub, seen = _hub()
 
     def derive(batch: Batch) -> None:
@@ -169,11 +169,14 @@ def test_an_observer_that_ingests_what_it_derives_has_it_observed_on_the_next_ti
 
     hub.add_observer(derive)
     hub.ingest(_batch(1))
-    assert hub.observe_pending() == 1
+    assert hub.observing.drain() == 1
     assert seen.frames == [1.0]
-    assert hub.observing.backlog()[0] == 1  # what the observer stored, queued for the next tick
+    assert hub.observing.backlog()[0] == 1  # what the observer stored, queued for the next drain
+    hub.ingest(_batch(2))
+    # the evaluation sees it, and what the observer derives from the next batch, as if each
+    # request had observed its own batch
     hub.evaluate(5.0)
-    assert seen.frames == [1.0, 1.5]
+    assert seen.at_evaluation == [[1.0, 1.5, 2.0, 2.5]]
     hub.store.close()
 
 

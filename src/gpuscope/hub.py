@@ -27,6 +27,8 @@ from gpuscope.productivity import ProductivityModel
 from gpuscope.store.base import AppendResult, Store
 
 AlertListener = Callable[[AlertChange], None]
+#: drains of the observe stage per evaluation: a tick, what observers derive from it, and from that
+DERIVED_PASSES = 3
 #: how long a resumed alert may go unconfirmed by the warmed-up detectors before it can resolve
 RESUME_GRACE_S = 30.0
 
@@ -101,8 +103,16 @@ class Hub:
         return result
 
     def observe_pending(self) -> int:
-        """Let the detectors and observers see every batch acknowledged so far; returns how many."""
-        return self.observing.drain()
+        """Let the detectors and observers see every batch acknowledged so far, and what the
+        observers derive from them and store meanwhile (the quality monitor's series, lineage's
+        events), as when each request observed its own batch; returns how many."""
+        total = 0
+        for _ in range(DERIVED_PASSES):
+            seen = self.observing.drain()
+            total += seen
+            if not seen:
+                break
+        return total
 
     def _detect_tick(self, batches: list[Batch]) -> None:
         """One tick's batches: this hub's parts all at once, the others to their owners."""
