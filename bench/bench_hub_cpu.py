@@ -16,7 +16,8 @@ Anchors, same run:
   once the samples are buffered in memory; the hub answers once they are durable (synced in its
   ingest log), and moves them into DuckDB once a second.
 - the same batches through the same hub code in process, without HTTP (decode, validate, store
-  durably, detect): the difference is what the HTTP layer costs.
+  durably; the detectors and observers see each tick at once before it is evaluated): the
+  difference is what the HTTP layer costs.
 
 Batches go as binary frames (``application/vnd.gpuscope.frame``), as agents send them; ``--json``
 sends the JSON batches of earlier rounds instead.
@@ -53,6 +54,8 @@ WARM_TICKS = 3
 SETTLE_S = 2.0
 #: time to encode the ticks before the first one is due
 ENCODE_S = 5.0
+#: a hub process starting on a busy shared machine (imports, DuckDB) may take longer than 30 s
+HUB_START_S = 180.0
 
 Ticks = list[tuple[float, list[Outgoing]]]
 
@@ -97,7 +100,13 @@ def spread(pool: ThreadPoolExecutor, send: Callable[[Item], int], items: list[It
 
 def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
     """Hub CPU seconds, batches and samples acknowledged after the warm-up ticks."""
-    with tempfile.TemporaryDirectory() as tmp, gpuscope_hub(Path(tmp) / "hub.duckdb") as (url, proc):
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        gpuscope_hub(Path(tmp) / "hub.duckdb", ready_s=HUB_START_S) as (
+            url,
+            proc,
+        ),
+    ):
         ticks = node_ticks(nodes, n_ticks)
         hub = psutil.Process(proc.pid)
         clients = [httpx.Client(base_url=url, timeout=60) for _ in range(agents)]

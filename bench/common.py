@@ -144,8 +144,10 @@ def victoria_metrics() -> Iterator[tuple[str, Path] | None]:
 
 
 @contextmanager
-def gpuscope_hub(db: Path, extra: list[str] | None = None) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A real hub process (``gpuscope hub``) on a loopback port."""
+def gpuscope_hub(
+    db: Path, extra: list[str] | None = None, ready_s: float = 30
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real hub process (``gpuscope hub``) on a loopback port, answering within ``ready_s``."""
     port = free_port()
     proc = subprocess.Popen(
         [
@@ -162,7 +164,7 @@ def gpuscope_hub(db: Path, extra: list[str] | None = None) -> Iterator[tuple[str
         stdout=subprocess.DEVNULL,
     )
     try:
-        wait_http(f"http://127.0.0.1:{port}/api/v1/health")
+        wait_http(f"http://127.0.0.1:{port}/api/v1/health", ready_s)
         yield f"http://127.0.0.1:{port}", proc
     finally:
         proc.terminate()

@@ -50,6 +50,8 @@ def test_a_hub_applies_only_the_findings_its_placement_owns_and_tells_every_list
     assert [c.alert.entity["node"] for c in fired] == ["node-1"]
     assert heard == fired and placement.held_times == 1
     hub.ingest(Batch("agent-node-1"))
+    assert placement.batches == 0  # queued for the observe stage: the next evaluation sees it first
+    hub.evaluate(101.0)
     assert placement.batches == 1
 
 

@@ -35,6 +35,10 @@ class Evaluator(threading.Thread):
             lag = 0.0 if previous is None else max(0.0, now - previous - self.interval)
             previous = now
             self.hub.overload.evaluated(now, lag)
+            # batches acknowledged but not yet seen by the detectors are the hub's lag too, past
+            # the one interval they wait for this evaluation to observe them
+            waited = self.hub.observing.backlog()[1]
+            self.hub.overload.observe_lag(now, max(0.0, waited - self.interval))
             try:
                 self.hub.evaluate(now)
                 if now - last_maintenance >= 60:

@@ -21,11 +21,14 @@ from gpuscope.detect.settings import WARMUP_S
 from gpuscope.holds import SilenceHolds
 from gpuscope.ingest.overload import OverloadMonitor
 from gpuscope.model import Alert, Batch, Labels
+from gpuscope.observing import ObserveStage
 from gpuscope.placement import LocalPlacement, Placement
 from gpuscope.productivity import ProductivityModel
 from gpuscope.store.base import AppendResult, Store
 
 AlertListener = Callable[[AlertChange], None]
+#: drains of the observe stage per evaluation: a tick, what observers derive from it, and from that
+DERIVED_PASSES = 3
 #: how long a resumed alert may go unconfirmed by the warmed-up detectors before it can resolve
 RESUME_GRACE_S = 30.0
 
@@ -63,23 +66,29 @@ class Hub:
         self.productivity = ProductivityModel(price_per_gpu_hour)
         self._detect_lock = threading.Lock()
         self._listeners: list[AlertListener] = []
-        self._observers: list[Callable[[Batch], None]] = []
         #: CPU-side wall time spent in the detectors, for the hub's own /metrics
         self.detect_seconds = 0.0
+        #: acknowledged batches waiting for the detectors and observers, seen a tick at once
+        self.observing = ObserveStage(self.counters)
+        self.observing.add("detection", self._detect_tick)
+        self.observing.add_each("productivity", self.productivity.observe)
 
     def add_listener(self, listener: AlertListener) -> None:
         """Called for every alert that fires or resolves (terminal view, notifiers)."""
         self._listeners.append(listener)
 
     def add_observer(self, observer: Callable[[Batch], None]) -> None:
-        """Called with every newly stored batch, after the detectors (quality monitor, lineage)."""
-        self._observers.append(observer)
+        """Called with every newly stored batch, after the detectors (quality monitor, lineage),
+        in the order they were stored, from the observe stage (by the next evaluation at the latest)."""
+        module = getattr(observer, "__module__", None) or "observer"  # e.g. observe_errors_lineage
+        self.observing.add_each(module.rsplit(".", 1)[-1], observer)
 
     def ingest(self, batch: Batch) -> AppendResult:
-        """Store a batch (durable on return), then let the detectors see it.
+        """Store a batch (durable on return) and queue it for the detectors and observers.
 
         Storing comes first: a batch is acknowledged only once it cannot be lost, and a batch
-        the store de-duplicates (a retry after a lost reply) is not seen twice by detectors.
+        the store de-duplicates (a retry after a lost reply) is not seen twice by detectors. They
+        see it in the observe stage, a tick at once, before the next evaluation.
         """
         result = self.store.append(batch)
         if result.duplicate:
@@ -90,18 +99,33 @@ class Hub:
         self.counters.inc("ingest_events", result.events)
         self.counters.inc("ingest_training_records", result.training)
         self.counters.inc("ingest_refused_samples", result.refused_samples)
-        self.detect(batch)
-        self.productivity.observe(batch)
-        for observer in self._observers:
-            observer(batch)
+        self.observing.put(batch)
         return result
 
-    def detect(self, batch: Batch) -> None:
-        """Let the detectors owning each part of a stored batch see it (here, or on a peer)."""
-        self.placement.observe(batch, self.observe_local)
+    def observe_pending(self) -> int:
+        """Let the detectors and observers see every batch acknowledged so far, and what the
+        observers derive from them and store meanwhile (the quality monitor's series, lineage's
+        events), as when each request observed its own batch; returns how many."""
+        total = 0
+        for _ in range(DERIVED_PASSES):
+            seen = self.observing.drain()
+            total += seen
+            if not seen:
+                break
+        return total
+
+    def _detect_tick(self, batches: list[Batch]) -> None:
+        """One tick's batches: this hub's parts all at once, the others to their owners."""
+        parts: list[Batch] = []
+        for batch in batches:
+            self.placement.observe(batch, parts.append)
+        with self._detect_lock:
+            started = time.perf_counter()
+            self.detection.observe_many(parts)
+            self.detect_seconds += time.perf_counter() - started
 
     def observe_local(self, batch: Batch) -> None:
-        """This hub's detectors see a batch (part) that is theirs."""
+        """This hub's detectors see a batch (part) that is theirs (a peer's forward, at once)."""
         with self._detect_lock:
             started = time.perf_counter()
             self.detection.observe(batch)
@@ -150,7 +174,9 @@ class Hub:
 
     def evaluate(self, now: float) -> list[AlertChange]:
         """Run every detector at ``now`` and apply the findings this hub owns to the alert state
-        (which records each transition); then every listener hears what changed."""
+        (which records each transition); then every listener hears what changed. The detectors
+        first see every batch acknowledged before now."""
+        self.observe_pending()
         findings = self.overload.findings(now)
         with self.placement.held(), self._detect_lock:
             self.detection.hub_behind(now, bool(findings))

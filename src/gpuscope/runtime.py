@@ -137,6 +137,9 @@ class Runtime:
         # 2. the clock stops: no evaluation starts after this
         if self.evaluator is not None:
             self.evaluator.stop()
+        # the observers see what was acknowledged since the last evaluation (lineage registers its
+        # checkpoints; what the quality monitor derives from it is stored, and seen in turn)
+        self.hub.observe_pending()
         # 3. alerting: its clock and outbox stop, its state database closes
         self.alerting.stop()
         # 4. the GPU time counted since the last upkeep is kept

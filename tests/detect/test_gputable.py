@@ -57,3 +57,36 @@ def test_a_frame_without_the_tables_metrics_still_stamps_its_gpus() -> None:
     assert table.ingest(frames.index(frame)) is not None
     assert table.ts[: table.n].tolist() == [5.0]
     assert math.isnan(table.column("gpu_temp_celsius")[0])
+
+
+def test_a_tick_of_frames_at_once_leaves_the_table_as_frame_by_frame_would() -> None:
+    """Two ticks of the same nodes and a frame of another layout between them, in one call."""
+    metrics = ("gpu_temp_celsius", "gpu_utilization_percent")
+    layout = ["gpu_utilization_percent", "gpu_temp_celsius"]
+
+    def node(ts: float, name: str, job: str | None, value: float) -> Frame:
+        rows = [{"node": name, "gpu": str(g), **({"job": job} if job else {})} for g in range(2)]
+        return _frame(ts, layout, [{"node": name}, *rows], [[1.0, 1.0], [value, 40.0], [value + 1, 41.0]])
+
+    tick = [
+        node(10.0, "n1", "a", 50.0),
+        node(10.0, "n2", None, 60.0),
+        _frame(10.5, ["gpu_temp_celsius"], [{"node": "n1", "gpu": "1"}], [[99.0]]),
+        node(11.0, "n1", "b", 70.0),
+        node(11.0, "n3", "c", 80.0),
+        node(12.0, "n1", None, 90.0),  # the last of three reports of n1 wins
+    ]
+    one_by_one, at_once = GpuTable(metrics), GpuTable(metrics)
+    for frame in tick:
+        one_by_one.ingest(frames.index(frame))
+    at_once.ingest_many([frames.index(frame) for frame in tick])
+    assert at_once.keys == one_by_one.keys
+    for m in metrics:
+        assert at_once.column(m).tolist() == one_by_one.column(m).tolist()
+    assert (
+        at_once.ts[: at_once.n].tolist()
+        == one_by_one.ts[: one_by_one.n].tolist()
+        == [12.0] * 2 + [10.0] * 2 + [11.0] * 2
+    )
+    assert at_once.job[: at_once.n].tolist() == one_by_one.job[: one_by_one.n].tolist()
+    assert at_once.column("gpu_utilization_percent")[:2].tolist() == [90.0, 91.0]

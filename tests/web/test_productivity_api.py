@@ -145,6 +145,34 @@ def test_productivity_by_team_takes_the_team_from_the_pod_metadata() -> None:
         hub.ingest(Batch("sdk", events=[Event(clock.now, "job_started", {"job": "bert"}, {"team": "llm"})]))
         clock.now += 1
         hub.ingest(Batch("node-0", frames=[kubelet_frame(clock.now)]))
+        hub.observe_pending()  # as the next evaluation does first
         assert hub.productivity.jobs["bert"].team == "llm"
+    finally:
+        hub.store.close()
+
+
+def test_a_read_sees_what_every_acknowledged_batch_taught_the_hub_without_an_evaluation() -> None:
+    clock = Clock()
+    hub = Hub(DuckDBStore(":memory:"))
+    client = TestClient(HubApi(hub, tokens=[TOKEN], clock=clock).app)
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        body = {
+            "source": "agent-node-7",
+            "frames": [
+                {
+                    "ts": clock.now,
+                    "metrics": ["gpu_utilization_percent"],
+                    "entities": [{"node": "node-7", "gpu": "0"}],
+                    "values": [[50.0]],
+                }
+            ],
+        }
+        assert client.post("/api/v1/ingest", json=body, headers=auth).status_code == 200
+        assert hub.observing.backlog()[0] == 1  # acknowledged; the request did not observe it
+        assert ("node-7", "0") not in hub.productivity.gpus
+        r = client.get("/api/v1/productivity/gpus", headers=auth)
+        assert r.status_code == 200, r.text
+        assert hub.observing.backlog()[0] == 0 and ("node-7", "0") in hub.productivity.gpus
     finally:
         hub.store.close()

@@ -66,7 +66,19 @@ class DetectionEngine:
         self._on_training = [d for d in raw if _overrides(d, "on_training")]
 
     def observe(self, batch: Batch) -> None:
-        """Let every detector see one batch; cheap enough for the ingest hot path."""
+        """Let every detector see one batch."""
+        self.observe_many([batch])
+
+    def observe_many(self, batches: list[Batch]) -> None:
+        """Let every detector see a tick's batches, in order: the GPU table takes all their GPU
+        rows at once (one scatter per run of frames sharing a metric layout)."""
+        views: list[frames.FrameView] = []
+        for batch in batches:
+            self._observe(batch, views)
+        if views:
+            self.feeds.table.ingest_many(views)
+
+    def _observe(self, batch: Batch, views: list[frames.FrameView]) -> None:
         for frame in batch.frames:
             if not math.isfinite(frame.ts) or frame.values.shape != (len(frame.entities), len(frame.metrics)):
                 shape = (len(frame.entities), len(frame.metrics))
@@ -80,11 +92,11 @@ class DetectionEngine:
                     shape,
                 )
                 continue
-            unplaced = frames.index(frame).unplaced_gpu_rows
-            if unplaced:
-                self.counters.inc("detect_gpu_rows_without_node", unplaced)
-            if self._table:
-                self.feeds.table.ingest(frames.view(frame))
+            view = frames.index(frame)
+            if view.unplaced_gpu_rows:
+                self.counters.inc("detect_gpu_rows_without_node", view.unplaced_gpu_rows)
+            if self._table and view.gpu_keys:
+                views.append(view)
             if self._services:
                 self.feeds.services.on_frame(frame)
             for detector in self._on_frame:

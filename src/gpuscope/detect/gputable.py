@@ -79,6 +79,46 @@ class GpuTable:
         self.job[ids] = [self.job_code(j) for j in v.gpu_jobs]
         return ids
 
+    def ingest_many(self, views: list[FrameView]) -> None:
+        """Scatter many frames' GPU rows as :meth:`ingest` one after the other would: consecutive
+        frames with one metric layout (a tick of agents' batches) in one write, the last report of
+        a GPU winning."""
+        start = 0
+        while start < len(views):
+            metrics = views[start].frame.metrics
+            names = tuple(metrics)
+            end = start + 1
+            # decoded frames of one layout share their metric list; else compare the names
+            while end < len(views) and (
+                views[end].frame.metrics is metrics or tuple(views[end].frame.metrics) == names
+            ):
+                end += 1
+            if end - start == 1:
+                self.ingest(views[start])
+            else:
+                self._ingest_run(views[start:end], names)
+            start = end
+
+    def _ingest_run(self, run: list[FrameView], names: tuple[str, ...]) -> None:
+        keys = [k for v in run for k in v.gpu_keys]
+        if not keys:
+            return
+        ids = np.fromiter((self._id(k) for k in keys), np.intp, len(keys))
+        counts = [len(v.gpu_keys) for v in run]
+        ts = np.repeat(np.array([v.frame.ts for v in run]), counts)
+        jobs = np.fromiter((self.job_code(j) for v in run for j in v.gpu_jobs), np.intp, len(keys))
+        source, target = self._layout(names)
+        rows = np.concatenate([v.gpu_rows_of(source) for v in run]) if len(target) else None
+        if len(np.unique(ids)) < len(ids):  # a GPU twice (two ticks of a node): its last report wins
+            _, first_from_end = np.unique(ids[::-1], return_index=True)
+            last = len(ids) - 1 - first_from_end
+            ids, ts, jobs = ids[last], ts[last], jobs[last]
+            rows = rows[last] if rows is not None else None
+        if rows is not None:
+            self._matrix[ids[:, None], target] = rows
+        self.ts[ids] = ts
+        self.job[ids] = jobs
+
     def _layout(self, names: tuple[str, ...]) -> tuple[IntArray, IntArray]:
         layout = self._layouts.get(names)
         if layout is None:

@@ -6,7 +6,8 @@ batches it has not yet seen make healthy senders look silent. So every ingest re
 here first. The hub is *behind* while its oldest admitted request has waited longer than
 ``max_lag_s``, while ``max_in_flight`` requests are already admitted, while its evaluation loop
 runs late by more than ``max_eval_lag_s``, or while its event loop answers a timer more than
-``max_loop_lag_s`` late (a hub starved of CPU: requests then wait before they can be admitted).
+``max_loop_lag_s`` late (a hub starved of CPU: requests then wait before they can be admitted),
+or while acknowledged batches wait longer than ``max_lag_s`` for its detectors (the observe stage).
 While behind it refuses new ingest requests at once with 503 and a ``Retry-After`` (senders keep
 the batch and spool), which costs it almost nothing.
 
@@ -79,6 +80,7 @@ class OverloadMonitor:
         self._behind_since: float | None = None
         self._eval_lag = 0.0
         self._loop_lag = 0.0
+        self._observe_lag = 0.0
         self.loop_probes = 0  # event-loop timers measured
         self.shed = 0  # requests refused while behind
         self.episodes = 0  # times the hub fell behind
@@ -117,6 +119,14 @@ class OverloadMonitor:
             if lag > self.settings.max_loop_lag_s:
                 self._sign(now)
 
+    def observe_lag(self, now: float, lag: float) -> None:
+        """The oldest acknowledged batch the hub's detectors had not yet seen at ``now`` had
+        waited ``lag`` seconds (the observe stage's backlog, :mod:`gpuscope.observing`)."""
+        with self._lock:
+            self._observe_lag = lag
+            if lag > self.settings.max_lag_s:
+                self._sign(now)
+
     def _oldest_wait(self, now: float) -> float:
         for admitted in self._in_flight.values():
             return now - admitted
@@ -129,6 +139,7 @@ class OverloadMonitor:
             or self._oldest_wait(now) > s.max_lag_s
             or self._eval_lag > s.max_eval_lag_s
             or self._loop_lag > s.max_loop_lag_s
+            or self._observe_lag > s.max_lag_s
         )
 
     def _sign(self, now: float) -> None:
@@ -175,6 +186,7 @@ class OverloadMonitor:
                 "oldest_wait_seconds": round(self._oldest_wait(now), 3),
                 "evaluation_lag_seconds": round(self._eval_lag, 3),
                 "event_loop_lag_seconds": round(self._loop_lag, 3),
+                "observe_lag_seconds": round(self._observe_lag, 3),
                 "event_loop_probes": self.loop_probes,
                 "shed_requests": self.shed,
                 "episodes": self.episodes,

@@ -50,6 +50,7 @@ from gpuscope.web.prom_api import PrometheusApi
 from gpuscope.web.selfmetrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from gpuscope.web.selfmetrics import IngestLag
 from gpuscope.web.selfmetrics import render as render_metrics
+from gpuscope.web.settle import SettleReads
 
 Handler = Callable[[Request], Awaitable[Response]]
 LOOP_PROBE_S = 0.25
@@ -198,6 +199,7 @@ class HubApi:
             exception_handlers={404: _no_route, 405: _no_route},
             lifespan=self._lifespan,
         )
+        self.app.add_middleware(SettleReads, hub=hub)  # inside the auth check: authorised reads only
         self.app.add_middleware(
             AuthMiddleware,
             settings=self.auth,

@@ -28,7 +28,8 @@ _REFUSAL_WORDS = ("refused", "rejected", "rate_limited", "too_large")
 
 
 class IngestLag:
-    """Seconds between the newest timestamp of each stored batch and the moment it was stored."""
+    """Seconds between the newest timestamp of each stored batch and the moment the hub observed
+    it (its observe stage, a tick at once after it was stored: the age of what the detectors know)."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self.clock = clock
@@ -121,7 +122,8 @@ def render(
     out.family(
         "gpuscope_hub_ingest_lag_seconds",
         "gauge",
-        "Age of the newest timestamp of the last stored batch when it was stored (NaN before any).",
+        "Age of the newest timestamp of the last stored batch when the hub's detectors saw it "
+        "(stored, then observed a tick at once; NaN before any).",
         [({}, math.nan if lag.last is None else lag.last)],
     )
     out.family(

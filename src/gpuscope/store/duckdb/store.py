@@ -432,8 +432,9 @@ class DuckDBStore:
                 if new_ents:
                     ins.insert_entities(con, new_ents)
                 attr_arrays = self.entities.attr_arrays()
-                for key, (ts, ent, attr, vals) in arrays.items():
-                    ins.insert_rows(con, key, ts, ent, attr, vals, attr_arrays)
+                if arrays:
+                    cols, (ts, ent, attr, vals) = ins.union(arrays)
+                    ins.insert_rows(con, cols, ts, ent, attr, vals, attr_arrays)
                 late, too_old = self.marks.late_buckets([a[0] for a in arrays.values()])
                 self.counters.inc("store.late_buckets_past_raw_retention", too_old)
                 if len(late):
