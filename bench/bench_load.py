@@ -231,6 +231,7 @@ def run_cluster(
                     time.sleep(5)  # notifications of the last alerts leave the outbox within a few seconds
                     extra += notification_rows(sink, [u for u, _ in hubs[1:]], load_end)
                     extra += unexplained_rows(report, killed[0] if killed else None)
+                    extra += held_rows([u for u, _ in hubs[1:]])
                 # printed before the hubs stop: a slow shutdown must not cost the figures
                 print_report(
                     f"({setup}) {count} hubs, VictoriaMetrics + PostgreSQL: {shape.nodes} nodes",
@@ -334,6 +335,27 @@ def unexplained_rows(report: LoadReport, killed_at: float | None) -> list[list[s
         when = f"{started - killed_at:+.1f} s from the kill" if killed_at is not None else ""
         rows.append([f"unexplained: {alert.get('rule')}", str(alert.get("entity")), when])
     return rows
+
+
+def held_rows(survivors: list[str]) -> list[list[str]]:
+    """Silence verdicts the survivors held, by source (gaps.py): the hub's own overload, the takeover."""
+    held = dict.fromkeys(("overload", "takeover"), 0)
+    for url in survivors:
+        try:
+            text = httpx.get(f"{url}/metrics", timeout=30).text
+        except httpx.HTTPError:
+            return [["silence verdicts held", "unknown", f"{url}/metrics did not answer"]]
+        for line in text.splitlines():
+            for source in held:
+                if line.startswith(f'gpuscope_hub_operations_total{{name="silence_verdicts_held_{source}"}}'):
+                    held[source] += int(float(line.rsplit(" ", 1)[1]))
+    return [
+        [
+            "silence verdicts held, overload / takeover",
+            f"{held['overload']} / {held['takeover']}",
+            "survivors, evaluations × verdicts (gaps.py)",
+        ]
+    ]
 
 
 def _pids_with(*needles: str) -> list[int]:
