@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from gpuscope.counters import Counters
-from gpuscope.ingest.overload import ShedCover, covers
+from gpuscope.ingest.overload import SenderKey, ShedCover, covers
 from gpuscope.model import Alert, Finding, Labels
 from gpuscope.rules import NODE_UNREACHABLE, RANK_LOST, TRAINING_STALLED
 
@@ -49,6 +49,8 @@ class SenderGaps:
         self.counters = counters
         self._takeovers: list[tuple[Held, float]] = []
         self._shed = ShedCover()
+        #: the senders of :attr:`_shed`, by each label they name (a verdict looks up its own labels)
+        self._named: dict[tuple[str, str], list[SenderKey]] = {}
 
     def hold(self, held: Held, until: float) -> None:
         """A takeover: hold the verdicts on the entities ``held`` selects until hub time ``until``."""
@@ -57,6 +59,17 @@ class SenderGaps:
     def shed(self, cover: ShedCover) -> None:
         """What the hub's overload monitor did to its senders, as of this evaluation."""
         self._shed = cover
+        self._named = {}
+        for sender in cover.senders:
+            for pair in sender:
+                self._named.setdefault(pair, []).append(sender)
+
+    def _named_sender(self, entity: Labels) -> bool:
+        """Did the hub refuse or keep waiting a sender that reports for ``entity``?"""
+        for pair in entity.items():
+            if any(covers(sender, entity) for sender in self._named.get(pair, ())):
+                return True
+        return False
 
     def until(self, entity: Labels, now: float) -> float | None:
         """When the takeover hold on ``entity``'s silence verdicts ends (None: not held at ``now``)."""
@@ -70,7 +83,7 @@ class SenderGaps:
         if any(until > now and held(finding.entity) for held, until in self._takeovers):
             return "takeover"
         shed = self._shed
-        if shed.everyone or any(covers(sender, finding.entity) for sender in shed.senders):
+        if shed.everyone or self._named_sender(finding.entity):
             return "overload"
         if shed.delay > 0:  # every request waited up to ``delay``: so may this sender's have
             silence, threshold = finding.value, finding.details.get("threshold_seconds")
