@@ -8,11 +8,11 @@ each is a *source* of sender gaps here:
   spools and comes back) or holds them in flight, or made every request wait (its event loop, its
   oldest request ran late). :class:`~gpuscope.ingest.overload.OverloadMonitor` reports what it did
   (:class:`~gpuscope.ingest.overload.ShedCover`) at each evaluation. A verdict is held on the
-  senders it refused within its settle time or holds in flight (matched by the identity a sender
-  names in ``X-Gpuscope-Sender``), on every sender while it refused one that named nobody, and on
-  any sender while its silence is within its threshold plus the delay the hub imposed on all. A
-  sender the hub neither refused nor kept waiting (a node that died) is judged at its threshold
-  plus that delay, however long the hub stays behind.
+  senders it refused within its settle time (matched by the identity a sender names in
+  ``X-Gpuscope-Sender``), on every sender while it refused one that named nobody, and on any
+  sender while its silence is within its threshold plus the delay the hub made every request wait
+  (its event loop, its oldest request in flight). A sender the hub did not refuse (a node that
+  died) is judged at its threshold plus that delay, however long the hub stays behind.
 - ``takeover``: when a hub takes shards over (a member died, left or joined), the senders of those
   shards are moving: they notice the old owner is gone at their next send, fail over, and the
   answer names the new owner. Their verdicts are held until the failover grace has passed.
@@ -65,7 +65,7 @@ class SenderGaps:
                 self._named.setdefault(pair, []).append(sender)
 
     def _named_sender(self, entity: Labels) -> bool:
-        """Did the hub refuse or keep waiting a sender that reports for ``entity``?"""
+        """Did the hub refuse a sender that reports for ``entity``?"""
         for pair in entity.items():
             if any(covers(sender, entity) for sender in self._named.get(pair, ())):
                 return True

@@ -12,8 +12,8 @@ the batch and spool), which costs it almost nothing.
 
 It stays behind until ``settle_s`` after the last sign of lag: senders that were refused come back
 after their ``Retry-After``, and until they have, their silence is the hub's doing, not theirs.
-What the hub did to whom is reported as a :class:`ShedCover` (senders refused or in flight, by the
-identity they name in ``X-Gpuscope-Sender``, and the delay the hub imposed on everyone); which
+What the hub did to whom is reported as a :class:`ShedCover` (senders refused, by the identity
+they name in ``X-Gpuscope-Sender``, and the delay the hub imposed on everyone); which
 silence verdicts that holds is decided in one place, :mod:`gpuscope.gaps`.
 """
 
@@ -74,9 +74,11 @@ def covers(sender: SenderKey, entity: Labels) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class ShedCover:
-    """What the hub did to its senders lately: whose requests it refused (within ``settle``) or holds
-    in flight, whether it refused any sender that named nobody (``everyone``), and the longest
-    delay it made every request wait (event loop, oldest request) within ``settle``."""
+    """What the hub did to its senders lately: whose requests it refused (within ``settle``),
+    whether it refused any sender that named nobody (``everyone``), and the longest delay it made
+    every request wait (event loop, oldest request in flight) within ``settle``. A request in
+    flight is not its sender's hold: a sender with a backlog always has one, and the data in it
+    is what the sender queued before; the delay covers it."""
 
     senders: frozenset[SenderKey] = frozenset()
     everyone: bool = False
@@ -130,7 +132,7 @@ class OverloadMonitor:
         self.name = name
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
-        self._in_flight: dict[int, tuple[float, SenderKey | None]] = {}  # ticket -> admitted at, sender
+        self._in_flight: dict[int, float] = {}  # ticket -> admitted at; dicts keep insertion order
         self._refused: dict[SenderKey, float] = {}  # named sender -> last refused at
         self._refused_anonymous = -math.inf
         self._delay = (0.0, -math.inf)  # the longest recent delay, and when it was seen
@@ -159,7 +161,7 @@ class OverloadMonitor:
                 return Admission(None, max(1, math.ceil(base * (1.0 + self._rng.random()))))
             ticket = self._next_ticket
             self._next_ticket += 1
-            self._in_flight[ticket] = (now, sender)
+            self._in_flight[ticket] = now
             return Admission(ticket)
 
     def done(self, ticket: int) -> None:
@@ -184,7 +186,7 @@ class OverloadMonitor:
                 self._sign(now)
 
     def _oldest_wait(self, now: float) -> float:
-        for admitted, _ in self._in_flight.values():
+        for admitted in self._in_flight.values():
             return now - admitted
         return 0.0
 
@@ -199,11 +201,9 @@ class OverloadMonitor:
             settle = self.settings.settle
             self._delayed(now, self._oldest_wait(now))
             self._refused = {k: t for k, t in self._refused.items() if now - t < settle}
-            senders = set(self._refused)
-            senders.update(k for _, k in self._in_flight.values() if k is not None)
             peak, at = self._delay
             return ShedCover(
-                frozenset(senders),
+                frozenset(self._refused),
                 everyone=now - self._refused_anonymous < settle,
                 delay=peak if now - at <= settle else 0.0,
             )
