@@ -232,6 +232,7 @@ def run_cluster(
                     extra += notification_rows(sink, [u for u, _ in hubs[1:]], load_end)
                     extra += unexplained_rows(report, killed[0] if killed else None)
                     extra += held_rows([u for u, _ in hubs[1:]])
+                    extra += silence_rows(report)
                 # printed before the hubs stop: a slow shutdown must not cost the figures
                 print_report(
                     f"({setup}) {count} hubs, VictoriaMetrics + PostgreSQL: {shape.nodes} nodes",
@@ -356,6 +357,32 @@ def held_rows(survivors: list[str]) -> list[list[str]]:
             "survivors, evaluations × verdicts (gaps.py)",
         ]
     ]
+
+
+def silence_rows(report: LoadReport) -> list[list[str]]:
+    """For each silence fault detected: how long after its onset its last report reached the hub
+    (the senders' and the hub's queues), and the silence the hub then judged against its threshold
+    (the verdict: threshold, plus what the hub held it for)."""
+    rows = []
+    for d in report.detections:
+        if d.alert_started is None:
+            continue
+        started = d.alert_started
+        matching = (a for a in report.alerts if d.expected.matches(a) and a.get("started_at") == started)
+        alert = next(matching, {})
+        details = alert.get("details") or {}
+        silence, threshold = details.get("silence_seconds"), details.get("threshold_seconds")
+        if not isinstance(silence, int | float) or not isinstance(threshold, int | float):
+            continue
+        arrived = started - silence - d.expected.at_wall
+        rows.append(
+            [
+                f"{d.expected.fault.kind}: last report reached the hub / silence at the verdict",
+                f"{arrived:+.1f} s from onset / {silence:.1f} s",
+                f"threshold {threshold:.1f} s; TTD = both",
+            ]
+        )
+    return rows
 
 
 def _pids_with(*needles: str) -> list[int]:
