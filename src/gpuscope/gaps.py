@@ -39,7 +39,6 @@ SILENCE_RULES = frozenset({NODE_UNREACHABLE, RANK_LOST, TRAINING_STALLED})
 
 Held = Callable[[Labels], bool]
 Source = Literal["overload", "takeover"]
-SOURCES: tuple[Source, ...] = ("overload", "takeover")
 
 
 class SenderGaps:
