@@ -39,8 +39,9 @@ def test_the_agent_sender_names_its_node_and_the_shedding_hub_holds_it(
     sender = Sender(behind.url, spool=Spool(tmp_path / "spool", fsync=False), sender={"node": "node-0"})
     sender.submit(encode_batch(FakeCluster(nodes=1, gpus=1).batch(time.time(), "node-0")))
     assert sender.backlog == 1  # refused with Retry-After: spooled
-    cover = behind.hub.overload.cover(time.time())
-    assert cover.senders == {(("node", "node-0"),)} and not cover.everyone
+    now = time.time()
+    cover = behind.hub.overload.cover(now)
+    assert list(cover.refused) == [(("node", "node-0"),)] and cover.everyone_until < now
 
 
 def test_a_malformed_sender_name_is_counted_and_the_request_taken_as_unnamed(behind: HubServer) -> None:
@@ -52,7 +53,8 @@ def test_a_malformed_sender_name_is_counted_and_the_request_taken_as_unnamed(beh
     )
     assert reply.status_code == 503 and reply.headers["Retry-After"].isdigit()
     assert behind.hub.counters.get("ingest_sender_header_malformed") == 1
-    assert behind.hub.overload.cover(time.time()).everyone  # nobody named: every sender is held
+    now = time.time()
+    assert behind.hub.overload.cover(now).everyone_until > now  # nobody named: every sender's gap
 
 
 def test_the_load_generator_names_each_stream() -> None:

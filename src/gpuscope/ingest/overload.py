@@ -23,7 +23,7 @@ import math
 import random
 import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.model import Finding, Labels
@@ -72,16 +72,21 @@ def covers(sender: SenderKey, entity: Labels) -> bool:
     return bool(shared) and all(entity[k] == v for k, v in shared)
 
 
+#: how long a refusal is remembered past the settle time (the longest silence threshold it may hold)
+REFUSALS_KEPT_S = 600.0
+
+
 @dataclass(frozen=True, slots=True)
 class ShedCover:
-    """What the hub did to its senders lately: whose requests it refused (within ``settle``),
-    whether it refused any sender that named nobody (``everyone``), and the longest delay it made
-    every request wait (event loop, oldest request in flight) within ``settle``. A request in
-    flight is not its sender's hold: a sender with a backlog always has one, and the data in it
-    is what the sender queued before; the delay covers it."""
+    """What the hub did to its senders lately. ``refused``: each named sender it refused, and when
+    the gap it made ends (its last refusal plus ``settle``: by then the sender is back);
+    ``everyone_until``: the same for senders that named nobody (every sender's gap); ``delay``: the
+    longest the hub made every request wait (event loop, oldest request in flight) within
+    ``settle``. A request in flight is not its sender's gap: a sender with a backlog always has
+    one, and the data in it is what the sender queued before; the delay covers it."""
 
-    senders: frozenset[SenderKey] = frozenset()
-    everyone: bool = False
+    refused: Mapping[SenderKey, float] = field(default_factory=dict)
+    everyone_until: float = -math.inf
     delay: float = 0.0
 
 
@@ -200,11 +205,12 @@ class OverloadMonitor:
         with self._lock:
             settle = self.settings.settle
             self._delayed(now, self._oldest_wait(now))
-            self._refused = {k: t for k, t in self._refused.items() if now - t < settle}
+            kept = settle + REFUSALS_KEPT_S
+            self._refused = {k: t for k, t in self._refused.items() if now - t < kept}
             peak, at = self._delay
             return ShedCover(
-                frozenset(self._refused),
-                everyone=now - self._refused_anonymous < settle,
+                {k: t + settle for k, t in self._refused.items()},
+                everyone_until=self._refused_anonymous + settle,
                 delay=peak if now - at <= settle else 0.0,
             )
 
