@@ -231,6 +231,8 @@ def run_cluster(
                     time.sleep(5)  # notifications of the last alerts leave the outbox within a few seconds
                     extra += notification_rows(sink, [u for u, _ in hubs[1:]], load_end)
                     extra += unexplained_rows(report, killed[0] if killed else None)
+                    extra += held_rows([u for u, _ in hubs[1:]])
+                    extra += silence_rows(report)
                 # printed before the hubs stop: a slow shutdown must not cost the figures
                 print_report(
                     f"({setup}) {count} hubs, VictoriaMetrics + PostgreSQL: {shape.nodes} nodes",
@@ -333,6 +335,53 @@ def unexplained_rows(report: LoadReport, killed_at: float | None) -> list[list[s
         started = float(str(alert.get("started_at") or "nan"))
         when = f"{started - killed_at:+.1f} s from the kill" if killed_at is not None else ""
         rows.append([f"unexplained: {alert.get('rule')}", str(alert.get("entity")), when])
+    return rows
+
+
+def held_rows(survivors: list[str]) -> list[list[str]]:
+    """Silence verdicts the survivors held, by source (gaps.py): the hub's own overload, the takeover."""
+    held = dict.fromkeys(("overload", "takeover"), 0)
+    for url in survivors:
+        try:
+            text = httpx.get(f"{url}/metrics", timeout=30).text
+        except httpx.HTTPError:
+            return [["silence verdicts held", "unknown", f"{url}/metrics did not answer"]]
+        for line in text.splitlines():
+            for source in held:
+                if line.startswith(f'gpuscope_hub_operations_total{{name="silence_verdicts_held_{source}"}}'):
+                    held[source] += int(float(line.rsplit(" ", 1)[1]))
+    return [
+        [
+            "silence verdicts held, overload / takeover",
+            f"{held['overload']} / {held['takeover']}",
+            "survivors, evaluations × verdicts (gaps.py)",
+        ]
+    ]
+
+
+def silence_rows(report: LoadReport) -> list[list[str]]:
+    """For each silence fault detected: how long after its onset its last report reached the hub
+    (the senders' and the hub's queues), and the silence the hub then judged against its threshold
+    (the verdict: threshold, plus what the hub held it for)."""
+    rows = []
+    for d in report.detections:
+        if d.alert_started is None:
+            continue
+        started = d.alert_started
+        matching = (a for a in report.alerts if d.expected.matches(a) and a.get("started_at") == started)
+        alert = next(matching, {})
+        details = alert.get("details") or {}
+        silence, threshold = details.get("silence_seconds"), details.get("threshold_seconds")
+        if not isinstance(silence, int | float) or not isinstance(threshold, int | float):
+            continue
+        arrived = started - silence - d.expected.at_wall
+        rows.append(
+            [
+                f"{d.expected.fault.kind}: last report reached the hub / silence at the verdict",
+                f"{arrived:+.1f} s from onset / {silence:.1f} s",
+                f"threshold {threshold:.1f} s; TTD = both",
+            ]
+        )
     return rows
 
 

@@ -18,7 +18,7 @@ from gpuscope.alert.topology import placements
 from gpuscope.counters import Counters
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.detect.settings import WARMUP_S
-from gpuscope.holds import SilenceHolds
+from gpuscope.gaps import SenderGaps
 from gpuscope.ingest.overload import OverloadMonitor
 from gpuscope.model import Alert, Batch, Labels
 from gpuscope.observing import ObserveStage
@@ -55,8 +55,8 @@ class Hub:
         self.detection = DetectionEngine()
         #: the hub's own ingest lag: admission and shedding of ingest requests, ``hub_overloaded``
         self.overload = OverloadMonitor()
-        #: silence verdicts held while the senders of shards this hub just took over move to it
-        self.holds = SilenceHolds(self.counters)
+        #: silence verdicts held where the hub (overload) or the cluster (takeover) made senders silent
+        self.gaps = SenderGaps(self.counters)
         self.alerts = AlertEngine(
             price_per_gpu_hour=price_per_gpu_hour,
             places=lambda entity: placements(self.store, entity),
@@ -178,10 +178,10 @@ class Hub:
         first see every batch acknowledged before now."""
         self.observe_pending()
         findings = self.overload.findings(now)
+        self.gaps.shed(self.overload.cover(now))
         with self.placement.held(), self._detect_lock:
-            self.detection.hub_behind(now, bool(findings))
             owned = [f for f in self.detection.evaluate(now) if self.placement.owns(f.entity)]
-            findings += self.holds.apply(owned, now, self.alerts.firing)
+            findings += self.gaps.apply(owned, now, self.alerts.firing)
             changes = self.alerts.update(now, findings)
             firing = list(self.alerts.firing())
         self.productivity.advance(now, firing)

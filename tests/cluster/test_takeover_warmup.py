@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -22,6 +22,7 @@ from gpuscope.cluster.member import ClusterMember
 from gpuscope.cluster.ring import shard_of
 from gpuscope.counters import Counters
 from gpuscope.model import Batch
+from gpuscope.rules import HUB_OVERLOADED
 from gpuscope.runtime import member_hub
 from gpuscope.store.duckdb import DuckDBStore
 from support import wait_until
@@ -83,6 +84,12 @@ class Agents:
         self.hubs = [a, b]
         #: ticks in which a node's batches are stuck in its sender (moving from a dead hub)
         self.moving: dict[str, range] = {}
+        #: the tick from which a node sends nothing more (it died)
+        self.gone: dict[str, int] = {}
+        #: while set, the hubs are behind: their event loops run this late, and the requests
+        #: ``refused(node, tick)`` selects are shed with Retry-After (the sender names its node)
+        self.lag = 0.0
+        self.refused: Callable[[str, int], bool] = lambda node, tick: False
 
     @staticmethod
     def _shard(node: str) -> int:
@@ -100,9 +107,19 @@ class Agents:
         changes: dict[str, list[tuple[float, AlertChange]]] = {h.cfg.hub_id: [] for h in self.hubs}
         for tick in range(start, stop):
             now = t0 + tick
+            for hub in self.hubs:
+                hub.hub.overload.loop_lag(now, self.lag)
             for node in self.names:
-                if not (node == self.silent and tick >= SILENT_AT) and tick not in self.moving.get(node, ()):
-                    self._deliver(self.fleet.batch(now, node), node)
+                if (node == self.silent and tick >= SILENT_AT) or tick >= self.gone.get(node, stop):
+                    continue
+                if tick in self.moving.get(node, ()):
+                    continue
+                if self.lag and self.refused(node, tick):
+                    for hub in self.hubs:
+                        if self._shard(node) in hub.node.owned:
+                            assert hub.hub.overload.admit(now, (("node", node),)).ticket is None
+                    continue
+                self._deliver(self.fleet.batch(now, node), node)
             for hub in self.hubs:
                 changes[hub.cfg.hub_id].extend((now, c) for c in hub.hub.evaluate(now))
         return changes
@@ -142,7 +159,7 @@ def test_survivor_raises_node_unreachable_for_the_dead_hubs_silent_node_once(
     wait_until(lambda: _owns_all(b), 10, "hub b to take every shard")
     assert b.counters.get("warmup_batches") > 0 and orphaned <= b.node.owned
 
-    held_until = b.hub.holds.until({"node": agents.silent}, t0 + died_at)
+    held_until = b.hub.gaps.until({"node": agents.silent}, t0 + died_at)
     assert held_until is not None  # the silent node's shard moved: its verdict waits for its sender
     after = agents.run(t0, died_at, died_at + 20)["hub-b"]
     fired_on_b = _of(after, agents.silent, "fired")
@@ -180,7 +197,7 @@ def test_nodes_whose_senders_move_during_the_takeover_are_not_blamed_and_a_dead_
     wait_until(lambda: _owns_all(b), 10, "hub b to take every shard")
     grace = b.failover_grace
     assert 4 < grace <= 2 * b.cfg.renew_s + 5  # wider than the threshold, bounded
-    held_until = b.hub.holds.until({"node": agents.steady}, t0 + died_at)
+    held_until = b.hub.gaps.until({"node": agents.steady}, t0 + died_at)
     assert held_until is not None
     # the steady node's sender is silent for 6 s after the kill: longer than the threshold
     moving = math.ceil(held_until - t0) - 1 - died_at
@@ -188,6 +205,48 @@ def test_nodes_whose_senders_move_during_the_takeover_are_not_blamed_and_a_dead_
     agents.moving[agents.steady] = range(died_at, died_at + moving)
     after = agents.run(t0, died_at, died_at + moving + 10)["hub-b"]
     assert not _of(after, agents.steady, "fired")  # the cluster's gap, not the node's
-    assert b.counters.get("silence_verdicts_held") > 0
+    assert b.counters.get("silence_verdicts_held_takeover") > 0
     (fired,) = _of(after, agents.silent, "fired")  # the node that is really gone
     assert held_until <= fired[0] <= held_until + 1
+
+
+def test_a_node_that_dies_while_the_survivor_is_behind_is_alerted_within_its_threshold_and_the_delay(
+    pair: tuple[ClusterMember, ClusterMember],
+) -> None:
+    """Run (c) of docs/scaling.md: after the takeover the survivor is behind on its own ingest for
+    the rest of the run (its event loop late, every node's requests refused in turns, the senders
+    naming their node). A node that dies after the takeover's hold is alerted within its threshold
+    (4 x its 1 s period) of its last report plus the hub's delay, or of the end of the gap its last
+    refusal made, while the hub is still behind: not when the hub has caught up. The node that died
+    with the killed hub is alerted at the end of the hold, and no node the hub refused is blamed."""
+    a, b = pair
+    agents = Agents(a, b)
+    t0 = math.floor(time.time()) - 40
+    died_at = SILENT_AT + 2
+    agents.run(t0, 0, died_at)
+    _kill(a)
+    agents.hubs = [b]
+    wait_until(lambda: _owns_all(b), 10, "hub b to take every shard")
+    held_until = b.hub.gaps.until({"node": agents.steady}, t0 + died_at)
+    assert held_until is not None
+    hold_end = math.ceil(held_until - t0)  # the first tick after the hold
+    victim = agents.steady  # moved from the dead hub: b owns it now
+    agents.gone[victim] = hold_end + 5
+    lag = 3.0
+    agents.lag = lag
+    agents.refused = lambda node, tick: (tick + agents.names.index(node)) % 3 != 0  # two sends in three
+    after = agents.run(t0, died_at, hold_end + 20)["hub-b"]
+
+    (fired,) = _of(after, victim, "fired")
+    # due at its threshold after the later of: its last report plus the hub's delay, and the end
+    # of the gap the hub made it by its last refusal (the settle time after; silence from then)
+    last_report = t0 + agents.gone[victim] - 1
+    last_refused = t0 + max(t for t in range(died_at, agents.gone[victim]) if agents.refused(victim, t))
+    due = max(last_report + lag, last_refused + b.hub.overload.settings.settle) + 4
+    assert last_report + 4 <= fired[0] <= due + 1
+    assert any(x.rule == HUB_OVERLOADED for x in b.hub.firing())  # still behind when it was alerted
+    (gone,) = _of(after, agents.silent, "fired")
+    assert held_until <= gone[0] <= held_until + 1
+    blamed = {c.alert.entity["node"] for _, c in after if c.alert.rule == RULE}
+    assert blamed == {victim, agents.silent}
+    assert b.counters.get("silence_verdicts_held_overload") > 0

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from detect.rig import Driver, FakeCluster
 from gpuscope.detect.presence import GpuLostDetector, NodeUnreachableDetector
-from gpuscope.model import Batch
 
 
 def presence() -> Driver:
@@ -108,33 +105,3 @@ def test_every_node_of_a_single_node_cluster_can_still_be_unreachable() -> None:
     driver.run(0, 10, cluster.batches)
     driver.run(10, 20, lambda t: [])
     assert driver.only("node_unreachable").started_at == 13
-
-
-def _run_behind(driver: Driver, start: int, stop: int, make: Callable[[float], list[Batch]]) -> None:
-    for t in range(start, stop):
-        driver.detection.hub_behind(float(t), True)
-        driver.tick(float(t), make(float(t)))
-    driver.detection.hub_behind(float(stop), False)
-
-
-def test_nodes_the_hub_itself_holds_back_while_behind_are_not_blamed() -> None:
-    cluster = FakeCluster(nodes=4, gpus=2)
-    driver = presence()
-    driver.run(0, 30, cluster.batches)
-    # the hub is behind: it sheds three nodes' batches for 40 s while one still gets through
-    _run_behind(driver, 30, 70, lambda t: cluster.batches(t)[:1])
-    driver.run(70, 72, lambda t: [])  # caught up; the refused senders come back after Retry-After
-    driver.run(72, 120, cluster.batches)
-    assert not driver.alerts.all()
-    assert driver.detection.stats()["node_verdicts_withheld_hub_gap"] > 0
-
-
-def test_a_node_down_while_the_hub_was_behind_is_reported_once_it_caught_up() -> None:
-    cluster = FakeCluster(nodes=4, gpus=2)
-    driver = presence()
-    driver.run(0, 30, cluster.batches)
-    cluster.down.add("node-3")
-    _run_behind(driver, 30, 50, cluster.batches)
-    driver.run(50, 70, cluster.batches)
-    alert = driver.only("node_unreachable")
-    assert alert.entity == {"node": "node-3"} and 53 <= alert.started_at <= 55

@@ -195,16 +195,3 @@ def test_malformed_training_events_are_counted() -> None:
     stats = driver.detection.stats()
     assert stats["heartbeat_events_malformed"] == 1 and stats["checkpoint_started_events_malformed"] == 1
     assert stats["bad_job_events"] == 3
-
-
-def test_ranks_whose_reports_the_hub_sheds_while_behind_are_not_lost_or_stalled() -> None:
-    cluster, job, driver = setup()
-    driver.run(0, 60, both(cluster, job))
-    for t in range(60, 90):  # behind: the nodes' batches get through, the SDK's are refused
-        driver.detection.hub_behind(float(t), True)
-        driver.tick(float(t), cluster.batches(float(t)))
-    driver.detection.hub_behind(90.0, False)
-    # the SDK comes back after Retry-After with its spooled records, then carries on
-    driver.tick(91.0, [*cluster.batches(91.0), *(job.batch(float(t)) for t in range(61, 92))])
-    driver.run(92, 150, both(cluster, job))
-    assert driver.serious() == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 
 import pytest
@@ -73,3 +74,23 @@ def test_an_event_loop_running_timers_late_makes_the_hub_behind() -> None:
     m.done(ticket)
     assert m.behind(4.9) and not m.behind(5.0)
     assert m.status(5.0)["event_loop_probes"] == 3
+
+
+def test_the_cover_names_each_refused_sender_with_the_end_of_its_gap_and_the_delay_imposed() -> None:
+    m = monitor(max_in_flight=1, retry_after_s=2.0)  # settle: 2 x 2 + 2 = 6 s
+    held = m.admit(0.0)
+    assert held.ticket is not None
+    assert m.admit(1.0, (("node", "n1"),)).ticket is None
+    cover = m.cover(1.0)
+    assert cover.refused == {(("node", "n1"),): 7.0} and cover.everyone_until == -math.inf
+    assert cover.delay == 1.0  # the request in flight has waited 1 s
+    assert m.admit(2.0).ticket is None  # a sender that names nobody: every sender's gap
+    assert m.cover(2.0).everyone_until == 8.0
+    m.done(held.ticket)
+    back = m.admit(3.0, (("node", "n1"),))
+    assert back.ticket is not None  # room again: n1 is back
+    m.done(back.ticket)
+    assert m.cover(8.1).delay == 0.0  # the oldest request's wait of 2 s was seen at 2.0
+    m.loop_lag(9.0, 3.0)
+    assert m.cover(10.0).delay == 3.0 and m.cover(15.1).delay == 0.0
+    assert m.cover(606.9).refused and m.cover(607.0).refused == {}  # remembered for 600 s past its end

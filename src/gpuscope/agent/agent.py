@@ -116,6 +116,7 @@ class Agent:
                 clock=clock,
                 backoff=backoff,
                 ca_file=ca_file,
+                sender={"node": node},
             )
         except Exception:
             self.spool.close()

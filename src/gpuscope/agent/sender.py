@@ -21,7 +21,7 @@ import random
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -34,6 +34,7 @@ from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
 from gpuscope.ingest.frame import CONTENT_TYPE as FRAME_CONTENT_TYPE
 from gpuscope.ingest.frame import JSON_CONTENT_TYPE, frame_to_json, is_frame
+from gpuscope.ingest.overload import SENDER_HEADER, sender_header
 from gpuscope.ingest.payload import PayloadError
 from gpuscope.tls import client_context
 
@@ -89,6 +90,7 @@ class Sender:
         backoff: Backoff | None = None,
         rng: random.Random | None = None,
         ca_file: str | None = None,
+        sender: Mapping[str, str] | None = None,
     ) -> None:
         self.spool = spool
         self._lock = threading.RLock()
@@ -101,6 +103,8 @@ class Sender:
         headers = {"User-Agent": f"gpuscope-agent/{__version__}"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
+        if sender:  # what it reports for: a hub that sheds or queues it does not blame its silence on it
+            headers[SENDER_HEADER] = sender_header(sender)
         # https: the hub's certificate is verified, against ``ca_file`` / GPUSCOPE_CA_FILE if set
         verify = client_context(ca_file) if self.route.tls else True
         # a hub that does not accept the connection soon is gone: the next one is tried

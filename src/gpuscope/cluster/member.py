@@ -112,7 +112,7 @@ class ClusterMember:
         if self._joined:  # taken from a member that died or left, or given up to this one
             taken = frozenset(shards)
             until = time.time() + self.failover_grace
-            hub.holds.hold(lambda entity: entity_shard(entity, self.cfg.shards) in taken, until)
+            hub.gaps.hold(lambda entity: entity_shard(entity, self.cfg.shards) in taken, until)
         log.info(
             "took %d shards, continuing %d firing alerts, %d batches replayed for %d nodes, %d jobs",
             *(len(shards), n, replayed, len(nodes), len(jobs)),

@@ -82,10 +82,6 @@ class Detector:
         """What arrived since the last evaluation was stored history replayed at ``now`` (hub
         start, shard takeover), not live traffic: judge its arrival by its own timestamps."""
 
-    def hub_behind(self, now: float, behind: bool) -> None:
-        """Whether the hub is behind on its own ingest (queueing or shedding senders' batches) at
-        ``now``; called before each :meth:`evaluate`. A detector that judges silence withholds it."""
-
 
 class GpuTableDetector(Detector):
     """A vectorised per-GPU rule over the latest values of :attr:`metrics` in a GPU table."""

@@ -156,14 +156,6 @@ class DetectionEngine:
             except Exception:
                 self._failed(detector, "replayed")
 
-    def hub_behind(self, now: float, behind: bool) -> None:
-        """Tell every detector whether the hub is behind on its own ingest (see Detector.hub_behind)."""
-        for detector in self.detectors:
-            try:
-                detector.hub_behind(now, behind)
-            except Exception:
-                self._failed(detector, "hub_behind")
-
     def _failed(self, detector: Detector, hook: str) -> None:
         counter = f"detect_errors_{type(detector).__name__}_{hook}"
         self.counters.inc(counter)

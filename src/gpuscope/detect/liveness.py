@@ -8,8 +8,8 @@ from its timestamps (:class:`IntervalEstimator`); it is overdue after
 If *every* sender goes quiet at once, the fault is the hub's (paused, partitioned, restarting),
 not theirs: while that lasts nobody new is declared overdue, and when traffic resumes every
 sender's silence is measured from the resumption. Senders already overdue before stay overdue.
-The same holds while the hub says it is itself behind on ingest (:meth:`Liveness.hub_behind`):
-senders' batches may be queued in it or refused by it, so their silence is not theirs.
+(What the hub knows it did itself, shedding or queueing senders' requests, and a cluster's
+takeover are held after the verdict, in :mod:`gpuscope.gaps`.)
 """
 
 from __future__ import annotations
@@ -70,7 +70,6 @@ class Liveness(Generic[K]):
         self._traffic = False
         self._last_traffic: float | None = None
         self.in_gap = False
-        self.behind = False  # the hub says it is behind on ingest
         self.gap_end = -math.inf
         self.suppressed = 0  # overdue verdicts withheld because the hub itself heard nothing
 
@@ -89,19 +88,10 @@ class Liveness(Generic[K]):
         """Something arrived that is not a sender's beat: the hub is evidently hearing."""
         self._traffic = True
 
-    def hub_behind(self, now: float, behind: bool) -> None:
-        """Whether the hub is behind on its own ingest at ``now``; when it has caught up, silence
-        is measured from then, as after a hub gap."""
-        if behind:
-            self.behind = True
-        elif self.behind:
-            self.behind = False
-            self.gap_end = max(self.gap_end, now)
-
     @property
     def withholding(self) -> bool:
-        """Are verdicts on senders not yet overdue withheld now (hub gap, or the hub behind)?"""
-        return self.in_gap or self.behind
+        """Are verdicts on senders not yet overdue withheld now (every sender quiet: a hub gap)?"""
+        return self.in_gap
 
     def forget(self, key: K) -> None:
         self._senders.pop(key, None)

@@ -142,9 +142,6 @@ class NodeUnreachableDetector(Detector):
     def replayed(self, now: float) -> None:
         self._live.replayed(now)
 
-    def hub_behind(self, now: float, behind: bool) -> None:
-        self._live.hub_behind(now, behind)
-
     def evaluate(self, now: float) -> list[Finding]:
         out = []
         for late in self._live.overdue(now):

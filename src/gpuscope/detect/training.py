@@ -206,9 +206,6 @@ class TrainingLivenessDetector(Detector):
     def replayed(self, now: float) -> None:
         self._ranks.replayed(now)
 
-    def hub_behind(self, now: float, behind: bool) -> None:
-        self._ranks.hub_behind(now, behind)
-
     def evaluate(self, now: float) -> list[Finding]:
         overdue = self._ranks.overdue(now)
         for run in self._fresh:

@@ -13,6 +13,9 @@ the batch and spool), which costs it almost nothing.
 
 It stays behind until ``settle_s`` after the last sign of lag: senders that were refused come back
 after their ``Retry-After``, and until they have, their silence is the hub's doing, not theirs.
+What the hub did to whom is reported as a :class:`ShedCover` (senders refused, by the identity
+they name in ``X-Gpuscope-Sender``, and the delay the hub imposed on everyone); which
+silence verdicts that holds is decided in one place, :mod:`gpuscope.gaps`.
 """
 
 from __future__ import annotations
@@ -20,11 +23,72 @@ from __future__ import annotations
 import math
 import random
 import threading
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.model import Finding
+from gpuscope.model import Finding, Labels
 from gpuscope.rules import HUB_OVERLOADED
+
+#: the request header in which a sender names what it reports for (``node=n1``, ``job=j,rank=0``),
+#: so that a hub that refuses or queues its request knows whose silence is its own doing
+SENDER_HEADER = "X-Gpuscope-Sender"
+#: the labels a sender may name (those the silence verdicts are about)
+SENDER_KEYS = frozenset({"node", "job", "rank"})
+_MAX_SENDER_HEADER = 512
+
+SenderKey = tuple[tuple[str, str], ...]
+
+
+class SenderHeaderError(ValueError):
+    """A malformed ``X-Gpuscope-Sender``: the request is taken, the sender counted as unnamed."""
+
+
+def sender_header(labels: Mapping[str, str]) -> str:
+    """The header value naming ``labels`` (what a sender reports for)."""
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+
+
+def parse_sender(value: str | None) -> SenderKey | None:
+    """The identity a request names (None: it names none); raises :class:`SenderHeaderError`."""
+    if value is None:
+        return None
+    if len(value) > _MAX_SENDER_HEADER:
+        raise SenderHeaderError(f"{SENDER_HEADER} is over {_MAX_SENDER_HEADER} characters")
+    pairs: dict[str, str] = {}
+    for part in value.split(","):
+        key, eq, name = part.strip().partition("=")
+        if not eq or key not in SENDER_KEYS or not name or key in pairs:
+            raise SenderHeaderError(
+                f"{SENDER_HEADER}: {part.strip()!r} is not one of node=, job=, rank= (each once)"
+            )
+        pairs[key] = name
+    return tuple(sorted(pairs.items()))
+
+
+def covers(sender: SenderKey, entity: Labels) -> bool:
+    """Does a sender naming ``sender`` report for ``entity``: they share a label, and agree on
+    every label they share (``node=n1`` covers ``{"node": "n1"}``; ``job=j`` every rank of j)."""
+    shared = [(k, v) for k, v in sender if k in entity]
+    return bool(shared) and all(entity[k] == v for k, v in shared)
+
+
+#: how long a refusal is remembered past the settle time (the longest silence threshold it may hold)
+REFUSALS_KEPT_S = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class ShedCover:
+    """What the hub did to its senders lately. ``refused``: each named sender it refused, and when
+    the gap it made ends (its last refusal plus ``settle``: by then the sender is back);
+    ``everyone_until``: the same for senders that named nobody (every sender's gap); ``delay``: the
+    longest the hub made every request wait (event loop, oldest request in flight) within
+    ``settle``. A request in flight is not its sender's gap: a sender with a backlog always has
+    one, and the data in it is what the sender queued before; the delay covers it."""
+
+    refused: Mapping[SenderKey, float] = field(default_factory=dict)
+    everyone_until: float = -math.inf
+    delay: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +139,9 @@ class OverloadMonitor:
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._in_flight: dict[int, float] = {}  # ticket -> admitted at; dicts keep insertion order
+        self._refused: dict[SenderKey, float] = {}  # named sender -> last refused at
+        self._refused_anonymous = -math.inf
+        self._delay = (0.0, -math.inf)  # the longest recent delay, and when it was seen
         self._next_ticket = 0
         self._last_sign = -math.inf  # latest time the hub saw itself behind
         self._behind_since: float | None = None
@@ -85,12 +152,17 @@ class OverloadMonitor:
         self.shed = 0  # requests refused while behind
         self.episodes = 0  # times the hub fell behind
 
-    def admit(self, now: float) -> Admission:
-        """Admit an ingest request now, or refuse it (the hub is behind) with a Retry-After."""
+    def admit(self, now: float, sender: SenderKey | None = None) -> Admission:
+        """Admit an ingest request of ``sender`` (None: it named none) now, or refuse it (the hub
+        is behind) with a Retry-After."""
         with self._lock:
             if self._lagging(now):
                 self._sign(now)
                 self.shed += 1
+                if sender is None:
+                    self._refused_anonymous = now
+                else:
+                    self._refused[sender] = now
                 base = self.settings.retry_after_s
                 # spread the senders' return over [base, 2 base] so they do not come back together
                 return Admission(None, max(1, math.ceil(base * (1.0 + self._rng.random()))))
@@ -116,6 +188,7 @@ class OverloadMonitor:
         with self._lock:
             self._loop_lag = lag
             self.loop_probes += 1
+            self._delayed(now, lag)
             if lag > self.settings.max_loop_lag_s:
                 self._sign(now)
 
@@ -131,6 +204,25 @@ class OverloadMonitor:
         for admitted in self._in_flight.values():
             return now - admitted
         return 0.0
+
+    def _delayed(self, now: float, delay: float) -> None:
+        peak, at = self._delay
+        if delay >= peak or now - at > self.settings.settle:
+            self._delay = (delay, now)
+
+    def cover(self, now: float) -> ShedCover:
+        """Whom the hub refused or keeps waiting at ``now`` (see :class:`ShedCover`)."""
+        with self._lock:
+            settle = self.settings.settle
+            self._delayed(now, self._oldest_wait(now))
+            kept = settle + REFUSALS_KEPT_S
+            self._refused = {k: t for k, t in self._refused.items() if now - t < kept}
+            peak, at = self._delay
+            return ShedCover(
+                {k: t + settle for k, t in self._refused.items()},
+                everyone_until=self._refused_anonymous + settle,
+                delay=peak if now - at <= settle else 0.0,
+            )
 
     def _lagging(self, now: float) -> bool:
         s = self.settings

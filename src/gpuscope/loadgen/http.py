@@ -129,7 +129,7 @@ class HubClient:
         self.host = parts.hostname
         self.port = parts.port or 80
         lines = [f"POST {path} HTTP/1.1", f"Host: {parts.netloc}", *(f"{k}: {v}" for k, v in headers.items())]
-        self._head = ("\r\n".join(lines) + "\r\nContent-Length: ").encode("latin-1")
+        self._head = ("\r\n".join(lines) + "\r\n").encode("latin-1")
         self.timeout = timeout
         self.connect_timeout = timeout if connect_timeout is None else min(timeout, connect_timeout)
         self.size = connections
@@ -137,10 +137,11 @@ class HubClient:
         self._open = 0
         self._waiting: deque[asyncio.Future[None]] = deque()
 
-    async def post(self, body: bytes) -> Reply:
+    async def post(self, body: bytes, header: bytes = b"") -> Reply:
+        """POST ``body``; ``header``: more header lines of this request, each ending in CRLF."""
         conn = await self._acquire()
         loop = conn.loop
-        waiter = conn.send(self._head + b"%d\r\n\r\n" % len(body), body)
+        waiter = conn.send(self._head + header + b"Content-Length: %d\r\n\r\n" % len(body), body)
         timer = loop.call_later(self.timeout, conn.fail, RequestError("timed out"))
         try:
             return await waiter

@@ -27,6 +27,7 @@ from gpuscope import __version__
 from gpuscope.agent.route import CONNECT_TIMEOUT_S
 from gpuscope.agent.sender import INGEST_PATH, Backoff
 from gpuscope.ingest.frame import CONTENT_TYPE
+from gpuscope.ingest.overload import SENDER_HEADER, sender_header
 from gpuscope.loadgen.http import ConnectFailed, HubClient, Reply, RequestError
 from gpuscope.loadgen.traffic import shard_of
 
@@ -85,9 +86,17 @@ class SenderStats:
             self.acked_per_second[sec] = self.acked_per_second.get(sec, 0) + n
 
 
+def sender_line(sender: str) -> bytes:
+    """The ``X-Gpuscope-Sender`` header line of a stream: an agent's node, or an SDK's job."""
+    job = sender.removeprefix("sdk:")
+    labels = {"job": job} if job != sender else {"node": sender}
+    return f"{SENDER_HEADER}: {sender_header(labels)}\r\n".encode("latin-1")
+
+
 @dataclass(slots=True)
 class _Stream:
     hub: int
+    header: bytes
     queue: deque[tuple[float, Item]] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
 
@@ -116,7 +125,9 @@ class _Worker:
             sender = item[0]
             stream = self.streams.get(sender)
             if stream is None:
-                stream = self.streams[sender] = _Stream(hub=shard_of(sender, hubs))
+                stream = self.streams[sender] = _Stream(
+                    hub=shard_of(sender, hubs), header=sender_line(sender)
+                )
             if len(stream.queue) >= self.max_backlog:
                 # a real agent's spool is bounded too: the oldest batch waiting (not the one in flight) goes
                 del stream.queue[1]
@@ -137,7 +148,7 @@ class _Worker:
             retry_after: float | None = None
             started = time.perf_counter()
             try:
-                resp = await client.post(body)
+                resp = await client.post(body, stream.header)
             except ConnectFailed:
                 st.connect_errors += 1
                 if failures + 1 < len(self.clients):  # a hub is gone: the next one at once, as an agent

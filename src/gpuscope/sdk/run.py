@@ -160,7 +160,10 @@ class Run:
         self.collectives: CollectiveTracker | None = None
         self._ddp_watch: DdpWatch | None = None
         spool = Spool(self.state_dir / "spool", max_bytes=spool_bytes, counters=self.counters)
-        self.sender = Sender(hub, spool=spool, token=token, counters=self.counters, timeout=5.0)
+        identity = {"job": placement.job, "rank": str(placement.rank)}
+        self.sender = Sender(
+            hub, spool=spool, token=token, counters=self.counters, timeout=5.0, sender=identity
+        )
         self.checkpoints = CheckpointReporter(placement, self.queues.event, self.goodput)
         samplers = []
         if memory_interval is not None:

@@ -27,6 +27,7 @@ from gpuscope.alert.service import AlertingService
 from gpuscope.cluster.member import ClusterMember
 from gpuscope.hub import Hub
 from gpuscope.ingest.frame import CONTENT_TYPES, decode_body
+from gpuscope.ingest.overload import SENDER_HEADER, SenderHeaderError, SenderKey, parse_sender
 from gpuscope.ingest.payload import (
     Limits,
     PayloadError,
@@ -271,7 +272,7 @@ class HubApi:
 
     async def ingest(self, request: Request) -> Response:
         self._authorize_write(request)
-        admission = self.hub.overload.admit(self.clock())
+        admission = self.hub.overload.admit(self.clock(), self._sender(request))
         if admission.ticket is None:
             # behind: refused before reading the body, which costs the hub next to nothing; not
             # acknowledged, so the sender keeps the batch, spools, and comes back after Retry-After
@@ -285,6 +286,15 @@ class HubApi:
             return await self._ingest(request)
         finally:
             self.hub.overload.done(admission.ticket)
+
+    def _sender(self, request: Request) -> SenderKey | None:
+        """Who the request says it reports for: a malformed name is counted, and the request is
+        taken as one that names nobody (the header only spares the sender blame while shed)."""
+        try:
+            return parse_sender(request.headers.get(SENDER_HEADER))
+        except SenderHeaderError:
+            self.hub.counters.inc("ingest_sender_header_malformed")
+            return None
 
     async def _ingest(self, request: Request) -> Response:
         ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()

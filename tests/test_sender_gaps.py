@@ -1,0 +1,172 @@
+"""One seam for "don't blame senders for the hub's own gap" (gpuscope.gaps): a real hub, in
+virtual time, that sheds or delays its senders while behind on ingest. It blames none of the
+senders it refused or kept waiting, yet judges a sender it did not refuse (a node that died) at
+its threshold plus the delay the hub imposed, however long the hub stays behind."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+
+import pytest
+
+from detect.rig import FakeCluster, FakeJob
+from gpuscope.gaps import SILENCE_RULES
+from gpuscope.hub import Hub
+from gpuscope.ingest.overload import (
+    OverloadMonitor,
+    OverloadSettings,
+    SenderHeaderError,
+    covers,
+    parse_sender,
+    sender_header,
+)
+from gpuscope.model import Alert, Batch
+from gpuscope.store.duckdb import DuckDBStore
+
+LOOP_LAG = 3.0  # how late the behind hub's event loop runs its timers
+
+
+Make = Callable[[float], Iterable[Batch | None]]
+Name = Callable[[Batch], dict[str, str] | None]
+
+
+class Rig:
+    """A hub whose overload monitor runs on the test's clock. Each tick, the batches of ``make``
+    reach the hub's detectors and those of ``refuse`` are offered through admission, as the HTTP
+    route does, while the hub is behind (so it refuses them with Retry-After)."""
+
+    def __init__(self) -> None:
+        self.hub = Hub(DuckDBStore(":memory:", durable=False))
+        self.hub.overload = OverloadMonitor(OverloadSettings(), name="hub-a", rng=random.Random(1))
+
+    def tick(self, t: float, batches: Iterable[Batch | None], refused: Iterable[Batch], name: Name) -> None:
+        for batch in batches:
+            if batch is not None:
+                self.hub.ingest(batch)
+        for batch in refused:
+            labels = name(batch)
+            key = parse_sender(sender_header(labels)) if labels else None
+            assert self.hub.overload.admit(t, key).ticket is None  # the sender keeps it and spools
+        self.hub.evaluate(t)
+
+    def run(
+        self,
+        start: int,
+        stop: int,
+        make: Make,
+        name: Name = lambda b: None,
+        *,
+        refuse: Callable[[float], list[Batch]] | None = None,
+    ) -> None:
+        """Ticks ``start..stop-1``; with ``refuse``, the hub is behind (its event loop runs late)."""
+        for t in range(start, stop):
+            self.hub.overload.loop_lag(float(t), LOOP_LAG if refuse is not None else 0.0)
+            self.tick(float(t), make(float(t)), refuse(float(t)) if refuse is not None else [], name)
+
+    def blamed(self) -> list[Alert]:
+        alerts, _ = self.hub.alert_view()
+        return [a for a in alerts if a.rule in SILENCE_RULES]
+
+
+def node_of(batch: Batch) -> dict[str, str]:
+    return {"node": batch.source}
+
+
+def test_nodes_the_hub_refused_while_behind_are_not_blamed() -> None:
+    cluster = FakeCluster(nodes=4, gpus=2)
+    rig = Rig()
+    rig.run(0, 30, cluster.batches, node_of)
+    # behind for 40 s: every request of three named nodes is refused, one node's still get through
+    rig.run(30, 70, lambda t: cluster.batches(t)[:1], node_of, refuse=lambda t: cluster.batches(t)[1:])
+    rig.run(70, 72, lambda t: [])  # caught up; the refused senders come back after Retry-After
+    rig.run(72, 120, cluster.batches, node_of)
+    assert rig.blamed() == []
+    assert rig.hub.counters.get("silence_verdicts_held_overload") > 0
+    assert any(a.rule == "hub_overloaded" for a in rig.hub.alert_view()[0])
+
+
+def test_senders_that_name_nobody_are_all_held_while_the_hub_refuses_them() -> None:
+    cluster = FakeCluster(nodes=4, gpus=2)
+    rig = Rig()
+    rig.run(0, 30, cluster.batches)
+    rig.run(30, 70, lambda t: cluster.batches(t)[:1], refuse=lambda t: cluster.batches(t)[1:])  # unnamed
+    rig.run(70, 72, lambda t: [])
+    rig.run(72, 120, cluster.batches)
+    assert rig.blamed() == []
+    assert rig.hub.counters.get("silence_verdicts_held_overload") > 0
+
+
+def test_a_node_down_while_the_hub_stays_behind_is_reported_within_threshold_and_the_hubs_delay() -> None:
+    """The hub is behind for a minute, refusing the named live nodes two times in three; node-3
+    dies at 30 (last report at 29). Its verdict is due at its threshold (4 x its 1 s period) plus
+    the delay the hub made every request wait, not when the hub has caught up."""
+    cluster = FakeCluster(nodes=4, gpus=2)
+    rig = Rig()
+    rig.run(0, 30, cluster.batches, node_of)
+    cluster.down.add("node-3")
+    turn = {"node-0": 0, "node-1": 1, "node-2": 2}
+
+    def through(t: float) -> list[Batch]:
+        return [b for b in cluster.batches(t) if int(t) % 3 == turn[b.source]]
+
+    def refused(t: float) -> list[Batch]:
+        return [b for b in cluster.batches(t) if int(t) % 3 != turn[b.source]]
+
+    rig.run(30, 90, through, node_of, refuse=refused)
+    (alert,) = rig.blamed()
+    assert alert.entity == {"node": "node-3"} and alert.rule == "node_unreachable"
+    assert 29 + 4 <= alert.started_at <= 29 + 4 + LOOP_LAG + 1
+
+
+def test_a_firing_alert_is_never_held() -> None:
+    cluster = FakeCluster(nodes=4, gpus=2)
+    rig = Rig()
+    rig.run(0, 30, cluster.batches)
+    cluster.down.add("node-3")
+    rig.run(30, 40, cluster.batches)
+    (alert,) = rig.blamed()
+    assert alert.firing
+    rig.run(40, 70, lambda t: cluster.batches(t)[:1], refuse=lambda t: cluster.batches(t)[1:])  # all held
+    assert alert.firing and alert.resolved_at is None
+
+
+def test_ranks_whose_reports_the_hub_sheds_while_behind_are_not_lost_or_stalled() -> None:
+    cluster = FakeCluster(nodes=2, gpus=4)
+    job = FakeJob.on(cluster.names, 4)
+    cluster.allocate(job.name, job.placement)
+    rig = Rig()
+
+    def named(batch: Batch) -> dict[str, str]:
+        return node_of(batch) if batch.source in cluster.names else {"job": job.name}
+
+    rig.run(0, 60, lambda t: [*cluster.batches(t), job.batch(t)], named)
+    spooled: list[Batch | None] = []
+
+    def sdk(t: float) -> list[Batch]:
+        batch = job.batch(t)
+        spooled.append(batch)
+        return [batch] if batch is not None else []
+
+    # behind: the nodes' batches get through, the SDK's are refused (it spools them)
+    rig.run(60, 90, cluster.batches, named, refuse=sdk)
+    rig.run(90, 91, cluster.batches, named)
+    # the SDK comes back after Retry-After with its spooled records, then carries on
+    rig.tick(91.0, [*cluster.batches(91.0), *spooled, job.batch(91.0)], [], named)
+    rig.run(92, 150, lambda t: [*cluster.batches(t), job.batch(t)], named)
+    assert rig.blamed() == []
+
+
+def test_a_sender_names_what_it_reports_for_and_a_malformed_name_is_refused() -> None:
+    node = parse_sender(sender_header({"node": "n1"}))
+    rank = parse_sender("job=llm,rank=3")
+    assert node is not None and rank is not None
+    assert (
+        covers(node, {"node": "n1"}) and not covers(node, {"node": "n2"}) and not covers(node, {"job": "llm"})
+    )
+    assert covers(rank, {"job": "llm", "rank": "3", "node": "n1"}) and covers(rank, {"job": "llm"})
+    assert not covers(rank, {"job": "llm", "rank": "4"})
+    assert parse_sender(None) is None
+    for bad in ("gpu=1", "node", "node=", "node=a,node=b", "x" * 600):
+        with pytest.raises(SenderHeaderError, match="X-Gpuscope-Sender"):
+            parse_sender(bad)
