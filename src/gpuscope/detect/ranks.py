@@ -58,6 +58,7 @@ class _Rank:
     lag_spread: float = 0.0  # mean absolute deviation of its raw lags from their median, while healthy
     lag_n: int = 0
     lag_hits: int = 0
+    short_hits: int = 0  # steps in a row the short window has been far behind
     recent: list[float] = field(default_factory=list)  # the last few unsmoothed lags: what is said
     skew: float = math.nan
     skew_hits: int = 0
@@ -80,6 +81,11 @@ class _Job:
     group: dict[int, int] | None = None
     #: group -> its median lag behind the fastest group, as a share of a step
     group_lag: dict[int, float] = field(default_factory=dict)
+    #: rank -> the median pace of its speed group (lag behind the whole job's reference) when the
+    #: groups were learned: taken out before the common reference is drawn
+    group_pace: dict[int, float] = field(default_factory=dict)
+    #: the gap that split the groups: within a group a rank's normal offset may be up to this
+    gap: float = 0.0
     #: lags are shares of a step (arrival skew) rather than step-time ratios minus one
     additive: bool = True
     #: rank -> its pace (median lag behind the job's reference) when the groups were last learned
@@ -110,6 +116,9 @@ class RankDetector(StepDetector):
         sustain: int = 5,
         warm_steps: int = 20,
         split_gap: float = 0.1,
+        short: int = 3,
+        short_excess: float = 0.15,
+        short_sustain: int = 3,
     ) -> None:
         self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
         self.ref_quantile, self.noise_k = ref_quantile, noise_k
@@ -117,6 +126,7 @@ class RankDetector(StepDetector):
         self.skew_log = math.log(skew_ratio)
         self.frag_rise, self.retry_window, self.min_retries = frag_rise, retry_window, min_retries
         self.sustain, self.warm_steps, self.split_gap = sustain, warm_steps, split_gap
+        self.short, self.short_excess, self.short_sustain = short, short_excess, short_sustain
         super().__init__()
         self._jobs: dict[str, _Job] = {}
 
@@ -196,25 +206,24 @@ class RankDetector(StepDetector):
         return False
 
     def _reference(self, job: _Job, rank_ids: list[int], raw: FloatArray, additive: bool) -> FloatArray:
-        """Each rank's lag behind the ``ref_quantile`` of its own speed group."""
-        groups = np.array([(job.group or {}).get(r, 0) for r in rank_ids])
-        lags = np.full(len(raw), math.nan)
-        for g in np.unique(groups).tolist():
-            member = groups == g
-            vals = raw[member]
-            if np.isfinite(vals).sum() < 2:
-                vals = raw  # too few of the group reported this step: all ranks
-            ref = float(np.nanquantile(vals, self.ref_quantile))
-            mine = groups == g
-            lags[mine] = raw[mine] - ref if additive else raw[mine] / ref - 1.0
-        return lags
+        """Each rank's lag behind the reference of its own speed group.
+
+        The groups' paces, learned with the groups, are taken out first, so that every rank of the
+        job (not only the few of its group) sets the common reference, the ``ref_quantile`` of
+        them: a whole group that slows down, or a group member that gets faster, cannot move it."""
+        pace = np.array([job.group_pace.get(r, 0.0) for r in rank_ids])
+        own = raw - pace if additive else raw / (1.0 + pace)
+        if np.isfinite(own).sum() < 2:
+            return np.full(len(raw), math.nan)
+        common = float(np.nanquantile(own, self.ref_quantile))
+        return own - common if additive else own / common - 1.0
 
     def _split(self, name: str, job: _Job) -> None:
         """End of a warm-up: group the ranks by pace, then learn each one's normal in its group.
 
         After a change of membership, a rank that is slow now or got slower keeps its group."""
-        old, old_pace = job.group or {}, job.pace
-        job.group = {}  # the paces are lags behind the whole job's reference
+        old, old_pace, old_group_pace = job.group or {}, job.pace, job.group_pace
+        job.group, job.group_pace = {}, {}  # the paces are lags behind the whole job's reference
         seen: dict[int, list[float]] = {}
         for rank_ids, raw, additive in job.warm:
             for r, x in zip(rank_ids, self._reference(job, rank_ids, raw, additive).tolist(), strict=True):
@@ -226,18 +235,30 @@ class RankDetector(StepDetector):
         kept = {
             r
             for r, p in paces.items()
-            if r in old and (job.ranks[r].lag_hits > 0 or (r in old_pace and p - old_pace[r] >= gap))
+            if r in old
+            and (
+                job.ranks[r].lag_hits > 0
+                or job.ranks[r].short_hits > 0
+                or (r in old_pace and p - old_pace[r] >= gap)
+            )
         }
         learn = {r: p for r, p in paces.items() if r not in kept}
-        group = speed_groups(learn, gap) if len(learn) >= 4 else dict.fromkeys(learn, 0)
+        # a rank that is its own speed from the start is a placement of one (real jobs mix parts)
+        group = speed_groups(learn, gap, min_size=1) if len(learn) >= 4 else dict.fromkeys(learn, 0)
         group.update({r: old.get(r, 0) for r in kept})
         job.group = group
+        job.gap = gap
         job.group_lag = {}
         fast = [p for r, p in learn.items() if group[r] == 0]
-        for g in set(group.values()) - {0}:
+        for g in set(group.values()):
             mine = [p for r, p in learn.items() if group[r] == g]
             if mine:
+                job.group_pace.update(
+                    dict.fromkeys((r for r in learn if group[r] == g), float(np.median(mine)))
+                )
+            if g and mine:
                 job.group_lag[g] = float(np.median(mine)) - (float(np.median(fast)) if fast else 0.0)
+        job.group_pace.update({r: old_group_pace.get(r, 0.0) for r in kept})
         job.additive = job.warm[-1][2]
         job.pace = {**old_pace, **learn}
         job.place = {}
@@ -252,7 +273,7 @@ class RankDetector(StepDetector):
             state.lags.clear()
             state.recent.clear()
             state.lag, state.lag_base, state.lag_spread = math.nan, math.nan, 0.0
-            state.lag_n = state.lag_hits = 0
+            state.lag_n = state.lag_hits = state.short_hits = 0
         warm, job.warm, job.relearn = job.warm, [], False
         for rank_ids, raw, additive in warm:
             self._judge(job, rank_ids, raw, additive, fresh)
@@ -270,22 +291,25 @@ class RankDetector(StepDetector):
             state.lags.append(x)
             state.lag = float(np.median(state.lags))
             state.lag_n += 1
-            if state.lag_hits == 0:  # the normal is learned while the rank is not judged slow
+            if state.lag_hits == state.short_hits == 0:  # the normal is learned while not judged slow
                 # a running mean at first, so the normal does not hang on the first sample
                 alpha = max(self.base_alpha, 1.0 / state.lag_n)
-                learn = min(state.lag, self.normal_cap)
+                # within its speed group a rank may be slower by up to the gap that splits groups
+                learn = min(state.lag, max(self.normal_cap, job.gap))
                 base = state.lag_base if math.isfinite(state.lag_base) else learn
                 state.lag_base = base + alpha * (learn - base)
                 # a data-loader hiccup is an outlier, not the spread of the rank's pace
                 state.lag_spread += alpha * (min(abs(x - state.lag), 0.1) - state.lag_spread)
             # noisy ranks (real data loaders, shared hosts) must stand out of their own noise
             excess = max(self.excess, self.noise_k * state.lag_spread)
-            slow = (
-                state.lag_n >= self.warm_steps
-                and state.lag >= self.lag
-                and state.lag - state.lag_base >= excess
-            )
+            judged = state.lag_n >= self.warm_steps
+            slow = judged and state.lag >= self.lag and state.lag - state.lag_base >= excess
             state.lag_hits = state.lag_hits + 1 if slow else 0
+            # a short, large slowdown (a minute on a trace sampled every 10 s) is over before the
+            # long window's median moves: the median of the last few lags, with a higher bar
+            short = float(np.median(list(state.lags)[-self.short :]))
+            far = judged and short >= self.lag and short - state.lag_base >= max(self.short_excess, excess)
+            state.short_hits = state.short_hits + 1 if far else 0
 
     def _skew(self, view: StepView, ranks: list[_Rank]) -> None:
         grads = view.get("grad_norm")
@@ -364,7 +388,7 @@ class RankDetector(StepDetector):
         out: list[Finding] = []
         entity = {"job": job_name, "rank": str(rank), **self.steps.where(job_name, rank)}
         where = f" on {place_text(entity['node'], entity.get('gpu', ''))}" if "node" in entity else ""
-        if state.lag_hits >= self.sustain:
+        if state.lag_hits >= self.sustain or state.short_hits >= self.short_sustain:
             # the smoothed lag decides; the recent lags say how far behind it is now (the smoothed
             # one still trails a lag that began mid-run)
             now_lag = float(np.median(state.recent)) if state.recent else state.lag
