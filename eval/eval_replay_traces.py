@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 import sys
 import tempfile
 from collections import defaultdict, deque
@@ -168,16 +169,24 @@ def _ratio(hit: int, total: int) -> str:
     return f"{hit / total:.2f} ({hit}/{total})" if total else "n/a"
 
 
-def score(runs: dict[str, list[Run]], alerts: dict[str, list[float]]) -> dict[str, Any]:
-    """Episode recall, alert precision and time to detect for one rule over entities."""
+Firing = dict[str, list[tuple[float, float]]]  # entity -> (started, resolved or infinity) of its alerts
+
+
+def score(runs: dict[str, list[Run]], alerts: Firing) -> dict[str, Any]:
+    """Episode recall, alert precision and time to detect for one rule over entities.
+
+    An episode is detected by an alert of its entity that fires at some time between its start
+    and ``GRACE`` after its end (one that already fired for an earlier episode counts, with a
+    time to detect of 0); an alert is right when it starts inside, or up to ``GRACE`` after, any
+    run of its entity, required or not."""
     episodes = [(k, r) for k, rs in runs.items() for r in rs if r.must]
     detected, ttd = 0, []
     for key, run in episodes:
-        starts = [t for t in alerts.get(key, []) if run.start <= t <= run.end + GRACE]
+        starts = [a for a, b in alerts.get(key, []) if a <= run.end + GRACE and b >= run.start]
         if starts:
             detected += 1
-            ttd.append(min(starts) - run.start)
-    fired = [(k, t) for k, ts in alerts.items() for t in ts]
+            ttd.append(max(0.0, min(starts) - run.start))
+    fired = [(k, t) for k, spans in alerts.items() for t, _ in spans]
     right = sum(any(r.start <= t <= r.end + GRACE for r in runs.get(k, [])) for k, t in fired)
     must = {k for k, r in episodes}
     flagged = set(alerts)
@@ -190,6 +199,11 @@ def score(runs: dict[str, list[Run]], alerts: dict[str, list[float]]) -> dict[st
         "workers": f"truth {sorted(must)}, flagged {sorted(flagged)}, "
         f"false {sorted(k for k in flagged if not any(True for _ in runs.get(k, [])))}",
     }
+
+
+def _span(alert: dict[str, Any]) -> tuple[float, float]:
+    end = alert["resolved_at"]
+    return float(alert["started_at"]), math.inf if end is None else float(end)
 
 
 def load(path: Path) -> Times:
@@ -213,13 +227,13 @@ def evaluate(path: Path, workdir: Path, legacy: bool) -> None:
             for worker, seconds in sorted(times[s].items()):
                 w.writerow([s, job, worker, s, f"worker-{worker}", 0, seconds])
     doc = replay_document(replay_csv)
-    stragglers: dict[str, list[float]] = defaultdict(list)
-    step_time: dict[str, list[float]] = defaultdict(list)
+    stragglers: Firing = defaultdict(list)
+    step_time: Firing = defaultdict(list)
     for a in doc["alerts"]:
         if a["rule"] == "training_straggler":
-            stragglers[a["entity"]["rank"]].append(a["started_at"])
+            stragglers[a["entity"]["rank"]].append(_span(a))
         elif a["rule"] == "step_time_regression":
-            step_time[job].append(a["started_at"])
+            step_time[job].append(_span(a))
     others = sorted({a["rule"] for a in doc["alerts"]} - {"training_straggler", "step_time_regression"})
     workers = {str(w): runs for w, runs in truth(times, interval).items()}
     world = len({w for by in times.values() for w in by})

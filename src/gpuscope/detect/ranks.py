@@ -59,6 +59,8 @@ class _Rank:
     lag_n: int = 0
     lag_hits: int = 0
     short_hits: int = 0  # steps in a row the short window has been far behind
+    short_since: float = math.nan  # when it began
+    last_ts: float = math.nan  # of the last step judged
     recent: list[float] = field(default_factory=list)  # the last few unsmoothed lags: what is said
     skew: float = math.nan
     skew_hits: int = 0
@@ -75,8 +77,8 @@ class _Rank:
 class _Job:
     ranks: dict[int, _Rank] = field(default_factory=dict)
     step_time: float = math.nan
-    #: warm-up steps: (ranks, raw paces, additive), replayed once the groups are known
-    warm: list[tuple[list[int], FloatArray, bool]] = field(default_factory=list)
+    #: warm-up steps: (ranks, raw paces, additive, ts), replayed once the groups are known
+    warm: list[tuple[list[int], FloatArray, bool, float]] = field(default_factory=list)
     #: each rank's speed group (0: fastest), fixed at the end of the warm-up
     group: dict[int, int] | None = None
     #: group -> its median lag behind the fastest group, as a share of a step
@@ -119,6 +121,7 @@ class RankDetector(StepDetector):
         short: int = 3,
         short_excess: float = 0.15,
         short_sustain: int = 3,
+        short_seconds: float = 30.0,
     ) -> None:
         self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
         self.ref_quantile, self.noise_k = ref_quantile, noise_k
@@ -127,6 +130,7 @@ class RankDetector(StepDetector):
         self.frag_rise, self.retry_window, self.min_retries = frag_rise, retry_window, min_retries
         self.sustain, self.warm_steps, self.split_gap = sustain, warm_steps, split_gap
         self.short, self.short_excess, self.short_sustain = short, short_excess, short_sustain
+        self.short_seconds = short_seconds
         super().__init__()
         self._jobs: dict[str, _Job] = {}
 
@@ -178,16 +182,16 @@ class RankDetector(StepDetector):
             if math.isfinite(arrived):
                 state.arrival = arrived
         if job.group is None:
-            job.warm.append((list(view.ranks), raw.copy(), additive))
+            job.warm.append((list(view.ranks), raw.copy(), additive, view.ts))
             if len(job.warm) >= self.warm_steps:
                 self._split(view.job, job)
             return
         present = [r for r, x in zip(view.ranks, raw.tolist(), strict=True) if math.isfinite(x)]
         if not job.relearn and self._moved(view.job, job, present):
             job.relearn, job.warm = True, []
-        self._judge(job, list(view.ranks), raw, additive)
+        self._judge(job, list(view.ranks), raw, additive, view.ts)
         if job.relearn:
-            job.warm.append((list(view.ranks), raw.copy(), additive))
+            job.warm.append((list(view.ranks), raw.copy(), additive, view.ts))
             if len(job.warm) >= self.warm_steps:
                 self._split(view.job, job)
 
@@ -225,7 +229,7 @@ class RankDetector(StepDetector):
         old, old_pace, old_group_pace = job.group or {}, job.pace, job.group_pace
         job.group, job.group_pace = {}, {}  # the paces are lags behind the whole job's reference
         seen: dict[int, list[float]] = {}
-        for rank_ids, raw, additive in job.warm:
+        for rank_ids, raw, additive, _ in job.warm:
             for r, x in zip(rank_ids, self._reference(job, rank_ids, raw, additive).tolist(), strict=True):
                 if math.isfinite(x):
                     seen.setdefault(r, []).append(x)
@@ -275,11 +279,17 @@ class RankDetector(StepDetector):
             state.lag, state.lag_base, state.lag_spread = math.nan, math.nan, 0.0
             state.lag_n = state.lag_hits = state.short_hits = 0
         warm, job.warm, job.relearn = job.warm, [], False
-        for rank_ids, raw, additive in warm:
-            self._judge(job, rank_ids, raw, additive, fresh)
+        for rank_ids, raw, additive, ts in warm:
+            self._judge(job, rank_ids, raw, additive, ts, fresh)
 
     def _judge(
-        self, job: _Job, rank_ids: list[int], raw: FloatArray, additive: bool, only: set[int] | None = None
+        self,
+        job: _Job,
+        rank_ids: list[int],
+        raw: FloatArray,
+        additive: bool,
+        ts: float,
+        only: set[int] | None = None,
     ) -> None:
         lags = self._reference(job, rank_ids, raw, additive)
         for r, x in zip(rank_ids, lags.tolist(), strict=True):
@@ -288,6 +298,7 @@ class RankDetector(StepDetector):
                 continue
             state.recent.append(x)
             del state.recent[: -self.sustain]
+            state.last_ts = ts
             state.lags.append(x)
             state.lag = float(np.median(state.lags))
             state.lag_n += 1
@@ -309,7 +320,17 @@ class RankDetector(StepDetector):
             # long window's median moves: the median of the last few lags, with a higher bar
             short = float(np.median(list(state.lags)[-self.short :]))
             far = judged and short >= self.lag and short - state.lag_base >= max(self.short_excess, excess)
+            if far and not state.short_hits:
+                state.short_since = ts
             state.short_hits = state.short_hits + 1 if far else 0
+
+    def _short_slow(self, state: _Rank) -> bool:
+        """Far behind over the short window for ``short_sustain`` steps and ``short_seconds``: a
+        blip of one or two samples is no straggler however slow, and a trace that repeats its
+        last sample must not make one from a single slow reading."""
+        if state.short_hits < self.short_sustain or not state.lags:
+            return False
+        return state.last_ts - state.short_since >= self.short_seconds
 
     def _skew(self, view: StepView, ranks: list[_Rank]) -> None:
         grads = view.get("grad_norm")
@@ -388,7 +409,7 @@ class RankDetector(StepDetector):
         out: list[Finding] = []
         entity = {"job": job_name, "rank": str(rank), **self.steps.where(job_name, rank)}
         where = f" on {place_text(entity['node'], entity.get('gpu', ''))}" if "node" in entity else ""
-        if state.lag_hits >= self.sustain or state.short_hits >= self.short_sustain:
+        if state.lag_hits >= self.sustain or self._short_slow(state):
             # the smoothed lag decides; the recent lags say how far behind it is now (the smoothed
             # one still trails a lag that began mid-run)
             now_lag = float(np.median(state.recent)) if state.recent else state.lag
