@@ -4,32 +4,38 @@ Per closed step every rank gets a *lag*: how late it arrived at the collective b
 reference (``collective_arrival_skew_seconds``, as a share of the step time) or, when ranks report
 their own step times instead, how much longer its step took than the reference. The reference is
 the ``ref_quantile`` quantile of the ranks, not their median, so it stays with the healthy ranks
-when up to three quarters of them slow down together (a shared switch, a bad rack). A rank's lag
-is the median of its last ``window`` lags: a one-step data-loader hiccup is not a straggler, and
-a straggler that gets worse shows it (no clipping). A straggler's lag is at least ``lag`` *and*
-``excess`` (or ``noise_k`` times its own healthy spread, if larger) above its own normal lag,
-learned while it is not slow (at most up to ``normal_cap``),
-so ranks that are always a little slower (fixed offsets on shared hardware) stay quiet, while a
-rank that was slow from its first step still stands out.
+when up to three quarters of them slow down together (a shared switch, a bad rack); with speed
+groups (below) each rank's group pace is taken out first, so every rank of the job sets one
+common reference: a whole group that slows down stands out, and a rank that gets faster for good
+does not drag its old group's reference with it. A rank's lag is the median of its last
+``window`` lags: a one-step data-loader hiccup is not a straggler, and a straggler that gets worse
+shows it (no clipping). A straggler's lag is at least ``lag`` *and* ``excess`` (or ``noise_k``
+times its own healthy spread, if larger) above its own normal lag, learned while it is not slow
+(at most up to ``normal_cap``, or the gap that splits speed groups if larger), so ranks that are
+always a little slower (fixed offsets on shared hardware) stay quiet, for ``sustain`` steps.
+Slowdowns of a minute on a job that reports every 10 s are over before that median moves, so the
+median of the last ``short`` lags also decides, with the higher bar ``short_excess``, once it has
+held for ``short_sustain`` steps and ``short_seconds``: one or two slow readings are no straggler.
 
 Jobs with two or more stable speeds (mixed hardware, a slow placement): for the first
 ``warm_steps`` steps each rank's raw pace is only recorded. Then the ranks are clustered by their
 median lag: sorted, they split at every gap of at least ``split_gap`` of a step (and ``noise_k``
-times the ranks' typical spread) that leaves two or more ranks on each side. Each rank is then
-judged against its own group's reference, the warm-up is replayed that way to learn its normal,
-and a job whose slower groups were slow from the start gets one ``slow_placement`` finding that
-names them and the share of the job's GPU time they cost (a synchronous job runs at the pace of
-its slowest group); it is a placement to fix, not a live fault.
+times the ranks' typical spread); a rank apart from all others is a group of its own (real jobs
+mix parts). Each rank is then judged against the common reference moved by its group's pace, the
+warm-up is replayed that way to learn its normal, and a job whose slower groups were slow from
+the start gets one ``slow_placement`` finding that names them and the share of the job's GPU time
+they cost (a synchronous job runs at the pace of its slowest group); it is a placement to fix,
+not a live fault.
 
 When the job's membership changes after the warm-up (a rank joins, elastic growth, or a rank comes
 back on another node or GPU after a restart), the groups are learned again over the next
 ``warm_steps`` steps while the old ones keep judging. A rank that is judged slow then, or whose pace
-got worse by the split gap since it was last learned, keeps its old group: a live fault never
-becomes the new normal. Ranks whose group changed (and new ones) learn their normal again.
+got worse by the split gap since it was last learned, keeps its old group and pace: a live fault
+never becomes the new normal. Ranks whose group changed (and new ones) learn their normal again.
 
 Gradient skew: a rank's smoothed log-ratio of gradient norm to the peer median beyond
 ``log(skew_ratio)``. Fragmentation: a rank's allocator fragmentation ``frag_rise`` above its own
-early level, or allocator retries climbing. Verdicts need ``sustain`` steps in a row.
+early level, or allocator retries climbing; these verdicts need ``sustain`` steps in a row.
 """
 
 from __future__ import annotations
