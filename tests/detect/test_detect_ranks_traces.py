@@ -86,3 +86,28 @@ def test_a_whole_speed_group_that_slows_down_is_flagged() -> None:
     seen = flags(times)
     assert set().union(*seen) == {4, 5}
     assert {4, 5} <= seen[215] and {4, 5} <= seen[-1]
+
+
+def test_a_straggler_in_the_slow_group_leaves_the_fast_group_quiet() -> None:
+    """Arrival lags are a share of the step: when two slow-group ranks stretch every step 4x, the
+    slow group's fixed lag in seconds is a smaller share, and the fast ranks must not look late."""
+    rng = np.random.default_rng(7)
+    world = 16
+    base = 0.85 * np.where(np.arange(world) >= 8, 1.3, 1.0) * rng.uniform(0.98, 1.02, world)
+    detector = RankDetector()
+    seen: set[int] = set()
+    for k in range(500):
+        factor = np.where((np.arange(world) >= 9) & (np.arange(world) <= 10) & (k >= 200), 4.0, 1.0)
+        compute = base * factor * (1.0 + 0.01 * rng.standard_normal(world))
+        step = float(compute.max()) + 0.15
+        for r in range(world):
+            metrics = {
+                "step_seconds": step,
+                "collective_arrival_skew_seconds": float(compute[r] - compute.min()),
+            }
+            detector.on_training(
+                TrainingRecord(float(k), "j", r, k, metrics, {"node": f"n{r // 4}", "gpu": str(r % 4)})
+            )
+        detector.on_training(TrainingRecord(k + 0.5, "j", 0, k + 1, {}))
+        seen |= {int(f.entity["rank"]) for f in detector.evaluate(k + 0.6) if f.rule == "training_straggler"}
+    assert seen == {9, 10}

@@ -92,6 +92,9 @@ class _Job:
     #: rank -> the median pace of its speed group (lag behind the whole job's reference) when the
     #: groups were learned: taken out before the common reference is drawn
     group_pace: dict[int, float] = field(default_factory=dict)
+    #: rank -> the job's step time then: an arrival lag is a fixed time, its share of a step shrinks
+    #: when the step gets longer (a straggler elsewhere holds everyone up)
+    pace_step: dict[int, float] = field(default_factory=dict)
     #: the gap that split the groups: within a group a rank's normal offset may be up to this
     gap: float = 0.0
     #: lags are shares of a step (arrival skew) rather than step-time ratios minus one
@@ -222,6 +225,8 @@ class RankDetector(StepDetector):
         job (not only the few of its group) sets the common reference, the ``ref_quantile`` of
         them: a whole group that slows down, or a group member that gets faster, cannot move it."""
         pace = np.array([job.group_pace.get(r, 0.0) for r in rank_ids])
+        if additive and job.step_time > 0:
+            pace *= np.array([job.pace_step.get(r, job.step_time) for r in rank_ids]) / job.step_time
         own = raw - pace if additive else raw / (1.0 + pace)
         if np.isfinite(own).sum() < 2:
             return np.full(len(raw), math.nan)
@@ -232,7 +237,7 @@ class RankDetector(StepDetector):
         """End of a warm-up: group the ranks by pace, then learn each one's normal in its group.
 
         After a change of membership, a rank that is slow now or got slower keeps its group."""
-        old, old_pace, old_group_pace = job.group or {}, job.pace, job.group_pace
+        old, old_pace, old_group_pace, old_step = job.group or {}, job.pace, job.group_pace, job.pace_step
         job.group, job.group_pace = {}, {}  # the paces are lags behind the whole job's reference
         seen: dict[int, list[float]] = {}
         for rank_ids, raw, additive, _ in job.warm:
@@ -268,7 +273,9 @@ class RankDetector(StepDetector):
                 )
             if g and mine:
                 job.group_lag[g] = float(np.median(mine)) - (float(np.median(fast)) if fast else 0.0)
+        job.pace_step = dict.fromkeys(job.group_pace, job.step_time)
         job.group_pace.update({r: old_group_pace.get(r, 0.0) for r in kept})
+        job.pace_step.update({r: old_step.get(r, job.step_time) for r in kept})
         job.additive = job.warm[-1][2]
         job.pace = {**old_pace, **learn}
         job.place = {}
