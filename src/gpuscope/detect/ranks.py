@@ -4,32 +4,38 @@ Per closed step every rank gets a *lag*: how late it arrived at the collective b
 reference (``collective_arrival_skew_seconds``, as a share of the step time) or, when ranks report
 their own step times instead, how much longer its step took than the reference. The reference is
 the ``ref_quantile`` quantile of the ranks, not their median, so it stays with the healthy ranks
-when up to three quarters of them slow down together (a shared switch, a bad rack). A rank's lag
-is the median of its last ``window`` lags: a one-step data-loader hiccup is not a straggler, and
-a straggler that gets worse shows it (no clipping). A straggler's lag is at least ``lag`` *and*
-``excess`` (or ``noise_k`` times its own healthy spread, if larger) above its own normal lag,
-learned while it is not slow (at most up to ``normal_cap``),
-so ranks that are always a little slower (fixed offsets on shared hardware) stay quiet, while a
-rank that was slow from its first step still stands out.
+when up to three quarters of them slow down together (a shared switch, a bad rack); with speed
+groups (below) each rank's group pace is taken out first, so every rank of the job sets one
+common reference: a whole group that slows down stands out, and a rank that gets faster for good
+does not drag its old group's reference with it. A rank's lag is the median of its last
+``window`` lags: a one-step data-loader hiccup is not a straggler, and a straggler that gets worse
+shows it (no clipping). A straggler's lag is at least ``lag`` *and* ``excess`` (or ``noise_k``
+times its own healthy spread, if larger) above its own normal lag, learned while it is not slow
+(at most up to ``normal_cap``, or the gap that splits speed groups if larger), so ranks that are
+always a little slower (fixed offsets on shared hardware) stay quiet, for ``sustain`` steps.
+Slowdowns of a minute on a job that reports every 10 s are over before that median moves, so the
+median of the last ``short`` lags also decides, with the higher bar ``short_excess``, once it has
+held for ``short_sustain`` steps and ``short_seconds``: one or two slow readings are no straggler.
 
 Jobs with two or more stable speeds (mixed hardware, a slow placement): for the first
 ``warm_steps`` steps each rank's raw pace is only recorded. Then the ranks are clustered by their
 median lag: sorted, they split at every gap of at least ``split_gap`` of a step (and ``noise_k``
-times the ranks' typical spread) that leaves two or more ranks on each side. Each rank is then
-judged against its own group's reference, the warm-up is replayed that way to learn its normal,
-and a job whose slower groups were slow from the start gets one ``slow_placement`` finding that
-names them and the share of the job's GPU time they cost (a synchronous job runs at the pace of
-its slowest group); it is a placement to fix, not a live fault.
+times the ranks' typical spread); a rank apart from all others is a group of its own (real jobs
+mix parts). Each rank is then judged against the common reference moved by its group's pace, the
+warm-up is replayed that way to learn its normal, and a job whose slower groups were slow from
+the start gets one ``slow_placement`` finding that names them and the share of the job's GPU time
+they cost (a synchronous job runs at the pace of its slowest group); it is a placement to fix,
+not a live fault.
 
 When the job's membership changes after the warm-up (a rank joins, elastic growth, or a rank comes
 back on another node or GPU after a restart), the groups are learned again over the next
 ``warm_steps`` steps while the old ones keep judging. A rank that is judged slow then, or whose pace
-got worse by the split gap since it was last learned, keeps its old group: a live fault never
-becomes the new normal. Ranks whose group changed (and new ones) learn their normal again.
+got worse by the split gap since it was last learned, keeps its old group and pace: a live fault
+never becomes the new normal. Ranks whose group changed (and new ones) learn their normal again.
 
 Gradient skew: a rank's smoothed log-ratio of gradient norm to the peer median beyond
 ``log(skew_ratio)``. Fragmentation: a rank's allocator fragmentation ``frag_rise`` above its own
-early level, or allocator retries climbing. Verdicts need ``sustain`` steps in a row.
+early level, or allocator retries climbing; these verdicts need ``sustain`` steps in a row.
 """
 
 from __future__ import annotations
@@ -58,6 +64,9 @@ class _Rank:
     lag_spread: float = 0.0  # mean absolute deviation of its raw lags from their median, while healthy
     lag_n: int = 0
     lag_hits: int = 0
+    short_hits: int = 0  # steps in a row the short window has been far behind
+    short_since: float = math.nan  # when it began
+    last_ts: float = math.nan  # of the last step judged
     recent: list[float] = field(default_factory=list)  # the last few unsmoothed lags: what is said
     skew: float = math.nan
     skew_hits: int = 0
@@ -74,12 +83,20 @@ class _Rank:
 class _Job:
     ranks: dict[int, _Rank] = field(default_factory=dict)
     step_time: float = math.nan
-    #: warm-up steps: (ranks, raw paces, additive), replayed once the groups are known
-    warm: list[tuple[list[int], FloatArray, bool]] = field(default_factory=list)
+    #: warm-up steps: (ranks, raw paces, additive, ts), replayed once the groups are known
+    warm: list[tuple[list[int], FloatArray, bool, float]] = field(default_factory=list)
     #: each rank's speed group (0: fastest), fixed at the end of the warm-up
     group: dict[int, int] | None = None
     #: group -> its median lag behind the fastest group, as a share of a step
     group_lag: dict[int, float] = field(default_factory=dict)
+    #: rank -> the median pace of its speed group (lag behind the whole job's reference) when the
+    #: groups were learned: taken out before the common reference is drawn
+    group_pace: dict[int, float] = field(default_factory=dict)
+    #: rank -> the job's step time then: an arrival lag is a fixed time, its share of a step shrinks
+    #: when the step gets longer (a straggler elsewhere holds everyone up)
+    pace_step: dict[int, float] = field(default_factory=dict)
+    #: the gap that split the groups: within a group a rank's normal offset may be up to this
+    gap: float = 0.0
     #: lags are shares of a step (arrival skew) rather than step-time ratios minus one
     additive: bool = True
     #: rank -> its pace (median lag behind the job's reference) when the groups were last learned
@@ -110,6 +127,10 @@ class RankDetector(StepDetector):
         sustain: int = 5,
         warm_steps: int = 20,
         split_gap: float = 0.1,
+        short: int = 3,
+        short_excess: float = 0.15,
+        short_sustain: int = 3,
+        short_seconds: float = 30.0,
     ) -> None:
         self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
         self.ref_quantile, self.noise_k = ref_quantile, noise_k
@@ -117,6 +138,8 @@ class RankDetector(StepDetector):
         self.skew_log = math.log(skew_ratio)
         self.frag_rise, self.retry_window, self.min_retries = frag_rise, retry_window, min_retries
         self.sustain, self.warm_steps, self.split_gap = sustain, warm_steps, split_gap
+        self.short, self.short_excess, self.short_sustain = short, short_excess, short_sustain
+        self.short_seconds = short_seconds
         super().__init__()
         self._jobs: dict[str, _Job] = {}
 
@@ -168,16 +191,16 @@ class RankDetector(StepDetector):
             if math.isfinite(arrived):
                 state.arrival = arrived
         if job.group is None:
-            job.warm.append((list(view.ranks), raw.copy(), additive))
+            job.warm.append((list(view.ranks), raw.copy(), additive, view.ts))
             if len(job.warm) >= self.warm_steps:
                 self._split(view.job, job)
             return
         present = [r for r, x in zip(view.ranks, raw.tolist(), strict=True) if math.isfinite(x)]
         if not job.relearn and self._moved(view.job, job, present):
             job.relearn, job.warm = True, []
-        self._judge(job, list(view.ranks), raw, additive)
+        self._judge(job, list(view.ranks), raw, additive, view.ts)
         if job.relearn:
-            job.warm.append((list(view.ranks), raw.copy(), additive))
+            job.warm.append((list(view.ranks), raw.copy(), additive, view.ts))
             if len(job.warm) >= self.warm_steps:
                 self._split(view.job, job)
 
@@ -196,27 +219,28 @@ class RankDetector(StepDetector):
         return False
 
     def _reference(self, job: _Job, rank_ids: list[int], raw: FloatArray, additive: bool) -> FloatArray:
-        """Each rank's lag behind the ``ref_quantile`` of its own speed group."""
-        groups = np.array([(job.group or {}).get(r, 0) for r in rank_ids])
-        lags = np.full(len(raw), math.nan)
-        for g in np.unique(groups).tolist():
-            member = groups == g
-            vals = raw[member]
-            if np.isfinite(vals).sum() < 2:
-                vals = raw  # too few of the group reported this step: all ranks
-            ref = float(np.nanquantile(vals, self.ref_quantile))
-            mine = groups == g
-            lags[mine] = raw[mine] - ref if additive else raw[mine] / ref - 1.0
-        return lags
+        """Each rank's lag behind the reference of its own speed group.
+
+        The groups' paces, learned with the groups, are taken out first, so that every rank of the
+        job (not only the few of its group) sets the common reference, the ``ref_quantile`` of
+        them: a whole group that slows down, or a group member that gets faster, cannot move it."""
+        pace = np.array([job.group_pace.get(r, 0.0) for r in rank_ids])
+        if additive and job.step_time > 0:
+            pace *= np.array([job.pace_step.get(r, job.step_time) for r in rank_ids]) / job.step_time
+        own = raw - pace if additive else raw / (1.0 + pace)
+        if np.isfinite(own).sum() < 2:
+            return np.full(len(raw), math.nan)
+        common = float(np.nanquantile(own, self.ref_quantile))
+        return own - common if additive else own / common - 1.0
 
     def _split(self, name: str, job: _Job) -> None:
         """End of a warm-up: group the ranks by pace, then learn each one's normal in its group.
 
         After a change of membership, a rank that is slow now or got slower keeps its group."""
-        old, old_pace = job.group or {}, job.pace
-        job.group = {}  # the paces are lags behind the whole job's reference
+        old, old_pace, old_group_pace, old_step = job.group or {}, job.pace, job.group_pace, job.pace_step
+        job.group, job.group_pace = {}, {}  # the paces are lags behind the whole job's reference
         seen: dict[int, list[float]] = {}
-        for rank_ids, raw, additive in job.warm:
+        for rank_ids, raw, additive, _ in job.warm:
             for r, x in zip(rank_ids, self._reference(job, rank_ids, raw, additive).tolist(), strict=True):
                 if math.isfinite(x):
                     seen.setdefault(r, []).append(x)
@@ -226,18 +250,32 @@ class RankDetector(StepDetector):
         kept = {
             r
             for r, p in paces.items()
-            if r in old and (job.ranks[r].lag_hits > 0 or (r in old_pace and p - old_pace[r] >= gap))
+            if r in old
+            and (
+                job.ranks[r].lag_hits > 0
+                or job.ranks[r].short_hits > 0
+                or (r in old_pace and p - old_pace[r] >= gap)
+            )
         }
         learn = {r: p for r, p in paces.items() if r not in kept}
-        group = speed_groups(learn, gap) if len(learn) >= 4 else dict.fromkeys(learn, 0)
+        # a rank that is its own speed from the start is a placement of one (real jobs mix parts)
+        group = speed_groups(learn, gap, min_size=1) if len(learn) >= 4 else dict.fromkeys(learn, 0)
         group.update({r: old.get(r, 0) for r in kept})
         job.group = group
+        job.gap = gap
         job.group_lag = {}
         fast = [p for r, p in learn.items() if group[r] == 0]
-        for g in set(group.values()) - {0}:
+        for g in set(group.values()):
             mine = [p for r, p in learn.items() if group[r] == g]
             if mine:
+                job.group_pace.update(
+                    dict.fromkeys((r for r in learn if group[r] == g), float(np.median(mine)))
+                )
+            if g and mine:
                 job.group_lag[g] = float(np.median(mine)) - (float(np.median(fast)) if fast else 0.0)
+        job.pace_step = dict.fromkeys(job.group_pace, job.step_time)
+        job.group_pace.update({r: old_group_pace.get(r, 0.0) for r in kept})
+        job.pace_step.update({r: old_step.get(r, job.step_time) for r in kept})
         job.additive = job.warm[-1][2]
         job.pace = {**old_pace, **learn}
         job.place = {}
@@ -252,13 +290,19 @@ class RankDetector(StepDetector):
             state.lags.clear()
             state.recent.clear()
             state.lag, state.lag_base, state.lag_spread = math.nan, math.nan, 0.0
-            state.lag_n = state.lag_hits = 0
+            state.lag_n = state.lag_hits = state.short_hits = 0
         warm, job.warm, job.relearn = job.warm, [], False
-        for rank_ids, raw, additive in warm:
-            self._judge(job, rank_ids, raw, additive, fresh)
+        for rank_ids, raw, additive, ts in warm:
+            self._judge(job, rank_ids, raw, additive, ts, fresh)
 
     def _judge(
-        self, job: _Job, rank_ids: list[int], raw: FloatArray, additive: bool, only: set[int] | None = None
+        self,
+        job: _Job,
+        rank_ids: list[int],
+        raw: FloatArray,
+        additive: bool,
+        ts: float,
+        only: set[int] | None = None,
     ) -> None:
         lags = self._reference(job, rank_ids, raw, additive)
         for r, x in zip(rank_ids, lags.tolist(), strict=True):
@@ -267,25 +311,39 @@ class RankDetector(StepDetector):
                 continue
             state.recent.append(x)
             del state.recent[: -self.sustain]
+            state.last_ts = ts
             state.lags.append(x)
             state.lag = float(np.median(state.lags))
             state.lag_n += 1
-            if state.lag_hits == 0:  # the normal is learned while the rank is not judged slow
+            if state.lag_hits == state.short_hits == 0:  # the normal is learned while not judged slow
                 # a running mean at first, so the normal does not hang on the first sample
                 alpha = max(self.base_alpha, 1.0 / state.lag_n)
-                learn = min(state.lag, self.normal_cap)
+                # within its speed group a rank may be slower by up to the gap that splits groups
+                learn = min(state.lag, max(self.normal_cap, job.gap))
                 base = state.lag_base if math.isfinite(state.lag_base) else learn
                 state.lag_base = base + alpha * (learn - base)
                 # a data-loader hiccup is an outlier, not the spread of the rank's pace
                 state.lag_spread += alpha * (min(abs(x - state.lag), 0.1) - state.lag_spread)
             # noisy ranks (real data loaders, shared hosts) must stand out of their own noise
             excess = max(self.excess, self.noise_k * state.lag_spread)
-            slow = (
-                state.lag_n >= self.warm_steps
-                and state.lag >= self.lag
-                and state.lag - state.lag_base >= excess
-            )
+            judged = state.lag_n >= self.warm_steps
+            slow = judged and state.lag >= self.lag and state.lag - state.lag_base >= excess
             state.lag_hits = state.lag_hits + 1 if slow else 0
+            # a short, large slowdown (a minute on a trace sampled every 10 s) is over before the
+            # long window's median moves: the median of the last few lags, with a higher bar
+            short = float(np.median(list(state.lags)[-self.short :]))
+            far = judged and short >= self.lag and short - state.lag_base >= max(self.short_excess, excess)
+            if far and not state.short_hits:
+                state.short_since = ts
+            state.short_hits = state.short_hits + 1 if far else 0
+
+    def _short_slow(self, state: _Rank) -> bool:
+        """Far behind over the short window for ``short_sustain`` steps and ``short_seconds``: a
+        blip of one or two samples is no straggler however slow, and a trace that repeats its
+        last sample must not make one from a single slow reading."""
+        if state.short_hits < self.short_sustain or not state.lags:
+            return False
+        return state.last_ts - state.short_since >= self.short_seconds
 
     def _skew(self, view: StepView, ranks: list[_Rank]) -> None:
         grads = view.get("grad_norm")
@@ -364,7 +422,7 @@ class RankDetector(StepDetector):
         out: list[Finding] = []
         entity = {"job": job_name, "rank": str(rank), **self.steps.where(job_name, rank)}
         where = f" on {place_text(entity['node'], entity.get('gpu', ''))}" if "node" in entity else ""
-        if state.lag_hits >= self.sustain:
+        if state.lag_hits >= self.sustain or self._short_slow(state):
             # the smoothed lag decides; the recent lags say how far behind it is now (the smoothed
             # one still trails a lag that began mid-run)
             now_lag = float(np.median(state.recent)) if state.recent else state.lag

@@ -1,0 +1,113 @@
+"""Stragglers on traces shaped like real per-worker mini-batch logs (Alibaba PAI, cluster-trace-gpu-v2020):
+one sample every 10 s, each worker its own time (fixed offsets, a few per cent of noise, the last
+value often repeated), short slowdowns of a minute or two, and jobs whose workers run at several
+speeds, some of which change speed for good."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuscope.detect.ranks import RankDetector
+from gpuscope.model import TrainingRecord
+
+EVERY = 10.0  # seconds between samples
+
+
+def trace(levels: list[float], samples: int, seed: int = 1, noise: float = 0.025) -> np.ndarray:
+    """samples x workers of mini-batch times around ``levels``; 40 % of the readings repeat the
+    previous one, as in the real logs."""
+    rng = np.random.default_rng(seed)
+    out = np.array(levels) * (1.0 + noise * rng.standard_normal((samples, len(levels))))
+    for k in range(1, samples):
+        same = rng.random(len(levels)) < 0.4
+        out[k, same] = out[k - 1, same]
+    return out
+
+
+def flags(times: np.ndarray) -> list[set[int]]:
+    """The ranks flagged ``training_straggler`` after each sample (fed as each worker's own step time)."""
+    detector = RankDetector()
+    out: list[set[int]] = []
+    for k, row in enumerate(times):
+        ts = k * EVERY
+        for rank, seconds in enumerate(row.tolist()):
+            labels = {"node": f"worker-{rank}", "gpu": "0"}
+            detector.on_training(TrainingRecord(ts, "j", rank, k, {"step_seconds": seconds}, labels))
+        detector.on_training(TrainingRecord(ts + 1.0, "j", 0, k + 1, {}))  # opens the next step
+        found = detector.evaluate(ts + 2.0)
+        out.append({int(f.entity["rank"]) for f in found if f.rule == "training_straggler"})
+    return out
+
+
+LEVELS = [480.0, 470.0, 465.0, 430.0, 455.0, 450.0, 455.0, 425.0, 420.0, 425.0]  # job 1's offsets
+
+
+def test_a_ninety_second_slowdown_is_flagged_within_a_minute() -> None:
+    times = trace(LEVELS, 200)
+    times[120:129, 6] *= 1.8  # 90 s, with one good sample inside
+    times[124, 6] = LEVELS[6]
+    seen = flags(times)
+    first = next(k for k, f in enumerate(seen) if 6 in f)
+    assert 120 <= first <= 125  # the long window alone needs 9 samples and 5 more to be sure
+    assert set().union(*seen) == {6}
+    assert 6 not in seen[140]  # and the alert ends with the slowdown
+
+
+def test_a_one_minute_twenty_percent_slowdown_is_flagged() -> None:
+    for seed in range(3):
+        times = trace(LEVELS, 200, seed=seed)
+        times[100:106, 3] *= 1.25
+        seen = flags(times)
+        assert set().union(*seen) == {3}, seed
+        assert any(3 in f for f in seen[100:106]), seed  # before it is over
+
+
+def test_blips_of_one_or_two_samples_are_no_straggler() -> None:
+    times = trace(LEVELS, 300, seed=4)
+    for k in range(40, 300, 25):  # a slow reading, often logged twice
+        times[k : k + 2, k % 10] *= 1.6
+    assert set().union(*flags(times)) == set()
+
+
+# a job on mixed parts (job 4): four fast workers, a worker of its own speed, two and three slower
+SPEEDS = [60.0, 60.0, 60.0, 60.0, 125.0, 240.0, 245.0, 300.0, 300.0, 300.0]
+
+
+def test_a_worker_that_gets_faster_for_good_leaves_its_old_speed_group_quiet() -> None:
+    times = trace(SPEEDS, 400, seed=2, noise=0.04)
+    times[100:, 4] = times[100:, 0] * 0.98  # from 125 to the fast workers' pace
+    assert set().union(*flags(times)) == set()
+
+
+def test_a_whole_speed_group_that_slows_down_is_flagged() -> None:
+    speeds = [60.0, 60.0, 60.0, 60.0, 240.0, 245.0, 300.0, 300.0, 300.0, 300.0]
+    times = trace(speeds, 400, seed=3, noise=0.04)
+    times[200:, 4:6] *= 2.0  # both workers of the 240 group: their group's own reference goes too
+    seen = flags(times)
+    assert set().union(*seen) == {4, 5}
+    assert {4, 5} <= seen[215] and {4, 5} <= seen[-1]
+
+
+def test_a_straggler_in_the_slow_group_leaves_the_fast_group_quiet() -> None:
+    """Arrival lags are a share of the step: when two slow-group ranks stretch every step 4x, the
+    slow group's fixed lag in seconds is a smaller share, and the fast ranks must not look late."""
+    rng = np.random.default_rng(7)
+    world = 16
+    base = 0.85 * np.where(np.arange(world) >= 8, 1.3, 1.0) * rng.uniform(0.98, 1.02, world)
+    detector = RankDetector()
+    seen: set[int] = set()
+    for k in range(500):
+        factor = np.where((np.arange(world) >= 9) & (np.arange(world) <= 10) & (k >= 200), 4.0, 1.0)
+        compute = base * factor * (1.0 + 0.01 * rng.standard_normal(world))
+        step = float(compute.max()) + 0.15
+        for r in range(world):
+            metrics = {
+                "step_seconds": step,
+                "collective_arrival_skew_seconds": float(compute[r] - compute.min()),
+            }
+            detector.on_training(
+                TrainingRecord(float(k), "j", r, k, metrics, {"node": f"n{r // 4}", "gpu": str(r % 4)})
+            )
+        detector.on_training(TrainingRecord(k + 0.5, "j", 0, k + 1, {}))
+        seen |= {int(f.entity["rank"]) for f in detector.evaluate(k + 0.6) if f.rule == "training_straggler"}
+    assert seen == {9, 10}
