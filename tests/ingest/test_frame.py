@@ -9,6 +9,7 @@ import numpy as np
 import orjson
 import pytest
 
+import gpuscope.ingest.frame as frame_module
 from gpuscope.agent.agent import Agent
 from gpuscope.collect.fake_nvml import SW_POWER, FakeNvml
 from gpuscope.collect.nvml import NvmlCollector
@@ -22,7 +23,14 @@ from gpuscope.ingest.frame import (
     head,
     is_frame,
 )
-from gpuscope.ingest.payload import PayloadError, batch_to_json, decode_json, encode_batch, parse_batch
+from gpuscope.ingest.payload import (
+    Limits,
+    PayloadError,
+    batch_to_json,
+    decode_json,
+    encode_batch,
+    parse_batch,
+)
 from gpuscope.model import Batch, Event, Frame, TrainingRecord
 
 
@@ -152,3 +160,32 @@ def test_unknown_content_type_is_refused_by_name() -> None:
     with pytest.raises(PayloadError) as info:
         decode_body("text/plain", orjson.dumps({"source": "n"}))
     assert info.value.field == "content-type"
+
+
+def test_a_repeated_layout_decodes_to_fresh_containers_and_new_values() -> None:
+    first = decode_frame(encode_frame(good()))
+    first.frames[0].entities[0]["node"] = "changed"  # the receiver owns what it was given
+    first.frames[0].metrics.append("extra")
+    again = good()
+    again.frames[0].values[0, 0] = 61.0
+    second = decode_frame(encode_frame(again))
+    assert second.frames[0].entities == [{"node": "n", "gpu": "0"}]
+    assert second.frames[0].metrics == ["gpu_temp_celsius", "gpu_power_watts"]
+    assert second.frames[0].values[0, 0] == 61.0
+
+
+def test_a_layout_accepted_under_one_limit_is_checked_again_under_another() -> None:
+    body = encode_frame(good())
+    decode_frame(body)  # the layout is now known under the default limits
+    with pytest.raises(PayloadError) as info:
+        decode_frame(body, Limits(max_labels=1))
+    assert info.value.field == "frames[0].entities[0]"
+
+
+def test_the_layouts_remembered_are_bounded() -> None:
+    for k in range(frame_module._MAX_LAYOUTS + 10):
+        b = good()
+        b.frames[0].entities[0]["gpu"] = str(k)
+        decode_frame(encode_frame(b))
+    assert 0 < len(frame_module._layouts) <= frame_module._MAX_LAYOUTS
+    assert len(frame_module._tables) <= frame_module._MAX_TABLES

@@ -226,12 +226,22 @@ class _Reader:
         return None if n == NO_BATCH_ID else self.text(n, field)
 
 
-def _strings(r: _Reader) -> list[str]:
+def _table(r: _Reader) -> bytes:
+    """The string table's raw bytes (lengths and text), read but not decoded."""
+    start = r.pos
     count = r.u32("strings")
     if count > _MAX_STRINGS or 2 * count > len(r.view) - r.pos:
         raise PayloadError("strings", f"{count} strings cannot fit the {len(r.view) - r.pos} bytes left")
-    lengths = r.array(_U16A, count, "strings").tolist()
-    blob = bytes(r.take(sum(lengths), "strings"))
+    lengths = r.array(_U16A, count, "strings")
+    r.take(int(lengths.sum(dtype=np.int64)), "strings")
+    return bytes(r.view[start : r.pos])
+
+
+def _strings(table: bytes) -> list[str]:
+    """The strings of a table read by :func:`_table` (whose bounds it checked)."""
+    (count,) = _U32.unpack_from(table)
+    lengths = np.frombuffer(table, dtype=_U16A, count=count, offset=4).tolist()
+    blob = table[4 + 2 * count :]
     if blob.isascii():  # byte offsets are character offsets: one decode for the whole table
         text = blob.decode("ascii")
         ends = list(accumulate(lengths))
@@ -285,7 +295,30 @@ def _check_labels(pairs: tuple[str, ...], field: str, limits: Limits) -> Labels:
     return parse_labels(raw, field, limits)
 
 
-def _frame(r: _Reader, strings: list[str], field: str, limits: Limits) -> Frame:
+#: a frame's layout (its metric names and entities: all but its timestamp and values) by the string
+#: table and bytes that encode it and the limits it was checked under. An agent sends the same
+#: layout every second, so its decode is a lookup; bounded (cleared when full), so a sender
+#: inventing layouts cannot grow the hub's memory.
+_LayoutKey = tuple[bytes, bytes, int, int, int, Limits]
+_Layout = tuple[tuple[str, ...], tuple[Labels, ...]]
+_MAX_LAYOUTS = 4096
+_layouts: dict[_LayoutKey, _Layout] = {}
+#: string tables by their bytes, bounded the same way
+_MAX_TABLES = 1024
+_tables: dict[bytes, list[str]] = {}
+
+
+def _strings_of(table: bytes) -> list[str]:
+    strings = _tables.get(table)
+    if strings is None:
+        strings = _strings(table)
+        if len(_tables) >= _MAX_TABLES:
+            _tables.clear()
+        _tables[table] = strings
+    return strings
+
+
+def _frame(r: _Reader, table: bytes, strings: list[str], field: str, limits: Limits) -> Frame:
     ts_raw, n_metrics, n_entities, n_pairs = _FRAME_HEAD.unpack(r.take(_FRAME_HEAD.size, field))
     ts = _timestamp(ts_raw, f"{field}.ts")
     if n_metrics > limits.max_metrics_per_frame:
@@ -296,11 +329,39 @@ def _frame(r: _Reader, strings: list[str], field: str, limits: Limits) -> Frame:
         raise PayloadError(
             f"{field}.entities", f"{n_entities} items is over the limit of {limits.max_entities_per_frame}"
         )
+    size = 4 * n_metrics + 2 * n_entities + 8 * n_pairs
+    layout: _Layout | None = None
+    key: _LayoutKey | None = None
+    if r.pos + size <= len(r.view):  # else the checked path below names the field cut short
+        key = (table, bytes(r.view[r.pos : r.pos + size]), n_metrics, n_entities, n_pairs, limits)
+        layout = _layouts.get(key)
+    if layout is None:
+        layout = _layout(r, strings, field, limits, n_metrics, n_entities, n_pairs)
+        if key is not None:
+            if len(_layouts) >= _MAX_LAYOUTS:
+                _layouts.clear()
+            _layouts[key] = layout
+    else:
+        r.pos += size
+    metrics, entities = layout
+    values = r.array(_F64, n_entities * n_metrics, f"{field}.values").reshape(n_entities, n_metrics).copy()
+    infinite = np.isinf(values)
+    if infinite.any():
+        row, col = (int(x) for x in np.argwhere(infinite)[0])
+        raise PayloadError(f"{field}.values[{row}][{col}]", "must be finite (NaN = not reported)")
+    # fresh containers: whoever receives the batch owns them
+    return Frame(ts=ts, metrics=list(metrics), entities=[dict(e) for e in entities], values=values)
+
+
+def _layout(
+    r: _Reader, strings: list[str], field: str, limits: Limits, n_metrics: int, n_entities: int, n_pairs: int
+) -> _Layout:
+    """Read and check a frame's metric names and entities, naming the first bad field."""
     names = _lookup(strings, r.array(_U32A, n_metrics, f"{field}.metrics").tolist(), f"{field}.metrics")
     try:
-        metrics = list(_valid_metrics(tuple(names)))
+        metrics = _valid_metrics(tuple(names))
     except PayloadError:
-        metrics = _check_metrics(names, f"{field}.metrics")  # raises, naming the field
+        metrics = tuple(_check_metrics(names, f"{field}.metrics"))  # raises, naming the field
     counts = r.array(_U16A, n_entities, f"{field}.entities").tolist()
     if sum(counts) != n_pairs:
         raise PayloadError(f"{field}.entities", f"labels per entity add up to {sum(counts)}, not {n_pairs}")
@@ -311,15 +372,10 @@ def _frame(r: _Reader, strings: list[str], field: str, limits: Limits) -> Frame:
         pairs = tuple(flat[pos : pos + 2 * n])
         pos += 2 * n
         try:
-            entities.append(dict(_valid_labels(pairs, limits)))
+            entities.append(_valid_labels(pairs, limits))
         except PayloadError:
             entities.append(_check_labels(pairs, f"{field}.entities[{i}]", limits))  # raises, naming it
-    values = r.array(_F64, n_entities * n_metrics, f"{field}.values").reshape(n_entities, n_metrics).copy()
-    infinite = np.isinf(values)
-    if infinite.any():
-        row, col = (int(x) for x in np.argwhere(infinite)[0])
-        raise PayloadError(f"{field}.values[{row}][{col}]", "must be finite (NaN = not reported)")
-    return Frame(ts=ts, metrics=metrics, entities=entities, values=values)
+    return metrics, tuple(entities)
 
 
 def _extras_of(r: _Reader, limits: Limits) -> tuple[list[Event], list[TrainingRecord]]:
@@ -351,11 +407,12 @@ def decode_frame(body: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
     batch_id = r.short_text("batch_id")
     if batch_id is not None:
         batch_id = _str(batch_id, "batch_id", 128)
-    strings = _strings(r)
+    table = _table(r)
+    strings = _strings_of(table)
     n_frames = r.u32("frames")
     if n_frames > limits.max_frames:
         raise PayloadError("frames", f"{n_frames} items is over the limit of {limits.max_frames}")
-    frames = [_frame(r, strings, f"frames[{i}]", limits) for i in range(n_frames)]
+    frames = [_frame(r, table, strings, f"frames[{i}]", limits) for i in range(n_frames)]
     events, training = _extras_of(r, limits)
     if r.pos != len(body):
         raise PayloadError("body", f"{len(body) - r.pos} bytes after the end of the frame (at byte {r.pos})")

@@ -288,20 +288,24 @@ def check_time_window(batch: Batch, now: float, limits: Limits = DEFAULT_LIMITS)
     """
     lo = -math.inf if limits.max_past_s is None else now - limits.max_past_s
     hi = math.inf if limits.max_future_s is None else now + limits.max_future_s
-    stamped = [
-        *((f"frames[{i}].ts", f.ts) for i, f in enumerate(batch.frames)),
-        *((f"events[{i}].ts", e.ts) for i, e in enumerate(batch.events)),
-        *((f"training[{i}].ts", t.ts) for i, t in enumerate(batch.training)),
-    ]
-    for field, ts in stamped:
-        if ts > hi:
-            raise PayloadError(
-                field, f"{ts - now:.0f} s ahead of the hub's clock (limit {limits.max_future_s:.0f} s)"
-            )
-        if ts < lo:
-            raise PayloadError(
-                field, f"{now - ts:.0f} s old, older than the hub keeps raw data ({limits.max_past_s:.0f} s)"
-            )
+    # field names are formatted only for a refusal: this runs on every ingest request
+    stamps = (
+        ("frames", [f.ts for f in batch.frames]),
+        ("events", [e.ts for e in batch.events]),
+        ("training", [t.ts for t in batch.training]),
+    )
+    for kind, times in stamps:
+        for i, ts in enumerate(times):
+            if ts > hi:
+                raise PayloadError(
+                    f"{kind}[{i}].ts",
+                    f"{ts - now:.0f} s ahead of the hub's clock (limit {limits.max_future_s:.0f} s)",
+                )
+            if ts < lo:
+                raise PayloadError(
+                    f"{kind}[{i}].ts",
+                    f"{now - ts:.0f} s old, older than the hub keeps raw data ({limits.max_past_s:.0f} s)",
+                )
 
 
 def _values_json(values: np.ndarray[Any, np.dtype[np.float64]]) -> list[list[float | None]]:
