@@ -14,6 +14,11 @@ from typing import Any
 
 #: the default warm-up window: long enough for step-time, loss and liveness baselines to form
 WARMUP_S = 900.0
+#: how long the detectors and the productivity model keep a job's state after it ended or failed
+#: (an hour: past every alert hold; its GPU time and events stay in the store's rollups)
+FINISHED_JOB_RETENTION_S = 3600.0
+#: how often that state is swept for jobs past the retention
+JOB_SWEEP_S = 60.0
 
 
 class DetectionConfigError(ValueError):
