@@ -109,8 +109,9 @@ def age_store(store: DuckDBStore, span: int, copies: int) -> float:
     def copy(table: str, shift: str, where: str = "TRUE") -> None:
         cols = names(table)
         select = ", ".join(f"{c} + k * {shift}" if c in ("ts", "bucket") else c for c in cols)
+        keyed = " OR IGNORE" if table == "gpu_time" else ""  # a minute may repeat a cell's key
         con.execute(
-            f"INSERT OR IGNORE INTO {table} ({', '.join(cols)}) "
+            f"INSERT{keyed} INTO {table} ({', '.join(cols)}) "
             f"SELECT {select} FROM {table}, range(1, {copies + 1}) r(k) WHERE {where}"
         )
 

@@ -86,6 +86,9 @@ class Detector:
         """Whether the hub is behind on its own ingest (queueing or shedding senders' batches) at
         ``now``; called before each :meth:`evaluate`. A detector that judges silence withholds it."""
 
+    def keep_finished_jobs(self, seconds: float) -> None:
+        """How long the state of a job that ended is kept (detectors holding per-job state)."""
+
 
 class GpuTableDetector(Detector):
     """A vectorised per-GPU rule over the latest values of :attr:`metrics` in a GPU table."""

@@ -194,6 +194,9 @@ class LifecycleDetector(Detector):
         elif ok is True and state.corrupt is not None and state.corrupt[1] < step:
             state.corrupt = None
 
+    def keep_finished_jobs(self, seconds: float) -> None:
+        self.finished_job_retention_s = seconds
+
     def _forget_finished(self, now: float) -> None:
         cutoff = now - max(self.finished_job_retention_s, self.hold)
 

@@ -129,6 +129,9 @@ class LossDetector(StepDetector):
                 job.restart()
                 job.ended_at = math.nan if event.kind == "job_started" else event.ts
 
+    def keep_finished_jobs(self, seconds: float) -> None:
+        self.finished_job_retention_s = seconds
+
     def findings(self, now: float) -> list[Finding]:
         if now - self._swept_at >= JOB_SWEEP_S:
             self._swept_at = now
