@@ -121,7 +121,7 @@ def age_store(store: DuckDBStore, span: int, copies: int) -> float:
     copy("events", f"{float(span)}", "kind NOT LIKE 'job_%'")
     copy("gpu_time", f"{float(span)}", "res = 60")
     con.execute(
-        "INSERT INTO batch_ids SELECT id || '-' || k, received, seq + k * 1000000000 "
+        "INSERT INTO batch_ids SELECT id || '-' || k, received, seq + k * (SELECT max(seq) FROM batch_ids) "
         f"FROM batch_ids, range(1, {copies + 1}) r(k)"
     )
     con.execute("COMMIT")
