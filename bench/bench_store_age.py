@@ -215,7 +215,7 @@ def main() -> None:
         rows,
     )
     console.print(
-        f"the ageing upkeep (2 h of rollups, the hourly seal, retention) took {upkeep:.1f} CPU-s once"
+        f"the ageing upkeep (rollups of the whole age, the seal, retention) took {upkeep:.1f} CPU-s once"
     )
 
 
