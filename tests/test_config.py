@@ -63,6 +63,7 @@ def test_env_token_is_added(monkeypatch: pytest.MonkeyPatch) -> None:
         ("routes: [{receiver: nobody}]\n", "routes"),
         ("cluster: {peer_token: short}\n", "cluster.postgres_dsn"),
         ("detection: {warmup_s: -5}\n", "detection.warmup_s"),
+        ("detection: {finished_job_retention_s: forever}\n", "detection.finished_job_retention_s"),
     ],
 )
 def test_bad_files_name_the_key(tmp_path: Path, text: str, key: str) -> None:
@@ -93,14 +94,14 @@ def test_every_section_is_parsed_once_into_its_typed_field(
         "slos: [{service: chat, availability: 0.99}]\n"
         "receivers: [{name: hook, webhook: {url: 'http://127.0.0.1:9/x'}}]\n"
         "alerting: {pending: {gpu_thermal_throttle: 2m}}\n"
-        "detection: {warmup_s: 60}\n"
+        "detection: {warmup_s: 60, finished_job_retention_s: 120}\n"
         "cluster: {postgres_dsn: 'postgresql://h/db', peer_token: 'a-long-peer-token-123'}\n"
     )
     cfg = load_config(path, listen="127.0.0.1:7100")
     assert [(s.service, s.kind, s.objective) for s in cfg.slos] == [("chat", "availability", 0.99)]
     assert set(cfg.alerting.notifiers) == {"hook"}
     assert cfg.alerting.pending_for == {"gpu_thermal_throttle": 120.0}
-    assert cfg.warmup_s == 60.0
+    assert cfg.warmup_s == 60.0 and cfg.finished_job_retention_s == 120.0
     # the cluster's defaults follow --listen, which overrides the file before the sections are read
     assert cfg.cluster is not None and cfg.cluster.advertise_url == "http://127.0.0.1:7100"
     assert cfg.port == 7100

@@ -79,7 +79,10 @@ def test_every_example_passes_config_check(
         ),
         ("limits: {max_body_byte: 100}\n", "limits.max_body_byte: unknown key"),
         ("retention: {raw_second: 100}\n", "retention.raw_second: unknown key (known: raw_seconds)"),
-        ("detection: {warmup: 10}\n", "detection.warmup: unknown key (known: warmup_s)"),
+        (
+            "detection: {warmup: 10}\n",
+            "detection.warmup: unknown key (known: finished_job_retention_s, warmup_s)",
+        ),
         ("slos: [{service: chat, objective: 0.9}]\n", "slos[0].objective: unknown key (known: availability"),
         ("slos: {service: chat}\n", "slos: must be a list"),
         ("storage: {pth: x}\n", "storage.pth: unknown key"),

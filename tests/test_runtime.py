@@ -15,8 +15,10 @@ from alert.rig import Scripted, lost
 from alert.sink import Sink
 from gpuscope.config import load_config
 from gpuscope.detect.engine import DetectionEngine
+from gpuscope.detect.lifecycle import LifecycleDetector
+from gpuscope.detect.loss import LossDetector
 from gpuscope.model import Batch, Frame
-from gpuscope.runtime import assemble
+from gpuscope.runtime import assemble, evaluation_hub, keep_finished_jobs
 from gpuscope.store.duckdb import DuckDBStore
 from support import free_port
 
@@ -129,3 +131,14 @@ def test_a_stopping_hub_keeps_the_gpu_time_counted_since_its_last_upkeep(tmp_pat
     finally:
         again.stop()
         sink.down()
+
+
+def test_the_finished_job_retention_reaches_the_model_and_the_detectors() -> None:
+    hub = evaluation_hub(DuckDBStore(":memory:", durable=False), 2.5)
+    try:
+        keep_finished_jobs(hub, 120.0)
+        assert hub.productivity.finished_job_retention_s == 120.0
+        kept = [d for d in hub.detection.detectors if isinstance(d, LossDetector | LifecycleDetector)]
+        assert len(kept) == 2 and all(d.finished_job_retention_s == 120.0 for d in kept)
+    finally:
+        hub.store.close()

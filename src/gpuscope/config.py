@@ -16,7 +16,7 @@ import yaml
 
 from gpuscope.alert.settings import AlertingSettings, parse_alerting
 from gpuscope.cluster.config import ClusterConfig, parse_cluster
-from gpuscope.detect.settings import WARMUP_S, parse_detection
+from gpuscope.detect.settings import FINISHED_JOB_RETENTION_S, WARMUP_S, parse_detection
 from gpuscope.keys import unknown_key
 from gpuscope.quality.slo import Slo, slos_from_config
 from gpuscope.store.settings import StorageSettings, StoreLimits, parse_storage
@@ -55,6 +55,8 @@ class HubConfig:
     max_metrics: int = 512
     raw_retention_s: float = 7 * 86400
     warmup_s: float = WARMUP_S
+    #: how long the detectors and the productivity model keep an ended job's state
+    finished_job_retention_s: float = FINISHED_JOB_RETENTION_S
     #: receivers, routes and the alerting: section (the notifiers hold receivers' URLs and keys)
     alerting: AlertingSettings = field(default_factory=AlertingSettings, repr=False)
     slos: list[Slo] = field(default_factory=list)
@@ -97,7 +99,7 @@ def _known(section: dict[str, Any], where: str, keys: frozenset[str]) -> dict[st
 PRICING_KEYS = frozenset({"price_per_gpu_hour"})
 LIMITS_KEYS = frozenset({"max_body_bytes", "max_entities", "max_metrics"})
 RETENTION_KEYS = frozenset({"raw_seconds"})
-DETECTION_KEYS = frozenset({"warmup_s"})
+DETECTION_KEYS = frozenset({"warmup_s", "finished_job_retention_s"})
 
 
 def _number(section: dict[str, Any], key: str, where: str, default: float) -> float:
@@ -168,7 +170,8 @@ def _parse_sections(cfg: HubConfig, raw: dict[str, Any], env_token: str | None) 
     cfg.max_metrics = int(_number(limits, "max_metrics", "limits", cfg.max_metrics))
     retention = _known(_section(raw, "retention"), "retention", RETENTION_KEYS)
     cfg.raw_retention_s = _number(retention, "raw_seconds", "retention", cfg.raw_retention_s)
-    cfg.warmup_s = parse_detection(_known(_section(raw, "detection"), "detection", DETECTION_KEYS)).warmup_s
+    detection = parse_detection(_known(_section(raw, "detection"), "detection", DETECTION_KEYS))
+    cfg.warmup_s, cfg.finished_job_retention_s = detection.warmup_s, detection.finished_job_retention_s
     cfg.alerting = parse_alerting(raw)  # receivers, routes and alerting:
     cfg.slos = slos_from_config(raw.get("slos"))
     cfg.cluster = parse_cluster(raw, cfg.host, cfg.port)

@@ -114,9 +114,13 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "detection",
         "gpuscope.config",
-        "Detector start-up: stored history replayed to the detectors when a hub starts or takes over.",
-        (Key("warmup_s", "900", "seconds of history replayed"),),
-        "detection: {warmup_s: 900}\n",
+        "Detector start-up: stored history replayed to the detectors when a hub starts or takes over; "
+        "how long an ended job's state is kept.",
+        (
+            Key("warmup_s", "900", "seconds of history replayed"),
+            Key("finished_job_retention_s", "3600", "seconds a job's state is kept after it ended"),
+        ),
+        "detection: {warmup_s: 900, finished_job_retention_s: 3600}\n",
     ),
     Section(
         "receivers",

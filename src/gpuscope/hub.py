@@ -63,7 +63,7 @@ class Hub:
             state=state if state is not None else LocalAlertState(store, counters=self.counters),
         )
         #: every GPU-second's state, cause and owner (the one model all pages read)
-        self.productivity = ProductivityModel(price_per_gpu_hour)
+        self.productivity = ProductivityModel(price_per_gpu_hour, counters=self.counters)
         self._detect_lock = threading.Lock()
         self._listeners: list[AlertListener] = []
         #: CPU-side wall time spent in the detectors, for the hub's own /metrics

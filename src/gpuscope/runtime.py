@@ -47,6 +47,14 @@ def evaluation_hub(store: Store, price_per_gpu_hour: float, slos: list[Slo] | No
     return hub
 
 
+def keep_finished_jobs(hub: Hub, seconds: float) -> None:
+    """``detection.finished_job_retention_s``: the productivity model and the detectors forget an
+    ended job's state this long after it ended."""
+    hub.productivity.finished_job_retention_s = seconds
+    for detector in hub.detection.detectors:
+        detector.keep_finished_jobs(seconds)
+
+
 def _alerting(hub: Hub, cluster: ClusterMember | None, cfg: HubConfig) -> AlertingService:
     settings = cfg.alerting
     if settings.state_path is None:
@@ -184,6 +192,7 @@ def assemble(
         hub = Hub(store, price_per_gpu_hour=cfg.price_per_gpu_hour, counters=counters)
     else:
         hub = member_hub(store, cluster, cfg.price_per_gpu_hour)
+    keep_finished_jobs(hub, cfg.finished_job_retention_s)
     quality = QualityMonitor(cfg.slos)
     quality.attach(hub)
     alerting = _alerting(hub, cluster, cfg)

@@ -11,7 +11,7 @@ from gpuscope.hub import Hub
 from gpuscope.model import Batch, Event, Frame, TrainingRecord
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.dashboard.fleet import node_view
-from gpuscope.web.dashboard.jobs import _stragglers, job_view
+from gpuscope.web.dashboard.jobs import _stragglers, job_view, jobs_view
 
 
 @pytest.fixture
@@ -177,3 +177,34 @@ def test_reports_show_queue_wait_and_demand_vs_capacity_per_partition(slurm_serv
     assert h["gpus_total"] == [2.0] * 4 and h["queue_wait_seconds"] == [1.0] * 4
     waited = h["oldest_pending_seconds"]
     assert waited == sorted(waited) and waited[-1] > 0  # the pending job waits longer each round
+
+
+def test_a_finished_jobs_page_answers_after_its_state_is_forgotten() -> None:
+    """The productivity model forgets a finished job's view after the retention: its page and
+    GPU time still answer (from the stored events and the GPU-time rollups), as before."""
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    hub.productivity.finished_job_retention_s = 300.0
+    try:
+        start = {"kind": "training", "world_size": 2, "placement": [[0, "node-0", "0"], [1, "node-0", "1"]]}
+        hub.ingest(Batch("sdk", events=[Event(0.0, "job_started", {"job": "j"}, start)]))
+        for t in range(1, 700):
+            job = {"job": "j"} if t <= 60 else {}
+            entities = [{"node": "node-0", "gpu": str(g), **job} for g in range(2)]
+            frame = Frame(float(t), ["gpu_utilization_percent"], entities, np.array([[95.0], [95.0]]))
+            records = (
+                [TrainingRecord(float(t), "j", r, t, {"loss": 1.0 / t}) for r in range(2)] if t <= 60 else []
+            )
+            events = [Event(60.5, "job_ended", {"job": "j"})] if t == 61 else []
+            hub.ingest(Batch("node-0", frames=[frame], events=events, training=records))
+            hub.evaluate(float(t))
+            if t == 100:
+                before = job_view(hub, "j", 0.0, 100.0, 50)
+        after = job_view(hub, "j", 0.0, 100.0, 50)
+        assert "j" not in hub.productivity.jobs
+        assert hub.counters.get("productivity_jobs_forgotten") == 1
+        assert before["status"] == after["status"] == "finished"
+        assert after["productivity"] is not None and after["productivity"] == before["productivity"]
+        assert after["last_step"] == 60
+        assert [j["status"] for j in jobs_view(hub, 700.0)["jobs"] if j["job"] == "j"] == ["finished"]
+    finally:
+        hub.store.close()

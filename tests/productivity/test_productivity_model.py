@@ -252,3 +252,57 @@ def test_a_job_placed_on_slower_parts_is_productive_and_judged_by_its_slowest_pa
     assert causes["training"] >= GPUS * 55, causes
     degraded = model.summary("fleet", 0.0, 1e6)["groups"][0]["states"]["degraded"]
     assert math.isclose(degraded["lost_gpu_hours"] / degraded["gpu_hours"], 0.2, abs_tol=0.01)
+
+
+# -- a finished job's view is forgotten after the retention; its GPU time is still answered --
+
+
+def ended(ts: float, kind: str = "job_ended") -> Batch:
+    return Batch("sdk", events=[Event(ts, kind, {"job": "train"})])
+
+
+def job_hours(model: ProductivityModel) -> float:
+    rows = [g for g in model.summary("job", 0.0, 1e6)["groups"] if g["group"] == "train"]
+    return float(rows[0]["gpu_hours"]) if rows else 0.0
+
+
+def test_a_finished_job_is_forgotten_after_the_retention_and_its_gpu_time_stays() -> None:
+    model = ProductivityModel(finished_job_retention_s=600.0)
+    run_training(model, 100.0, steps_until=100.0)
+    model.observe(ended(100.0))
+    hours = job_hours(model)
+    assert hours > 0 and model.job_status("train", 101.0) == "finished"
+    # the GPUs go on reporting, without the job
+    for t in range(101, 800):
+        model.observe(Batch("node-0", frames=[frame(float(t), job=None)]))
+        model.advance(float(t), [])
+    assert "train" not in model.jobs
+    assert model.counters.get("productivity_jobs_forgotten") == 1
+    # the job's GPU time is the ledger's, not the view's: the same answer as before
+    assert job_hours(model) == hours
+    assert abs(hours * HOUR - GPUS * 100.0) < GPUS * 2
+
+
+def test_a_finished_job_is_kept_within_the_retention_and_a_running_one_always() -> None:
+    model = ProductivityModel(finished_job_retention_s=3600.0)
+    run_training(model, 100.0, steps_until=100.0)
+    model.observe(ended(100.0, "job_failed"))
+    for t in range(101, 1000):
+        model.observe(Batch("node-0", frames=[frame(float(t), job=None)]))
+        model.advance(float(t), [])
+    assert model.job_status("train", 1000.0) == "failed"
+    assert model.counters.get("productivity_jobs_forgotten") == 0
+
+    running = ProductivityModel(finished_job_retention_s=1.0)
+    run_training(running, 400.0, steps_until=400.0)
+    assert "train" in running.jobs
+
+
+def test_a_job_a_gpu_still_names_is_not_forgotten() -> None:
+    model = ProductivityModel(finished_job_retention_s=60.0)
+    run_training(model, 50.0, steps_until=50.0)
+    model.observe(ended(50.0))
+    for t in range(51, 400):  # a stale label: the frames still name the job
+        model.observe(Batch("node-0", frames=[frame(float(t))]))
+        model.advance(float(t), [])
+    assert "train" in model.jobs

@@ -82,6 +82,9 @@ class Detector:
         """What arrived since the last evaluation was stored history replayed at ``now`` (hub
         start, shard takeover), not live traffic: judge its arrival by its own timestamps."""
 
+    def keep_finished_jobs(self, seconds: float) -> None:
+        """How long the state of a job that ended is kept (detectors holding per-job state)."""
+
 
 class GpuTableDetector(Detector):
     """A vectorised per-GPU rule over the latest values of :attr:`metrics` in a GPU table."""

@@ -21,6 +21,7 @@ from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.deaths import Death, JobDeaths, exit_death, summary
 from gpuscope.detect.jobs import Job, JobTracker, parse_rank, place_labels
+from gpuscope.detect.settings import FINISHED_JOB_RETENTION_S, JOB_SWEEP_S
 from gpuscope.model import Event, Finding
 
 FAILED, CKPT_FAILED, CORRUPT, OVERDUE = (
@@ -50,6 +51,7 @@ class _Ckpt:
     failure: tuple[float, int, str] | None = None  # (ts, step, reason)
     corrupt: tuple[float, int] | None = None
     since: float = math.nan  # when the job (re)started: the overdue clock starts no earlier
+    last_ts: float = -math.inf  # its newest checkpoint event
 
 
 @register
@@ -64,11 +66,17 @@ class LifecycleDetector(Detector):
         settle: float = 2.5,
         silent_window: float = 5.0,
         max_jobs: int = 4096,
+        finished_job_retention_s: float = FINISHED_JOB_RETENTION_S,
     ) -> None:
         self.hold, self.incomplete_after, self.overdue_factor = hold, incomplete_after, overdue_factor
         # a failing job's other ranks send their last words within a second or two: wait that
         # long (hub time) so the alert names the first to fail, not the first to arrive
         self.settle, self.silent_window, self.max_jobs = settle, silent_window, max_jobs
+        #: a job over for this long (past ``hold`` at least) is forgotten, counted in
+        #: ``checkpoint_jobs_forgotten``; so is the state of one nobody started or ended that had
+        #: no checkpoint event for as long
+        self.finished_job_retention_s = finished_job_retention_s
+        self._swept_at = -math.inf
         self.counters = Counters()
         self._jobs = JobTracker(self.counters)
         self._ckpt: dict[str, _Ckpt] = {}
@@ -99,6 +107,7 @@ class LifecycleDetector(Detector):
             self.counters.inc("checkpoint_events_without_job")
             return
         state = self._state(name)
+        state.last_ts = max(state.last_ts, event.ts)
         step = event.data.get("step")
         step = step if isinstance(step, int) and not isinstance(step, bool) else -1
         rank = parse_rank(event.labels.get("rank"))
@@ -185,7 +194,32 @@ class LifecycleDetector(Detector):
         elif ok is True and state.corrupt is not None and state.corrupt[1] < step:
             state.corrupt = None
 
+    def keep_finished_jobs(self, seconds: float) -> None:
+        self.finished_job_retention_s = seconds
+
+    def _forget_finished(self, now: float) -> None:
+        cutoff = now - max(self.finished_job_retention_s, self.hold)
+
+        def over(name: str) -> bool | None:
+            """Whether the job ended before the cutoff; None when the tracker does not know it."""
+            job = self._jobs.jobs.get(name)
+            if job is None:
+                return None
+            return not job.running and job.ended_at is not None and job.ended_at < cutoff
+
+        gone = [
+            name for name, state in self._ckpt.items() if state.last_ts < cutoff and over(name) is not False
+        ]
+        for name in gone:
+            del self._ckpt[name]
+        for name in [n for n in self._deaths if over(n)]:
+            del self._deaths[name]
+        self.counters.inc("checkpoint_jobs_forgotten", len(gone))
+
     def evaluate(self, now: float) -> list[Finding]:
+        if now - self._swept_at >= JOB_SWEEP_S:
+            self._swept_at = now
+            self._forget_finished(now)
         out: list[Finding] = []
         for known in self._jobs.jobs.values():
             if known.state == "failed" and known.ended_at is not None and now - known.ended_at < self.hold:

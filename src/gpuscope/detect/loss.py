@@ -25,6 +25,7 @@ import numpy as np
 from gpuscope.counters import Counters
 from gpuscope.detect.base import StepDetector, register
 from gpuscope.detect.baseline import RollingMedian
+from gpuscope.detect.settings import FINISHED_JOB_RETENTION_S, JOB_SWEEP_S
 from gpuscope.detect.steps import StepView
 from gpuscope.model import Event, Finding
 
@@ -78,6 +79,7 @@ class _Job:
     history: deque[tuple[float, float]] = field(default_factory=deque)  # (ts, smoothed) every minute
     plateau_checks: int = 0
     step: int = -1
+    ended_at: float = math.nan  # when it ended or failed (NaN while it runs)
 
     def restart(self) -> None:
         self.loss, self.grad = _Spiky(), _Spiky()  # a restart resumes from an older step: new baselines
@@ -105,15 +107,19 @@ class LossDetector(StepDetector):
         sustain: float = 60.0,
         plateau_window: float = 900.0,
         plateau_gain: float = 0.0015,
+        finished_job_retention_s: float = FINISHED_JOB_RETENTION_S,
     ) -> None:
         self.spike_ratio, self.mild_ratio = spike_ratio, mild_ratio
         self.grad_ratio, self.grad_mild = grad_ratio, grad_mild
         self.warm_steps, self.hold, self.smooth_tau = warm_steps, hold, smooth_tau
         self.divergence, self.sustain = divergence, sustain
         self.plateau_window, self.plateau_gain = plateau_window, plateau_gain
+        #: a job over for this long is forgotten (counted in ``loss_jobs_forgotten``)
+        self.finished_job_retention_s = finished_job_retention_s
         self.counters = Counters()
         super().__init__()
         self._jobs: dict[str, _Job] = {}
+        self._swept_at = -math.inf
 
     def on_event(self, event: Event) -> None:
         if event.kind in ("job_started", "job_ended", "job_failed"):
@@ -121,8 +127,19 @@ class LossDetector(StepDetector):
             job = self._jobs.get(name or "")
             if job is not None:
                 job.restart()
+                job.ended_at = math.nan if event.kind == "job_started" else event.ts
+
+    def keep_finished_jobs(self, seconds: float) -> None:
+        self.finished_job_retention_s = seconds
 
     def findings(self, now: float) -> list[Finding]:
+        if now - self._swept_at >= JOB_SWEEP_S:
+            self._swept_at = now
+            cutoff = now - max(self.finished_job_retention_s, self.hold)
+            gone = [name for name, job in self._jobs.items() if job.ended_at < cutoff]
+            for name in gone:
+                del self._jobs[name]
+            self.counters.inc("loss_jobs_forgotten", len(gone))
         out: list[Finding] = []
         for name, job in self._jobs.items():
             out.extend(self._findings(name, job, now))

@@ -35,6 +35,7 @@ class JobView:
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_STEPS))
     beats: dict[str, float] = field(default_factory=dict)
     outcome: str = ""  # failed | finished once the job is over
+    ended_at: float = math.nan  # when it finished or failed
     #: when the first step after the latest (re)start began: the end of its start-up
     first_step_start: float = -math.inf
     #: each of its GPUs' SM clock while computing and its full speed (the highest seen; 0 unknown)
@@ -52,6 +53,7 @@ class JobView:
             self.team = str(event.data.get("team") or event.labels.get("team") or self.team)
             self.last_step = -1
             self.outcome = ""
+            self.ended_at = math.nan
             self.in_checkpoint.clear()
             self.beats.clear()
             self.recent.clear()
@@ -66,6 +68,7 @@ class JobView:
             self.beats[rank] = event.ts
         elif kind in ("job_ended", "job_failed"):
             self.outcome = "finished" if kind == "job_ended" else "failed"
+            self.ended_at = event.ts
             self.in_checkpoint.clear()
             self.beats.clear()
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from gpuscope.counters import Counters
+from gpuscope.detect.settings import FINISHED_JOB_RETENTION_S, JOB_SWEEP_S
 from gpuscope.model import Alert, Batch, FloatArray, Frame
 from gpuscope.productivity.holders import Holders
 from gpuscope.productivity.jobs import JobView
@@ -80,8 +82,21 @@ class Drain:
 
 
 class ProductivityModel:
-    def __init__(self, price_per_gpu_hour: float = 2.5) -> None:
+    """``finished_job_retention_s`` after a job ended or failed, its view (step-time baseline,
+    heartbeats, clocks: about 1.5 KiB) is forgotten, counted in ``productivity_jobs_forgotten``;
+    its GPU time stays in the ledger and the store, and the pages read its end from the events."""
+
+    def __init__(
+        self,
+        price_per_gpu_hour: float = 2.5,
+        *,
+        finished_job_retention_s: float = FINISHED_JOB_RETENTION_S,
+        counters: Counters | None = None,
+    ) -> None:
         self.price = price_per_gpu_hour
+        self.finished_job_retention_s = finished_job_retention_s
+        self.counters = counters if counters is not None else Counters()
+        self._swept_at = -math.inf
         self.ledger = Ledger()
         self.gpus: dict[tuple[str, str], GpuView] = {}
         self.jobs: dict[str, JobView] = {}
@@ -141,6 +156,18 @@ class ProductivityModel:
                     cause = "lost_gpu"
                 self._count(view, view.accounted, now, cause, 0.0)
             self.ledger.fold(now)
+            if now - self._swept_at >= JOB_SWEEP_S:
+                self._swept_at = now
+                self._forget_finished(now)
+
+    def _forget_finished(self, now: float) -> None:
+        """Drop the views of jobs over for longer than the retention that no GPU names any more."""
+        named = {view.job for view in self.gpus.values()}
+        cutoff = now - self.finished_job_retention_s
+        gone = [n for n, j in self.jobs.items() if j.outcome and j.ended_at < cutoff and n not in named]
+        for name in gone:
+            del self.jobs[name]
+        self.counters.inc("productivity_jobs_forgotten", len(gone))
 
     def load(self, store: Store, now: float) -> int:
         """At start: take in the GPU time the store kept (this hub's before it stopped, and that of

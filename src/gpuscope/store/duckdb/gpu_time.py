@@ -3,6 +3,8 @@ local meta store): minute cells per GPU, folded into hour cells once old."""
 
 from __future__ import annotations
 
+import math
+
 import duckdb
 
 from gpuscope.store.base import GpuTime
@@ -16,6 +18,8 @@ DDL = (
     f"PRIMARY KEY ({', '.join(KEY)}))"
 )
 _COLUMNS = ", ".join((*KEY, "seconds", "lost"))
+#: the minute cells a fold takes: ``bucket`` compared as stored, so zone maps can skip row groups
+FOLD_WINDOW = "res = 60 AND bucket <= ? AND bucket >= ?"
 
 
 def save(con: duckdb.DuckDBPyConnection, cells: list[GpuTime]) -> None:
@@ -42,19 +46,26 @@ def save(con: duckdb.DuckDBPyConnection, cells: list[GpuTime]) -> None:
     )
 
 
-def fold(con: duckdb.DuckDBPyConnection, before: float) -> int:
-    """Minute cells ending by ``before`` added into their hour cells and deleted, in one transaction."""
+def fold(con: duckdb.DuckDBPyConnection, before: float, since: float = -math.inf) -> int:
+    """Minute cells ending by ``before`` (and starting at ``since`` or later) added into their hour
+    cells and deleted, in one transaction.
+
+    The predicates compare ``bucket`` itself, so DuckDB's zone maps skip the row groups outside
+    ``[since, before)``: with ``since`` a fold reads the rows of its window, not every hour cell
+    the table keeps (90 days of them by default)."""
+    where = FOLD_WINDOW
+    params = [before - 60.0, since]
     con.execute("BEGIN")
     try:
         con.execute(
             f"INSERT INTO gpu_time ({_COLUMNS}) "
             "SELECT 3600, floor(bucket / 3600) * 3600 AS hour, node, '', job, team, service, cause, "
-            "sum(seconds), sum(lost) FROM gpu_time WHERE res = 60 AND bucket + 60 <= ? "
+            f"sum(seconds), sum(lost) FROM gpu_time WHERE {where} "
             "GROUP BY hour, node, job, team, service, cause "
             "ON CONFLICT DO UPDATE SET seconds = seconds + excluded.seconds, lost = lost + excluded.lost",
-            [before],
+            params,
         )
-        rows = con.execute("DELETE FROM gpu_time WHERE res = 60 AND bucket + 60 <= ?", [before]).fetchall()
+        rows = con.execute(f"DELETE FROM gpu_time WHERE {where}", params).fetchall()
         con.execute("COMMIT")
     except BaseException:
         con.execute("ROLLBACK")

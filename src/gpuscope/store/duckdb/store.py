@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import math
 import os
 import threading
 import time
@@ -62,6 +63,8 @@ from gpuscope.store.replay import Scope, check_window
 DAY = 86_400.0
 CHECKPOINT_TRIES = 10
 LOG_POSITION = "ingest_log_seq"  # meta key: the last ingest-log record the tables hold
+#: a fold of GPU time also reads minute cells this much older than the previous fold's bound
+GPU_TIME_FOLD_MARGIN_S = 3600.0
 
 
 def _count(cur: duckdb.DuckDBPyConnection, table: str) -> int:
@@ -121,6 +124,7 @@ class DuckDBStore:
         self._buffer_rows = 0
         self._closed = False
         self._closing = False  # the flusher thread stops
+        self._folded_before = -math.inf  # GPU time: the bound of this process's last fold
         self.entities = EntityRegistry(max_entities)
         self.columns = ColumnRegistry(max_metrics)
         self.train_columns = ColumnRegistry(max_metrics)
@@ -601,9 +605,15 @@ class DuckDBStore:
         self._gpu_time_write("saving GPU time", lambda cur: gpu_time.save(cur, cells))
 
     def fold_gpu_time(self, before: float) -> int:
-        """Fold minute cells of GPU time ending by ``before`` into hour cells."""
+        """Fold minute cells of GPU time ending by ``before`` into hour cells.
+
+        The first fold of a process reads every minute cell; later ones only those from an hour
+        before the previous fold's ``before`` on (cells saved late, or by another hub sharing the
+        store, land there), so each minute's fold reads its window, not the table."""
+        since = self._folded_before - GPU_TIME_FOLD_MARGIN_S
         folded: list[int] = []
-        self._gpu_time_write("folding GPU time", lambda cur: folded.append(gpu_time.fold(cur, before)))
+        self._gpu_time_write("folding GPU time", lambda cur: folded.append(gpu_time.fold(cur, before, since)))
+        self._folded_before = max(self._folded_before, before)
         return folded[0]
 
     def gpu_time(self, start: float, end: float) -> list[GpuTime]:
