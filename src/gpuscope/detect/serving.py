@@ -143,11 +143,12 @@ class _Rule:
         burst: tuple[bool, float] = (False, 0.0),
     ) -> None:
         """Pending while ``cond`` holds; firing once it held ``need`` seconds, doubled for each time
-        the rule resolved within the last hour: a condition that comes and goes is one alert, not a
-        flap. ``burst`` is whether the service is saturated by its own demand now and how long its
-        normal bursts last: a condition pending mostly through such saturation waits that long
-        (its latency lags the queue, so it outlasts the saturation a little). A firing rule
-        resolves once ``clear`` held ``clear_hold`` seconds."""
+        the rule resolved within the last hour after the first: a condition that comes and goes
+        fires again once at its own pace, then ever more slowly, not as a flap. ``burst`` is
+        whether the service is saturated by its own demand now and how long its normal bursts
+        last: a condition pending mostly through such saturation waits that long (its latency lags
+        the queue, so it outlasts the saturation a little). A firing rule resolves once ``clear``
+        held ``clear_hold`` seconds."""
         step = ts - self.seen if math.isfinite(self.seen) else 0.0
         self.seen = ts
         if self.firing:
@@ -170,7 +171,7 @@ class _Rule:
         if burst[0] or self.loaded >= 0.5 * held:
             need = max(need, burst[1])
         recent = sum(1 for t in self.resolved if ts - t < 3600.0)
-        self.firing = held >= need * 2.0**recent
+        self.firing = held >= need * 2.0 ** max(0, recent - 1)
 
 
 @dataclass(slots=True)
