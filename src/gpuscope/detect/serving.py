@@ -25,7 +25,20 @@ regression is not learned as normal within the day.
   users feel it and the alert is P2.
 
 Each must hold for ``sustain`` seconds (the KV cache ``kv_sustain``: a busy cache brushes full);
-the first ``warmup`` seconds of a service only learn.
+the first ``warmup`` seconds of a service only learn. Three things keep a service's normal
+operation quiet at its daily peak:
+
+* the time-of-day band: per bucket, the level and how high the series normally reaches (its 99th
+  percentile over the bucket, learned only from samples its rule did not fire or wait on); once
+  that time of day was seen, latency, TTFT and queue must also exceed ``band`` times the top of
+  the band (of the bucket and its neighbours);
+* bursts of the service's own demand: a queue episode in which the service served ``surge`` times
+  its usual rate is its demand meeting its capacity (a capacity loss serves less). A condition
+  pending mostly through such saturation must outlast ``burst_factor`` times the service's normal
+  burst (the 90th percentile of its last saturated episodes; ``burst_default`` before three were
+  seen), at most ``burst_longest``: a longer overload fires;
+* hysteresis: a firing rule resolves only once its clear condition held ``clear_hold`` seconds,
+  and each re-fire within an hour after the first waits twice as long.
 """
 
 from __future__ import annotations
