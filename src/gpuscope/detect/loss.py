@@ -16,6 +16,7 @@ over ranks, so one skewed rank is :mod:`~gpuscope.detect.ranks`' business, not a
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -192,14 +193,17 @@ class LossDetector(StepDetector):
 
     def _plateau(self, job: _Job, ts: float) -> None:
         """Flat now, after clearly improving before: the gain over the last window is below
-        ``plateau_gain`` and well below that of *both* windows before it (a healthy curve flattens
-        slowly; one window that held a learning-rate drop is not the pace the curve was on)."""
+        ``plateau_gain`` and well below the pace the curve was on over the two windows before.
+        That pace is the slowest of their four half-windows: a learning-rate drop is a step of a
+        few dozen steps, so it lifts one half-window, or two where it straddles their boundary,
+        and is not the pace the curve was on (a healthy curve flattens slowly after it)."""
         hist, w = job.history, self.plateau_window
         if ts - job.start_ts < 3 * w or hist[-1][0] - hist[0][0] < 2.9 * w:
             job.plateau_checks = 0
             return
-        z, a, b, c = (self._at(hist, ts - k * w) for k in (3, 2, 1, 0))
-        prev = min((z - a) / abs(z), (a - b) / abs(a))
+        points = [self._at(hist, ts - k * w / 2) for k in (6, 5, 4, 3, 2)]
+        prev = 2.0 * min((x - y) / abs(x) for x, y in itertools.pairwise(points))
+        b, c = points[-1], self._at(hist, ts)
         gain = (b - c) / abs(b)
         was_improving = prev >= 4.0 * self.plateau_gain  # a curve that was already flat is not news
         flat = (

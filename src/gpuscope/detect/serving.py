@@ -25,14 +25,30 @@ regression is not learned as normal within the day.
   users feel it and the alert is P2.
 
 Each must hold for ``sustain`` seconds (the KV cache ``kv_sustain``: a busy cache brushes full);
-the first ``warmup`` seconds of a service only learn.
+the first ``warmup`` seconds of a service only learn. Three things keep a service's normal
+operation quiet at its daily peak:
+
+* the time-of-day band: per bucket, the level and how high the series normally reaches (its 99th
+  percentile over the bucket, learned only from samples its rule did not fire or wait on); once
+  that time of day was seen, latency, TTFT and queue must also exceed ``band`` times the top of
+  the band (of the bucket and its neighbours);
+* bursts of the service's own demand: a queue episode in which the service served ``surge`` times
+  its usual rate is its demand meeting its capacity (a capacity loss serves less). A condition
+  pending mostly through such saturation must outlast ``burst_factor`` times the service's normal
+  burst (the 90th percentile of its last saturated episodes; ``burst_default`` before three were
+  seen), at most ``burst_longest``: a longer overload fires;
+* hysteresis: a firing rule resolves only once its clear condition held ``clear_hold`` seconds,
+  and each re-fire within an hour after the first waits twice as long.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from gpuscope.detect.base import ServiceDetector, register
 from gpuscope.detect.services import Snapshot
@@ -65,34 +81,56 @@ class _Ewma:
 
 
 class _DayShape:
-    """A series' time-of-day baseline: each bucket's mean is learned once per day, at its end.
+    """A series' time-of-day band: each bucket's level (mean) and spread (its ``HIGH`` quantile)
+    are learned once per day, at the bucket's end.
 
-    It learns anomalies too, at ``alpha`` a day: a daily peak must be learnable from the first
-    day, when it is still news, and a regression that lasts past a day is half learned by then.
+    It learns anomalies into the level too, at ``alpha`` a day: a daily peak must be learnable from
+    the first day, when it is still news, and a regression that lasts past a day is half learned by
+    then. The spread learns only the samples its rule did not fire on: it is the height of the
+    service's normal bursts at that time of day, not of its faults.
     """
 
-    __slots__ = ("_bucket", "_n", "_sum", "season")
+    __slots__ = ("_bucket", "_n", "_sum", "_values", "high", "season")
+
+    HIGH = 0.99
 
     def __init__(self, buckets: int, alpha: float) -> None:
         self.season = SeasonalBaseline(buckets=buckets, alpha=alpha, min_count=1)
+        self.high = SeasonalBaseline(buckets=buckets, alpha=alpha, min_count=1)
         self._bucket = -1
         self._sum = self._n = 0.0
+        self._values: list[float] = []
 
-    def push(self, ts: float, value: float) -> None:
-        bucket = int(ts // (self.season.period / self.season.buckets))
+    def push(self, ts: float, value: float, healthy: bool = True) -> None:
+        width = self.season.period / self.season.buckets
+        bucket = int(ts // width)
         if bucket != self._bucket:
+            # the bucket's middle: the mean stands for the whole of it
+            middle = (self._bucket + 0.5) * width
             if self._n > 0:
-                # the bucket's middle: the mean stands for the whole of it
-                middle = (self._bucket + 0.5) * self.season.period / self.season.buckets
                 self.season.push(middle, self._sum / self._n)
+            if self._values:
+                self.high.push(middle, float(np.quantile(self._values, self.HIGH)))
             self._bucket, self._sum, self._n = bucket, 0.0, 0.0
+            self._values = []
         if math.isfinite(value):
             self._sum += value
             self._n += 1
+            if healthy:
+                self._values.append(value)
 
     def expected(self, ts: float) -> float:
         """The value usual at this time of day; NaN before this hour of the day was seen once."""
         return self.season.expected(ts) if self.season.known(ts) else math.nan
+
+    def envelope(self, ts: float) -> float:
+        """How high the series normally reaches around this time of day: the highest spread of this
+        bucket and its two neighbours (a burst does not keep to a half-hour; one day is a thin
+        sample); NaN before this bucket was seen on an earlier day."""
+        if not self.high.known(ts):
+            return math.nan  # this time of day not seen yet (the bucket under way is not learned)
+        width = self.season.period / self.season.buckets
+        return max(self.high.expected(t) for t in (ts - width, ts, ts + width) if self.high.known(t))
 
 
 @dataclass(slots=True)
@@ -102,13 +140,51 @@ class _Rule:
     text: str = ""
     value: float = math.nan
     severity: str | None = None
+    clear_since: float | None = None
+    #: seconds of the pending time during which the service was saturated by its own demand
+    loaded: float = 0.0
+    seen: float = math.nan
+    resolved: deque[float] = field(default_factory=lambda: deque(maxlen=8))
 
-    def hold(self, cond: bool, clear: bool, ts: float, sustain: float) -> None:
-        if cond:
-            self.since = self.since if self.since is not None else ts
-        elif clear or not self.firing:
-            self.since = None
-        self.firing = self.since is not None and ts - self.since >= sustain
+    def hold(
+        self,
+        cond: bool,
+        clear: bool,
+        ts: float,
+        need: float,
+        clear_hold: float = 0.0,
+        burst: tuple[bool, float] = (False, 0.0),
+    ) -> None:
+        """Pending while ``cond`` holds; firing once it held ``need`` seconds, doubled for each time
+        the rule resolved within the last hour after the first: a condition that comes and goes
+        fires again once at its own pace, then ever more slowly, not as a flap. ``burst`` is
+        whether the service is saturated by its own demand now and how long its normal bursts
+        last: a condition pending mostly through such saturation waits that long (its latency lags
+        the queue, so it outlasts the saturation a little). A firing rule resolves once ``clear``
+        held ``clear_hold`` seconds."""
+        step = ts - self.seen if math.isfinite(self.seen) else 0.0
+        self.seen = ts
+        if self.firing:
+            if cond or not clear:
+                self.clear_since = None
+                return
+            self.clear_since = self.clear_since if self.clear_since is not None else ts
+            if ts - self.clear_since >= clear_hold:
+                self.firing, self.since, self.clear_since = False, None, None
+                self.resolved.append(ts)
+            return
+        if not cond:
+            self.since, self.loaded = None, 0.0
+            return
+        if self.since is None:
+            self.since, self.loaded = ts, 0.0
+        elif burst[0]:
+            self.loaded += step
+        held = ts - self.since
+        if burst[0] or self.loaded >= 0.5 * held:
+            need = max(need, burst[1])
+        recent = sum(1 for t in self.resolved if ts - t < 3600.0)
+        self.firing = held >= need * 2.0 ** max(0, recent - 1)
 
 
 @dataclass(slots=True)
@@ -123,6 +199,48 @@ class _Svc:
     cum_err: list[float] = field(default_factory=list)
     cum_req: list[float] = field(default_factory=list)
     days: dict[str, _DayShape] = field(default_factory=dict)
+    #: a queue episode under way: its start, the rate usual then, the requests served in it
+    burst_since: float | None = None
+    burst_last: float = math.nan
+    burst_usual: float = math.nan
+    burst_served: float = 0.0
+    burst_time: float = 0.0
+    #: the lengths of the service's last demand bursts: queue episodes its own load drove
+    bursts: deque[float] = field(default_factory=lambda: deque(maxlen=32))
+    saturated: bool = False
+
+    def burst(
+        self,
+        ts: float,
+        dt: float,
+        building: bool,
+        rate: float,
+        usual: float,
+        surge: float,
+        gap: float,
+        span: tuple[float, float],
+    ) -> None:
+        """Follow the queue's episodes (a dip shorter than ``gap`` seconds does not end one). One in
+        which the service served ``surge`` times its usual rate (a surge of its own demand met its
+        capacity; a capacity loss serves less) is a burst while it lasts (:attr:`saturated`); one
+        that ended after lasting between the two seconds of ``span`` is one of the service's normal
+        bursts (a shorter one could not have fired a rule; a longer one is not a burst)."""
+        if self.burst_since is not None and not building and ts - self.burst_last >= gap:
+            length = self.burst_last - self.burst_since
+            if self.saturated and span[0] <= length < span[1]:
+                self.bursts.append(length)
+            self.burst_since, self.saturated = None, False
+        if self.burst_since is None and not building:
+            return
+        if self.burst_since is None:
+            self.burst_since, self.burst_usual, self.burst_served, self.burst_time = ts, usual, 0.0, 0.0
+        if building:
+            self.burst_last = ts
+        if math.isfinite(rate):
+            self.burst_served += rate * dt
+            self.burst_time += dt
+        mean = self.burst_served / self.burst_time if self.burst_time > 0 else rate
+        self.saturated = self.burst_usual > 0 and mean >= surge * self.burst_usual
 
     def window(self, seconds: float) -> tuple[float, float]:
         """Errors and requests over the last ``seconds`` (sliding, not exponential: a burst leaves it)."""
@@ -149,15 +267,32 @@ class _Svc:
             e = store[key] = _Ewma(tau)
         return e.mean if frozen and math.isfinite(e.mean) else e.push(value, dt)
 
-    def reference(self, name: str, ts: float, value: float, base: float, buckets: int, alpha: float) -> float:
+    def reference(
+        self,
+        name: str,
+        ts: float,
+        value: float,
+        base: float,
+        buckets: int,
+        alpha: float,
+        healthy: bool = True,
+    ) -> tuple[float, float]:
         """The operating point of a series: its long EWMA ``base``, or its usual level at this time
-        of day where that is higher; learns ``value`` into the time-of-day baseline."""
+        of day where that is higher, and how high it normally reaches at this time of day (NaN
+        before that was seen); learns ``value`` into the time-of-day band (its spread only when
+        ``healthy``)."""
         day = self.days.get(name)
         if day is None:
             day = self.days[name] = _DayShape(buckets, alpha)
-        day.push(ts, value)
+        day.push(ts, value, healthy)
         usual = day.expected(ts)
-        return max(base, usual) if math.isfinite(usual) and math.isfinite(base) else base
+        level = max(base, usual) if math.isfinite(usual) and math.isfinite(base) else base
+        return level, day.envelope(ts)
+
+    def normal(self, state: _Rule) -> bool:
+        """Whether the latest sample shows the service's normal operation to its rule ``state``:
+        neither firing nor pending, save a burst of its own demand."""
+        return not state.firing and (state.since is None or self.saturated)
 
     def rule(self, name: str) -> _Rule:
         r = self.rules.get(name)
@@ -193,6 +328,12 @@ class ServingDetector(ServiceDetector):
         warmup: float = 300.0,
         season_bucket: float = 1800.0,
         season_alpha: float = 0.5,
+        band: float = 1.1,
+        surge: float = 1.1,
+        burst_factor: float = 3.0,
+        burst_default: float = 240.0,
+        burst_longest: float = 600.0,
+        clear_hold: float = 30.0,
     ) -> None:
         self.tau, self.base_tau, self.ratio, self.ttft_ratio = tau, base_tau, ratio, ttft_ratio
         self.budget = 1.0 - slo
@@ -202,6 +343,8 @@ class ServingDetector(ServiceDetector):
         self.sustain, self.warmup, self.kv_sustain = sustain, warmup, kv_sustain
         self.queue_sustain, self.kv_impact = queue_sustain, kv_impact
         self.buckets, self.season_alpha = max(1, round(86400.0 / season_bucket)), season_alpha
+        self.band, self.surge, self.clear_hold = band, surge, clear_hold
+        self.burst_factor, self.burst_default, self.burst_longest = burst_factor, burst_default, burst_longest
         super().__init__()
         self._svcs: dict[str, _Svc] = {}
 
@@ -226,11 +369,23 @@ class ServingDetector(ServiceDetector):
 
     def _judge(self, svc: _Svc, s: Snapshot, dt: float) -> None:
         warm = s.ts - svc.first >= self.warmup
+        self._queue(svc, s, dt, warm)  # first: it tells whether the service is saturated by its demand
         self._ratio_rule(svc, s, dt, LATENCY, f"{s.latency_stat} latency", s.p95, self.ratio, warm)
         self._ratio_rule(svc, s, dt, TTFT, "time to first token (p95)", s.ttft, self.ttft_ratio, warm)
         self._errors(svc, s, dt, warm)
-        self._queue(svc, s, dt, warm)
         self._kv(svc, s, dt, warm)
+
+    def burst_wait(self, svc: _Svc) -> float:
+        """How long a condition the service's own demand drives must hold to be more than one of
+        its normal bursts: ``burst_factor`` times the 90th percentile of its last bursts (before
+        three were seen, ``burst_default``), within ``sustain`` and ``burst_longest``."""
+        if len(svc.bursts) < 3:
+            return self.burst_default
+        usual = float(np.quantile(np.fromiter(svc.bursts, float), 0.9))
+        return min(self.burst_longest, max(self.sustain, self.burst_factor * usual))
+
+    def _hold(self, svc: _Svc, state: _Rule, cond: bool, clear: bool, ts: float, need: float) -> None:
+        state.hold(cond, clear, ts, need, self.clear_hold, (svc.saturated, self.burst_wait(svc)))
 
     def _ratio_rule(
         self, svc: _Svc, s: Snapshot, dt: float, rule: str, what: str, value: float, ratio: float, warm: bool
@@ -239,11 +394,18 @@ class ServingDetector(ServiceDetector):
         short = svc.ewma(rule, self.tau, value, dt)
         holding = state.since is not None
         base = svc.ewma(rule, self.base_tau, value, dt, frozen=holding)
-        base = svc.reference(rule, s.ts, value, base, self.buckets, self.season_alpha)
+        base, high = svc.reference(
+            rule, s.ts, short, base, self.buckets, self.season_alpha, svc.normal(state)
+        )
+        # above the operating point by ``ratio`` and above the top of its normal bursts at this hour
+        limit = max(ratio * base, self.band * high) if math.isfinite(high) else ratio * base
+        back = max(base * (1.0 + 0.5 * (ratio - 1.0)), high if math.isfinite(high) else 0.0)
         r = short / base if base > 0 else math.nan
-        state.hold(warm and r >= ratio, r < 1.0 + 0.5 * (ratio - 1.0), s.ts, self.sustain)
+        self._hold(svc, state, warm and short >= limit, short < back, s.ts, self.sustain)
         state.value = r
-        state.text = f"{what} at {short:.3g} s, {r:.1f}x its baseline of {base:.3g} s"
+        state.text = f"{what} at {short:.3g} s, {r:.1f}x its baseline of {base:.3g} s" + (
+            f" (normally up to {high:.3g} s at this hour)" if math.isfinite(high) else ""
+        )
 
     def _errors(self, svc: _Svc, s: Snapshot, dt: float, warm: bool) -> None:
         state = svc.rule(ERRORS)
@@ -259,7 +421,7 @@ class ServingDetector(ServiceDetector):
         enough = svc.window(300.0)[0] >= 10.0
         fast = burns[30.0] >= self.fast_burn and burns[300.0] >= self.fast_burn
         slow = burns[300.0] >= self.slow_burn and burns[3600.0] >= self.slow_burn
-        state.hold(enough and (fast or slow), burns[300.0] < 1.0, s.ts, 0.0)
+        state.hold(enough and (fast or slow), burns[300.0] < 1.0, s.ts, 0.0, self.clear_hold)
         state.value = burns[300.0]
         state.text = (
             f"errors burn the {budget:.1%} error budget {burns[300.0]:.1f}x too fast over 5 min "
@@ -268,14 +430,26 @@ class ServingDetector(ServiceDetector):
 
     def _queue(self, svc: _Svc, s: Snapshot, dt: float, warm: bool) -> None:
         state = svc.rule(QUEUE)
+        # the service's demand against its own level: a surge that builds the queue is a burst
+        rate = svc.ewma("requests", self.tau, s.requests, dt)
+        rate_base = svc.ewma("requests", self.base_tau, s.requests, dt)
+        usual_rate, _ = svc.reference("requests", s.ts, rate, rate_base, self.buckets, self.season_alpha)
         short = svc.ewma("queue", 10.0, s.queue, dt)
         holding = state.since is not None
         base = svc.ewma("queue", self.base_tau, s.queue, dt, frozen=holding)
-        base = svc.reference("queue", s.ts, s.queue, base, self.buckets, self.season_alpha)
-        limit = max(self.min_queue, 4.0 * base)
-        state.hold(warm and short >= limit, short < 0.5 * limit, s.ts, self.queue_sustain)
+        base, high = svc.reference(
+            "queue", s.ts, short, base, self.buckets, self.season_alpha, svc.normal(state)
+        )
+        normal = max(self.min_queue, 4.0 * base)
+        building = short >= 0.5 * normal
+        span = (self.sustain, self.burst_longest)
+        svc.burst(s.ts, dt, building, s.requests, usual_rate, self.surge, self.clear_hold, span)
+        limit = max(normal, self.band * high) if math.isfinite(high) else normal
+        self._hold(svc, state, warm and short >= limit, short < 0.5 * limit, s.ts, self.queue_sustain)
         state.value = short
-        state.text = f"{short:.0f} requests queued (usually {base:.1f})"
+        state.text = f"{short:.0f} requests queued (usually {base:.1f})" + (
+            f", normally up to {high:.0f} at this hour" if math.isfinite(high) else ""
+        )
 
     def _kv(self, svc: _Svc, s: Snapshot, dt: float, warm: bool) -> None:
         state = svc.rule(KV)
@@ -293,7 +467,7 @@ class ServingDetector(ServiceDetector):
         preempting = preempt >= limit
         cond = warm and (full or jump or preempting)
         clear = not full and above < 0.5 * self.kv_jump and preempt < 0.5 * limit
-        state.hold(cond, clear, s.ts, self.kv_sustain)
+        self._hold(svc, state, cond, clear, s.ts, self.kv_sustain)
         state.value = short
         # user impact: latency or TTFT beyond their own references while the cache is under pressure
         impact = max(
