@@ -47,15 +47,44 @@ def test_behind_lasts_until_settled_and_raises_one_finding_per_episode() -> None
     assert [f.rule for f in findings] == [HUB_OVERLOADED]
     assert findings[0].entity == {"hub": "hub-a"} and findings[0].affected_gpus == 0
     assert findings[0].details["since_ts"] == 1.0
-    assert m.behind(4.9) and not m.behind(5.0) and m.findings(5.0) == []
+    assert m.behind(4.9) and not m.behind(5.0)
     assert m.episodes == 1
     m.evaluated(10.0, 6.0)  # the evaluation loop ran 6 s late: a second episode
     assert m.behind(10.0) and m.episodes == 2
 
 
+def test_the_alert_outlasts_an_episode_so_a_hub_that_keeps_falling_behind_is_one_alert() -> None:
+    m = monitor(max_in_flight=1, retry_after_s=1.0, alert_hold_s=60.0)  # settles 4 s after the last sign
+    ticket = m.admit(0.0).ticket
+    assert ticket is not None and m.admit(1.0).ticket is None
+    m.done(ticket)
+    assert [f.rule for f in m.findings(2.0)] == [HUB_OVERLOADED]
+    assert not m.behind(5.0)
+    later = m.admit(5.0).ticket
+    assert later is not None  # shedding has stopped ...
+    m.done(later)
+    (held,) = m.findings(30.0)  # ... the alert has not: no resolve and re-fire per episode
+    assert held.details["since_ts"] == 1.0 and held.details["behind_now"] is False
+    assert "caught up" in held.summary
+    m.evaluated(40.0, 6.0)  # a second episode inside the hold: the same alert, same start
+    (again,) = m.findings(40.0)
+    assert again.details["since_ts"] == 1.0 and m.episodes == 2
+    m.evaluated(41.0, 0.0)
+    assert m.findings(99.0) != [] and m.findings(100.0) == []  # 60 s after the last sign (40 s)
+    m.evaluated(200.0, 6.0)  # a new episode long after: a new alert
+    (fresh,) = m.findings(200.0)
+    assert fresh.details["since_ts"] == 200.0
+
+
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("max_lag_s", 0.0), ("retry_after_s", float("nan")), ("max_in_flight", 0), ("settle_s", -1.0)],
+    [
+        ("max_lag_s", 0.0),
+        ("retry_after_s", float("nan")),
+        ("max_in_flight", 0),
+        ("settle_s", -1.0),
+        ("alert_hold_s", float("inf")),
+    ],
 )
 def test_bad_settings_name_the_field(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):

@@ -101,6 +101,11 @@ class OverloadSettings:
     max_loop_lag_s: float = 2.0
     retry_after_s: float = 2.0
     settle_s: float = 0.0  # 0: the longest Retry-After handed out (2 x retry_after_s), plus 2 s
+    #: how long ``hub_overloaded`` stays firing after the last sign of lag. Shedding stops within
+    #: ``settle``; the alert does not, so a hub that keeps falling behind for a few seconds at a
+    #: time is one alert for the platform team, not one page per episode (a 2-hour soak on a
+    #: starved machine raised it 78 times without this)
+    alert_hold_s: float = 300.0
 
     def __post_init__(self) -> None:
         for name in ("max_lag_s", "max_eval_lag_s", "max_loop_lag_s", "retry_after_s"):
@@ -109,8 +114,10 @@ class OverloadSettings:
                 raise ValueError(f"overload.{name} must be a positive number of seconds, got {value!r}")
         if self.max_in_flight < 1:
             raise ValueError(f"overload.max_in_flight must be at least 1, got {self.max_in_flight!r}")
-        if not math.isfinite(self.settle_s) or self.settle_s < 0:
-            raise ValueError(f"overload.settle_s must be a non-negative number, got {self.settle_s!r}")
+        for name in ("settle_s", "alert_hold_s"):
+            value = getattr(self, name)
+            if not math.isfinite(value) or value < 0:
+                raise ValueError(f"overload.{name} must be a non-negative number, got {value!r}")
 
     @property
     def settle(self) -> float:
@@ -145,6 +152,7 @@ class OverloadMonitor:
         self._next_ticket = 0
         self._last_sign = -math.inf  # latest time the hub saw itself behind
         self._behind_since: float | None = None
+        self._alert_since: float | None = None  # hub_overloaded firing since (held past an episode)
         self._eval_lag = 0.0
         self._loop_lag = 0.0
         self._observe_lag = 0.0
@@ -252,19 +260,33 @@ class OverloadMonitor:
             return self._behind_since is not None
 
     def findings(self, now: float) -> list[Finding]:
-        """``hub_overloaded`` while the hub is behind (one alert per hub, however long it lasts)."""
-        if not self.behind(now):
+        """``hub_overloaded`` while the hub is behind and for ``alert_hold_s`` after the last sign of
+        lag: one alert per hub however often it falls behind meanwhile."""
+        behind = self.behind(now)
+        with self._lock:
+            last_sign = self._last_sign
+            if behind:
+                if self._alert_since is None:
+                    self._alert_since = self._behind_since
+            elif self._alert_since is not None and now - last_sign >= self.settings.alert_hold_s:
+                self._alert_since = None
+            since = self._alert_since
+        if since is None:
             return []
         status = self.status(now)
+        state = (
+            f"oldest request waited {status['oldest_wait_seconds']:.1f} s, {status['in_flight']} in flight"
+            if behind
+            else f"caught up {now - last_sign:.0f} s ago after {self.episodes} episode(s) of lag"
+        )
         return [
             Finding(
                 HUB_OVERLOADED,
                 {"hub": self.name},
-                f"The hub is behind on ingest: oldest request waited {status['oldest_wait_seconds']:.1f} s, "
-                f"{status['in_flight']} in flight, {self.shed} requests refused with Retry-After so far",
+                f"The hub is behind on ingest: {state}, {self.shed} requests refused with Retry-After so far",
                 value=status["oldest_wait_seconds"],
                 affected_gpus=0,
-                details={"since_ts": status["behind_since"], **status},
+                details={"since_ts": since, "behind_now": behind, **status},
             )
         ]
 
