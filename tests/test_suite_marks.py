@@ -101,7 +101,7 @@ def test_a_module_is_one_xdist_group_unless_its_tests_name_their_own() -> None:
     plain = {group for nodeid, group in groups.items() if nodeid.startswith(PLAIN)}
     assert plain == {PLAIN}
     every_fault = f"{SCENARIOS}::test_every_fault_is_detected_and_nothing_serious_is_unexplained"
-    assert groups[f"{every_fault}[hardware-soft]"] == "scenario-hardware-soft"
+    assert groups[f"{every_fault}[hardware-hard]"] == "scenario-hardware-hard"
     assert (
         groups[f"{every_fault}[training-worsening-straggler]"]
         == groups[f"{SCENARIOS}::test_a_worsening_straggler_is_one_alert_that_follows_it"]
