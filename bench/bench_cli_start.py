@@ -6,9 +6,11 @@ real ``gpuscope hub`` from start to its first answer on ``/api/v1/health``, the 
 helpers and service managers sit through.
 
 Anchors, same run: the bare interpreter (``python -c pass``) and ``import numpy, httpx, rich``,
-libraries every subcommand loads anyway; the CLI's own cost is the difference.
+libraries every subcommand loads anyway; the CLI's own cost is the difference. ``--before SRC``
+also runs each gpuscope command on another source tree (e.g. ``git archive`` of an older commit),
+its runs taking turns with this tree's, so both see the same machine load.
 
-usage: python bench/bench_cli_start.py [--runs 7] [--hub-runs 3]
+usage: python bench/bench_cli_start.py [--runs 7] [--hub-runs 3] [--before SRC]
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ COMMANDS: dict[str, list[str]] = {
 }
 
 
-def run_once(args: list[str]) -> tuple[float, int]:
+def run_once(args: list[str], src: Path | None = None) -> tuple[float, int]:
     """Wall seconds of one fresh interpreter running ``args``, and the modules it had loaded."""
     if args[0] == "-m":  # run the module after registering the counter, as ``-m`` would
         code = f"{COUNT_MODULES}; import runpy; sys.argv = {[args[1], *args[2:]]!r}; "
@@ -45,7 +47,8 @@ def run_once(args: list[str]) -> tuple[float, int]:
     else:
         code = f"{COUNT_MODULES}; {args[1]}"
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
+    env = os.environ if src is None else {**os.environ, "PYTHONPATH": str(src)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, env=env)
     wall = time.perf_counter() - t0
     if done.returncode != 0:
         raise RuntimeError(f"{args} exited {done.returncode}:\n{done.stderr}")
@@ -67,14 +70,22 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7, help="fresh interpreters per command line (7)")
     ap.add_argument("--hub-runs", type=int, default=3, help="hubs started to their health answer (3)")
+    ap.add_argument("--before", type=Path, default=None, help="another src/ to compare, runs taking turns")
     a = ap.parse_args()
     load0 = os.getloadavg()[0]
     rows = []
     for name, args in COMMANDS.items():
-        runs = [run_once(args) for _ in range(a.runs)]
-        walls = [w for w, _ in runs]
-        rows.append([name, f"{statistics.median(walls):.3f}", f"{min(walls):.3f}", str(runs[-1][1])])
-        console.print(f"{name}: {statistics.median(walls):.3f} s")
+        trees: list[tuple[str, Path | None]] = [(name, None)]
+        if a.before is not None and args[0] == "-m":
+            trees.insert(0, (f"{name} (before)", a.before.resolve()))
+        runs: dict[str, list[tuple[float, int]]] = {label: [] for label, _ in trees}
+        for _ in range(a.runs):
+            for label, src in trees:
+                runs[label].append(run_once(args, src))
+        for label, done in runs.items():
+            walls = [w for w, _ in done]
+            rows.append([label, f"{statistics.median(walls):.3f}", f"{min(walls):.3f}", str(done[-1][1])])
+            console.print(f"{label}: {statistics.median(walls):.3f} s")
     if a.hub_runs > 0:
         health = hub_to_health(a.hub_runs)
         rows.append(
