@@ -7,7 +7,7 @@ DEMO_ARGS ?=
 # tests wait on real processes (hubs, databases, browsers) as much as they compute: two workers
 TEST_WORKERS ?= 2
 
-.PHONY: demo test check deps lint typecheck unit bench clean system-deps
+.PHONY: demo test check deps lint typecheck unit bench eval clean system-deps
 
 DEMO_STAMP := $(VENV)/.installed-demo
 PIP_INSTALL := $(BIN)/pip install --constraint constraints.txt
@@ -40,8 +40,9 @@ typecheck: $(STAMP)
 system-deps:
 	./scripts/system-deps.sh
 
-# modules in the order tests/conftest.py puts them: the long integration ones first
-PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+# modules in the order tests/conftest.py puts them, the long integration ones first; each module to
+# one worker, unless its tests name xdist groups of their own (tests/conftest.py)
+PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
 
 unit: $(STAMP) system-deps
 	$(PYTEST)
@@ -59,6 +60,11 @@ deps: $(STAMP) system-deps
 bench: $(STAMP) system-deps
 	$(PIP_INSTALL) --quiet -e '.[hub,dev,bench]'
 	$(BIN)/python bench/run_all.py
+
+# the evaluation job: every scenario, the long ones `make test` leaves out included (tests/scenarios/long,
+# the healthy day), scored per rule family; minutes to an hour on two cores
+eval: $(STAMP)
+	$(BIN)/python eval/eval_families.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info

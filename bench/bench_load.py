@@ -18,7 +18,6 @@ usage: python bench/bench_load.py [--duration 600] [--nodes 1024] [--only a|b|c]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import importlib.util
 import os
 import signal
@@ -37,17 +36,18 @@ import yaml
 
 from common import (
     ROOT,
+    Pacer,
     console,
     free_port,
     gpuscope_hub,
     print_table,
+    prometheus_bodies,
     victoria_metrics,
     victoria_metrics_binary,
     wait_http,
 )
 from gpuscope.loadgen import FleetShape, LoadOptions, LoadReport, run_load
 from gpuscope.loadgen.run import ResourceMonitor
-from gpuscope.sim.cluster import Simulator
 
 sys.path.insert(0, str(ROOT / "tests"))
 from alert.sink import Sink
@@ -398,29 +398,6 @@ def _pids_with(*needles: str) -> list[int]:
     return found
 
 
-def prometheus_bodies(shape: FleetShape, ticks: int) -> list[list[bytes]]:
-    """Per tick, Prometheus-text bodies of 16 nodes each (no timestamps: VictoriaMetrics stamps them)."""
-    from gpuscope.loadgen.traffic import build_scenario
-
-    sim = Simulator(build_scenario(shape, ticks, faults=[]))
-    out = []
-    for tick in sim.ticks():
-        bodies = []
-        for batch in tick.node_batches.values():
-            lines = []
-            for frame in batch.frames:
-                for labels, row in zip(frame.entities, frame.values.tolist(), strict=True):
-                    sel = ",".join(f'{k}="{v}"' for k, v in labels.items())
-                    lines += [
-                        f"{m}{{{sel}}} {v:.6g}" for m, v in zip(frame.metrics, row, strict=True) if v == v
-                    ]
-            bodies.append(("\n".join(lines) + "\n").encode())
-        # 16 nodes a request: this one client process could not post 1,024 requests a second,
-        # and VictoriaMetrics' cost per sample hardly depends on the request size
-        out.append([b"".join(bodies[k : k + 16]) for k in range(0, len(bodies), 16)])
-    return out
-
-
 def run_anchor(shape: FleetShape, seconds: float, ticks: int = 10) -> list[list[str]]:
     """VictoriaMetrics ingesting the same node samples, every node once a second: its CPU per sample."""
     console.print(f"anchor: encoding {ticks} s of the fleet's samples as Prometheus text")
@@ -431,8 +408,10 @@ def run_anchor(shape: FleetShape, seconds: float, ticks: int = 10) -> list[list[
             return [["VictoriaMetrics anchor", "skipped", "victoria-metrics not installed"]]
         monitor = ResourceMonitor(_pids_with(f"-httpListenAddr={vm[0].removeprefix('http://')}"))
         monitor.start()
-        latencies, errors = asyncio.run(_pace(vm[0] + "/api/v1/import/prometheus", bodies, seconds))
+        pacer = Pacer(vm[0] + "/api/v1/import/prometheus", bodies, seconds)
+        pacer.run()
         monitor.stop()
+    latencies, errors = pacer.latencies, pacer.errors
     latencies.sort()
     p95 = latencies[int(0.95 * (len(latencies) - 1))] * 1000 if latencies else float("nan")
     sent = samples_per_tick * int(seconds)
@@ -449,33 +428,6 @@ def run_anchor(shape: FleetShape, seconds: float, ticks: int = 10) -> list[list[
             f"errors {errors}; p95 request {p95:.0f} ms as this one client process saw it",
         ],
     ]
-
-
-async def _pace(url: str, ticks: list[list[bytes]], seconds: float) -> tuple[list[float], int]:
-    latencies: list[float] = []
-    errors = 0
-    limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
-    async with httpx.AsyncClient(timeout=30, limits=limits) as client:
-
-        async def post(body: bytes) -> None:
-            nonlocal errors
-            started = time.perf_counter()
-            try:
-                resp = await client.post(url, content=body)
-                errors += resp.status_code >= 300
-            except httpx.HTTPError:
-                errors += 1
-            latencies.append(time.perf_counter() - started)
-
-        t0 = time.time()
-        pending: set[asyncio.Task[None]] = set()
-        for k in range(int(seconds)):
-            await asyncio.sleep(max(0.0, t0 + k - time.time()))
-            pending |= {asyncio.create_task(post(b)) for b in ticks[k % len(ticks)]}
-            pending = {t for t in pending if not t.done()}
-        if pending:
-            await asyncio.wait(pending)
-    return latencies, errors
 
 
 def main() -> None:

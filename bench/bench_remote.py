@@ -34,7 +34,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import cramjam
 import httpx
@@ -45,6 +45,7 @@ from bench_ingest import blast, vm_bodies
 from common import ROOT, TELEMETRY, Fleet, console, print_table, telemetry_ticks, victoria_metrics
 from gpuscope.model import Batch, Frame
 from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.store.prepare import Prepared
 from gpuscope.store.remote import wire
 from gpuscope.store.remote.meta import PostgresMeta
 from gpuscope.store.remote.prom_store import PromStore
@@ -75,6 +76,14 @@ def cpu_rate(work: Callable[[], int], min_s: float = 2.0) -> float:
     return done / spent
 
 
+def write_requests(store: PromStore, prepared: Prepared) -> Iterator[tuple[bytes, int]]:
+    """The compressed WriteRequests ``store`` sends for a prepared batch, and the samples of each."""
+    step = store.max_request_samples
+    for heads, fields in store._lanes(prepared, prepared.result):
+        for a in range(0, len(heads), step):
+            yield wire.write_request(heads[a : a + step], fields[a : a + step]), len(heads[a : a + step])
+
+
 def encode_rates(store: PromStore, shape: list[Batch]) -> tuple[float, float]:
     """(ours, protobuf library) samples per CPU second, prepare excluded (the embedded store does it
     too), for the same prepared batches."""
@@ -82,13 +91,7 @@ def encode_rates(store: PromStore, shape: list[Batch]) -> tuple[float, float]:
     step = store.max_request_samples
 
     def ours() -> int:
-        n = 0
-        for p in prepared:
-            for heads, fields in store._lanes(p, p.result):
-                for a in range(0, len(heads), step):
-                    wire.write_request(heads[a : a + step], fields[a : a + step])
-                n += len(heads)
-        return n
+        return sum(n for p in prepared for _, n in write_requests(store, p))
 
     # the series of the first batch with their labels: the library builds every message anew
     series = []
@@ -135,20 +138,26 @@ def measured(run: Callable[[], tuple[int, int]], tsdb: psutil.Process) -> list[s
     return [f"{samples / wall:,.0f}", f"{samples / mine:,.0f}", f"{samples / theirs:,.0f}", str(errors)]
 
 
-def appends(store: PromStore, shape: list[Batch], threads: int, seconds: float) -> tuple[int, int]:
-    """``threads`` appenders cycling through ``shape`` for ``seconds``: samples stored, errors."""
+def drive(
+    threads: int, seconds: float, work: Callable[[int, int], int], items: int | None = None
+) -> tuple[int, int, int]:
+    """Items 0, 1, 2... dealt out to ``threads`` threads, thread ``i`` calling ``work(i, item)`` (the
+    samples it stored; raising is an error), until ``seconds`` pass or, given ``items``, each item
+    was dealt once: (samples stored, errors, items stored)."""
     lock = threading.Lock()
-    cursor = iter(range(10**12))
-    stored = [0] * threads
-    errors = [0] * threads
+    cursor = iter(range(10**12 if items is None else items))
+    stored, errors, done = [0] * threads, [0] * threads, [0] * threads
     deadline = time.perf_counter() + seconds
 
     def worker(i: int) -> None:
         while time.perf_counter() < deadline:
             with lock:
-                k = next(cursor)
+                k = next(cursor, None)
+            if k is None:
+                return
             try:
-                stored[i] += store.append(shape[k % len(shape)]).samples
+                stored[i] += work(i, k)
+                done[i] += 1
             except Exception:
                 errors[i] += 1
 
@@ -157,7 +166,13 @@ def appends(store: PromStore, shape: list[Batch], threads: int, seconds: float) 
         t.start()
     for t in pool:
         t.join()
-    return sum(stored), sum(errors)
+    return sum(stored), sum(errors), sum(done)
+
+
+def appends(store: PromStore, shape: list[Batch], threads: int, seconds: float) -> tuple[int, int]:
+    """``threads`` appenders cycling through ``shape`` for ``seconds``: samples stored, errors."""
+    samples, errors, _ = drive(threads, seconds, lambda i, k: store.append(shape[k % len(shape)]).samples)
+    return samples, errors
 
 
 def vm_writes(url: str) -> int:
@@ -218,12 +233,8 @@ def round_trips(url: str, shape: list[Batch], threads: int, seconds: float) -> l
     finally:
         pg.stop()
     # anchor: the same samples written straight to VictoriaMetrics, one request per batch
-    bodies = []
     with PromStore(f"{url}/api/v1/write", url, DuckDBStore(":memory:")) as encoder:
-        for b in shape:
-            p = encoder._preparer.prepare(b)
-            for heads, fields in encoder._lanes(p, p.result):
-                bodies.append((wire.write_request(heads, fields), len(heads)))
+        bodies = [body for b in shape for body in write_requests(encoder, encoder._preparer.prepare(b))]
     writes, cpu, wall = vm_writes(url), time.process_time(), time.perf_counter()
     samples, errors, sent = post_all(f"{url}/api/v1/write", bodies, threads, seconds)
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -246,59 +257,25 @@ def appends_counted(
     store: PromStore, shape: list[Batch], threads: int, seconds: float
 ) -> tuple[int, int, int]:
     """Like :func:`appends`, each batch once at most: (samples stored, errors, batches appended)."""
-    lock = threading.Lock()
-    cursor = iter(range(len(shape)))
-    stored, errors, done = [0] * threads, [0] * threads, [0] * threads
-    deadline = time.perf_counter() + seconds
-
-    def worker(i: int) -> None:
-        while time.perf_counter() < deadline:
-            with lock:
-                k = next(cursor, None)
-            if k is None:
-                return
-            try:
-                stored[i] += store.append(shape[k]).samples
-                done[i] += 1
-            except Exception:
-                errors[i] += 1
-
-    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    return sum(stored), sum(errors), sum(done)
+    return drive(threads, seconds, lambda i, k: store.append(shape[k]).samples, items=len(shape))
 
 
 def post_all(url: str, bodies: list[tuple[bytes, int]], threads: int, seconds: float) -> tuple[int, int, int]:
     """POST each body once (``threads`` at a time) until done or ``seconds``: (samples, errors, requests)."""
-    lock = threading.Lock()
-    cursor = iter(range(len(bodies)))
-    stored, errors, done = [0] * threads, [0] * threads, [0] * threads
-    deadline = time.perf_counter() + seconds
+    clients = [httpx.Client(timeout=10) for _ in range(threads)]
 
-    def worker(i: int) -> None:
-        with httpx.Client(timeout=10) as client:
-            while time.perf_counter() < deadline:
-                with lock:
-                    k = next(cursor, None)
-                if k is None:
-                    return
-                body, n = bodies[k]
-                r = client.post(url, content=body, headers=wire.HEADERS)
-                if r.status_code // 100 == 2:
-                    stored[i] += n
-                    done[i] += 1
-                else:
-                    errors[i] += 1
+    def post(i: int, k: int) -> int:
+        body, n = bodies[k]
+        r = clients[i].post(url, content=body, headers=wire.HEADERS)
+        if r.status_code // 100 != 2:
+            raise RuntimeError(f"HTTP {r.status_code}")
+        return n
 
-    pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join()
-    return sum(stored), sum(errors), sum(done)
+    try:
+        return drive(threads, seconds, post, items=len(bodies))
+    finally:
+        for client in clients:
+            client.close()
 
 
 def main() -> None:

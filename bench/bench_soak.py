@@ -15,7 +15,6 @@ usage: python bench/bench_soak.py [--duration 7200] [--nodes 64] [--json-out FIL
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import tempfile
@@ -23,11 +22,9 @@ import threading
 import time
 from pathlib import Path
 
-import httpx
 import psutil
 
-from bench_load import prometheus_bodies
-from common import console, gpuscope_hub, print_table, victoria_metrics
+from common import Pacer, console, gpuscope_hub, print_table, prometheus_bodies, victoria_metrics
 from gpuscope.loadgen import FleetShape, LoadOptions, run_load
 
 SAMPLE_S = 10.0
@@ -86,22 +83,6 @@ class RssSeries(threading.Thread):
         }
 
 
-def pace_anchor(url: str, bodies: list[list[bytes]], seconds: float, errors: list[int]) -> None:
-    async def main() -> None:
-        async with httpx.AsyncClient(timeout=30) as client:
-            t0 = time.time()
-            for k in range(int(seconds)):
-                await asyncio.sleep(max(0.0, t0 + k - time.time()))
-                for body in bodies[k % len(bodies)]:
-                    try:
-                        resp = await client.post(url, content=body)
-                        errors[0] += resp.status_code >= 300
-                    except httpx.HTTPError:
-                        errors[0] += 1
-
-    asyncio.run(main())
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--duration", type=float, default=7200, help="seconds of load (7200)")
@@ -117,19 +98,14 @@ def main() -> None:
         victoria_metrics() as vm,
     ):
         pids = {"hub": proc.pid}
-        anchor: threading.Thread | None = None
-        errors = [0]
+        anchor: Pacer | None = None
         if vm is not None:
             pids["victoriametrics"] = next(
                 p.pid
                 for p in psutil.process_iter(["cmdline"])
                 if any(str(vm[1]) in arg for arg in p.info["cmdline"] or [])
             )
-            anchor = threading.Thread(
-                target=pace_anchor,
-                args=(vm[0] + "/api/v1/import/prometheus", bodies, args.duration, errors),
-                daemon=True,
-            )
+            anchor = Pacer(vm[0] + "/api/v1/import/prometheus", bodies, args.duration)
             anchor.start()
         series = RssSeries(pids)
         series.start()
@@ -140,6 +116,7 @@ def main() -> None:
         series.stop()
         if anchor is not None:
             anchor.join(timeout=60)
+    errors = anchor.errors if anchor is not None else 0
     figures = {name: series.growth(name) for name in pids}
     rows = [
         [
@@ -148,7 +125,7 @@ def main() -> None:
             f"{f['rss_max_after_mib']:,.0f}",
             f"{f['rss_end_mib']:,.0f}",
             f"{f['growth_pct']:+.1f} %",
-            "budget <= 10 %" if name == "hub" else f"anchor, same samples (errors {errors[0]})",
+            "budget <= 10 %" if name == "hub" else f"anchor, same samples (errors {errors})",
         ]
         for name, f in figures.items()
     ]

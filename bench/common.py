@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -19,6 +21,9 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from gpuscope.loadgen import FleetShape
+from gpuscope.loadgen.traffic import build_scenario
+from gpuscope.sim.cluster import Simulator
 from gpuscope.store.remote.local import start_victoria_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,6 +146,64 @@ def victoria_metrics() -> Iterator[tuple[str, Path] | None]:
         yield db.url, db.data
     finally:
         db.stop()
+
+
+def prometheus_bodies(shape: FleetShape, ticks: int) -> list[list[bytes]]:
+    """Per tick, Prometheus-text bodies of 16 nodes each (no timestamps: VictoriaMetrics stamps them)."""
+    sim = Simulator(build_scenario(shape, ticks, faults=[]))
+    out = []
+    for tick in sim.ticks():
+        bodies = []
+        for batch in tick.node_batches.values():
+            lines = []
+            for frame in batch.frames:
+                for labels, row in zip(frame.entities, frame.values.tolist(), strict=True):
+                    sel = ",".join(f'{k}="{v}"' for k, v in labels.items())
+                    lines += [
+                        f"{m}{{{sel}}} {v:.6g}" for m, v in zip(frame.metrics, row, strict=True) if v == v
+                    ]
+            bodies.append(("\n".join(lines) + "\n").encode())
+        # 16 nodes a request: this one client process could not post 1,024 requests a second,
+        # and VictoriaMetrics' cost per sample hardly depends on the request size
+        out.append([b"".join(bodies[k : k + 16]) for k in range(0, len(bodies), 16)])
+    return out
+
+
+class Pacer(threading.Thread):
+    """Posts the bodies of tick ``k % len(ticks)`` to ``url`` at second ``k`` of ``seconds``, each
+    tick's requests at once (an anchor TSDB fed at the fleet's pace); ``latencies`` (s) and
+    ``errors`` when done. ``run()`` paces in the calling thread, ``start()`` beside it."""
+
+    def __init__(self, url: str, ticks: list[list[bytes]], seconds: float) -> None:
+        super().__init__(daemon=True, name="pacer")
+        self.url, self.ticks, self.seconds = url, ticks, seconds
+        self.latencies: list[float] = []
+        self.errors = 0
+
+    def run(self) -> None:
+        asyncio.run(self._pace())
+
+    async def _pace(self) -> None:
+        limits = httpx.Limits(max_connections=128, max_keepalive_connections=128)
+        async with httpx.AsyncClient(timeout=30, limits=limits) as client:
+
+            async def post(body: bytes) -> None:
+                started = time.perf_counter()
+                try:
+                    resp = await client.post(self.url, content=body)
+                    self.errors += resp.status_code >= 300
+                except httpx.HTTPError:
+                    self.errors += 1
+                self.latencies.append(time.perf_counter() - started)
+
+            t0 = time.time()
+            pending: set[asyncio.Task[None]] = set()
+            for k in range(int(self.seconds)):
+                await asyncio.sleep(max(0.0, t0 + k - time.time()))
+                pending |= {asyncio.create_task(post(b)) for b in self.ticks[k % len(self.ticks)]}
+                pending = {t for t in pending if not t.done()}
+            if pending:
+                await asyncio.wait(pending)
 
 
 @contextmanager

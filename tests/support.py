@@ -75,8 +75,9 @@ class HubProcess(Process):
         )
         self.url = f"http://127.0.0.1:{port}"
 
-    def wait_ready(self, timeout: float = 90) -> None:
-        # generous: under a loaded CI machine a hub's imports alone have taken over 30 s
+    def wait_ready(self, timeout: float = 45) -> None:
+        # a hub no longer imports every subcommand's module to build its parser (gpuscope.cli); it
+        # answered within 13 s on two cores at load average 22 (bench/bench_cli_start.py)
         def ready() -> bool:
             if self.proc.poll() is not None:
                 raise AssertionError(f"hub exited:\n{self.output()}")

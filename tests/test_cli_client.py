@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,7 +15,7 @@ import pytest
 
 from gpuscope.alert.service import AlertingService
 from gpuscope.alert.settings import parse_alerting
-from gpuscope.cli import build_parser, main
+from gpuscope.cli import DELEGATED, build_parser, command_word, main
 from gpuscope.completion import command_words, script, walk
 from gpuscope.hub import Hub
 from gpuscope.store.duckdb import DuckDBStore
@@ -183,3 +184,35 @@ def test_every_positional_argument_has_help() -> None:
         if not a.option_strings and a.nargs != "A..." and not a.help and a.dest != "==SUPPRESS=="
     ]
     assert not bare, bare
+
+
+#: the subcommands' modules that a hub does not need (``token`` lives with the hub's own auth)
+_NOT_THE_HUBS = sorted({spec.module for spec in DELEGATED.values()} - {"gpuscope.web.auth"})
+
+#: run in a fresh interpreter: which of those ``gpuscope hub --help`` and ``gpuscope --help`` loaded
+_LOADED_BY_HELP = f"""
+import sys
+from gpuscope.cli import main
+for argv in (["hub", "--help"], ["--help"]):
+    try:
+        main(argv)
+    except SystemExit:
+        pass
+print(sorted(set({_NOT_THE_HUBS!r}) & set(sys.modules)), file=sys.stderr)
+"""
+
+
+def test_the_hub_starts_without_importing_the_other_subcommands() -> None:
+    """Before: building the parser imported the load generator, the agent, lineage, the SDK..."""
+    done = subprocess.run([sys.executable, "-c", _LOADED_BY_HELP], capture_output=True, text=True, check=True)
+    assert "usage: gpuscope hub" in done.stdout and "loadgen" in done.stdout  # both helps printed
+    assert len(_NOT_THE_HUBS) == 5 and done.stderr.strip().splitlines()[-1] == "[]"
+
+
+def test_only_the_chosen_subcommand_gets_its_arguments() -> None:
+    assert command_word(["-v", "loadgen", "--hub", "x"]) == "loadgen" and command_word(["--help"]) == ""
+    assert all(name in build_parser("").format_help() for name in DELEGATED)  # listed, not built
+    for name, spec in DELEGATED.items():  # every row names a real module and its functions
+        runs = {p.prog: p.get_default("func") for p in walk(build_parser(name))}
+        assert runs[f"gpuscope {name}"].__module__ == spec.module
+        assert all(runs[f"gpuscope {other}"] is None for other in DELEGATED if other != name)

@@ -69,3 +69,43 @@ def test_make_check_is_lint_types_and_the_tests_without_integration_while_make_t
     assert pytest_check.endswith("-m 'not integration'")
     (pytest_all,) = [line for line in _make_n("unit") if "bin/pytest" in line]
     assert " -m " not in pytest_all
+
+
+SCENARIOS = "tests/scenarios/test_scenario_suite.py"
+#: prints each collected test's xdist group after every other plugin has had its say
+_SHOW_GROUPS = """
+import sys
+import pytest
+
+class Groups:
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items):
+        for item in items:
+            print("GROUP", item.nodeid, item.get_closest_marker("xdist_group").args[0])
+
+sys.exit(pytest.main(sys.argv[1:], plugins=[Groups()]))
+"""
+
+
+def test_a_module_is_one_xdist_group_unless_its_tests_name_their_own() -> None:
+    """Before: ``--dist loadfile`` dealt the whole scenario suite (minutes) to one worker."""
+    out = subprocess.run(
+        [sys.executable, "-c", _SHOW_GROUPS, "--collect-only", "-p", "no:cacheprovider", PLAIN, SCENARIOS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    groups = dict(line[6:].rsplit(" ", 1) for line in out.stdout.splitlines() if line.startswith("GROUP "))
+    plain = {group for nodeid, group in groups.items() if nodeid.startswith(PLAIN)}
+    assert plain == {PLAIN}
+    every_fault = f"{SCENARIOS}::test_every_fault_is_detected_and_nothing_serious_is_unexplained"
+    assert groups[f"{every_fault}[hardware-hard]"] == "scenario-hardware-hard"
+    assert (
+        groups[f"{every_fault}[training-worsening-straggler]"]
+        == groups[f"{SCENARIOS}::test_a_worsening_straggler_is_one_alert_that_follows_it"]
+    )
+    assert groups[f"{SCENARIOS}::test_healthy_scenarios_total_at_least_a_day"] == SCENARIOS
+    (pytest_all,) = [line for line in _make_n("unit") if "bin/pytest" in line]
+    assert "--dist loadgroup" in pytest_all

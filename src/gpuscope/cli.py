@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import orjson
@@ -160,13 +162,79 @@ def _cmd_completion(args: argparse.Namespace) -> int:
     return 0
 
 
-def _token_cli() -> tuple[Callable[[argparse.ArgumentParser], None], Command]:
-    from gpuscope.web.auth import add_token_arguments, run_token
+@dataclass(frozen=True)
+class Delegated:
+    """A subcommand whose arguments and action live with the stage it drives, named by module."""
 
-    return add_token_arguments, run_token
+    help: str
+    module: str
+    add_arguments: str = "add_arguments"
+    run: str = "run"
 
 
-def build_parser() -> argparse.ArgumentParser:
+#: Each module is imported only when its subcommand is the one run (or the whole tree is wanted:
+#: completion, ``build_parser()``). They pull in their stages (the load generator and its
+#: simulator, the agent's collectors, the lineage registry, the SDK), and importing all of them to
+#: build the parser made every ``gpuscope hub`` load about 150 modules more before it started,
+#: seconds on a loaded machine (bench/bench_cli_start.py).
+DELEGATED: dict[str, Delegated] = {
+    "agent": Delegated(
+        "run a node agent that collects and sends to a hub",
+        "gpuscope.agent.cli",
+        "add_agent_arguments",
+        "run_agent",
+    ),
+    "token": Delegated(
+        "create a scoped hub token (printed once) and its hashed config line",
+        "gpuscope.web.auth",
+        "add_token_arguments",
+        "run_token",
+    ),
+    "alerts": Delegated(
+        "list, acknowledge and silence a hub's alerts",
+        "gpuscope.cli_alerts",
+        "add_alerts_arguments",
+        "run_alerts",
+    ),
+    "incidents": Delegated(
+        "a hub's incidents, root cause first, costliest first",
+        "gpuscope.cli_alerts",
+        "add_incidents_arguments",
+        "run_incidents",
+    ),
+    "node": Delegated(
+        "drain a node for maintenance (its GPU time is maintenance, its alerts muted)",
+        "gpuscope.cli_alerts",
+        "add_node_arguments",
+        "run_node",
+    ),
+    "lineage": Delegated("training run -> checkpoint -> model version -> deployment", "gpuscope.lineage.cli"),
+    "loadgen": Delegated(
+        "play a simulated fleet's agents and SDKs into hubs and measure them", "gpuscope.loadgen.cli"
+    ),
+    "verify-checkpoint": Delegated(
+        "re-check a checkpoint against its content manifest", "gpuscope.sdk.verify"
+    ),
+}
+
+
+def _delegate(parser: argparse.ArgumentParser, spec: Delegated) -> None:
+    module = importlib.import_module(spec.module)
+    add_arguments: Callable[[argparse.ArgumentParser], None] = getattr(module, spec.add_arguments)
+    run: Command = getattr(module, spec.run)
+    add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def command_word(argv: Sequence[str]) -> str:
+    """The subcommand ``argv`` runs: its first word that is not an option (no top-level option
+    takes a value); ``""`` for none (``gpuscope --help``)."""
+    return next((word for word in argv if not word.startswith("-")), "")
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command tree; with ``only``, the arguments of that delegated subcommand alone (the
+    others are listed with their help, their modules not imported)."""
     parser = argparse.ArgumentParser(prog="gpuscope", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log more to stderr")
@@ -188,62 +256,10 @@ def build_parser() -> argparse.ArgumentParser:
     hub.add_argument("--db", default=None, help="DuckDB store file (default from config: gpuscope.duckdb)")
     hub.set_defaults(func=_cmd_hub)
 
-    # subcommands whose arguments and action live with the stage they drive
-    from gpuscope.agent.cli import add_agent_arguments, run_agent
-    from gpuscope.cli_alerts import (
-        add_alerts_arguments,
-        add_incidents_arguments,
-        add_node_arguments,
-        run_alerts,
-        run_incidents,
-        run_node,
-    )
-    from gpuscope.lineage.cli import add_arguments as add_lineage_arguments
-    from gpuscope.lineage.cli import run as run_lineage
-    from gpuscope.loadgen.cli import add_arguments as add_loadgen_arguments
-    from gpuscope.loadgen.cli import run as run_loadgen
-    from gpuscope.sdk.verify import add_arguments as add_verify_arguments
-    from gpuscope.sdk.verify import run as run_verify
-
-    delegated: list[tuple[str, str, Callable[[argparse.ArgumentParser], None], Command]] = [
-        ("agent", "run a node agent that collects and sends to a hub", add_agent_arguments, run_agent),
-        ("token", "create a scoped hub token (printed once) and its hashed config line", *_token_cli()),
-        ("alerts", "list, acknowledge and silence a hub's alerts", add_alerts_arguments, run_alerts),
-        (
-            "incidents",
-            "a hub's incidents, root cause first, costliest first",
-            add_incidents_arguments,
-            run_incidents,
-        ),
-        (
-            "node",
-            "drain a node for maintenance (its GPU time is maintenance, its alerts muted)",
-            add_node_arguments,
-            run_node,
-        ),
-        (
-            "lineage",
-            "training run -> checkpoint -> model version -> deployment",
-            add_lineage_arguments,
-            run_lineage,
-        ),
-        (
-            "loadgen",
-            "play a simulated fleet's agents and SDKs into hubs and measure them",
-            add_loadgen_arguments,
-            run_loadgen,
-        ),
-        (
-            "verify-checkpoint",
-            "re-check a checkpoint against its content manifest",
-            add_verify_arguments,
-            run_verify,
-        ),
-    ]
-    for name, text, add_arguments, run in delegated:
-        command = sub.add_parser(name, help=text)
-        add_arguments(command)
-        command.set_defaults(func=run)
+    for name, spec in DELEGATED.items():
+        delegated = sub.add_parser(name, help=spec.help)
+        if only is None or only == name:
+            _delegate(delegated, spec)
 
     sim = sub.add_parser("sim-eval", help="run a scenario in virtual time and print its alerts")
     sim.add_argument("scenario", help="scenario YAML (format: docs/scenarios.md)")
@@ -280,7 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(command_word(argv)).parse_args(argv)
     logging.basicConfig(
         level=logging.INFO if args.verbose else logging.WARNING,
         format="%(asctime)s %(name)s %(levelname)s %(message)s",

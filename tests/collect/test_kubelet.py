@@ -4,10 +4,8 @@ into gpuscope.kube.podresources_pb2) on a unix socket, as the kubelet does."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -24,6 +22,7 @@ from gpuscope.collect.podresources import PodNames, PodResourcesClient
 from gpuscope.kube import podresources_pb2 as pb
 from gpuscope.kube.metadata import ApiServerPods, PodMeta, downward_pod, parse_downward_map
 from gpuscope.model import Frame
+from kubeapi import kube_api_server
 
 GPU_A = "GPU-1a2b3c4d-0000-1111-2222-333344445555"
 GPU_B = "GPU-5e6f7a8b-0000-1111-2222-333344445555"
@@ -174,7 +173,6 @@ TOKEN = "sa-token-for-tests"
 @pytest.fixture
 def api_server() -> Iterator[tuple[str, list[str]]]:
     """A local HTTP server that answers as the API server with the recorded responses."""
-    seen: list[str] = []
     docs = {
         "/api/v1/pods": (KUBE / "pods-gpu-7.json").read_bytes(),
         "/apis/apps/v1/namespaces/research/replicasets/notebook-7d4b9c6f8": (
@@ -182,36 +180,19 @@ def api_server() -> Iterator[tuple[str, list[str]]]:
         ).read_bytes(),
     }
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            url = urlsplit(self.path)
-            seen.append(self.path)
-            body = docs.get(url.path)
-            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
-                self.send_response(401)
-                body = b'{"kind":"Status","code":401}'
-            elif body is None or (
-                url.path == "/api/v1/pods"
-                and parse_qs(url.query).get("fieldSelector") != ["spec.nodeName=gpu-7"]
-            ):
-                self.send_response(404)
-                body = b'{"kind":"Status","code":404}'
-            else:
-                self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(path: str, authorization: str | None) -> tuple[int, bytes]:
+        url = urlsplit(path)
+        body = docs.get(url.path)
+        if authorization != f"Bearer {TOKEN}":
+            return 401, b'{"kind":"Status","code":401}'
+        if body is None or (
+            url.path == "/api/v1/pods" and parse_qs(url.query).get("fieldSelector") != ["spec.nodeName=gpu-7"]
+        ):
+            return 404, b'{"kind":"Status","code":404}'
+        return 200, body
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    server.shutdown()
-    server.server_close()
+    with kube_api_server(answer) as server:
+        yield server
 
 
 def test_workload_owner_and_team_come_from_the_api_server(

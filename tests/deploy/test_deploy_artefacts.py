@@ -11,8 +11,6 @@ import shlex
 import shutil
 import subprocess
 import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -25,6 +23,7 @@ from gpuscope import __version__
 from gpuscope.cli import build_parser
 from gpuscope.config_check import check_config
 from gpuscope.kube.metadata import ApiServerPods
+from kubeapi import kube_api_server
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
@@ -180,36 +179,18 @@ _REPLICASET = {"metadata": {"ownerReferences": [{"kind": "Deployment", "name": "
 def _api_calls() -> list[tuple[str, str]]:
     """Run the agent's API-server client (gpuscope.kube.metadata) against a local server that records
     every request: ``[(method, path with query)]``."""
-    seen: list[tuple[str, str]] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            seen.append(("GET", self.path))
-            doc = _REPLICASET if "/replicasets/" in self.path else {"items": [_POD]}
-            body = json.dumps(doc).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+    def answer(path: str, authorization: str | None) -> tuple[int, bytes]:
+        return 200, json.dumps(_REPLICASET if "/replicasets/" in path else {"items": [_POD]}).encode()
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        api = ApiServerPods(f"http://127.0.0.1:{server.server_address[1]}", "token")
+    with kube_api_server(answer) as (url, seen):
+        api = ApiServerPods(url, "token")
         try:
             meta = api.node_pods("gpu-1")
         finally:
             api.close()
-    finally:
-        server.shutdown()
-        server.server_close()
     assert meta["serving/api-7d4b9c6f8-x2x2x"].workload == "Deployment/api"  # every call was made
-    return seen
+    return [("GET", path) for path in seen]  # the server answers GET only
 
 
 def rbac_need(method: str, url: str) -> tuple[str, str, str]:

@@ -1,0 +1,40 @@
+"""A recording stand-in for the Kubernetes API server on loopback, for the agent's API client
+(gpuscope.kube.metadata): each test answers GET requests its own way; every request is recorded."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+#: (path with query, the Authorization header or None) -> (HTTP status, JSON body)
+Answer = Callable[[str, str | None], tuple[int, bytes]]
+
+
+@contextmanager
+def kube_api_server(answer: Answer) -> Iterator[tuple[str, list[str]]]:
+    """``(base URL, the paths requested so far)`` of a server that answers every GET with ``answer``."""
+    seen: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            status, body = answer(self.path, self.headers.get("Authorization"))
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", seen
+    finally:
+        server.shutdown()
+        server.server_close()
