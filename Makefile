@@ -40,9 +40,9 @@ typecheck: $(STAMP)
 system-deps:
 	./scripts/system-deps.sh
 
-# modules in the order tests/conftest.py puts them, the long integration ones first; each module to
-# one worker, unless its tests name xdist groups of their own (tests/conftest.py)
-PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder
+# modules in the order tests/conftest.py puts them: the long integration ones first, each module to
+# one worker (its module fixtures set up once)
+PYTEST := $(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 unit: $(STAMP) system-deps
 	$(PYTEST)

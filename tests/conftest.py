@@ -17,22 +17,10 @@ from support import HubProcess
 PROCESS_FIXTURES = frozenset({"hub_factory", "postgres_server", "sdk_hub", "tsdb"})
 
 
-def pytest_configure(config: pytest.Config) -> None:
-    # xdist registers it too; this keeps the suite collectable without xdist (-p no:xdist)
-    config.addinivalue_line("markers", "xdist_group(name): run these tests on one xdist worker")
-
-
-# first: xdist reads the groups in its own hook (``--dist loadgroup``, the Makefile's)
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-        # A module goes to one worker whole (its module fixtures are set up once), unless its tests
-        # name groups of their own: a module of long independent runs (the scenario suite) is then
-        # shared by both workers instead of keeping one busy alone.
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     # Modules with integration tests run first: they are the long ones, often a single test each,
     # and a long module dealt out last keeps one worker busy alone at the end. (The Makefile turns
     # off xdist's own reordering, which deals the modules with the most tests first.)

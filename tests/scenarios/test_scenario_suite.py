@@ -8,9 +8,6 @@ must raise nothing at P1/P2. In every run the productivity model's GPU-hours per
 ``healthy/healthy-6h-*.yaml`` and the long runs of ``long/`` take minutes each, so ``make test``
 runs the one-hour healthy scenario and a shorter scenario of each family, and the evaluation job
 (``make eval``: ``eval/eval_families.py``) runs them all.
-
-Each scenario is its own xdist group (tests/conftest.py): the runs are independent and long, and
-both workers share them; the tests reading one scenario's run are in its group, so it runs once.
 """
 
 from __future__ import annotations
@@ -37,12 +34,7 @@ def _run(path: Path) -> RunResult:
     return run_scenario(load_scenario(path))
 
 
-def on_its_own(path: Path) -> pytest.MarkDecorator:
-    """The xdist group of the tests that read ``path``'s run."""
-    return pytest.mark.xdist_group(f"scenario-{path.stem}")
-
-
-@pytest.mark.parametrize("path", [pytest.param(p, id=p.stem, marks=on_its_own(p)) for p in FAULTY])
+@pytest.mark.parametrize("path", [pytest.param(p, id=p.stem) for p in FAULTY])
 def test_every_fault_is_detected_and_nothing_serious_is_unexplained(path: Path) -> None:
     result = _run(path)
     scenario = result.scenario
@@ -57,7 +49,6 @@ def test_every_fault_is_detected_and_nothing_serious_is_unexplained(path: Path) 
     assert hours["max_error_pct"] <= 2.0, hours
 
 
-@on_its_own(HEALTHY_CI)
 def test_healthy_hour_raises_no_alert() -> None:
     scenario = load_scenario(HEALTHY_CI)
     result = run_scenario(scenario)
@@ -81,7 +72,6 @@ def test_healthy_scenarios_total_at_least_a_day() -> None:
     assert seconds >= 24 * 3600
 
 
-@on_its_own(HERE / "training-worsening-straggler.yaml")
 def test_a_worsening_straggler_is_one_alert_that_follows_it() -> None:
     result = _run(HERE / "training-worsening-straggler.yaml")
     mine = [
@@ -96,7 +86,6 @@ def test_a_worsening_straggler_is_one_alert_that_follows_it() -> None:
     assert alert.value is not None and alert.value >= 0.5, alert.to_dict()
 
 
-@on_its_own(HERE / "long" / "hardware-peer-groups.yaml")
 def test_a_gpu_speed_group_from_the_start_is_placement_not_underperformance() -> None:
     # in long/ (over 90 s of wall time on a loaded machine); slower parts from the start are the
     # job's normal pace, in the simulator's GPU-hours truth as in the productivity model
@@ -116,7 +105,6 @@ def test_a_gpu_speed_group_from_the_start_is_placement_not_underperformance() ->
     assert [(a.entity, a.severity) for a in placement] == [({"job": "mixed"}, "P3")]
 
 
-@on_its_own(HERE / "serving-steady-kv.yaml")
 def test_steady_high_load_is_quiet_and_pressure_that_slows_requests_is_p2() -> None:
     result = _run(HERE / "serving-steady-kv.yaml")
     busy = [a.to_dict() for a in result.alerts if a.entity.get("service") in ("busy-a", "busy-b")]

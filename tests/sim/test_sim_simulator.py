@@ -189,15 +189,7 @@ def test_every_batch_survives_the_wire_format() -> None:
     assert all(e.ts >= 1.7e9 for e in trace.all_events)
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        # each its own xdist group (tests/conftest.py): minutes in all, shared by both workers
-        pytest.param(n, marks=pytest.mark.xdist_group(f"sim-builtin-{n}"))
-        for n in builtin_names()
-        if n not in ("healthy-3h", "demo")
-    ],
-)
+@pytest.mark.parametrize("name", [n for n in builtin_names() if n not in ("healthy-3h", "demo")])
 def test_builtin_fault_scenarios_run_to_the_end(name: str) -> None:
     scenario = load_scenario(builtin_scenario(name))
     ticks = 0
