@@ -86,25 +86,6 @@ def test_a_worsening_straggler_is_one_alert_that_follows_it() -> None:
     assert alert.value is not None and alert.value >= 0.5, alert.to_dict()
 
 
-def test_a_gpu_speed_group_from_the_start_is_placement_not_underperformance() -> None:
-    # in long/ (over 90 s of wall time on a loaded machine); slower parts from the start are the
-    # job's normal pace, in the simulator's GPU-hours truth as in the productivity model
-    result = _run(HERE / "long" / "hardware-peer-groups.yaml")
-    hours = compare(result.measured_gpu_hours, result.true_gpu_hours)
-    assert hours["max_error_pct"] <= 2.0, hours
-    slow_group = {"node-2", "node-3"}  # ranks 8-15 of job mixed run on lower clocks from the start
-    wrong = [
-        a.to_dict()
-        for a in result.alerts
-        if a.rule == "gpu_underperforming"
-        and a.entity.get("node") in slow_group
-        and (a.entity.get("node"), a.entity.get("gpu")) != ("node-3", "2")
-    ]
-    assert not wrong
-    placement = [a for a in result.alerts if a.rule == "slow_placement"]
-    assert [(a.entity, a.severity) for a in placement] == [({"job": "mixed"}, "P3")]
-
-
 def test_steady_high_load_is_quiet_and_pressure_that_slows_requests_is_p2() -> None:
     result = _run(HERE / "serving-steady-kv.yaml")
     busy = [a.to_dict() for a in result.alerts if a.entity.get("service") in ("busy-a", "busy-b")]
