@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from detect.rig import Driver, FakeCluster
 from gpuscope.detect.ecc import EccDetector
+from gpuscope.model import Frame
 
 GPU = ("node-0", "3")
 
@@ -73,3 +76,20 @@ def test_missing_counters_are_not_zero() -> None:
     cluster.overrides[GPU[0], "1"] = {"gpu_ecc_dbe_aggregate_total": 5.0}
     driver.run(20, 30, cluster.batches)
     assert not driver.alerts.all()
+
+
+def test_a_late_frame_from_before_a_reset_is_stale_not_a_new_rise() -> None:
+    # in a cluster a part forwarded by a peer hub can arrive after a newer one sent straight
+    detector = EccDetector(hold=600.0)
+    entity = [{"node": "node-0", "gpu": "3"}]
+
+    def frame(ts: float, dbe: float) -> Frame:
+        return Frame(ts, ["gpu_ecc_dbe_volatile_total"], entity, np.array([[dbe]]))
+
+    detector.on_frame(frame(1.0, 0.0))
+    detector.on_frame(frame(2.0, 2.0))
+    assert [f.rule for f in detector.evaluate(2.5)] == ["gpu_ecc_uncorrectable"]
+    detector.on_frame(frame(4.0, 0.0))  # reset
+    detector.on_frame(frame(3.0, 2.0))  # older than the reset, arriving after it
+    assert detector.evaluate(5.0) == []
+    assert detector.counters.get("ecc_stale_frames") == 1

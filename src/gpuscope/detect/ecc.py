@@ -39,6 +39,9 @@ class _Gpu:
     trigger_ts: float | None = None
     reason: str = ""
     dbe_events: int = 0
+    #: the newest frame seen: a late frame (forwarded by a peer hub, replayed) is stale, and a stale
+    #: non-zero count after a reset would read as a new rise and restart the hold
+    ts: float = float("-inf")
 
 
 @register
@@ -109,6 +112,10 @@ class EccDetector(Detector):
             self._update(key, state or self._state(key), [m for m, _ in columns], rows[i], frame.ts)
 
     def _update(self, key: GpuKey, state: _Gpu, metrics: list[str], row: list[float], ts: float) -> None:
+        if ts < state.ts:
+            self.counters.inc("ecc_stale_frames")
+            return
+        state.ts = ts
         first = key not in self._seen
         self._seen.add(key)
         for metric, value in zip(metrics, row, strict=True):
