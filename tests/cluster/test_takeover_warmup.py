@@ -138,6 +138,19 @@ def _of(changes: list[tuple[float, AlertChange]], node: str, kind: str) -> list[
     ]
 
 
+def _kill_and_take_over(pair: tuple[ClusterMember, ClusterMember]) -> tuple[Agents, int, int]:
+    """Agents report to both hubs until hub a is SIGKILLed, then to hub b once it owns every shard."""
+    a, b = pair
+    agents = Agents(a, b)
+    t0 = math.floor(time.time()) - 40
+    died_at = SILENT_AT + 2
+    agents.run(t0, 0, died_at)
+    _kill(a)
+    agents.hubs = [b]
+    wait_until(lambda: _owns_all(b), 10, "hub b to take every shard")
+    return agents, t0, died_at
+
+
 @pytest.mark.parametrize("fired_first", [False, True], ids=["dies-before-firing", "dies-after-firing"])
 def test_survivor_raises_node_unreachable_for_the_dead_hubs_silent_node_once(
     pair: tuple[ClusterMember, ClusterMember], fired_first: bool
@@ -187,14 +200,8 @@ def test_nodes_whose_senders_move_during_the_takeover_are_not_blamed_and_a_dead_
     send, a refused connection, a reroute): longer than node_unreachable's 4 s threshold, within
     the survivor's failover grace. Only the node that really went quiet is alerted, at the end of
     the hold at the latest."""
-    a, b = pair
-    agents = Agents(a, b)
-    t0 = math.floor(time.time()) - 40
-    died_at = SILENT_AT + 2
-    agents.run(t0, 0, died_at)
-    _kill(a)
-    agents.hubs = [b]
-    wait_until(lambda: _owns_all(b), 10, "hub b to take every shard")
+    agents, t0, died_at = _kill_and_take_over(pair)
+    b = pair[1]
     grace = b.failover_grace
     assert 4 < grace <= 2 * b.cfg.renew_s + 5  # wider than the threshold, bounded
     held_until = b.hub.gaps.until({"node": agents.steady}, t0 + died_at)
@@ -219,14 +226,8 @@ def test_a_node_that_dies_while_the_survivor_is_behind_is_alerted_within_its_thr
     (4 x its 1 s period) of its last report plus the hub's delay, or of the end of the gap its last
     refusal made, while the hub is still behind: not when the hub has caught up. The node that died
     with the killed hub is alerted at the end of the hold, and no node the hub refused is blamed."""
-    a, b = pair
-    agents = Agents(a, b)
-    t0 = math.floor(time.time()) - 40
-    died_at = SILENT_AT + 2
-    agents.run(t0, 0, died_at)
-    _kill(a)
-    agents.hubs = [b]
-    wait_until(lambda: _owns_all(b), 10, "hub b to take every shard")
+    agents, t0, died_at = _kill_and_take_over(pair)
+    b = pair[1]
     held_until = b.hub.gaps.until({"node": agents.steady}, t0 + died_at)
     assert held_until is not None
     hold_end = math.ceil(held_until - t0)  # the first tick after the hold
