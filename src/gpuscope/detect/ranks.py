@@ -3,16 +3,24 @@
 Per closed step every rank gets a *lag*: how late it arrived at the collective beyond the peer
 reference (``collective_arrival_skew_seconds``, as a share of the step time) or, when ranks report
 their own step times instead, how much longer its step took than the reference. The reference is
-the ``ref_quantile`` quantile of the ranks, not their median, so it stays with the healthy ranks
-when up to three quarters of them slow down together (a shared switch, a bad rack); with speed
-groups (below) each rank's group pace is taken out first, so every rank of the job sets one
-common reference: a whole group that slows down stands out, and a rank that gets faster for good
-does not drag its old group's reference with it. A rank's lag is the median of its last
-``window`` lags: a one-step data-loader hiccup is not a straggler, and a straggler that gets worse
-shows it (no clipping). A straggler's lag is at least ``lag`` *and* ``excess`` (or ``noise_k``
-times its own healthy spread, if larger) above its own normal lag, learned while it is not slow
-(at most up to ``normal_cap``, or the gap that splits speed groups if larger), so ranks that are
-always a little slower (fixed offsets on shared hardware) stay quiet, for ``sustain`` steps.
+the job-wide factor times the ranks' median level: the factor is the ``ref_quantile`` quantile,
+not the median, of each rank's pace over its own level (learned while healthy), so it stays with
+the healthy ranks when up to three quarters of them slow down together (a shared switch, a bad
+rack), and fixed offsets, noisy ranks and speed groups do not move it. With speed groups (below)
+each rank's group pace is taken out first; a rank far ahead of its own level (it got faster for
+good) sits out until its level has caught up. A whole group that slows down stands out, and a rank
+that gets faster for good does not drag its old group's reference with it. A rank's lag is the
+median of its last ``window`` lags: a one-step data-loader hiccup is not a straggler, and a
+straggler that gets worse shows it (no clipping). A straggler's lag is at least ``lag`` behind the
+reference (or behind its own normal, where that is ahead of it) *and* ``excess`` (or ``noise_k``
+times its own healthy spread, if larger) above its own normal lag, learned while it is neither
+slow nor beyond that bar (at most up to ``normal_cap``, or the gap that splits speed groups if
+larger), so ranks that are always a little slower (fixed offsets on shared hardware) stay quiet,
+for ``sustain`` steps. Where ranks report their own step times (real per-worker logs) the
+distances are the rank's own slowdown (a ratio to its normal), the normal follows at
+``step_alpha``, and the long window's bar is ``step_k`` times the spread, at least
+``step_excess``: a median of nine readings is steadier than one, but a worker's own time wanders
+by several per cent for minutes.
 Slowdowns of a minute on a job that reports every 10 s are over before that median moves, so the
 median of the last ``short`` lags also decides, with the higher bar ``short_excess``, once it has
 held for ``short_sustain`` steps and ``short_seconds``: one or two slow readings are no straggler.
@@ -62,6 +70,9 @@ class _Rank:
     lags: deque[float] = field(default_factory=deque)  # the last ``window`` lags
     lag_base: float = math.nan
     lag_spread: float = 0.0  # mean absolute deviation of its raw lags from their median, while healthy
+    #: its own pace (over its group's), learned while healthy: its share of the job-wide factor
+    level: float = math.nan
+    level_n: int = 0
     lag_n: int = 0
     lag_hits: int = 0
     short_hits: int = 0  # steps in a row the short window has been far behind
@@ -131,7 +142,11 @@ class RankDetector(StepDetector):
         short_excess: float = 0.15,
         short_sustain: int = 3,
         short_seconds: float = 30.0,
+        step_excess: float = 0.1,
+        step_k: float = 3.0,
+        step_alpha: float = 0.05,
     ) -> None:
+        self.step_excess, self.step_k, self.step_alpha = step_excess, step_k, step_alpha
         self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
         self.ref_quantile, self.noise_k = ref_quantile, noise_k
         self.normal_cap = normal_cap
@@ -218,20 +233,37 @@ class RankDetector(StepDetector):
                 return True
         return False
 
-    def _reference(self, job: _Job, rank_ids: list[int], raw: FloatArray, additive: bool) -> FloatArray:
-        """Each rank's lag behind the reference of its own speed group.
+    def _reference(
+        self, job: _Job, rank_ids: list[int], raw: FloatArray, additive: bool, levels: bool = True
+    ) -> tuple[FloatArray, FloatArray]:
+        """Each rank's pace with its group's taken out, and its lag behind the reference.
 
         The groups' paces, learned with the groups, are taken out first, so that every rank of the
-        job (not only the few of its group) sets the common reference, the ``ref_quantile`` of
-        them: a whole group that slows down, or a group member that gets faster, cannot move it."""
+        job (not only the few of its group) sets the common reference. Once the ranks' own levels
+        are known (``levels``), the reference is the job-wide factor, the ``ref_quantile`` of each
+        rank's pace over its own level, on the median level: fixed offsets, noisy ranks and ranks
+        that changed speed for good do not move it, nor does a whole group or up to three quarters
+        of the ranks slowing down. Before that, the ``ref_quantile`` of the paces themselves."""
         pace = np.array([job.group_pace.get(r, 0.0) for r in rank_ids])
         if additive and job.step_time > 0:
             pace *= np.array([job.pace_step.get(r, job.step_time) for r in rank_ids]) / job.step_time
         own = raw - pace if additive else raw / (1.0 + pace)
         if np.isfinite(own).sum() < 2:
-            return np.full(len(raw), math.nan)
-        common = float(np.nanquantile(own, self.ref_quantile))
-        return own - common if additive else own / common - 1.0
+            return own, np.full(len(raw), math.nan)
+        known = np.array([job.ranks[r].level if r in job.ranks else math.nan for r in rank_ids])
+        ok = np.isfinite(own) & np.isfinite(known) & (additive or known > 0)
+        if levels and ok.sum() >= 3:
+            level = float(np.median(known[ok]))
+            over = own[ok] - known[ok] if additive else own[ok] / known[ok]
+            # a rank far ahead of its own level changed speed for good: until its level has caught
+            # up it says nothing about the job-wide factor (a quarter of the ranks getting faster
+            # at once would move the quantile); a job that got faster as a whole keeps them all
+            steady = over >= (-self.short_excess if additive else 1.0 - self.short_excess)
+            factor = float(np.quantile(over[steady] if steady.sum() >= 3 else over, self.ref_quantile))
+            common = factor + level if additive else factor * level
+        else:
+            common = float(np.nanquantile(own, self.ref_quantile))
+        return own, own - common if additive else own / common - 1.0
 
     def _split(self, name: str, job: _Job) -> None:
         """End of a warm-up: group the ranks by pace, then learn each one's normal in its group.
@@ -241,7 +273,8 @@ class RankDetector(StepDetector):
         job.group, job.group_pace = {}, {}  # the paces are lags behind the whole job's reference
         seen: dict[int, list[float]] = {}
         for rank_ids, raw, additive, _ in job.warm:
-            for r, x in zip(rank_ids, self._reference(job, rank_ids, raw, additive).tolist(), strict=True):
+            _, lags = self._reference(job, rank_ids, raw, additive, levels=False)
+            for r, x in zip(rank_ids, lags.tolist(), strict=True):
                 if math.isfinite(x):
                     seen.setdefault(r, []).append(x)
         paces = {r: float(np.median(xs)) for r, xs in seen.items()}
@@ -291,6 +324,10 @@ class RankDetector(StepDetector):
             state.recent.clear()
             state.lag, state.lag_base, state.lag_spread = math.nan, math.nan, 0.0
             state.lag_n = state.lag_hits = state.short_hits = 0
+        # a rank whose group pace moved has its own pace on a new scale: it learns it again
+        moved = fresh | {r for r, p in old_group_pace.items() if job.group_pace.get(r) != p}
+        for r in moved & set(job.ranks):
+            job.ranks[r].level, job.ranks[r].level_n = math.nan, 0
         warm, job.warm, job.relearn = job.warm, [], False
         for rank_ids, raw, additive, ts in warm:
             self._judge(job, rank_ids, raw, additive, ts, fresh)
@@ -304,8 +341,8 @@ class RankDetector(StepDetector):
         ts: float,
         only: set[int] | None = None,
     ) -> None:
-        lags = self._reference(job, rank_ids, raw, additive)
-        for r, x in zip(rank_ids, lags.tolist(), strict=True):
+        own, lags = self._reference(job, rank_ids, raw, additive)
+        for r, x, mine in zip(rank_ids, lags.tolist(), own.tolist(), strict=True):
             state = job.ranks.get(r)
             if state is None or not math.isfinite(x) or (only is not None and r not in only):
                 continue
@@ -315,27 +352,68 @@ class RankDetector(StepDetector):
             state.lags.append(x)
             state.lag = float(np.median(state.lags))
             state.lag_n += 1
-            if state.lag_hits == state.short_hits == 0:  # the normal is learned while not judged slow
+            judged = state.lag_n >= self.warm_steps
+            # the normal is learned while not judged slow, nor beyond the bar (a slowdown that has
+            # not yet held long enough must not become its own reference)
+            rise = self._rise(state.lag, state.lag_base, additive)
+            beyond = judged and rise >= self._bars(state, additive)[0]
+            if state.lag_hits == state.short_hits == 0 and not beyond:
                 # a running mean at first, so the normal does not hang on the first sample
-                alpha = max(self.base_alpha, 1.0 / state.lag_n)
+                alpha = max(self.base_alpha if additive else self.step_alpha, 1.0 / state.lag_n)
                 # within its speed group a rank may be slower by up to the gap that splits groups
                 learn = min(state.lag, max(self.normal_cap, job.gap))
                 base = state.lag_base if math.isfinite(state.lag_base) else learn
                 state.lag_base = base + alpha * (learn - base)
                 # a data-loader hiccup is an outlier, not the spread of the rank's pace
-                state.lag_spread += alpha * (min(abs(x - state.lag), 0.1) - state.lag_spread)
-            # noisy ranks (real data loaders, shared hosts) must stand out of their own noise
-            excess = max(self.excess, self.noise_k * state.lag_spread)
-            judged = state.lag_n >= self.warm_steps
-            slow = judged and state.lag >= self.lag and state.lag - state.lag_base >= excess
+                spread = min(abs(self._rise(x, state.lag, additive)), 0.1)
+                state.lag_spread += alpha * (spread - state.lag_spread)
+                state.level_n += 1
+                level = state.level if math.isfinite(state.level) else mine
+                state.level = level + max(alpha, 1.0 / state.level_n) * (mine - level)
+            long_bar, short_bar = self._bars(state, additive)
+            # behind its group's reference, or behind its own normal where that is ahead of the
+            # group's (a rank that got faster for good is judged on its own pace)
+            ahead = min(state.lag_base, 0.0)
+            slow = (
+                judged
+                and self._rise(state.lag, ahead, additive) >= self.lag
+                and self._rise(state.lag, state.lag_base, additive) >= long_bar
+            )
             state.lag_hits = state.lag_hits + 1 if slow else 0
             # a short, large slowdown (a minute on a trace sampled every 10 s) is over before the
             # long window's median moves: the median of the last few lags, with a higher bar
             short = float(np.median(list(state.lags)[-self.short :]))
-            far = judged and short >= self.lag and short - state.lag_base >= max(self.short_excess, excess)
+            far = (
+                judged
+                and self._rise(short, ahead, additive) >= self.lag
+                and self._rise(short, state.lag_base, additive) >= short_bar
+            )
             if far and not state.short_hits:
                 state.short_since = ts
             state.short_hits = state.short_hits + 1 if far else 0
+
+    @staticmethod
+    def _rise(lag: float, base: float, additive: bool) -> float:
+        """How far ``lag`` is behind ``base`` (none while the normal is unknown): in shares of a
+        step for arrival lags, or as the rank's own slowdown for step-time ratios (a rank that
+        normally runs 30 % ahead of the reference and slows 1.2x moves its lag by 0.2 x 0.7, but
+        its own pace by 20 %)."""
+        if not math.isfinite(base):
+            return 0.0
+        return lag - base if additive else (1.0 + lag) / (1.0 + base) - 1.0
+
+    def _bars(self, state: _Rank, additive: bool) -> tuple[float, float]:
+        """How far the long and the short window's median must be behind the rank's normal.
+
+        Noisy ranks (real data loaders, shared hosts) must stand out of their own noise, ``noise_k``
+        times their spread. For step times the median of ``window`` readings varies about
+        sqrt(window / short) less than that of ``short`` (``step_k`` times the spread, not
+        ``noise_k``), but a worker's own step time also wanders for minutes, beyond its noise (up to
+        +8 % over 90 s on healthy real workers with 1.5 % noise), hence the floor ``step_excess``."""
+        excess = max(self.excess, self.noise_k * state.lag_spread)
+        if additive:
+            return excess, max(self.short_excess, excess)
+        return max(self.step_excess, self.step_k * state.lag_spread), max(self.short_excess, excess)
 
     def _short_slow(self, state: _Rank) -> bool:
         """Far behind over the short window for ``short_sustain`` steps and ``short_seconds``: a
