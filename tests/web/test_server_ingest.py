@@ -13,6 +13,7 @@ import pytest
 
 from gpuscope.hub import Hub
 from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.web.http_protocol import HttpProtocol
 from gpuscope.web.server import HubServer
 from support import wait_until
 
@@ -35,7 +36,7 @@ def server() -> Iterator[HubServer]:
 
 
 def test_server_uses_the_c_http_parser_and_loop(server: HubServer) -> None:
-    assert server.server.config.http == "httptools"
+    assert server.server.config.http is HttpProtocol  # httptools' parser, each answer one write
     assert server.server.config.loop == "uvloop"
 
 
@@ -76,3 +77,19 @@ def test_client_gone_mid_body_is_counted_without_a_traceback(server: HubServer) 
     )
     assert reply.status_code == 200, reply.text
     assert reply.json()["accepted"]["samples"] == 4
+
+
+def test_the_hub_answers_through_its_protocol_in_one_piece(server: HubServer) -> None:
+    body = orjson.dumps({"source": "node-0", "frames": []})
+    request = (
+        b"POST /api/v1/ingest HTTP/1.1\r\nHost: hub\r\nContent-Type: application/json\r\n"
+        b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    with socket.create_connection((server.host, server.port)) as sock:
+        sock.sendall(request)
+        sock.settimeout(10)
+        first = sock.recv(1 << 16)  # headers and body written together, so they arrive together
+    head, _, rest = first.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    assert orjson.loads(rest)["accepted"]["samples"] == 0
+    assert httpx.get(f"{server.url}/api/v1/health").json()["status"] == "ok"

@@ -1,9 +1,11 @@
 """The ingest log: an append-only, checksummed record log with group fsync.
 
 A store acknowledges a batch once its record is in the log and synced; rows reach the database
-later, in bulk (one transaction per tick instead of one per request). One dedicated thread runs
-``fdatasync``: every record written while a sync runs is covered by the next one, so many
-concurrent appends cost one sync, and appenders only wait.
+later, in bulk (one transaction per tick instead of one per request). The appender that finds no
+sync running runs ``fdatasync`` itself, for every record written so far; records written while a
+sync runs wait for it and are covered by the next one, so many concurrent appends cost one sync,
+and a lone append (agents spread over the second rarely overlap) costs no hand-off to another
+thread and back. A background thread only opens fresh segments and syncs what is left at close.
 
 Layout: a directory of segment files named by the sequence number of their first record. A
 record is ``<payload length u32><crc32 u32><seq u64><payload>``, the CRC over seq and payload. The
@@ -66,7 +68,7 @@ class IngestLog:
         self.dir.mkdir(parents=True, exist_ok=True)
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # appenders wait on it for their record's sync
-        self._work = threading.Condition(lock)  # the sync thread waits on it for records to sync
+        self._work = threading.Condition(lock)  # the segment thread waits on it for rotation or close
         self._fd = -1
         self._size = 0  # bytes in the current segment
         self._written = 0  # last sequence number written
@@ -75,6 +77,7 @@ class IngestLog:
         self._failed: OSError | None = None
         self._closing = False
         self._rotate = False
+        self._syncing = False  # an fdatasync runs (the lock is released meanwhile)
         self._thread: threading.Thread | None = None
         self._current = self.dir / f"0{SUFFIX}"
         self._reserved = False
@@ -157,36 +160,55 @@ class IngestLog:
             self._size += len(record)
             self._written = seq
             written(seq)
-            self._work.notify()
             while self._synced < seq and self._failed is None:
-                self._cond.wait()
+                if self._syncing:
+                    self._cond.wait()  # the running sync may not cover this record: the next will
+                else:
+                    self._sync()
             if self._synced < seq:
                 raise LogFailed(errno.EIO, f"the ingest log could not be synced: {self._failed}")
         return seq
 
+    def _sync(self) -> None:
+        """Sync every record written so far. Called with the lock held, which is released while
+        ``fdatasync`` runs: records written meanwhile wait for the next sync."""
+        self._syncing = True
+        target, fd = self._written, self._fd
+        failed: OSError | None = None
+        self._cond.release()
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:
+            failed = exc
+        finally:
+            self._cond.acquire()
+            self._syncing = False
+        if failed is not None:
+            self._failed = failed
+            self.counters.inc("store.log_sync_failures")
+        else:
+            self._synced = max(self._synced, target)
+        self._cond.notify_all()
+        if self._rotate or self._closing:
+            self._work.notify()
+
     def _sync_loop(self) -> None:
-        while True:
-            with self._cond:
-                while self._synced >= self._written and not self._closing and not self._rotate:
+        """Open a fresh segment when asked (:meth:`release`), and sync the rest at close."""
+        with self._cond:
+            while True:
+                while not self._closing and not self._rotate:
                     self._work.wait()
-                if self._closing and self._synced >= self._written:
+                if self._syncing:
+                    self._cond.wait()  # an appender's sync runs: the segment stays until it ends
+                    continue
+                if self._synced < self._written and self._failed is None:
+                    self._sync()
+                if self._failed is not None or (self._closing and self._synced >= self._written):
                     return
-                target, fd = self._written, self._fd
-            try:
-                os.fdatasync(fd)
-            except OSError as exc:
-                with self._cond:
-                    self._failed = exc
-                    self.counters.inc("store.log_sync_failures")
-                    self._cond.notify_all()
-                return
-            with self._cond:
-                self._synced = max(self._synced, target)
                 if self._rotate and self._synced >= self._written:
                     self._rotate = False
                     with contextlib.suppress(OSError):  # a full disk: keep writing the old one
                         self._open_segment()
-                self._cond.notify_all()
 
     # ------------------------------------------------------------------ releasing
 

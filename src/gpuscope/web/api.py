@@ -12,37 +12,28 @@ import contextlib
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gpuscope import __version__
-from gpuscope.agent.route import OWNER_HEADER
 from gpuscope.alert.service import AlertingService
 from gpuscope.cluster.member import ClusterMember
 from gpuscope.hub import Hub
-from gpuscope.ingest.frame import CONTENT_TYPES, decode_body
-from gpuscope.ingest.overload import SENDER_HEADER, SenderHeaderError, SenderKey, parse_sender
-from gpuscope.ingest.payload import (
-    Limits,
-    PayloadError,
-    check_time_window,
-    training_to_json,
-)
+from gpuscope.ingest.payload import Limits, training_to_json
 from gpuscope.lineage import LineageRegistry, for_hub
 from gpuscope.model import LABEL_KEY_RE, MAX_TIMESTAMP, Alert, Event
-from gpuscope.store.errors import StoreError, StoreFull
 from gpuscope.web.alerting_api import AlertingApi
 from gpuscope.web.auth import AuditLog, AuthSettings
 from gpuscope.web.cluster_api import cluster_health, cluster_routes
 from gpuscope.web.dashboard_api import dashboard_routes
-from gpuscope.web.errors import ApiError, error_response, json_safe
-from gpuscope.web.guard import PRINCIPAL_KEY, AuthMiddleware
+from gpuscope.web.errors import ApiError, error_response, json_safe, refusal_counter
+from gpuscope.web.guard import AuthMiddleware, require_principal
+from gpuscope.web.ingest_route import IngestRoute, is_count, read_body
 from gpuscope.web.lineage_api import LineageApi
 from gpuscope.web.openapi import openapi_document
 from gpuscope.web.otlp_api import OtlpApi
@@ -55,8 +46,6 @@ from gpuscope.web.settle import SettleReads
 
 Handler = Callable[[Request], Awaitable[Response]]
 LOOP_PROBE_S = 0.25
-#: worker threads for ingest requests (their store append waits for the ingest log's sync)
-INGEST_THREADS = 32
 
 
 def _float_param(request: Request, name: str, default: float | None = None) -> float:
@@ -72,11 +61,6 @@ def _float_param(request: Request, name: str, default: float | None = None) -> f
     if not math.isfinite(value):
         raise ApiError(400, name, "must be finite")
     return value
-
-
-def _is_count(raw: str) -> bool:
-    """ASCII digits only: ``str.isdigit`` also passes '²', which ``int`` refuses."""
-    return raw.isascii() and raw.isdigit() and len(raw) <= 18
 
 
 def _time_range(request: Request, now: float) -> tuple[float, float]:
@@ -106,7 +90,7 @@ def _int_param(request: Request, name: str, default: int, lo: int, hi: int) -> i
     raw = request.query_params.get(name)
     if raw is None:
         return default
-    if not _is_count(raw) or not lo <= int(raw) <= hi:
+    if not is_count(raw) or not lo <= int(raw) <= hi:
         raise ApiError(400, name, f"must be an integer in {lo}..{hi}")
     return int(raw)
 
@@ -163,17 +147,13 @@ class HubApi:
         self.limits = limits or Limits()
         self.clock = clock
         self.started = clock()
-        #: (first failure, message) while ingest cannot store; cleared by the next stored batch
-        self.storage_error: tuple[float, str] | None = None
         self.auth = auth if auth is not None else AuthSettings.from_plain(tokens or [])
         self.audit = audit if audit is not None else AuditLog(self.auth.audit_log)
         self.ingest_lag = IngestLag(clock)
-        # a plain executor: anyio's worker-thread hop (run_in_threadpool) costs about 35 µs of CPU
-        # more per request, a few per cent of an agent's batch
-        self._ingest_pool = ThreadPoolExecutor(INGEST_THREADS, thread_name_prefix="gpuscope-ingest")
+        self.ingest = IngestRoute(hub, self.limits, clock)
         hub.add_observer(self.ingest_lag.observe)
         routes = [
-            Route("/api/v1/ingest", self._guard(self.ingest), methods=["POST"]),
+            Route("/api/v1/ingest", self.ingest, methods=["POST"]),
             Route("/api/v1/series", self._guard(self.series), methods=["GET"]),
             Route("/api/v1/snapshot", self._guard(self.snapshot), methods=["GET"]),
             Route("/api/v1/aggregate", self._guard(self.aggregate), methods=["GET"]),
@@ -232,105 +212,24 @@ class HubApi:
             try:
                 return await handler(request)
             except ApiError as exc:
-                self.hub.counters.inc(f"api_refused_{exc.status}")
+                self.hub.counters.inc(refusal_counter(exc.status))
                 return error_response(exc.status, exc.field, exc.message)
 
         return wrapped
 
     def _authorize_write(self, request: Request) -> None:
-        """The middleware authorised the request for its route's scope; a handler reached any
-        other way (mounted outside it) refuses rather than writing unauthenticated."""
-        if PRINCIPAL_KEY not in request.scope:
-            raise ApiError(401, "authorization", "this request was not authenticated")
+        require_principal(request.scope)
+
+    @property
+    def storage_error(self) -> tuple[float, str] | None:
+        """(first failure, message) while ingest cannot store; None once a batch is stored again."""
+        return self.ingest.storage_error
 
     async def _read_body(self, request: Request) -> bytes:
-        limit = self.limits.max_body_bytes
         declared = request.headers.get("content-length")
-        if declared is not None:
-            if not _is_count(declared):
-                raise ApiError(400, "content-length", "must be an integer")
-            if int(declared) > limit:
-                self.hub.counters.inc("ingest_refused_too_large")
-                raise ApiError(413, "body", f"{declared} bytes is over the limit of {limit}")
-        chunks: list[bytes] = []
-        size = 0
-        try:
-            async for chunk in request.stream():
-                size += len(chunk)
-                if size > limit:
-                    self.hub.counters.inc("ingest_refused_too_large")
-                    raise ApiError(413, "body", f"over the limit of {limit} bytes")
-                chunks.append(chunk)
-        except ClientDisconnect:
-            # The sender went away mid-body (it keeps the batch and retries): nothing to store,
-            # nobody to answer; uvicorn drops the reply instead of logging a traceback.
-            self.hub.counters.inc("ingest_client_disconnects")
-            raise ApiError(499, "body", "the client disconnected before sending the whole body") from None
-        return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        return await read_body(declared, request.receive, self.limits.max_body_bytes, self.hub.counters)
 
     # -- handlers -----------------------------------------------------------------------------
-
-    async def ingest(self, request: Request) -> Response:
-        self._authorize_write(request)
-        admission = self.hub.overload.admit(self.clock(), self._sender(request))
-        if admission.ticket is None:
-            # behind: refused before reading the body, which costs the hub next to nothing; not
-            # acknowledged, so the sender keeps the batch, spools, and comes back after Retry-After
-            self.hub.counters.inc("ingest_shed_requests")
-            return JSONResponse(
-                {"error": "the hub is behind on ingest; retry after the given delay", "field": "hub"},
-                status_code=503,
-                headers={"Retry-After": str(admission.retry_after)},
-            )
-        try:
-            return await self._ingest(request)
-        finally:
-            self.hub.overload.done(admission.ticket)
-
-    def _sender(self, request: Request) -> SenderKey | None:
-        """Who the request says it reports for: a malformed name is counted, and the request is
-        taken as one that names nobody (the header only spares the sender blame while shed)."""
-        try:
-            return parse_sender(request.headers.get(SENDER_HEADER))
-        except SenderHeaderError:
-            self.hub.counters.inc("ingest_sender_header_malformed")
-            return None
-
-    async def _ingest(self, request: Request) -> Response:
-        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
-        if ctype not in CONTENT_TYPES:
-            accepted = " or ".join(CONTENT_TYPES)
-            raise ApiError(415, "content-type", f"{ctype!r} is not supported; send {accepted}")
-        body = await self._read_body(request)
-
-        def work() -> tuple[dict[str, Any], str | None]:
-            try:
-                batch = decode_body(ctype, body, self.limits)
-                check_time_window(batch, self.clock(), self.limits)
-            except PayloadError as exc:
-                self.hub.counters.inc("ingest_rejected_batches")
-                raise ApiError(400, exc.field, exc.message) from None
-            try:
-                result = self.hub.ingest(batch)
-            except StoreError as exc:
-                # Not acknowledged, so the sender keeps the batch and retries (5xx): 507 when the
-                # disk is full, 503 for any other storage failure.
-                self.hub.counters.inc("ingest_storage_failures")
-                since = self.storage_error[0] if self.storage_error else self.clock()
-                self.storage_error = (since, str(exc))
-                status = 507 if isinstance(exc, StoreFull) else 503
-                raise ApiError(status, "storage", f"the batch was not stored, retry later: {exc}") from None
-            self.storage_error = None
-            return {
-                "accepted": {"samples": result.samples, "events": result.events, "training": result.training},
-                "refused": {"entities": result.refused_entities, "samples": result.refused_samples},
-                "duplicate": result.duplicate,
-                "notes": result.notes,
-            }, self.hub.placement.owner_url(batch)
-
-        doc, owner = await asyncio.get_running_loop().run_in_executor(self._ingest_pool, work)
-        # a cluster member names the hub owning the sender's shard: senders move there
-        return JSONResponse(doc, headers={OWNER_HEADER: owner} if owner else None)
 
     async def series(self, request: Request) -> Response:
         metric = _str_param(request, "metric")
@@ -371,7 +270,7 @@ class HubApi:
         assert job is not None
         start, end = _time_range(request, self.clock())
         rank_raw = request.query_params.get("rank")
-        if rank_raw is not None and not _is_count(rank_raw):
+        if rank_raw is not None and not is_count(rank_raw):
             raise ApiError(400, "rank", "must be a non-negative integer")
         rank = int(rank_raw) if rank_raw is not None else None
         limit = _int_param(request, "limit", 10_000, 1, 1_000_000)

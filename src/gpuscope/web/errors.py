@@ -22,6 +22,11 @@ class ApiError(Exception):
         self.message = message
 
 
+def refusal_counter(status: int) -> str:
+    """The hub counter of refusals with ``status``."""
+    return f"api_refused_{status}"
+
+
 def error_response(status: int, field: str, message: str) -> JSONResponse:
     return JSONResponse({"error": message, "field": field}, status_code=status)
 

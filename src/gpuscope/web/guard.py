@@ -26,6 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuscope.counters import Counters
 from gpuscope.web.auth import ADMIN, ANONYMOUS, INGEST, READ, SCOPES, AuditLog, AuthSettings, RateLimiter
+from gpuscope.web.errors import ApiError
 from gpuscope.web.prom_api import PATHS as PROMETHEUS_PATHS
 
 PUBLIC = "public"
@@ -54,6 +55,14 @@ ROUTE_SCOPES: dict[tuple[str, str], str] = {
 # Prometheus' read API takes its queries as POSTed forms (Grafana, promtool): still reads
 ROUTE_SCOPES |= {("POST", f"/prometheus/api/v1{p}"): READ for p in PROMETHEUS_PATHS}
 _READ_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def require_principal(scope: Scope) -> None:
+    """Refuse (401) a write that did not pass :class:`AuthMiddleware`: the middleware authorised
+    the request for its route's scope, and a handler reached any other way (mounted outside it)
+    must not write unauthenticated."""
+    if PRINCIPAL_KEY not in scope:
+        raise ApiError(401, "authorization", "this request was not authenticated")
 
 
 def required_scope(method: str, path: str) -> str:

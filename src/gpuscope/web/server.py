@@ -20,22 +20,21 @@ from gpuscope.lineage import LineageRegistry
 from gpuscope.tls import TlsSettings
 from gpuscope.web.api import HubApi
 from gpuscope.web.auth import AuthSettings
+from gpuscope.web.http_protocol import HttpProtocol
 
 log = logging.getLogger("gpuscope.hub")
 
 
-def _fast_http() -> dict[str, str]:
-    """uvicorn's C HTTP parser and event loop when installed (pinned dependencies), else its
-    pure-Python defaults: h11 and asyncio cost the hub several times the CPU per request."""
-    chosen: dict[str, str] = {}
-    for option, value, module in (("http", "httptools", "httptools"), ("loop", "uvloop", "uvloop")):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            log.info("%s is not installed: uvicorn's default %s is used", module, option)
-        else:
-            chosen[option] = value
-    return chosen
+def _fast_loop() -> dict[str, str]:
+    """uvloop when installed (a pinned dependency except on Windows), else asyncio's loop, which
+    costs the hub more CPU per request. The HTTP parser is always httptools' C one
+    (:mod:`gpuscope.web.http_protocol`)."""
+    try:
+        importlib.import_module("uvloop")
+    except ImportError:
+        log.info("uvloop is not installed: uvicorn's default loop is used")
+        return {}
+    return {"loop": "uvloop"}
 
 
 def is_loopback(host: str) -> bool:
@@ -106,7 +105,8 @@ class HubServer:
                 log_level="warning",
                 access_log=False,
                 server_header=False,
-                **_fast_http(),  # type: ignore[arg-type]
+                http=HttpProtocol,
+                **_fast_loop(),  # type: ignore[arg-type]
                 timeout_keep_alive=30,
                 # on SIGTERM, requests still queued behind a backlog are dropped after 10 s rather
                 # than served for minutes: none of them was acknowledged, so the senders retry them

@@ -1,0 +1,107 @@
+"""uvicorn's C-parser (httptools) protocol, writing each response in one piece.
+
+uvicorn writes a response's status line and headers as soon as the app sends them, and then its
+body: two ``send`` calls and two TCP segments for every small JSON answer, the hub's usual one
+(each agent's batch is acknowledged with about 120 bytes). On loopback and in a LAN a ``send`` is
+one of the dearest steps of a request. Here what the protocol writes within one turn of the event
+loop is joined and written once at the end of that turn (or at once past 64 KiB, so a long
+streamed answer is never held). Order, flow control and closing behave as before: the joined bytes
+go out before the connection closes, and the real transport still pauses the protocol when its
+buffer fills.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+#: joined bytes past this are written at once
+FLUSH_BYTES = 64 * 1024
+
+
+class JoinedWrites(asyncio.Transport):
+    """A transport that joins the writes of one event-loop turn into one write of ``inner``."""
+
+    def __init__(self, inner: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__()
+        self.inner = inner
+        self.loop = loop
+        self._pending: list[bytes] = []
+        self._size = 0
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        if not self._pending:
+            self.loop.call_soon(self.flush)
+        self._pending.append(bytes(data))
+        self._size += len(data)
+        if self._size >= FLUSH_BYTES:
+            self.flush()
+
+    def writelines(self, list_of_data: Any) -> None:
+        for data in list_of_data:
+            self.write(data)
+
+    def flush(self) -> None:
+        """Write what is pending (called at the end of the loop turn that wrote it)."""
+        if not self._pending:
+            return
+        data = self._pending[0] if len(self._pending) == 1 else b"".join(self._pending)
+        self._pending.clear()
+        self._size = 0
+        if not self.inner.is_closing():
+            self.inner.write(data)
+
+    def close(self) -> None:
+        self.flush()
+        self.inner.close()
+
+    def abort(self) -> None:
+        self._pending.clear()
+        self._size = 0
+        self.inner.abort()
+
+    def write_eof(self) -> None:
+        self.flush()
+        self.inner.write_eof()
+
+    def can_write_eof(self) -> bool:
+        return self.inner.can_write_eof()
+
+    def is_closing(self) -> bool:
+        return self.inner.is_closing()
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return self.inner.get_extra_info(name, default)
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self.inner.set_protocol(protocol)
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        return self.inner.get_protocol()
+
+    def is_reading(self) -> bool:
+        return self.inner.is_reading()
+
+    def pause_reading(self) -> None:
+        self.inner.pause_reading()
+
+    def resume_reading(self) -> None:
+        self.inner.resume_reading()
+
+    def set_write_buffer_limits(self, high: int | None = None, low: int | None = None) -> None:
+        self.inner.set_write_buffer_limits(high, low)
+
+    def get_write_buffer_size(self) -> int:
+        return self.inner.get_write_buffer_size() + self._size
+
+    def get_write_buffer_limits(self) -> tuple[int, int]:
+        return self.inner.get_write_buffer_limits()
+
+
+class HttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol over :class:`JoinedWrites`."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(JoinedWrites(transport, self.loop))

@@ -1,0 +1,144 @@
+"""POST /api/v1/ingest as a plain ASGI app: the same answers, limits and counters as a handler."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import orjson
+import pytest
+from starlette.testclient import TestClient
+from starlette.types import Message
+
+from gpuscope.hub import Hub
+from gpuscope.ingest.frame import CONTENT_TYPE as FRAME_TYPE
+from gpuscope.ingest.frame import encode_frame
+from gpuscope.ingest.payload import Limits, parse_batch
+from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.web.api import HubApi
+from gpuscope.web.guard import PRINCIPAL_KEY
+from gpuscope.web.ingest_route import IngestRoute
+
+NOW = 1000.0
+
+
+def doc(node: str = "node-0", k: int = 0) -> dict[str, Any]:
+    return {
+        "source": node,
+        "batch_id": f"{node}-{k}",
+        "frames": [
+            {
+                "ts": 990.0 + k,
+                "metrics": ["gpu_utilization_percent"],
+                "entities": [{"node": node, "gpu": "0"}],
+                "values": [[50.0 + k]],
+            }
+        ],
+    }
+
+
+@pytest.fixture
+def hub() -> Iterator[Hub]:
+    h = Hub(DuckDBStore(":memory:"))
+    yield h
+    h.store.close()
+
+
+def call(
+    route: IngestRoute, chunks: list[Message], headers: list[tuple[bytes, bytes]], authorised: bool = True
+) -> tuple[int, dict[bytes, bytes], Any]:
+    """One request straight through the ASGI app: its status, headers and JSON answer."""
+    scope: dict[str, Any] = {"type": "http", "method": "POST", "path": "/api/v1/ingest", "headers": headers}
+    if authorised:
+        scope[PRINCIPAL_KEY] = object()
+    queue = list(chunks)
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return queue.pop(0)
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    asyncio.run(route(scope, receive, send))
+    start, body = sent
+    return start["status"], dict(start["headers"]), orjson.loads(body["body"])
+
+
+def test_a_body_in_pieces_is_joined_and_stored(hub: Hub) -> None:
+    route = IngestRoute(hub, Limits(), clock=lambda: NOW)
+    raw = orjson.dumps(doc())
+    pieces = [raw[:10], raw[10:10], raw[10:]]
+    chunks: list[Message] = [
+        {"type": "http.request", "body": p, "more_body": i < len(pieces) - 1} for i, p in enumerate(pieces)
+    ]
+    status, headers, answer = call(route, chunks, [(b"content-type", b"application/json")])
+    assert status == 200 and answer["accepted"]["samples"] == 1 and not answer["duplicate"]
+    assert headers == {
+        b"content-length": str(len(orjson.dumps(answer))).encode(),
+        b"content-type": b"application/json",
+    }
+    assert hub.counters.get("ingest_batches") == 1
+
+
+def test_a_body_past_the_limit_in_pieces_without_a_length_is_refused_and_counted(hub: Hub) -> None:
+    route = IngestRoute(hub, Limits(max_body_bytes=100), clock=lambda: NOW)
+    chunks: list[Message] = [{"type": "http.request", "body": b" " * 60, "more_body": True}] * 2
+    status, headers, answer = call(route, chunks, [(b"content-type", b"application/json")])
+    assert (status, answer["field"]) == (413, "body")
+    assert headers[b"content-type"] == b"application/json"
+    assert hub.counters.get("ingest_refused_too_large") == 1 and hub.counters.get("api_refused_413") == 1
+    assert hub.overload.status(NOW)["in_flight"] == 0  # the admission is given back
+
+
+def test_a_sender_gone_mid_body_stores_nothing_and_is_counted(hub: Hub) -> None:
+    route = IngestRoute(hub, Limits(), clock=lambda: NOW)
+    raw = orjson.dumps(doc())
+    chunks: list[Message] = [
+        {"type": "http.request", "body": raw[:20], "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    status, _, answer = call(route, chunks, [(b"content-type", b"application/json")])
+    assert (status, answer["field"]) == (499, "body")
+    assert hub.counters.get("ingest_client_disconnects") == 1 and hub.counters.get("ingest_batches") == 0
+
+
+def test_reached_without_the_auth_middleware_it_refuses_to_write(hub: Hub) -> None:
+    route = IngestRoute(hub, Limits(), clock=lambda: NOW)
+    chunks: list[Message] = [{"type": "http.request", "body": orjson.dumps(doc())}]
+    status, _, answer = call(route, chunks, [(b"content-type", b"application/json")], authorised=False)
+    assert (status, answer["field"]) == (401, "authorization")
+    assert hub.counters.get("ingest_batches") == 0
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [(None, 200), ("application/json; charset=utf-8", 200), ("", 415), ("text/plain", 415)],
+)
+def test_the_content_type_defaults_to_json_and_parameters_are_ignored(
+    hub: Hub, content_type: str | None, status: int
+) -> None:
+    route = IngestRoute(hub, Limits(), clock=lambda: NOW)
+    headers = [] if content_type is None else [(b"content-type", content_type.encode())]
+    got, _, answer = call(route, [{"type": "http.request", "body": orjson.dumps(doc())}], headers)
+    assert got == status
+    if status == 415:
+        assert answer["field"] == "content-type"
+
+
+def test_over_http_frames_and_json_give_the_same_answer_and_a_field_named_refusal(hub: Hub) -> None:
+    client = TestClient(HubApi(hub, clock=lambda: NOW).app)
+    as_json = client.post(
+        "/api/v1/ingest", content=orjson.dumps(doc(k=0)), headers={"Content-Type": "application/json"}
+    )
+    frame = encode_frame(parse_batch(doc(k=1), Limits()))
+    as_frame = client.post("/api/v1/ingest", content=frame, headers={"Content-Type": FRAME_TYPE})
+    assert as_json.status_code == as_frame.status_code == 200
+    assert as_json.json() == as_frame.json()
+    assert as_frame.headers["content-type"] == "application/json"
+    bad = client.post("/api/v1/ingest", content=frame[:-3], headers={"Content-Type": FRAME_TYPE})
+    assert bad.status_code == 400 and bad.json()["field"]
+    assert hub.counters.get("api_refused_400") == 1 and hub.counters.get("ingest_rejected_batches") == 1
+    # other methods on the route still get the router's answer, naming the method
+    assert client.get("/api/v1/ingest").json()["field"] == "method"
