@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -138,3 +139,48 @@ def test_a_rank_or_step_the_tables_cannot_hold_is_refused_before_acknowledgement
                 store.append(Batch("sdk", training=[record], batch_id=f"r{rank}"))
             assert not store.append(Batch("sdk", batch_id=f"r{rank}")).duplicate  # not remembered
         assert store.counters.get("store.unstorable_batches") == 0
+
+
+def wait_for(done: Callable[[], bool], seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return done()
+
+
+def stored_columns(store: DuckDBStore) -> set[str]:
+    return {str(r[0]) for r in store._con.cursor().execute("SELECT name FROM metric_columns").fetchall()}
+
+
+def test_new_metric_columns_reach_the_tables_at_once_and_rows_wait_for_the_interval(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "s.duckdb"), flush_interval_s=3600) as store:
+        store.append(Batch("a", frames=[frame(1.0, ["util", "temp"], [gpu("n1", 0)], [[1.0, 40.0]])]))
+        assert wait_for(lambda: store.counters.get("store.column_commits") == 1)
+        assert stored_columns(store) == {"util", "temp"}
+        assert store.counters.get("store.commits") == 0  # the rows wait for the tick
+        for k in range(2, 5):  # known columns: no early commit
+            store.append(Batch("a", frames=[frame(float(k), ["util", "temp"], [gpu("n1", 0)], [[k, 40.0]])]))
+        store.append(Batch("a", frames=[frame(5.0, ["power"], [gpu("n1", 0)], [[300.0]])]))
+        assert wait_for(lambda: store.counters.get("store.column_commits") == 2)
+        assert stored_columns(store) == {"util", "temp", "power"}
+        assert store.counters.get("store.commits") == 0
+        assert util_points(store, 10) == [(float(k), float(k)) for k in range(1, 5)]  # a read commits first
+        assert store.counters.get("store.commits") == 1
+
+
+def test_the_tick_commit_comes_after_the_interval_not_per_batch(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "s.duckdb"), flush_interval_s=0.5) as store:
+        store.append(Batch("a", frames=[frame(0.0, ["util"], [gpu("n1", 0)], [[0.0]])]))
+        assert wait_for(lambda: store.counters.get("store.commits") == 1)
+        started = time.monotonic()
+        for k in range(1, 4):
+            store.append(Batch("a", frames=[frame(float(k), ["util"], [gpu("n1", 0)], [[float(k)]])]))
+        assert wait_for(lambda: store.counters.get("store.commits") == 2)
+        if time.monotonic() - started < 0.4:  # on a machine that ran the appends in time
+            assert store.counters.get("store.commits") == 2  # one commit for the three
+        assert store.counters.get("store.column_commits") == 1
+
+
+def test_a_store_commits_every_five_seconds_by_default(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "s.duckdb")) as store:
+        assert store.flush_interval_s == 5.0
