@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpuscope.model import Batch, Event, TrainingRecord
+from gpuscope.model import Alert, Batch, Event, TrainingRecord
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.ingest_log import SUFFIX
 from gpuscope.store.log_codec import decode, encode
@@ -184,3 +184,13 @@ def test_the_tick_commit_comes_after_the_interval_not_per_batch(tmp_path: Path) 
 def test_a_store_commits_every_five_seconds_by_default(tmp_path: Path) -> None:
     with DuckDBStore(str(tmp_path / "s.duckdb")) as store:
         assert store.flush_interval_s == 5.0
+
+
+def test_reading_alerts_sees_every_saved_alert_without_committing_the_telemetry(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "s.duckdb"), flush_interval_s=3600) as store:
+        store.append(Batch("a", frames=[frame(1.0, ["util"], [gpu("n1", 0)], [[1.0]])]))
+        alert = Alert("a1", "gpu_xid_fatal", "P1", "hardware", {"node": "n1", "gpu": "0"}, 1.0, "XID 79", 2.5)
+        store.save_alert(alert)
+        assert [a.id for a in store.alerts()] == ["a1"]
+        assert store.counters.get("store.commits") == 0  # the telemetry still waits for its tick
+        assert util_points(store, 10) == [(1.0, 1.0)]

@@ -630,8 +630,11 @@ class DuckDBStore:
         return self._ready().replay(start, end, Scope.of(nodes, jobs))
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
-        """Alerts, newest start first."""
-        return self._ready().alerts(firing_only, limit)
+        """Alerts, newest start first. ``save_alert`` writes them at once, not through the pending
+        telemetry, so reading them commits nothing: a client polling alerts every second does not
+        turn the store's commit every ``flush_interval_s`` into one a second."""
+        self._check_open()
+        return self._reader.alerts(firing_only, limit)
 
     def save_alert(self, alert: Alert) -> None:
         """Insert or update an alert (keyed by its id), durably."""
