@@ -54,7 +54,7 @@ SECTIONS: tuple[Section, ...] = (
             Key("retry_s", "30", "5xx and connection errors are retried this long, then 503"),
             Key("meta", "duckdb", "`duckdb` or `postgres`: home of events, training records, alerts"),
             Key("postgres_dsn", "-", "meta: postgres, shared by several hubs"),
-            Key("flush_interval_s", "1", "duckdb: acknowledged batches move into the tables this often"),
+            Key("flush_interval_s", "5", "duckdb: acknowledged batches move into the tables this often"),
         ),
         "storage: {backend: duckdb, path: /var/lib/gpuscope/gpuscope.duckdb}\n",
     ),

@@ -8,12 +8,13 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from gpuscope.model import Batch, Event, TrainingRecord
+from gpuscope.model import Alert, Batch, Event, TrainingRecord
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.ingest_log import SUFFIX
 from gpuscope.store.log_codec import decode, encode
@@ -138,3 +139,63 @@ def test_a_rank_or_step_the_tables_cannot_hold_is_refused_before_acknowledgement
                 store.append(Batch("sdk", training=[record], batch_id=f"r{rank}"))
             assert not store.append(Batch("sdk", batch_id=f"r{rank}")).duplicate  # not remembered
         assert store.counters.get("store.unstorable_batches") == 0
+
+
+def wait_for(done: Callable[[], bool], seconds: float = 20.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return done()
+
+
+def stored_columns(store: DuckDBStore) -> set[str]:
+    return {str(r[0]) for r in store._con.cursor().execute("SELECT name FROM metric_columns").fetchall()}
+
+
+def test_new_metric_columns_reach_the_tables_at_once_and_rows_wait_for_the_interval(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "s.duckdb"), flush_interval_s=3600) as store:
+        store.append(Batch("a", frames=[frame(1.0, ["util", "temp"], [gpu("n1", 0)], [[1.0, 40.0]])]))
+        assert wait_for(lambda: store.counters.get("store.column_commits") == 1)
+        assert stored_columns(store) == {"util", "temp"}
+        assert store.counters.get("store.commits") == 0  # the rows wait for the tick
+        for k in range(2, 5):  # known columns: no early commit
+            store.append(Batch("a", frames=[frame(float(k), ["util", "temp"], [gpu("n1", 0)], [[k, 40.0]])]))
+        store.append(Batch("a", frames=[frame(5.0, ["power"], [gpu("n1", 0)], [[300.0]])]))
+        assert wait_for(lambda: store.counters.get("store.column_commits") == 2)
+        assert stored_columns(store) == {"util", "temp", "power"}
+        assert store.counters.get("store.commits") == 0
+        assert util_points(store, 10) == [(float(k), float(k)) for k in range(1, 5)]  # a read commits first
+        assert store.counters.get("store.commits") == 1
+
+
+def test_the_tick_commit_comes_after_the_interval_not_per_batch(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "s.duckdb"), flush_interval_s=2.0) as store:
+        store.append(Batch("a", frames=[frame(0.0, ["util"], [gpu("n1", 0)], [[0.0]])]))
+        assert wait_for(lambda: store.counters.get("store.commits") == 1)
+        started = time.monotonic()
+        for k in range(1, 4):
+            store.append(Batch("a", frames=[frame(float(k), ["util"], [gpu("n1", 0)], [[float(k)]])]))
+        in_time = time.monotonic() - started < 1.0  # well before the next tick is due
+        if in_time:
+            assert store.counters.get("store.commits") == 1  # acknowledged, waiting for the tick
+        assert wait_for(lambda: store.counters.get("store.commits") == 2)
+        time.sleep(0.2)
+        if in_time:
+            assert store.counters.get("store.commits") == 2  # the three in one commit
+        assert store.counters.get("store.column_commits") == 1
+        assert util_points(store, 10) == [(float(k), float(k)) for k in range(4)]
+
+
+def test_a_store_commits_every_five_seconds_by_default(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "s.duckdb")) as store:
+        assert store.flush_interval_s == 5.0
+
+
+def test_reading_alerts_sees_every_saved_alert_without_committing_the_telemetry(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "s.duckdb"), flush_interval_s=3600) as store:
+        store.append(Batch("a", frames=[frame(1.0, ["util"], [gpu("n1", 0)], [[1.0]])]))
+        alert = Alert("a1", "gpu_xid_fatal", "P1", "hardware", {"node": "n1", "gpu": "0"}, 1.0, "XID 79", 2.5)
+        store.save_alert(alert)
+        assert [a.id for a in store.alerts()] == ["a1"]
+        assert store.counters.get("store.commits") == 0  # the telemetry still waits for its tick
+        assert util_points(store, 10) == [(1.0, 1.0)]

@@ -12,7 +12,7 @@ storage:
   retry_s: 30                                # 5xx / connection errors retried this long, then 503
   meta: duckdb                               # or postgres: events, training, alerts, batch ids
   postgres_dsn: postgresql://hub@db/gpuscope # shared by several hubs
-  flush_interval_s: 1                        # duckdb: acknowledged rows reach the tables this often
+  flush_interval_s: 5                        # duckdb: acknowledged rows reach the tables this often
 ```
 """
 
@@ -59,7 +59,7 @@ class StorageSettings:
     retry_s: float = 30.0
     meta: str = "duckdb"
     postgres_dsn: str | None = field(default=None, repr=False)  # may carry a password
-    flush_interval_s: float = 1.0
+    flush_interval_s: float = 5.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,9 +9,12 @@ Write path: batches are validated and turned into column arrays in the caller's 
 (``prepare``). In durable mode the batch is then appended to the ingest log beside the database
 file (``store/ingest_log``: group fsync, one sync for every append that arrived meanwhile) and
 ``append`` returns once that record is synced; the prepared rows wait in memory and move into
-DuckDB in one columnar transaction per tick (``flush_interval_s``, or ``flush_rows`` rows), which
-also records the log position it covers, so a restart replays exactly the acknowledged batches
-DuckDB does not hold yet. With ``durable=False`` there is no log: appends are buffered and
+DuckDB in one columnar transaction every ``flush_interval_s`` (5 s: a commit's cost is mostly
+per statement, so five ticks in one cost about 40 % of five commits), or once ``flush_rows`` rows
+wait, which also records the log position it covers, so a restart replays exactly the
+acknowledged batches DuckDB does not hold yet. The columns of new metrics are added at once, in a
+transaction of their own, so that the rare, costly DDL never waits for (or lengthens) a tick's
+commit. With ``durable=False`` there is no log: appends are buffered and
 committed every ``flush_rows`` rows. Either way, every read first commits what is pending.
 Snapshots come from an in-memory latest-value cache
 (``_latest``); series and aggregates read raw rows or rollups by range (``_planner``, ``_reads``).
@@ -94,7 +97,7 @@ class DuckDBStore:
         seal_chunk_s: float = 3600.0,
         rollup_lag_s: float = 10.0,
         flush_rows: int = 200_000,
-        flush_interval_s: float = 1.0,
+        flush_interval_s: float = 5.0,
         log_reserve_bytes: int = 1 << 20,
         checkpoint_bytes: int = 128 * 1024 * 1024,
         batch_id_capacity: int = 1_000_000,
@@ -124,6 +127,7 @@ class DuckDBStore:
         self._buffer_rows = 0
         self._closed = False
         self._closing = False  # the flusher thread stops
+        self._schema_due = False  # acknowledged batches bring metric columns the tables lack
         self._folded_before = -math.inf  # GPU time: the bound of this process's last fold
         self.entities = EntityRegistry(max_entities)
         self.columns = ColumnRegistry(max_metrics)
@@ -327,6 +331,10 @@ class DuckDBStore:
                 with contextlib.suppress(StoreError):
                     self._flush()
             raise write_error("append failed", exc) from None
+        if prepared.columns or prepared.train_columns:
+            with self._wake:
+                self._schema_due = True
+                self._wake.notify()
         if self._buffer_rows >= self.flush_rows:
             with self._wake:
                 self._wake.notify()
@@ -335,18 +343,67 @@ class DuckDBStore:
                     self._flush()
 
     def _flush_loop(self) -> None:
-        """Commit what the log holds into the tables once per tick (or once ``flush_rows`` wait)."""
+        """Commit what the log holds into the tables every ``flush_interval_s`` (or once
+        ``flush_rows`` wait); add new metrics' columns at once."""
+        due = time.monotonic() + self.flush_interval_s
         while True:
             with self._wake:
+                while not (self._closing or self._schema_due or self._buffer_rows >= self.flush_rows):
+                    left = due - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._wake.wait(left)
                 if self._closing:
                     return
-                if self._buffer_rows < self.flush_rows:
-                    self._wake.wait(self.flush_interval_s)
-                if self._closing:
-                    return
+                schema, self._schema_due = self._schema_due, False
             # a failure is counted; the rows stay pending, in memory and in the log, and are retried
             with contextlib.suppress(StoreError):
-                self._flush()
+                if schema:
+                    self._add_columns()
+                if self._buffer_rows >= self.flush_rows or time.monotonic() >= due:
+                    due = time.monotonic() + self.flush_interval_s
+                    self._flush()
+
+    def _add_columns(self) -> None:
+        """The columns that pending batches need and the tables lack, in a transaction of their
+        own (no rows: the tick's commit brings those)."""
+        with self._flush_lock:
+            with self._buffer_lock:
+                prepared = [p for _, p in self._buffer]
+            new_cols = self.columns.unpersisted(set().union(*(p.columns for p in prepared)))
+            new_tcols = self.train_columns.unpersisted(set().union(*(p.train_columns for p in prepared)))
+            if not new_cols and not new_tcols:
+                return
+            con = self._wcon
+            try:
+                with self._ddl_lock, self._commit_lock:
+                    con.execute("BEGIN")
+                    try:
+                        self._add_column_ddl(con, new_cols, new_tcols)
+                        con.execute("COMMIT")
+                    except BaseException:
+                        with contextlib.suppress(duckdb.Error):
+                            con.execute("ROLLBACK")
+                        raise
+            except duckdb.Error as exc:  # the tick's commit adds them (or fails) with its rows
+                self.counters.inc("store.column_commit_failures")
+                raise write_error("adding metric columns failed", exc) from None
+            self.columns.mark_persisted(c for c, _ in new_cols)
+            self.train_columns.mark_persisted(c for c, _ in new_tcols)
+            self.counters.inc("store.column_commits")
+
+    @staticmethod
+    def _add_column_ddl(
+        con: duckdb.DuckDBPyConnection, new_cols: list[tuple[int, str]], new_tcols: list[tuple[int, str]]
+    ) -> None:
+        for col, name in new_cols:
+            for stmt in metric_column_ddl(col):
+                con.execute(stmt)
+            con.execute("INSERT INTO metric_columns VALUES (?, ?)", [name, col])
+        for col, name in new_tcols:
+            for stmt in training_column_ddl(col):
+                con.execute(stmt)
+            con.execute("INSERT INTO training_columns VALUES (?, ?)", [name, col])
 
     def _flush(self) -> None:
         """Commit pending batches in one transaction; reads call it so they see every append.
@@ -425,14 +482,7 @@ class DuckDBStore:
         with ddl, self._commit_lock, self.marks.lock:
             con.execute("BEGIN")
             try:
-                for col, name in new_cols:
-                    for stmt in metric_column_ddl(col):
-                        con.execute(stmt)
-                    con.execute("INSERT INTO metric_columns VALUES (?, ?)", [name, col])
-                for col, name in new_tcols:
-                    for stmt in training_column_ddl(col):
-                        con.execute(stmt)
-                    con.execute("INSERT INTO training_columns VALUES (?, ?)", [name, col])
+                self._add_column_ddl(con, new_cols, new_tcols)
                 if new_ents:
                     ins.insert_entities(con, new_ents)
                 attr_arrays = self.entities.attr_arrays()
@@ -580,8 +630,11 @@ class DuckDBStore:
         return self._ready().replay(start, end, Scope.of(nodes, jobs))
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
-        """Alerts, newest start first."""
-        return self._ready().alerts(firing_only, limit)
+        """Alerts, newest start first. ``save_alert`` writes them at once, not through the pending
+        telemetry, so reading them commits nothing: a client polling alerts every second does not
+        turn the store's commit every ``flush_interval_s`` into one a second."""
+        self._check_open()
+        return self._reader.alerts(firing_only, limit)
 
     def save_alert(self, alert: Alert) -> None:
         """Insert or update an alert (keyed by its id), durably."""
