@@ -21,11 +21,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
-    # Modules with integration tests run first: they are the long ones, often a single test each,
-    # and a long module dealt out last keeps one worker busy alone at the end. (The Makefile turns
-    # off xdist's own reordering, which deals the modules with the most tests first.)
+    # The longest modules run first, then those with integration tests (often a single long test
+    # each): a long module dealt out last keeps one worker busy alone at the end. (The Makefile
+    # turns off xdist's own reordering, which deals the modules with the most tests first.)
+    long = {item.path for item in items if item.get_closest_marker("long") is not None}
     heavy = {item.path for item in items if item.get_closest_marker("integration") is not None}
-    items.sort(key=lambda item: item.path not in heavy)
+    items.sort(key=lambda item: (item.path not in long, item.path not in heavy))
 
 
 @pytest.fixture

@@ -4,8 +4,13 @@ in order, none skipped, before the next evaluation, and one failing observer sto
 from __future__ import annotations
 
 import threading
+import warnings
 
 import numpy as np
+
+with warnings.catch_warnings():  # starlette prefers httpx2 for its test client; httpx works as well
+    warnings.simplefilter("ignore")
+    from starlette.testclient import TestClient
 
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector
@@ -15,6 +20,7 @@ from gpuscope.ingest.overload import OverloadMonitor, OverloadSettings
 from gpuscope.model import Batch, Finding, Frame
 from gpuscope.observing import ObserveStage
 from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.web.api import HubApi
 
 
 def _batch(k: int, node: str = "node-0") -> Batch:
@@ -190,3 +196,34 @@ def test_batches_waiting_for_the_detectors_past_the_limit_put_the_hub_behind() -
     overload.observe_lag(102.0, 0.0)
     assert overload.behind(102.0)  # until the settle time after the last sign
     assert not overload.behind(101.0 + overload.settings.settle)
+
+
+class CountingHub(Hub):
+    """A real hub that counts its settles."""
+
+    settles = 0
+
+    def settle(self) -> int:
+        self.settles += 1
+        return super().settle()
+
+
+def test_the_evaluation_and_a_read_both_settle_through_the_one_hub_call() -> None:
+    hub = CountingHub(DuckDBStore(":memory:", durable=False))
+    seen = Seen()
+    hub.detection = DetectionEngine([seen])
+    client = TestClient(HubApi(hub, clock=lambda: 10.0).app)
+    try:
+        assert not hub.unsettled() and hub.settle() == 0
+        hub.ingest(_batch(1))
+        assert hub.unsettled()
+        hub.settles = 0
+        assert client.get("/api/v1/alerts").status_code == 200
+        assert hub.settles == 1 and not hub.unsettled() and seen.frames == [1.0]
+        assert client.get("/api/v1/alerts").status_code == 200
+        assert hub.settles == 1  # nothing waited: the read did not leave its event loop
+        hub.ingest(_batch(2))
+        hub.evaluate(10.0)
+        assert hub.settles == 2 and seen.at_evaluation[-1] == [1.0, 2.0]
+    finally:
+        hub.store.close()

@@ -117,7 +117,7 @@ def test_a_stopping_hub_keeps_the_gpu_time_counted_since_its_last_upkeep(tmp_pat
         for k in range(61):
             frame = Frame(t0 + k, ["gpu_utilization_percent"], entities, np.full((2, 1), 0.0))
             runtime.hub.ingest(Batch("node-0", frames=[frame]))
-            runtime.hub.observe_pending()  # as each evaluation does first
+            runtime.hub.settle()  # as each evaluation does first
             runtime.hub.productivity.advance(t0 + k, [])
         counted = runtime.hub.productivity.gpu_hours(t0, t0 + 60)
     finally:

@@ -102,10 +102,16 @@ class Hub:
         self.observing.put(batch)
         return result
 
-    def observe_pending(self) -> int:
+    def unsettled(self) -> bool:
+        """Whether acknowledged batches wait for the observe stage (cheap: no observer runs)."""
+        return self.observing.backlog()[0] > 0
+
+    def settle(self) -> int:
         """Let the detectors and observers see every batch acknowledged so far, and what the
         observers derive from them and store meanwhile (the quality monitor's series, lineage's
-        events), as when each request observed its own batch; returns how many."""
+        events), as when each request observed its own batch; returns how many. The one call of
+        every reader that must not lag an acknowledgement: the evaluation first, an authorised GET
+        (:mod:`gpuscope.web.settle`), the runtime as it stops."""
         total = 0
         for _ in range(DERIVED_PASSES):
             seen = self.observing.drain()
@@ -176,7 +182,7 @@ class Hub:
         """Run every detector at ``now`` and apply the findings this hub owns to the alert state
         (which records each transition); then every listener hears what changed. The detectors
         first see every batch acknowledged before now."""
-        self.observe_pending()
+        self.settle()
         findings = self.overload.findings(now)
         self.gaps.shed(self.overload.cover(now))
         with self.placement.held(), self._detect_lock:

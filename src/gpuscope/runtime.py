@@ -147,7 +147,7 @@ class Runtime:
             self.evaluator.stop()
         # the observers see what was acknowledged since the last evaluation (lineage registers its
         # checkpoints; what the quality monitor derives from it is stored, and seen in turn)
-        self.hub.observe_pending()
+        self.hub.settle()
         # 3. alerting: its clock and outbox stop, its state database closes
         self.alerting.stop()
         # 4. the GPU time counted since the last upkeep is kept

@@ -7,8 +7,9 @@ import math
 import numpy as np
 
 from gpuscope.detect import frames
+from gpuscope.detect.engine import DetectionEngine
 from gpuscope.detect.gputable import GpuTable
-from gpuscope.model import Frame
+from gpuscope.model import Batch, Frame
 
 
 def _frame(ts: float, metrics: list[str], rows: list[dict[str, str]], values: list[list[float]]) -> Frame:
@@ -90,3 +91,40 @@ def test_a_tick_of_frames_at_once_leaves_the_table_as_frame_by_frame_would() -> 
     )
     assert at_once.job[: at_once.n].tolist() == one_by_one.job[: one_by_one.n].tolist()
     assert at_once.column("gpu_utilization_percent")[:2].tolist() == [90.0, 91.0]
+
+
+def test_a_row_older_than_its_gpus_newest_is_stale_counted_and_not_written() -> None:
+    """In a cluster a part forwarded by a peer hub can arrive after a newer one sent straight:
+    the table keeps each GPU's newest report, by the frame's time, one by one and a tick at once."""
+    metrics = ("gpu_temp_celsius",)
+
+    def report(ts: float, temps: dict[str, float]) -> Frame:
+        rows = [{"node": "n1", "gpu": g} for g in temps]
+        return _frame(ts, ["gpu_temp_celsius"], rows, [[t] for t in temps.values()])
+
+    newer, late = report(20.0, {"0": 80.0, "1": 81.0}), report(10.0, {"0": 30.0, "2": 32.0})
+    for at_once in (False, True):
+        table = GpuTable(metrics)
+        if at_once:
+            table.ingest_many([frames.index(newer), frames.index(late)])
+        else:
+            table.ingest(frames.index(newer))
+            table.ingest(frames.index(late))
+        # GPU 0's late row is stale; GPU 2 is new, so its row is its newest
+        assert table.column("gpu_temp_celsius").tolist() == [80.0, 81.0, 32.0], at_once
+        assert table.ts[: table.n].tolist() == [20.0, 20.0, 10.0]
+        assert table.counters.get("detect_stale_gpu_rows") == 1
+        table.ingest(frames.index(report(20.0, {"1": 85.0})))  # as new as the newest: not stale
+        assert table.column("gpu_temp_celsius")[1] == 85.0
+        assert table.counters.get("detect_stale_gpu_rows") == 1
+
+
+def test_the_engine_counts_stale_rows_for_every_table_detector() -> None:
+    engine = DetectionEngine()
+    table = engine.feeds.table
+    metric = table.metrics[0]
+    for ts, value in ((20.0, 80.0), (10.0, 30.0)):
+        frame = _frame(ts, [metric], [{"node": "n1", "gpu": "0"}], [[value]])
+        engine.observe(Batch("peer", frames=[frame]))
+    assert engine.stats()["detect_stale_gpu_rows"] == 1
+    assert table.ts[: table.n].tolist() == [20.0] and table.column(metric)[0] == 80.0

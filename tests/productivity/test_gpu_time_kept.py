@@ -42,7 +42,7 @@ def run(hub: Hub, start: float, end: float) -> None:
     t = start
     while t < end:
         hub.ingest(Batch("agents", frames=frames(t, t < T0 + 70 * 60)))
-        hub.observe_pending()  # as the evaluation does first
+        hub.settle()  # as the evaluation does first
         hub.productivity.advance(t, [])
         if t % 60 == 0:
             hub.maintain(t)

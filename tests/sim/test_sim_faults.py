@@ -13,6 +13,8 @@ import pytest
 from gpuscope.quality.sketch import CategorySketch, NumericSketch, Sketch, sketch_from_json
 from sim.simtrace import Trace, run, small
 
+pytestmark = pytest.mark.long  # fifty faults, each simulated: a minute or more of CPU
+
 AT = 300.0
 
 

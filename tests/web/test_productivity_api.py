@@ -145,7 +145,7 @@ def test_productivity_by_team_takes_the_team_from_the_pod_metadata() -> None:
         hub.ingest(Batch("sdk", events=[Event(clock.now, "job_started", {"job": "bert"}, {"team": "llm"})]))
         clock.now += 1
         hub.ingest(Batch("node-0", frames=[kubelet_frame(clock.now)]))
-        hub.observe_pending()  # as the next evaluation does first
+        hub.settle()  # as the next evaluation does first
         assert hub.productivity.jobs["bert"].team == "llm"
     finally:
         hub.store.close()

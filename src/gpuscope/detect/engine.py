@@ -53,7 +53,7 @@ class DetectionEngine:
         self.detectors = detectors
         self.counters = counters or Counters()
         metrics = sorted({m for d in detectors if d.feed == "gpu_table" for m in d.metrics})
-        self.feeds = Feeds(GpuTable(tuple(metrics)))
+        self.feeds = Feeds(GpuTable(tuple(metrics), self.counters))
         for detector in detectors:
             detector.attach(self.feeds)
         fed = {d.feed for d in detectors}

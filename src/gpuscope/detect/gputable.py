@@ -13,6 +13,7 @@ import math
 
 import numpy as np
 
+from gpuscope.counters import Counters
 from gpuscope.detect.frames import FrameView, GpuKey
 from gpuscope.detect.vectors import IntArray, grow
 from gpuscope.model import FloatArray
@@ -22,10 +23,16 @@ _MAX_LAYOUTS = 256
 
 
 class GpuTable:
-    """Latest value per GPU of ``metrics`` (NaN when never reported), its timestamp and its job."""
+    """Latest value per GPU of ``metrics`` (NaN when never reported), its timestamp and its job.
 
-    def __init__(self, metrics: tuple[str, ...]) -> None:
+    Latest by the frame's time, not by arrival: in a cluster a part a peer hub forwards can arrive
+    after a newer one sent straight, and a replayed one after live ones. A GPU's row older than the
+    one the table holds is stale: it is counted (``detect_stale_gpu_rows``) and not written, so no
+    detector reading the table sees time go backwards."""
+
+    def __init__(self, metrics: tuple[str, ...], counters: Counters | None = None) -> None:
         self.metrics = metrics
+        self.counters = counters or Counters()
         self._slot = {m: j for j, m in enumerate(metrics)}
         self.ids: dict[GpuKey, int] = {}
         self.keys: list[GpuKey] = []
@@ -73,10 +80,18 @@ class GpuTable:
             return None
         ids = np.fromiter((self._id(k) for k in v.gpu_keys), np.intp, len(v.gpu_keys))
         source, target = self._layout(tuple(v.frame.metrics))
-        if len(target):
-            self._matrix[ids[:, None], target] = v.gpu_rows_of(source)
-        self.ts[ids] = v.frame.ts
-        self.job[ids] = [self.job_code(j) for j in v.gpu_jobs]
+        jobs = np.fromiter((self.job_code(j) for j in v.gpu_jobs), np.intp, len(ids))
+        fresh = self._fresh(ids, np.full(len(ids), v.frame.ts))
+        rows = v.gpu_rows_of(source) if len(target) else None
+        if fresh is not None:
+            kept, jobs = ids[fresh], jobs[fresh]
+            rows = rows[fresh] if rows is not None else None
+        else:
+            kept = ids
+        if rows is not None:
+            self._matrix[kept[:, None], target] = rows
+        self.ts[kept] = v.frame.ts
+        self.job[kept] = jobs
         return ids
 
     def ingest_many(self, views: list[FrameView]) -> None:
@@ -109,15 +124,34 @@ class GpuTable:
         jobs = np.fromiter((self.job_code(j) for v in run for j in v.gpu_jobs), np.intp, len(keys))
         source, target = self._layout(names)
         rows = np.concatenate([v.gpu_rows_of(source) for v in run]) if len(target) else None
-        if len(np.unique(ids)) < len(ids):  # a GPU twice (two ticks of a node): its last report wins
-            _, first_from_end = np.unique(ids[::-1], return_index=True)
-            last = len(ids) - 1 - first_from_end
+        if len(np.unique(ids)) < len(ids):  # a GPU twice (two ticks of a node): its newest report wins
+            order = np.lexsort((np.arange(len(ids)), ts, ids))  # by GPU, then time, then arrival
+            last = order[np.r_[ids[order][1:] != ids[order][:-1], True]]
+            # a report that arrived after a newer one of its GPU in this run is stale too
+            newest = np.empty(len(self.keys), np.intp)
+            newest[ids[last]] = last
+            late = np.count_nonzero((np.arange(len(ids)) > newest[ids]) & (ts < ts[newest[ids]]))
+            if late:
+                self.counters.inc("detect_stale_gpu_rows", int(late))
             ids, ts, jobs = ids[last], ts[last], jobs[last]
             rows = rows[last] if rows is not None else None
+        fresh = self._fresh(ids, ts)
+        if fresh is not None:
+            ids, ts, jobs = ids[fresh], ts[fresh], jobs[fresh]
+            rows = rows[fresh] if rows is not None else None
         if rows is not None:
             self._matrix[ids[:, None], target] = rows
         self.ts[ids] = ts
         self.job[ids] = jobs
+
+    def _fresh(self, ids: IntArray, ts: FloatArray) -> np.ndarray[tuple[int], np.dtype[np.bool_]] | None:
+        """Which of these rows are not older than what the table holds for their GPU; None when all
+        are (the usual case: nothing to select). The stale ones are counted."""
+        fresh = ts >= self.ts[ids]
+        if fresh.all():
+            return None
+        self.counters.inc("detect_stale_gpu_rows", int(len(fresh) - np.count_nonzero(fresh)))
+        return fresh
 
     def _layout(self, names: tuple[str, ...]) -> tuple[IntArray, IntArray]:
         layout = self._layouts.get(names)

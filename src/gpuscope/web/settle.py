@@ -22,6 +22,6 @@ class SettleReads:
         self.hub = hub
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "GET" and self.hub.observing.backlog()[0]:
-            await run_in_threadpool(self.hub.observe_pending)
+        if scope["type"] == "http" and scope["method"] == "GET" and self.hub.unsettled():
+            await run_in_threadpool(self.hub.settle)
         await self.app(scope, receive, send)

@@ -1,0 +1,32 @@
+"""The scenario suite (see test_scenario_suite.py), family stragglers:
+stragglers: many at once, and one that worsens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from scenarios.suite import HERE, check_every_fault_detected_and_nothing_serious_unexplained, family, run
+
+pytestmark = pytest.mark.long
+
+
+@pytest.mark.parametrize("path", family("stragglers"))
+def test_every_fault_is_detected_and_nothing_serious_is_unexplained(path: Path) -> None:
+    check_every_fault_detected_and_nothing_serious_unexplained(path)
+
+
+def test_a_worsening_straggler_is_one_alert_that_follows_it() -> None:
+    result = run(HERE / "training-worsening-straggler.yaml")
+    mine = [
+        a
+        for a in result.alerts
+        if a.rule == "training_straggler" and a.entity.get("job") == "wide" and a.entity.get("rank") == "11"
+    ]
+    assert len(mine) == 1, [a.to_dict() for a in mine]
+    alert = mine[0]
+    assert 400 <= alert.started_at <= 1000 and alert.resolved_at is None
+    # 1.2x: about 0.15 of a step behind; 3.6x: about 0.7 of the (longer) step
+    assert alert.value is not None and alert.value >= 0.5, alert.to_dict()
