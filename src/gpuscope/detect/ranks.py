@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -350,7 +351,7 @@ class RankDetector(StepDetector):
             del state.recent[: -self.sustain]
             state.last_ts = ts
             state.lags.append(x)
-            state.lag = float(np.median(state.lags))
+            state.lag = _median(state.lags)
             state.lag_n += 1
             judged = state.lag_n >= self.warm_steps
             # the normal is learned while not judged slow, nor beyond the bar (a slowdown that has
@@ -382,12 +383,13 @@ class RankDetector(StepDetector):
             state.lag_hits = state.lag_hits + 1 if slow else 0
             # a short, large slowdown (a minute on a trace sampled every 10 s) is over before the
             # long window's median moves: the median of the last few lags, with a higher bar
-            short = float(np.median(list(state.lags)[-self.short :]))
-            far = (
-                judged
-                and self._rise(short, ahead, additive) >= self.lag
-                and self._rise(short, state.lag_base, additive) >= short_bar
-            )
+            far = False
+            if judged:  # only a judged rank can be far behind: no median to take otherwise
+                short = _median(list(state.lags)[-self.short :])
+                far = (
+                    self._rise(short, ahead, additive) >= self.lag
+                    and self._rise(short, state.lag_base, additive) >= short_bar
+                )
             if far and not state.short_hits:
                 state.short_since = ts
             state.short_hits = state.short_hits + 1 if far else 0
@@ -446,7 +448,7 @@ class RankDetector(StepDetector):
                 if len(state.frag0) < 30:
                     state.frag0.append(f)
                     if len(state.frag0) >= 10:
-                        state.frag_base = float(np.median(state.frag0))
+                        state.frag_base = _median(state.frag0)
             if math.isfinite(r):
                 state.retries.append((view.ts, r))
                 while state.retries and view.ts - state.retries[0][0] > self.retry_window:
@@ -497,13 +499,16 @@ class RankDetector(StepDetector):
         ]
 
     def _findings(self, job_name: str, job: _Job, rank: int, state: _Rank) -> list[Finding]:
+        straggler = state.lag_hits >= self.sustain or self._short_slow(state)
+        if not (straggler or state.skew_hits >= self.sustain or state.frag_hits >= self.sustain):
+            return []  # most ranks most seconds: no entity to build
         out: list[Finding] = []
         entity = {"job": job_name, "rank": str(rank), **self.steps.where(job_name, rank)}
         where = f" on {place_text(entity['node'], entity.get('gpu', ''))}" if "node" in entity else ""
-        if state.lag_hits >= self.sustain or self._short_slow(state):
+        if straggler:
             # the smoothed lag decides; the recent lags say how far behind it is now (the smoothed
             # one still trails a lag that began mid-run)
-            now_lag = float(np.median(state.recent)) if state.recent else state.lag
+            now_lag = _median(state.recent) if state.recent else state.lag
             late = now_lag * job.step_time if math.isfinite(job.step_time) else math.nan
             group = (job.group or {}).get(rank, 0)
             peers = f"the ranks of its speed group {group}" if job.group_lag else "its peers"
@@ -549,6 +554,14 @@ class RankDetector(StepDetector):
                 )
             )
         return out
+
+
+def _median(values: Iterable[float]) -> float:
+    """Median of finite values, bit for bit what ``np.median`` gives, without its per-call cost
+    (a few microseconds, paid per rank per step)."""
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
 
 def _ranges(ranks: list[int]) -> str:
