@@ -4,8 +4,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
-# tests wait on real processes (hubs, databases, browsers) as much as they compute: two workers
-TEST_WORKERS ?= 2
+# tests wait on real processes (hubs, databases, browsers, torchrun) as much as they compute: on two
+# cores a third worker fills those waits
+TEST_WORKERS ?= 3
 
 .PHONY: demo test check deps lint typecheck unit bench eval clean system-deps
 

@@ -33,10 +33,20 @@ def family(name: str) -> list[object]:
     return [pytest.param(HERE / f"{stem}.yaml", id=stem) for stem in FAMILIES[name]]
 
 
+#: families whose batches take the wire format's round trip (encode, parse, validate) on the way in;
+#: the others skip it (about a fifth of a run's CPU): every HTTP test and the families here keep
+#: the wire path covered, and `sim-eval` always takes it
+THROUGH_WIRE = frozenset({"hardware", "serving"})
+
+
+def _wired(path: Path) -> bool:
+    return any(path.stem in FAMILIES[name] for name in THROUGH_WIRE)
+
+
 @cache
 def run(path: Path) -> RunResult:
     """Each scenario is simulated once per session, however many tests read its alerts."""
-    return run_scenario(load_scenario(path))
+    return run_scenario(load_scenario(path), wire=_wired(path))
 
 
 def check_every_fault_detected_and_nothing_serious_unexplained(path: Path) -> None:
