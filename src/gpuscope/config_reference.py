@@ -55,6 +55,7 @@ SECTIONS: tuple[Section, ...] = (
             Key("meta", "duckdb", "`duckdb` or `postgres`: home of events, training records, alerts"),
             Key("postgres_dsn", "-", "meta: postgres, shared by several hubs"),
             Key("flush_interval_s", "1", "duckdb: acknowledged batches move into the tables this often"),
+            Key("memory_limit", "512MB", "duckdb: the most its buffer pool and queries hold (DuckDB's size)"),
         ),
         "storage: {backend: duckdb, path: /var/lib/gpuscope/gpuscope.duckdb}\n",
     ),
@@ -96,11 +97,16 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "limits",
         "gpuscope.config",
-        "Bounds on what agents and SDKs may send.",
+        "Bounds on what agents and SDKs may send, and on the hub process's malloc arenas.",
         (
             Key("max_body_bytes", "67108864", "largest request body; a larger one is refused (413)"),
             Key("max_entities", "100000", "checked as a number, not enforced yet by this version"),
             Key("max_metrics", "512", "checked as a number, not enforced yet by this version"),
+            Key(
+                "malloc_arenas",
+                "2",
+                "glibc malloc arenas of the hub (0: glibc's 8 per core); each keeps the memory freed in it",
+            ),
         ),
         "limits: {max_body_bytes: 67108864, max_entities: 100000, max_metrics: 512}\n",
     ),

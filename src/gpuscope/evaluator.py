@@ -1,5 +1,8 @@
 """The hub's clock: detectors are evaluated every second, store upkeep runs every minute.
 
+After each upkeep the process hands the memory freed inside its malloc arenas back to the system:
+glibc keeps it otherwise, and the upkeep's queries (rollups, the hourly seal) free the most.
+
 :mod:`gpuscope.runtime` starts and stops it in its place in the hub's order; a
 :class:`~gpuscope.web.server.HubServer` built alone (tests, benchmarks) runs one itself.
 """
@@ -11,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from gpuscope import procmem
 from gpuscope.hub import Hub
 
 log = logging.getLogger("gpuscope.evaluator")
@@ -44,6 +48,7 @@ class Evaluator(threading.Thread):
                 if now - last_maintenance >= 60:
                     last_maintenance = now
                     self.hub.maintain(now)
+                    procmem.trim()
             except Exception:  # the loop must outlive any one bad evaluation
                 self.hub.counters.inc("evaluator_errors")
                 log.exception("evaluation failed")

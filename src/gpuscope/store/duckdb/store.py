@@ -638,7 +638,11 @@ class DuckDBStore:
 
     def memory(self) -> dict[str, int]:
         """DuckDB's own memory accounting (buffer pool, caches) in bytes, by tag."""
-        rows = self._cursor().execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall()
+        cur = self._cursor()
+        try:
+            rows = cur.execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall()
+        finally:
+            cur.close()
         return {str(tag): int(used) for tag, used in rows}
 
     def stats(self) -> dict[str, Any]:
@@ -686,6 +690,8 @@ class DuckDBStore:
             "counters": {k: v for k, v in self.counters.snapshot().items() if k.startswith("store.")},
             "commits": self.counters.get("store.commits"),
             "log": log,
+            "memory": self.memory(),
+            "batch_ids_remembered": len(self.batch_ids),
         }
 
     def _log_stats(self) -> dict[str, int] | None:
