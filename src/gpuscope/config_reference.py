@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuscope.store.memory_size import DEFAULT_MEMORY_LIMIT
+
 
 @dataclass(frozen=True, slots=True)
 class Key:
@@ -55,7 +57,12 @@ SECTIONS: tuple[Section, ...] = (
             Key("meta", "duckdb", "`duckdb` or `postgres`: home of events, training records, alerts"),
             Key("postgres_dsn", "-", "meta: postgres, shared by several hubs"),
             Key("flush_interval_s", "1", "duckdb: acknowledged batches move into the tables this often"),
-            Key("memory_limit", "512MB", "duckdb: the most its buffer pool and queries hold (DuckDB's size)"),
+            Key(
+                "memory_limit",
+                DEFAULT_MEMORY_LIMIT,
+                "duckdb: the most its buffer pool and queries (the hourly seal's sort) hold; RSS peaks "
+                "this far above the working set",
+            ),
         ),
         "storage: {backend: duckdb, path: /var/lib/gpuscope/gpuscope.duckdb}\n",
     ),

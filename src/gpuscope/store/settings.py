@@ -13,7 +13,7 @@ storage:
   meta: duckdb                               # or postgres: events, training, alerts, batch ids
   postgres_dsn: postgresql://hub@db/gpuscope # shared by several hubs
   flush_interval_s: 1                        # duckdb: acknowledged rows reach the tables this often
-  memory_limit: 512MB                        # duckdb: the most its buffer pool and queries may hold
+  memory_limit: 256MB                        # duckdb: the most its buffer pool and queries may hold
 ```
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscope.store.base import Store
-from gpuscope.store.memory_size import MEMORY_SIZE
+from gpuscope.store.memory_size import DEFAULT_MEMORY_LIMIT, MEMORY_SIZE
 
 METAS = ("duckdb", "postgres")
 KEYS = {
@@ -63,7 +63,7 @@ class StorageSettings:
     meta: str = "duckdb"
     postgres_dsn: str | None = field(default=None, repr=False)  # may carry a password
     flush_interval_s: float = 1.0
-    memory_limit: str = "512MB"
+    memory_limit: str = DEFAULT_MEMORY_LIMIT
 
 
 @dataclass(frozen=True, slots=True)

@@ -56,6 +56,7 @@ from gpuscope.store.duckdb.watermarks import Watermarks
 from gpuscope.store.errors import StoreError, StoreFull, disk_full, write_error
 from gpuscope.store.ingest_log import IngestLog
 from gpuscope.store.log_codec import decode, encode
+from gpuscope.store.memory_size import DEFAULT_MEMORY_LIMIT
 from gpuscope.store.prepare import Prepared, Preparer, RowBlock, to_ms
 from gpuscope.store.registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
 from gpuscope.store.replay import Scope, check_window
@@ -100,7 +101,7 @@ class DuckDBStore:
         batch_id_capacity: int = 1_000_000,
         batch_id_ttl_s: float = DAY,
         latest_window_s: float = 600.0,
-        memory_limit: str | None = "512MB",
+        memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
     ) -> None:
         if max_entities < 1 or max_metrics < 1:
             raise ValueError("max_entities and max_metrics must be at least 1")
