@@ -7,10 +7,14 @@ from __future__ import annotations
 import ctypes
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+import pytest
+
 from gpuscope import procmem
+from gpuscope.alert.engine import AlertChange
 from gpuscope.config import load_config
 from gpuscope.evaluator import Evaluator
 from gpuscope.hub import Hub
@@ -38,6 +42,7 @@ def test_storage_memory_limit_reaches_duckdb(tmp_path: Path) -> None:
 _ARENAS = """
 import ctypes, sys, threading
 from gpuscope import procmem
+from gpuscope.alert.engine import AlertChange
 from gpuscope.config import load_config
 from gpuscope.runtime import assemble
 cfg = load_config(sys.argv[1])
@@ -105,3 +110,36 @@ def test_the_clock_hands_freed_arena_memory_back_after_upkeep() -> None:
         clock.stop()
         hub.store.close()
         libc.free(fence)
+
+
+def test_a_long_upkeep_does_not_hold_the_detectors_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hourly seal takes tens of seconds; evaluation goes on beside it, on time."""
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    release = threading.Event()
+    upkeeps: list[float] = []
+    evaluations: list[float] = []
+    evaluate = hub.evaluate
+
+    def seal_under_way(now: float) -> None:
+        upkeeps.append(now)
+        release.wait(20)
+
+    def counted(now: float) -> list[AlertChange]:
+        evaluations.append(now)
+        return evaluate(now)
+
+    monkeypatch.setattr(hub, "maintain", seal_under_way)
+    monkeypatch.setattr(hub, "evaluate", counted)
+    clock = Evaluator(hub, interval=0.05)
+    clock.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(evaluations) < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert upkeeps and not release.is_set()
+        assert len(evaluations) >= 10
+        assert hub.overload.status(time.time())["evaluation_lag_seconds"] < 1.0
+    finally:
+        release.set()
+        clock.stop()
+        hub.store.close()
