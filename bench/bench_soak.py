@@ -9,7 +9,12 @@ the RSS at 10 minutes. Budget (issue 13, d): growth <= 10 %.
 Anchor, same run: VictoriaMetrics ingesting the same node samples at 1 Hz (Prometheus text, its
 import API), sampled the same way: what a store that users trust does with the same load.
 
-usage: python bench/bench_soak.py [--duration 7200] [--nodes 64] [--json-out FILE]
+Every minute the bench also reads the hub's own ``/metrics`` for where its memory is: DuckDB's
+``duckdb_memory()`` by tag, the Python heap (allocated blocks), glibc malloc (in use, free inside
+the arenas, mapped) and the entries of the hub's bounded structures; a table every 10 minutes
+shows which part grows.
+
+usage: python bench/bench_soak.py [--duration 7200] [--nodes 64] [--json-out FILE] [--hub-arg=--x]
 """
 
 from __future__ import annotations
@@ -22,13 +27,116 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import psutil
 
 from common import Pacer, console, gpuscope_hub, print_table, prometheus_bodies, victoria_metrics
 from gpuscope.loadgen import FleetShape, LoadOptions, run_load
 
 SAMPLE_S = 10.0
+PROBE_S = 60.0
 WARM_S = 600.0
+MIB = 2**20
+#: the hub's self-metrics (gpuscope.web.selfmetrics) the memory probe keeps: family -> label
+MEMORY_FAMILIES = {
+    "gpuscope_hub_process_resident_bytes": "",
+    "gpuscope_hub_store_memory_bytes": "tag",
+    "gpuscope_hub_process_python_blocks": "",
+    "gpuscope_hub_process_malloc_bytes": "state",
+    "gpuscope_hub_structure_entries": "structure",
+    "gpuscope_hub_store_batch_ids_remembered": "",
+}
+
+
+def parse_memory(text: str) -> dict[str, float]:
+    """``family`` or ``family/label-value`` -> value, for the families in :data:`MEMORY_FAMILIES`."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        name, _, value = line.rpartition(" ")
+        family, _, labels = name.partition("{")
+        if family not in MEMORY_FAMILIES:
+            continue
+        key = family
+        if labels:
+            key += "/" + labels.split('"')[1]
+        out[key] = float(value)
+    return out
+
+
+class MemoryProbe(threading.Thread):
+    """The hub's memory by part (its ``/metrics``) every ``PROBE_S`` seconds."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(daemon=True, name="memory-probe")
+        self.url = url + "/metrics"
+        self.t0 = time.monotonic()
+        self.rows: list[dict[str, float]] = []
+        self.errors = 0
+        self._halt = threading.Event()
+
+    def run(self) -> None:
+        with httpx.Client(timeout=30) as client:
+            while not self._halt.is_set():
+                try:
+                    reply = client.get(self.url)
+                    reply.raise_for_status()
+                    self.rows.append({"t": time.monotonic() - self.t0, **parse_memory(reply.text)})
+                except httpx.HTTPError:
+                    self.errors += 1
+                self._halt.wait(PROBE_S)
+
+    def stop(self) -> None:
+        self._halt.set()
+        self.join()
+
+    def table(self, every_s: float = 600.0) -> tuple[list[str], list[list[str]]]:
+        """One row per ``every_s``: RSS, DuckDB (total and its largest tags), Python, malloc, and the
+        structures that grew most over the run."""
+        if not self.rows:
+            return [], []
+        first, last = self.rows[0], self.rows[-1]
+        tags = sorted(
+            (k for k in last if k.startswith("gpuscope_hub_store_memory_bytes/")), key=lambda k: -last[k]
+        )[:3]
+        grown = sorted(
+            (k for k in last if k.startswith("gpuscope_hub_structure_entries/")),
+            key=lambda k: -(last[k] - first.get(k, 0.0)),
+        )[:3]
+        columns = [
+            "min",
+            "RSS MiB",
+            "DuckDB MiB",
+            *(k.split("/")[1] + " MiB" for k in tags),
+            "Python blocks k",
+            "malloc in use MiB",
+            "malloc free MiB",
+            "malloc mmap MiB",
+            *(k.split("/")[1] for k in grown),
+        ]
+        rows: list[list[str]] = []
+        next_t = 0.0
+        for row in self.rows:
+            if row["t"] + PROBE_S / 2 < next_t and row is not last:
+                continue
+            next_t = row["t"] + every_s
+            duck = sum(v for k, v in row.items() if k.startswith("gpuscope_hub_store_memory_bytes/"))
+            rows.append(
+                [
+                    f"{row['t'] / 60:.0f}",
+                    f"{row.get('gpuscope_hub_process_resident_bytes', 0) / MIB:,.0f}",
+                    f"{duck / MIB:,.0f}",
+                    *(f"{row.get(k, 0) / MIB:,.0f}" for k in tags),
+                    f"{row.get('gpuscope_hub_process_python_blocks', 0) / 1000:,.0f}",
+                    *(
+                        f"{row.get('gpuscope_hub_process_malloc_bytes/' + s, 0) / MIB:,.0f}"
+                        for s in ("in_use", "free", "mmap")
+                    ),
+                    *(f"{row.get(k, 0):,.0f}" for k in grown),
+                ]
+            )
+        return columns, rows
 
 
 class RssSeries(threading.Thread):
@@ -88,13 +196,16 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=7200, help="seconds of load (7200)")
     ap.add_argument("--nodes", type=int, default=64)
     ap.add_argument("--json-out", type=Path, default=None, help="also write figures and series here")
+    ap.add_argument(
+        "--hub-arg", action="append", default=[], help="an argument for `gpuscope hub` (repeatable)"
+    )
     args = ap.parse_args()
     shape = FleetShape(nodes=args.nodes)
     console.print(f"soak: {args.nodes} nodes x 8 GPUs for {args.duration:g} s; load {os.getloadavg()}")
     bodies = prometheus_bodies(shape, 10)
     with (
         tempfile.TemporaryDirectory() as tmp,
-        gpuscope_hub(Path(tmp) / "soak.duckdb") as (url, proc),
+        gpuscope_hub(Path(tmp) / "soak.duckdb", args.hub_arg) as (url, proc),
         victoria_metrics() as vm,
     ):
         pids = {"hub": proc.pid}
@@ -109,11 +220,14 @@ def main() -> None:
             anchor.start()
         series = RssSeries(pids)
         series.start()
+        probe = MemoryProbe(url)
+        probe.start()
         report = run_load(
             LoadOptions(hubs=[url], shape=shape, duration=args.duration, hub_pids=[proc.pid]),
             say=console.print,
         )
         series.stop()
+        probe.stop()
         if anchor is not None:
             anchor.join(timeout=60)
     errors = anchor.errors if anchor is not None else 0
@@ -140,12 +254,16 @@ def main() -> None:
         ["process", "cores per window"],
         [[name, "  ".join(f"{c:.3f}" for c in series.cpu_by_window(name))] for name in pids],
     )
+    columns, memory_rows = probe.table()
+    title = f"where the hub's memory is, every 10 minutes (probe errors {probe.errors})"
+    print_table(title, columns, memory_rows)
     print_table("load", ["figure", "value", "note"], report.rows())
     if args.json_out:
         out = {
             "figures": figures,
             "cores_per_20_min": {name: series.cpu_by_window(name) for name in pids},
             "series": series.rows,
+            "memory": probe.rows,
             "load": report.to_dict(),
         }
         args.json_out.write_text(json.dumps(out, indent=1, default=str))

@@ -64,6 +64,10 @@ def test_env_token_is_added(monkeypatch: pytest.MonkeyPatch) -> None:
         ("cluster: {peer_token: short}\n", "cluster.postgres_dsn"),
         ("detection: {warmup_s: -5}\n", "detection.warmup_s"),
         ("detection: {finished_job_retention_s: forever}\n", "detection.finished_job_retention_s"),
+        ("storage: {memory_limit: lots}\n", "storage.memory_limit"),
+        ('storage: {memory_limit: "1GB\'; DROP TABLE x"}\n', "storage.memory_limit"),
+        ("limits: {malloc_arenas: 1.5}\n", "limits.malloc_arenas"),
+        ("limits: {malloc_arenas: -1}\n", "limits.malloc_arenas"),
     ],
 )
 def test_bad_files_name_the_key(tmp_path: Path, text: str, key: str) -> None:

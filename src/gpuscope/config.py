@@ -53,6 +53,8 @@ class HubConfig:
     max_body_bytes: int = 64 * 1024 * 1024
     max_entities: int = 100_000
     max_metrics: int = 512
+    #: glibc malloc arenas of the hub process (0: glibc's default, 8 per core)
+    malloc_arenas: int = 2
     raw_retention_s: float = 7 * 86400
     warmup_s: float = WARMUP_S
     #: how long the detectors and the productivity model keep an ended job's state
@@ -97,7 +99,7 @@ def _known(section: dict[str, Any], where: str, keys: frozenset[str]) -> dict[st
 
 
 PRICING_KEYS = frozenset({"price_per_gpu_hour"})
-LIMITS_KEYS = frozenset({"max_body_bytes", "max_entities", "max_metrics"})
+LIMITS_KEYS = frozenset({"max_body_bytes", "max_entities", "max_metrics", "malloc_arenas"})
 RETENTION_KEYS = frozenset({"raw_seconds"})
 DETECTION_KEYS = frozenset({"warmup_s", "finished_job_retention_s"})
 
@@ -168,6 +170,10 @@ def _parse_sections(cfg: HubConfig, raw: dict[str, Any], env_token: str | None) 
     cfg.max_body_bytes = int(_number(limits, "max_body_bytes", "limits", cfg.max_body_bytes))
     cfg.max_entities = int(_number(limits, "max_entities", "limits", cfg.max_entities))
     cfg.max_metrics = int(_number(limits, "max_metrics", "limits", cfg.max_metrics))
+    arenas = limits.get("malloc_arenas", cfg.malloc_arenas)
+    if isinstance(arenas, bool) or not isinstance(arenas, int) or not 0 <= arenas <= 1024:
+        raise ConfigError("limits.malloc_arenas: must be a whole number from 0 to 1024")
+    cfg.malloc_arenas = arenas
     retention = _known(_section(raw, "retention"), "retention", RETENTION_KEYS)
     cfg.raw_retention_s = _number(retention, "raw_seconds", "retention", cfg.raw_retention_s)
     detection = parse_detection(_known(_section(raw, "detection"), "detection", DETECTION_KEYS))

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuscope.store.memory_size import DEFAULT_MEMORY_LIMIT
+
 
 @dataclass(frozen=True, slots=True)
 class Key:
@@ -55,6 +57,12 @@ SECTIONS: tuple[Section, ...] = (
             Key("meta", "duckdb", "`duckdb` or `postgres`: home of events, training records, alerts"),
             Key("postgres_dsn", "-", "meta: postgres, shared by several hubs"),
             Key("flush_interval_s", "5", "duckdb: acknowledged batches move into the tables this often"),
+            Key(
+                "memory_limit",
+                DEFAULT_MEMORY_LIMIT,
+                "duckdb: the most its buffer pool and queries (the hourly seal's sort) hold; RSS peaks "
+                "this far above the working set",
+            ),
         ),
         "storage: {backend: duckdb, path: /var/lib/gpuscope/gpuscope.duckdb}\n",
     ),
@@ -96,11 +104,16 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "limits",
         "gpuscope.config",
-        "Bounds on what agents and SDKs may send.",
+        "Bounds on what agents and SDKs may send, and on the hub process's malloc arenas.",
         (
             Key("max_body_bytes", "67108864", "largest request body; a larger one is refused (413)"),
             Key("max_entities", "100000", "checked as a number, not enforced yet by this version"),
             Key("max_metrics", "512", "checked as a number, not enforced yet by this version"),
+            Key(
+                "malloc_arenas",
+                "2",
+                "glibc malloc arenas of the hub (0: glibc's 8 per core); each keeps the memory freed in it",
+            ),
         ),
         "limits: {max_body_bytes: 67108864, max_entities: 100000, max_metrics: 512}\n",
     ),

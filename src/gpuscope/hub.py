@@ -73,6 +73,20 @@ class Hub:
         self.observing.add("detection", self._detect_tick)
         self.observing.add_each("productivity", self.productivity.observe)
 
+    def structures(self) -> dict[str, object]:
+        """The hub's in-memory state by name, each meant to stay bounded (sizes in ``/metrics``)."""
+        parts: dict[str, object] = {
+            "observe_stage": self.observing,
+            "alert_engine": self.alerts,
+            "alert_state": self.alerts.state,
+            "sender_gaps": self.gaps,
+            "productivity": self.productivity,
+            "overload": self.overload,
+        }
+        for detector in self.detection.detectors:
+            parts[f"detector.{type(detector).__name__}"] = detector
+        return parts
+
     def add_listener(self, listener: AlertListener) -> None:
         """Called for every alert that fires or resolves (terminal view, notifiers)."""
         self._listeners.append(listener)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import psycopg
 
+from gpuscope import procmem
 from gpuscope.alert.service import AlertingService, default_state_path
 from gpuscope.cluster.member import ClusterMember
 from gpuscope.cluster.sql import PgSql
@@ -178,6 +179,7 @@ def assemble(
     Raises :class:`~gpuscope.store.errors.StoreError` (a store it cannot open),
     :class:`AssemblyError` (the cluster database) and ``ValueError``/``OSError`` (the listener);
     whatever was opened is closed again first."""
+    procmem.limit_arenas(cfg.malloc_arenas)  # before the store's and the server's threads start
     store = store if store is not None else open_store(cfg.storage_settings(), cfg.store_limits())
     cluster: ClusterMember | None = None
     counters = Counters()

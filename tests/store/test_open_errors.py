@@ -78,8 +78,8 @@ def test_duckdb_memory_is_bounded_by_default_and_a_bad_limit_is_named(tmp_path: 
             rows = [[50.0 + i, 200.0]] * 8
             store.append(Batch(source="node-0", frames=[frame(1e9 + i, ["temp", "power"], gpus, rows)]))
         limit = store._cursor().execute("SELECT current_setting('memory_limit')").fetchone()
-        assert limit is not None and limit[0] in {"488.2 MiB", "512.0 MB", "488.2MiB"}, limit
-        assert 0 < sum(store.memory().values()) <= 512_000_000
+        assert limit is not None and limit[0] in {"244.1 MiB", "256.0 MB", "244.1MiB"}, limit
+        assert 0 < sum(store.memory().values()) <= 256_000_000
     finally:
         store.close()
     with pytest.raises(StoreError, match="memory_limit"):

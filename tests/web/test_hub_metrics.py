@@ -79,3 +79,37 @@ def test_metrics_need_a_read_token_off_loopback_rules(server: HubServer) -> None
         httpx.get(f"{server.url}/metrics", headers={"authorization": "Bearer wrong-token-x"}).status_code
         == 403
     )
+
+
+def _gauges(text: str, family: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith(family + "{") or line.startswith(family + " "):
+            name, _, value = line.rpartition(" ")
+            out[name[len(family) :]] = float(value)
+    return out
+
+
+def test_hub_metrics_say_where_the_memory_is(server: HubServer) -> None:
+    """Issue 13 (d): DuckDB's memory by tag, the Python heap, malloc's arenas and the hub's
+    structures are gauges, so an operator (and the soak bench) can see which part grows."""
+    auth = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
+    for i in range(5):
+        body = encode_batch(Batch(source="node-a", frames=[_frame(time.time() - 5 + i)], batch_id=f"b{i}"))
+        assert httpx.post(f"{server.url}/api/v1/ingest", content=body, headers=auth).status_code == 200
+    server.hub.observe_pending()
+    text = httpx.get(f"{server.url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}).text
+    duck = _gauges(text, "gpuscope_hub_store_memory_bytes")
+    assert '{tag="BASE_TABLE"}' in duck and sum(duck.values()) > 0
+    assert _gauges(text, "gpuscope_hub_process_resident_bytes")[""] > 10 * 2**20
+    assert _gauges(text, "gpuscope_hub_process_python_blocks")[""] > 1000
+    assert _gauges(text, "gpuscope_hub_process_malloc_bytes")['{state="in_use"}'] > 0
+    assert set(_gauges(text, "gpuscope_hub_process_gc_objects")) == {
+        '{generation="0"}',
+        '{generation="1"}',
+        '{generation="2"}',
+    }
+    assert _gauges(text, "gpuscope_hub_store_batch_ids_remembered")[""] == 5.0
+    structures = _gauges(text, "gpuscope_hub_structure_entries")
+    assert '{structure="observe_stage"}' in structures and '{structure="alert_state"}' in structures
+    assert sum(v for k, v in structures.items() if k.startswith('{structure="detector.')) > 0

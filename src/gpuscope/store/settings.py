@@ -13,6 +13,7 @@ storage:
   meta: duckdb                               # or postgres: events, training, alerts, batch ids
   postgres_dsn: postgresql://hub@db/gpuscope # shared by several hubs
   flush_interval_s: 5                        # duckdb: acknowledged rows reach the tables this often
+  memory_limit: 256MB                        # duckdb: the most its buffer pool and queries may hold
 ```
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscope.store.base import Store
+from gpuscope.store.memory_size import DEFAULT_MEMORY_LIMIT, MEMORY_SIZE
 
 METAS = ("duckdb", "postgres")
 KEYS = {
@@ -39,6 +41,7 @@ KEYS = {
     "meta",
     "postgres_dsn",
     "flush_interval_s",
+    "memory_limit",
 }
 
 
@@ -60,6 +63,7 @@ class StorageSettings:
     meta: str = "duckdb"
     postgres_dsn: str | None = field(default=None, repr=False)  # may carry a password
     flush_interval_s: float = 5.0
+    memory_limit: str = DEFAULT_MEMORY_LIMIT
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +127,9 @@ def parse_storage(section: dict[str, Any]) -> StorageSettings:
     s.timeout_s = _seconds(section, "timeout_s", s.timeout_s)
     s.retry_s = _seconds(section, "retry_s", s.retry_s)
     s.flush_interval_s = _seconds(section, "flush_interval_s", s.flush_interval_s)
+    s.memory_limit = _str(section, "memory_limit") or s.memory_limit
+    if not MEMORY_SIZE.fullmatch(s.memory_limit):
+        raise StorageConfigError(f"storage.memory_limit: {s.memory_limit!r} is not a size such as '512MB'")
     s.meta = _str(section, "meta") or s.meta
     if s.meta not in METAS:
         raise StorageConfigError(f"storage.meta: {s.meta!r} is not one of {', '.join(METAS)}")
@@ -152,6 +159,7 @@ def _duckdb(s: StorageSettings, limits: StoreLimits) -> Store:
         max_metrics=limits.max_metrics,
         raw_retention_s=limits.raw_retention_s,
         flush_interval_s=s.flush_interval_s,
+        memory_limit=s.memory_limit,
     )
 
 
@@ -169,7 +177,7 @@ def _prometheus(s: StorageSettings, limits: StoreLimits) -> Store:
         assert s.postgres_dsn is not None
         meta = PostgresMeta(s.postgres_dsn, max_metrics=limits.max_metrics)
     else:
-        meta = DuckDBStore(s.path, max_metrics=limits.max_metrics)
+        meta = DuckDBStore(s.path, max_metrics=limits.max_metrics, memory_limit=s.memory_limit)
     assert s.remote_write_url is not None and s.query_url is not None
     return PromStore(
         s.remote_write_url,

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from gpuscope import __version__
+from gpuscope import __version__, procmem
 from gpuscope.hub import Hub
 from gpuscope.model import Batch
 
@@ -150,10 +150,55 @@ def render(
             "Rows per table of the store.",
             [({"table": str(k)}, float(v)) for k, v in sorted(rows.items())],
         )
-    for key in ("disk_bytes", "entities", "metrics"):
+    memory = store.get("memory")
+    if isinstance(memory, dict):
+        out.family(
+            "gpuscope_hub_store_memory_bytes",
+            "gauge",
+            "The embedded store's own memory accounting (DuckDB's duckdb_memory()), by tag.",
+            [({"tag": str(k)}, float(v)) for k, v in sorted(memory.items())],
+        )
+    for key in ("disk_bytes", "entities", "metrics", "batch_ids_remembered"):
         value = store.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
             out.family(
                 f"gpuscope_hub_store_{key}", "gauge", f"The store's {key.replace('_', ' ')}.", [({}, value)]
             )
+    _process(out, hub)
     return "\n".join(out.lines) + "\n"
+
+
+def _process(out: _Text, hub: Hub) -> None:
+    """Where the process's memory is: what grows over a soak (issue 13 (d)) shows up here."""
+    mem = procmem.snapshot()
+    out.family(
+        "gpuscope_hub_process_resident_bytes",
+        "gauge",
+        "Resident set of the hub process.",
+        [({}, mem.rss_bytes)],
+    )
+    out.family(
+        "gpuscope_hub_process_python_blocks",
+        "gauge",
+        "Memory blocks the Python interpreter has allocated and not freed.",
+        [({}, mem.python_blocks)],
+    )
+    out.family(
+        "gpuscope_hub_process_gc_objects",
+        "gauge",
+        "Objects waiting for the garbage collector, by generation.",
+        [({"generation": str(g)}, n) for g, n in enumerate(mem.gc_tracked)],
+    )
+    malloc = {"in_use": mem.malloc_in_use_bytes, "free": mem.malloc_free_bytes, "mmap": mem.malloc_mmap_bytes}
+    out.family(
+        "gpuscope_hub_process_malloc_bytes",
+        "gauge",
+        "glibc malloc: bytes in use, free but kept inside the arenas, and mapped on their own.",
+        [({"state": k}, v) for k, v in malloc.items() if v is not None],
+    )
+    out.family(
+        "gpuscope_hub_structure_entries",
+        "gauge",
+        "Entries held by the hub's in-memory structures (observe stage, alert state, detectors), by name.",
+        procmem.structure_rows(hub.structures()),
+    )

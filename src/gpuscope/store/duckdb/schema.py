@@ -8,13 +8,13 @@ map to numbered columns (``m0``, ``m1``, ...) so any name is safe and case never
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import duckdb
 
 from gpuscope.store.duckdb import gpu_time
 from gpuscope.store.errors import StoreError
+from gpuscope.store.memory_size import MEMORY_SIZE
 from gpuscope.store.registry import ATTR_COLUMNS
 
 FORMAT = "gpuscope-store"
@@ -155,7 +155,7 @@ def _validate(con: duckdb.DuckDBPyConnection, path: str, tables: set[str]) -> No
 
 def _size(value: str) -> str:
     """A DuckDB memory size (``512MB``, ``1GiB``); anything else is refused before it reaches SQL."""
-    if not re.fullmatch(r"[0-9]{1,6}(\.[0-9]{1,3})? ?(B|KB|MB|GB|KiB|MiB|GiB)", value):
+    if not MEMORY_SIZE.fullmatch(value):
         raise StoreError(f"memory_limit: {value!r} is not a size such as '512MB' or '1GiB'")
     return value
 

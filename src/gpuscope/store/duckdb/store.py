@@ -59,6 +59,7 @@ from gpuscope.store.duckdb.watermarks import Watermarks
 from gpuscope.store.errors import StoreError, StoreFull, disk_full, write_error
 from gpuscope.store.ingest_log import IngestLog
 from gpuscope.store.log_codec import decode, encode
+from gpuscope.store.memory_size import DEFAULT_MEMORY_LIMIT
 from gpuscope.store.prepare import Prepared, Preparer, RowBlock, to_ms
 from gpuscope.store.registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
 from gpuscope.store.replay import Scope, check_window
@@ -103,7 +104,7 @@ class DuckDBStore:
         batch_id_capacity: int = 1_000_000,
         batch_id_ttl_s: float = DAY,
         latest_window_s: float = 600.0,
-        memory_limit: str | None = "512MB",
+        memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
     ) -> None:
         if max_entities < 1 or max_metrics < 1:
             raise ValueError("max_entities and max_metrics must be at least 1")
@@ -691,7 +692,11 @@ class DuckDBStore:
 
     def memory(self) -> dict[str, int]:
         """DuckDB's own memory accounting (buffer pool, caches) in bytes, by tag."""
-        rows = self._cursor().execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall()
+        cur = self._cursor()
+        try:
+            rows = cur.execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall()
+        finally:
+            cur.close()
         return {str(tag): int(used) for tag, used in rows}
 
     def stats(self) -> dict[str, Any]:
@@ -739,6 +744,8 @@ class DuckDBStore:
             "counters": {k: v for k, v in self.counters.snapshot().items() if k.startswith("store.")},
             "commits": self.counters.get("store.commits"),
             "log": log,
+            "memory": self.memory(),
+            "batch_ids_remembered": len(self.batch_ids),
         }
 
     def _log_stats(self) -> dict[str, int] | None:

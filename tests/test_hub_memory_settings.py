@@ -1,0 +1,145 @@
+"""The hub's memory settings reach what they bound (issue 13 (d)): DuckDB's ``memory_limit`` from
+``storage.memory_limit``, glibc's arena count from ``limits.malloc_arenas``, and the hub's clock
+hands memory freed in the malloc arenas back after each minute's upkeep."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuscope import procmem
+from gpuscope.alert.engine import AlertChange
+from gpuscope.config import load_config
+from gpuscope.evaluator import Evaluator
+from gpuscope.hub import Hub
+from gpuscope.runtime import assemble
+from gpuscope.store.duckdb import DuckDBStore
+
+
+def test_storage_memory_limit_reaches_duckdb(tmp_path: Path) -> None:
+    config = tmp_path / "hub.yaml"
+    config.write_text(f"storage: {{path: {tmp_path / 'a.duckdb'}, memory_limit: 300MB}}\n")
+    cfg = load_config(config)
+    assert cfg.storage.memory_limit == "300MB"
+    runtime = assemble(cfg, serve=False, evaluate_interval=None)
+    try:
+        store = runtime.hub.store
+        assert isinstance(store, DuckDBStore)
+        limit = store._cursor().execute("SELECT current_setting('memory_limit')").fetchone()
+        assert limit is not None and limit[0] in {"286.1 MiB", "286.1MiB", "300.0 MB"}, limit
+    finally:
+        runtime.stop()
+
+
+#: a fresh process: N threads allocate at once (ctypes calls leave the GIL), then malloc_info
+#: lists the arenas (one <heap nr=...> each)
+_ARENAS = """
+import ctypes, sys, threading
+from gpuscope import procmem
+from gpuscope.alert.engine import AlertChange
+from gpuscope.config import load_config
+from gpuscope.runtime import assemble
+cfg = load_config(sys.argv[1])
+runtime = assemble(cfg, serve=False, evaluate_interval=None)
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+barrier = threading.Barrier(8)
+def work():
+    barrier.wait()
+    for _ in range(20000):
+        libc.free(libc.malloc(200))
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+f = libc.fopen(sys.argv[2].encode(), b"w")
+libc.malloc_info(0, f)
+libc.fclose(f)
+runtime.stop()
+"""
+
+
+def _arenas(tmp_path: Path, limits: str) -> int:
+    config = tmp_path / f"{limits or 'default'}.yaml"
+    config.write_text(f"storage: {{path: {tmp_path / 'a.duckdb'}}}\n{limits}")
+    info = tmp_path / "malloc_info.xml"
+    subprocess.run([sys.executable, "-c", _ARENAS, str(config), str(info)], check=True, timeout=120)
+    return info.read_text().count("<heap nr=")
+
+
+def test_limits_malloc_arenas_bounds_glibc_arenas(tmp_path: Path) -> None:
+    assert _arenas(tmp_path, "") <= 2  # the hub's default
+    assert _arenas(tmp_path, "limits: {malloc_arenas: 1}\n") == 1
+    assert _arenas(tmp_path, "limits: {malloc_arenas: 0}\n") > 2  # glibc's own: 8 per core
+
+
+def test_the_clock_hands_freed_arena_memory_back_after_upkeep() -> None:
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    # 80 MiB of small blocks, written so they are resident, freed behind a block that keeps the
+    # heap's top: glibc keeps the pages until something trims them
+    blocks = [libc.malloc(4096) for _ in range(20_000)]
+    for block in blocks:
+        ctypes.memset(block, 1, 4096)
+    fence = libc.malloc(64)
+    for block in blocks:
+        libc.free(block)
+    before = procmem.rss_bytes()
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    clock = Evaluator(hub, interval=0.05)
+    clock.start()
+    try:
+        deadline = time.monotonic() + 30
+        while procmem.rss_bytes() > before - 60 * 2**20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert procmem.rss_bytes() <= before - 60 * 2**20
+    finally:
+        clock.stop()
+        hub.store.close()
+        libc.free(fence)
+
+
+def test_a_long_upkeep_does_not_hold_the_detectors_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hourly seal takes tens of seconds; evaluation goes on beside it, on time."""
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    release = threading.Event()
+    upkeeps: list[float] = []
+    evaluations: list[float] = []
+    evaluate = hub.evaluate
+
+    def seal_under_way(now: float) -> None:
+        upkeeps.append(now)
+        release.wait(20)
+
+    def counted(now: float) -> list[AlertChange]:
+        evaluations.append(now)
+        return evaluate(now)
+
+    monkeypatch.setattr(hub, "maintain", seal_under_way)
+    monkeypatch.setattr(hub, "evaluate", counted)
+    clock = Evaluator(hub, interval=0.05)
+    clock.start()
+    try:
+        deadline = time.monotonic() + 20
+        while len(evaluations) < 10 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert upkeeps and not release.is_set()
+        assert len(evaluations) >= 10
+        assert hub.overload.status(time.time())["evaluation_lag_seconds"] < 1.0
+    finally:
+        release.set()
+        clock.stop()
+        hub.store.close()

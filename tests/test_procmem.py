@@ -1,0 +1,61 @@
+"""Where a hub process's memory is (gpuscope.procmem): the readings /metrics exposes."""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+
+from gpuscope import procmem
+
+
+class _State:
+    def __init__(self) -> None:
+        self.by_gpu = {"a": 1, "b": 2}
+        self.window: collections.deque[int] = collections.deque([1, 2, 3])
+        self.name = "a string is not a container of entries"
+        self.limit = 10
+
+
+class _Slotted:
+    __slots__ = ("count", "ids")
+
+    def __init__(self) -> None:
+        self.ids = {1, 2, 3, 4}
+        self.count = 4
+
+
+def test_entries_count_the_containers_of_an_object_one_level_deep() -> None:
+    assert procmem.entries(_State()) == 5
+    assert procmem.entries(_Slotted()) == 4
+    assert procmem.structure_rows({"b": _Slotted(), "a": _State()}) == [
+        ({"structure": "a"}, 5.0),
+        ({"structure": "b"}, 4.0),
+    ]
+
+
+def test_snapshot_reads_resident_set_python_heap_and_malloc() -> None:
+    mem = procmem.snapshot()
+    assert mem.rss_bytes > 10 * 2**20
+    assert mem.python_blocks > 1000
+    assert mem.malloc_in_use_bytes is not None and mem.malloc_in_use_bytes > 0
+
+
+def test_trim_hands_free_arena_memory_back_to_the_system() -> None:
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    # 80 MiB of small blocks (below the mmap threshold: they live in the arena), written so they are
+    # resident; a block allocated after them keeps the heap's top, so free() cannot shrink it
+    blocks = [libc.malloc(4096) for _ in range(20_000)]
+    for block in blocks:
+        ctypes.memset(block, 1, 4096)
+    fence = libc.malloc(64)
+    for block in blocks:
+        libc.free(block)
+    before = procmem.rss_bytes()
+    freed = procmem.snapshot().malloc_free_bytes
+    assert freed is not None and freed >= 60 * 2**20
+    assert procmem.trim()
+    assert procmem.rss_bytes() < before - 60 * 2**20
+    libc.free(fence)
