@@ -97,7 +97,7 @@ def test_hub_metrics_say_where_the_memory_is(server: HubServer) -> None:
     for i in range(5):
         body = encode_batch(Batch(source="node-a", frames=[_frame(time.time() - 5 + i)], batch_id=f"b{i}"))
         assert httpx.post(f"{server.url}/api/v1/ingest", content=body, headers=auth).status_code == 200
-    server.hub.observe_pending()
+    server.hub.settle()
     text = httpx.get(f"{server.url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}).text
     duck = _gauges(text, "gpuscope_hub_store_memory_bytes")
     assert '{tag="BASE_TABLE"}' in duck and sum(duck.values()) > 0
