@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -88,6 +90,7 @@ def main() -> None:
     flaps: list[str] = []
     for path in paths:
         scenario = load_scenario(path)
+        wall = ""  # simulated results are deterministic; the wall time depends on the machine's load
         if args.from_json is not None:
             saved = args.from_json / f"{path.stem}.json"
             if not saved.exists():
@@ -95,7 +98,9 @@ def main() -> None:
                 continue
             alerts = from_document(json.loads(saved.read_text()))
         else:
+            began = time.monotonic()
             result = run_scenario(scenario)
+            wall = f", {time.monotonic() - began:.0f} s wall, load average {os.getloadavg()[0]:.1f}"
             alerts = result.alerts
             if args.json_dir is not None:
                 args.json_dir.mkdir(parents=True, exist_ok=True)
@@ -116,7 +121,7 @@ def main() -> None:
         if not scenario.faults:
             healthy_p1p2 += [f"{scenario.name} {a.rule}" for a in alerts if a.severity in ("P1", "P2")]
         flaps += [f"{scenario.name}: {f}" for f in flapping(report.unexplained)]  # steady state
-        print(f"{scenario.name}: {len(alerts)} alerts, {report.recall:.2f} recall", flush=True)
+        print(f"{scenario.name}: {len(alerts)} alerts, {report.recall:.2f} recall{wall}", flush=True)
     head = ("faults", "recall", "alerts", "precision", "TTD p50", "max")
     print(f"\n{'family (rule)':<30} " + " ".join(f"{h:>9}" for h in head))
     for rule in sorted(set(faults) | set(fired)):

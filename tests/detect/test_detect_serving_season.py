@@ -29,9 +29,10 @@ def run(
     error_ratio: float = 0.0,
     burst: tuple[float, float, float] | None = None,
     seed: int = 2,
+    bursts: list[tuple[float, float, float]] | None = None,
 ) -> list[tuple[float, list[Finding]]]:
     """A service sampled every 10 s; ``anomaly`` (from, to, factor) on latency and TTFT, ``burst``
-    (from, to, error ratio) on top of its usual ``error_ratio``."""
+    (from, to, error ratio) in place of its usual ``error_ratio``, as are those of ``bursts``."""
     rng = np.random.default_rng(seed)
     detector = ServingDetector()
     out = []
@@ -40,7 +41,8 @@ def run(
         factor = shape(ts)
         if anomaly is not None and anomaly[0] <= ts < anomaly[1]:
             factor *= anomaly[2]
-        errors = burst[2] if burst is not None and burst[0] <= ts < burst[1] else error_ratio
+        spans = ([burst] if burst is not None else []) + (bursts or [])
+        errors = next((e for start, end, e in spans if start <= ts < end), error_ratio)
         requests = 40.0 * (1.0 + 0.5 * math.cos(2 * math.pi * (ts - 13 * 3600.0) / DAY))
         snap = Snapshot(
             ts=ts,
@@ -86,3 +88,14 @@ def test_a_service_that_always_errs_above_the_budget_is_its_own_operating_point(
     burst = run(3.0, error_ratio=0.01, burst=(7200.0, 7800.0, 0.08))
     fired = onsets(burst, "inference_error_rate")
     assert fired and 7200.0 <= fired[0] <= 7500.0  # the 5-min window must burn too
+
+
+def test_errors_with_a_daily_shape_are_judged_against_their_hour_and_a_quiet_hour_burst_fires() -> None:
+    """A service that sheds some requests at every rush (3 % errors, 0.4 % otherwise): the second
+    day's rush is that hour's normal; 3 % at a normally quiet hour is not."""
+    rush = (PEAK_FROM, PEAK_TO, 0.03)
+    night = (DAY + 3 * 3600.0, DAY + 3 * 3600.0 + 900.0, 0.03)
+    results = run(26.0 + 14.0, error_ratio=0.004, bursts=[rush, (DAY + rush[0], DAY + rush[1], 0.03), night])
+    fired = onsets(results, "inference_error_rate")
+    assert [t for t in fired if night[0] <= t <= night[0] + 300.0], fired
+    assert not [t for t in fired if t >= DAY + PEAK_FROM - 600.0], fired  # the second day's rush

@@ -13,7 +13,8 @@ regression is not learned as normal within the day.
   times its reference;
 * ``inference_error_rate``: multi-window burn rate of an error budget (``slo``), or of the
   service's own usual error ratio where that is higher (an EWMA over ``error_tau``, seeded by its
-  first reports: a service that always runs at its error level is not burning anything new): both
+  first reports, or its level at this time of day where that is higher: a service that always
+  runs at its error level, or sheds some requests at every rush, is not burning anything new): both
   the 30 s and 5 min windows burn ``fast_burn`` times faster than allowed, or the 5 min and 1 h ``slow_burn``;
 * ``inference_queue_buildup``: the queue far above its usual depth at this time of day (at least
   ``min_queue``), for ``queue_sustain`` seconds;
@@ -198,6 +199,7 @@ class _Svc:
     cum_ts: list[float] = field(default_factory=list)  # cumulative errors and requests, for true windows
     cum_err: list[float] = field(default_factory=list)
     cum_req: list[float] = field(default_factory=list)
+    cum_allowed: list[float] = field(default_factory=list)  # errors the budget in force allowed
     days: dict[str, _DayShape] = field(default_factory=dict)
     #: a queue episode under way: its start, the rate usual then, the requests served in it
     burst_since: float | None = None
@@ -242,22 +244,30 @@ class _Svc:
         mean = self.burst_served / self.burst_time if self.burst_time > 0 else rate
         self.saturated = self.burst_usual > 0 and mean >= surge * self.burst_usual
 
-    def window(self, seconds: float) -> tuple[float, float]:
-        """Errors and requests over the last ``seconds`` (sliding, not exponential: a burst leaves it)."""
+    def window(self, seconds: float) -> tuple[float, float, float]:
+        """Errors, requests and the errors the budget then in force allowed, over the last
+        ``seconds`` (sliding, not exponential: a burst leaves it)."""
         if not self.cum_ts:
-            return 0.0, 0.0
+            return 0.0, 0.0, 0.0
         i = bisect.bisect_left(self.cum_ts, self.cum_ts[-1] - seconds)
-        return self.cum_err[-1] - self.cum_err[i], self.cum_req[-1] - self.cum_req[i]
+        return (
+            self.cum_err[-1] - self.cum_err[i],
+            self.cum_req[-1] - self.cum_req[i],
+            self.cum_allowed[-1] - self.cum_allowed[i],
+        )
 
-    def count(self, ts: float, errors: float, requests: float, dt: float) -> None:
+    def count(self, ts: float, errors: float, requests: float, dt: float, budget: float) -> None:
+        served = requests * dt if math.isfinite(requests) else 0.0
         e = (self.cum_err[-1] if self.cum_err else 0.0) + (errors * dt if math.isfinite(errors) else 0.0)
-        r = (self.cum_req[-1] if self.cum_req else 0.0) + (requests * dt if math.isfinite(requests) else 0.0)
+        r = (self.cum_req[-1] if self.cum_req else 0.0) + served
+        a = (self.cum_allowed[-1] if self.cum_allowed else 0.0) + budget * served
         self.cum_ts.append(ts)
         self.cum_err.append(e)
         self.cum_req.append(r)
+        self.cum_allowed.append(a)
         if len(self.cum_ts) > 8192 and ts - self.cum_ts[0] > 3700.0:
             cut = bisect.bisect_left(self.cum_ts, ts - 3700.0)
-            del self.cum_ts[:cut], self.cum_err[:cut], self.cum_req[:cut]
+            del self.cum_ts[:cut], self.cum_err[:cut], self.cum_req[:cut], self.cum_allowed[:cut]
 
     def ewma(self, name: str, tau: float, value: float, dt: float, frozen: bool = False) -> float:
         store = self.fast if tau < 200 else self.slow
@@ -409,15 +419,20 @@ class ServingDetector(ServiceDetector):
 
     def _errors(self, svc: _Svc, s: Snapshot, dt: float, warm: bool) -> None:
         state = svc.rule(ERRORS)
-        svc.count(s.ts, s.errors, s.requests, dt)
         ratio = s.errors / s.requests if s.requests > 0 and math.isfinite(s.errors) else math.nan
         usual = svc.ewma("error_ratio", self.error_tau, ratio, dt, frozen=state.since is not None)
+        # its usual ratio at this time of day too: a service that sheds requests at every rush
+        usual, _ = svc.reference("error_ratio", s.ts, ratio, usual, self.buckets, self.season_alpha)
         # the service's own operating point, where it is above the SLO's budget
         budget = max(self.budget, usual) if math.isfinite(usual) and warm else self.budget
+        svc.count(s.ts, s.errors, s.requests, dt, budget)
         burns = {}
         for seconds in (30.0, 300.0, 3600.0):
-            err, req = svc.window(seconds)
-            burns[seconds] = err / max(req, err, 1e-9) / budget
+            # against the budget in force over the window: the end of a rush does not make the
+            # errors shed during it a burn
+            err, req, allowed = svc.window(seconds)
+            mean_budget = allowed / req if req > 0 else budget
+            burns[seconds] = err / max(req, err, 1e-9) / mean_budget
         enough = svc.window(300.0)[0] >= 10.0
         fast = burns[30.0] >= self.fast_burn and burns[300.0] >= self.fast_burn
         slow = burns[300.0] >= self.slow_burn and burns[3600.0] >= self.slow_burn
