@@ -6,7 +6,9 @@ fault explains (the detection itself or a knock-on in its blast radius, as ``sim
 judges them); time to detect is the median and worst over detected faults. Also counted: P1/P2
 alerts on the healthy scenarios, and, among the alerts no fault explains (the steady state),
 those that resolve and fire again on the same entity more than twice within an hour (flapping).
-``tests/scenarios/long`` (a day and more of simulated time) runs too unless ``--short``.
+``tests/scenarios/long`` (a day and more of simulated time) and the built-in 2- and 3-hour mixes
+(``gpuscope sim-eval hardware-mix`` ...; ``make test`` only checks that the simulator plays them)
+run too unless ``--short``.
 ``--json-dir`` writes each scenario's ``sim-eval --json`` document there, for outside scorers.
 
 ``--from-json DIR`` scores documents written earlier instead of simulating (the scenarios whose
@@ -27,11 +29,13 @@ from pathlib import Path
 
 from gpuscope.model import Alert
 from gpuscope.rules import RULES
+from gpuscope.sim import builtin_scenario
 from gpuscope.sim.scenario import load_scenario
 from gpuscope.simeval.report import evaluate
 from gpuscope.simeval.runner import alerts_json, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent / "tests" / "scenarios"
+MIXES = ("hardware-mix", "service-mix", "training-mix")
 
 
 def flapping(alerts: list[Alert], per_hour: int = 2) -> list[str]:
@@ -78,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     paths = sorted(ROOT.glob("*.yaml")) + sorted((ROOT / "healthy").glob("*.yaml"))
     if not args.short:
-        paths += sorted((ROOT / "long").glob("*.yaml"))
+        paths += sorted((ROOT / "long").glob("*.yaml")) + [builtin_scenario(name) for name in MIXES]
     if args.only:
         paths = [p for p in paths if p.stem in args.only]
     faults: dict[str, int] = defaultdict(int)

@@ -11,7 +11,7 @@ from gpuscope.sim import Simulator, builtin_names, builtin_scenario, load_scenar
 pytestmark = pytest.mark.long
 
 
-#: the 2- and 3-hour mixes are simulated and scored whole by ``make eval`` (eval/eval_families.py)
+#: the 2- and 3-hour mixes are simulated and scored whole by ``make eval`` (eval/eval_families.py MIXES)
 MIXES = ("hardware-mix", "service-mix", "training-mix")
 
 
