@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +76,9 @@ def covers(sender: SenderKey, entity: Labels) -> bool:
 
 #: how long a refusal is remembered past the settle time (the longest silence threshold it may hold)
 REFUSALS_KEPT_S = 600.0
+#: how fast a sender's usual offset (its clock's skew plus transit) may rise, seconds per second:
+#: enough to follow a drifting clock, far too slow to absorb a backlog
+OFFSET_DRIFT = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +153,8 @@ class OverloadMonitor:
         self._refused: dict[SenderKey, float] = {}  # named sender -> last refused at
         self._refused_anonymous = -math.inf
         self._delay = (0.0, -math.inf)  # the longest recent delay, and when it was seen
+        self._offsets: dict[str, tuple[float, float]] = {}  # sender -> (usual offset, last heard at)
+        self._arrival_lag = 0.0
         self._next_ticket = 0
         self._last_sign = -math.inf  # latest time the hub saw itself behind
         self._behind_since: float | None = None
@@ -188,6 +194,7 @@ class OverloadMonitor:
         """The evaluation due ``lag`` seconds before ``now`` ran now."""
         with self._lock:
             self._eval_lag = lag
+            self._delayed(now, lag)  # nothing was stamped heard meanwhile: the verdicts' delay too
             if lag > self.settings.max_eval_lag_s:
                 self._sign(now)
 
@@ -207,6 +214,42 @@ class OverloadMonitor:
             self._observe_lag = lag
             if lag > self.settings.max_lag_s:
                 self._sign(now)
+
+    def arrived(self, now: float, stamps: Iterable[tuple[str, float]]) -> None:
+        """The detectors saw at ``now`` the batches of these senders: each (sender, the latest of
+        its own timestamps in a batch). How much later than its usual offset from the hub's clock
+        (skew plus transit) a sender's data arrives is how long it queued on the way, wherever
+        that was (a sender's connection pool, the kernel's accept queue, the event loop, the
+        observe stage): requests waiting before admission are invisible to the other measures;
+        so is how long a sender heard now was not heard before (its queue's turn came). While the
+        hub is behind, the median of either over the senders heard is a delay it made everyone
+        wait (the median, so senders late on their own side, such as one flushing its spool after
+        an outage, are not taken for the hub's delay)."""
+        latest: dict[str, float] = {}  # a sender's news is as late as its freshest report
+        for sender, ts in stamps:
+            if math.isfinite(ts) and ts > latest.get(sender, -math.inf):
+                latest[sender] = ts
+        late: dict[str, float] = {}
+        with self._lock:
+            offsets = self._offsets
+            for sender, ts in latest.items():
+                offset = now - ts
+                known = offsets.get(sender)
+                if known is None:
+                    offsets[sender] = (offset, now)
+                    continue
+                usual = min(offset, known[0] + OFFSET_DRIFT * (now - known[1]))
+                offsets[sender] = (usual, now)
+                # late news, or news after a wait for a turn (a burst of a queue): silent that long
+                late[sender] = max(offset - usual, now - known[1])
+            if len(offsets) > 2 * len(late) + 1024:  # forget senders gone for a while (bounded)
+                kept = now - self.settings.settle - REFUSALS_KEPT_S
+                self._offsets = {k: v for k, v in offsets.items() if v[1] >= kept}
+            if len(late) < 2:
+                return  # one sender's lateness may be its own
+            self._arrival_lag = statistics.median(late.values())
+            if self._behind_since is not None and now - self._last_sign < self.settings.settle:
+                self._delayed(now, self._arrival_lag)
 
     def _oldest_wait(self, now: float) -> float:
         for admitted in self._in_flight.values():
@@ -301,6 +344,7 @@ class OverloadMonitor:
                 "evaluation_lag_seconds": round(self._eval_lag, 3),
                 "event_loop_lag_seconds": round(self._loop_lag, 3),
                 "observe_lag_seconds": round(self._observe_lag, 3),
+                "arrival_lag_seconds": round(self._arrival_lag, 3),
                 "event_loop_probes": self.loop_probes,
                 "shed_requests": self.shed,
                 "episodes": self.episodes,
