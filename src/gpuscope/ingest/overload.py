@@ -86,7 +86,8 @@ class ShedCover:
     """What the hub did to its senders lately. ``refused``: each named sender it refused, and when
     the gap it made ends (its last refusal plus ``settle``: by then the sender is back);
     ``everyone_until``: the same for senders that named nobody (every sender's gap); ``delay``: the
-    longest the hub made every request wait (event loop, oldest request in flight) within
+    longest the hub made every request wait (event loop, oldest request in flight, evaluation,
+    and, while behind, how late its senders' news arrived: :meth:`OverloadMonitor.arrived`) within
     ``settle``. A request in flight is not its sender's gap: a sender with a backlog always has
     one, and the data in it is what the sender queued before; the delay covers it."""
 
