@@ -205,5 +205,5 @@ def test_nodes_whose_requests_queue_before_admission_are_not_blamed_and_a_dead_o
     (alert,) = rig.blamed()
     assert alert.entity == {"node": "node-17"} and alert.rule == "node_unreachable"
     delay = rig.hub.overload.status(120.0)["arrival_lag_seconds"]  # a turn of the queue: its period
-    assert lag <= delay <= period
+    assert lag - 0.5 <= delay <= period  # less the drift a sender's usual offset may follow
     assert heard_last["node-17"] + 4 <= alert.started_at <= heard_last["node-17"] + 4 + delay + 1

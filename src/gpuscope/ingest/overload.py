@@ -78,7 +78,7 @@ def covers(sender: SenderKey, entity: Labels) -> bool:
 REFUSALS_KEPT_S = 600.0
 #: how fast a sender's usual offset (its clock's skew plus transit) may rise, seconds per second:
 #: enough to follow a drifting clock, far too slow to absorb a backlog
-OFFSET_DRIFT = 0.01
+OFFSET_DRIFT = 0.001
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,7 +154,8 @@ class OverloadMonitor:
         self._refused: dict[SenderKey, float] = {}  # named sender -> last refused at
         self._refused_anonymous = -math.inf
         self._delay = (0.0, -math.inf)  # the longest recent delay, and when it was seen
-        self._offsets: dict[str, tuple[float, float]] = {}  # sender -> (usual offset, last heard at)
+        #: sender -> (usual offset, last heard at, usual time between hearings)
+        self._offsets: dict[str, tuple[float, float, float]] = {}
         self._arrival_lag = 0.0
         self._next_ticket = 0
         self._last_sign = -math.inf  # latest time the hub saw itself behind
@@ -237,12 +238,15 @@ class OverloadMonitor:
                 offset = now - ts
                 known = offsets.get(sender)
                 if known is None:
-                    offsets[sender] = (offset, now)
+                    offsets[sender] = (offset, now, math.inf)
                     continue
-                usual = min(offset, known[0] + OFFSET_DRIFT * (now - known[1]))
-                offsets[sender] = (usual, now)
-                # late news, or news after a wait for a turn (a burst of a queue): silent that long
-                late[sender] = max(offset - usual, now - known[1])
+                usual_offset, heard, usual_gap = known
+                drift = OFFSET_DRIFT * (now - heard)
+                usual = min(offset, usual_offset + drift)
+                gap = now - heard
+                offsets[sender] = (usual, now, min(gap, usual_gap + drift))
+                # late news, or news after a longer wait than usual for a turn (a queue's burst)
+                late[sender] = max(offset - usual, gap - usual_gap if usual_gap < gap else 0.0)
             if len(offsets) > 2 * len(late) + 1024:  # forget senders gone for a while (bounded)
                 kept = now - self.settings.settle - REFUSALS_KEPT_S
                 self._offsets = {k: v for k, v in offsets.items() if v[1] >= kept}
