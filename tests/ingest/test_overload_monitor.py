@@ -141,3 +141,13 @@ def test_late_news_is_the_hubs_delay_only_while_behind_and_only_when_most_sender
     m.arrived(12.0, [(s, 12 + k - 9) for s, k in skew.items()])
     assert m.cover(12.0).delay == pytest.approx(9.0, abs=0.1)
     assert m.cover(12.0 + m.settings.settle + 1).delay == 0.0  # remembered for the settle time only
+
+
+def test_an_event_loop_blocked_now_is_seen_while_it_is_blocked() -> None:
+    """The loop's timer reports its lag only once it runs again; until then the hub knows it is
+    overdue: it is behind, and the silences it causes meanwhile are its delay."""
+    m = monitor(max_loop_lag_s=2.0)
+    m.loop_lag(10.0, 0.0, next_due=10.25)
+    assert not m.behind(11.0) and m.cover(11.0).delay == pytest.approx(0.75)
+    assert m.behind(20.0) and m.cover(20.0).delay == pytest.approx(9.75)
+    assert m.admit(20.0).ticket is None

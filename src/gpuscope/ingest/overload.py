@@ -163,6 +163,7 @@ class OverloadMonitor:
         self._alert_since: float | None = None  # hub_overloaded firing since (held past an episode)
         self._eval_lag = 0.0
         self._loop_lag = 0.0
+        self._loop_due = math.inf  # when the event loop's next timer is due (inf: none watched)
         self._observe_lag = 0.0
         self.loop_probes = 0  # event-loop timers measured
         self.shed = 0  # requests refused while behind
@@ -200,9 +201,12 @@ class OverloadMonitor:
             if lag > self.settings.max_eval_lag_s:
                 self._sign(now)
 
-    def loop_lag(self, now: float, lag: float) -> None:
-        """The HTTP event loop ran a timer ``lag`` seconds late at ``now``."""
+    def loop_lag(self, now: float, lag: float, next_due: float = math.inf) -> None:
+        """The HTTP event loop ran a timer ``lag`` seconds late at ``now``; its next is due at
+        ``next_due``: a loop that is blocked is seen late while it is blocked, not once it has
+        run again (by then the silences it caused may have been judged)."""
         with self._lock:
+            self._loop_due = next_due
             self._loop_lag = lag
             self.loop_probes += 1
             self._delayed(now, lag)
@@ -270,7 +274,7 @@ class OverloadMonitor:
         """Whom the hub refused or keeps waiting at ``now`` (see :class:`ShedCover`)."""
         with self._lock:
             settle = self.settings.settle
-            self._delayed(now, self._oldest_wait(now))
+            self._delayed(now, max(self._oldest_wait(now), now - self._loop_due))
             kept = settle + REFUSALS_KEPT_S
             self._refused = {k: t for k, t in self._refused.items() if now - t < kept}
             peak, at = self._delay
@@ -287,6 +291,7 @@ class OverloadMonitor:
             or self._oldest_wait(now) > s.max_lag_s
             or self._eval_lag > s.max_eval_lag_s
             or self._loop_lag > s.max_loop_lag_s
+            or now - self._loop_due > s.max_loop_lag_s
             or self._observe_lag > s.max_lag_s
         )
 
