@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import random
-import statistics
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -79,6 +78,9 @@ REFUSALS_KEPT_S = 600.0
 #: how fast a sender's usual offset (its clock's skew plus transit) may rise, seconds per second:
 #: enough to follow a drifting clock, far too slow to absorb a backlog
 OFFSET_DRIFT = 0.001
+#: the share of the senders heard whose delay the hub takes for its own: most of them, as the
+#: queue's unlucky turns are its doing too, short of the few that may be late on their own side
+ARRIVAL_QUANTILE = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,9 +230,9 @@ class OverloadMonitor:
         that was (a sender's connection pool, the kernel's accept queue, the event loop, the
         observe stage): requests waiting before admission are invisible to the other measures;
         so is how long a sender heard now was not heard before (its queue's turn came). While the
-        hub is behind, the median of either over the senders heard is a delay it made everyone
-        wait (the median, so senders late on their own side, such as one flushing its spool after
-        an outage, are not taken for the hub's delay)."""
+        hub is behind, the 90th percentile of either over the senders heard is a delay it made
+        its senders wait (not the largest, so the few senders late on their own side, such as
+        one flushing its spool after an outage, are not taken for the hub's delay)."""
         latest: dict[str, float] = {}  # a sender's news is as late as its freshest report
         for sender, ts in stamps:
             if math.isfinite(ts) and ts > latest.get(sender, -math.inf):
@@ -256,7 +258,8 @@ class OverloadMonitor:
                 self._offsets = {k: v for k, v in offsets.items() if v[1] >= kept}
             if len(late) < 2:
                 return  # one sender's lateness may be its own
-            self._arrival_lag = statistics.median(late.values())
+            ranked = sorted(late.values())
+            self._arrival_lag = ranked[max(0, math.ceil(ARRIVAL_QUANTILE * len(ranked)) - 1)]  # nearest rank
             if self._behind_since is not None and now - self._last_sign < self.settings.settle:
                 self._delayed(now, self._arrival_lag)
 
