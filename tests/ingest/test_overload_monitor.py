@@ -151,3 +151,16 @@ def test_an_event_loop_blocked_now_is_seen_while_it_is_blocked() -> None:
     assert not m.behind(11.0) and m.cover(11.0).delay == pytest.approx(0.75)
     assert m.behind(20.0) and m.cover(20.0).delay == pytest.approx(9.75)
     assert m.admit(20.0).ticket is None
+
+
+def test_late_news_counts_while_the_senders_queues_drain_after_the_hub_caught_up() -> None:
+    m = monitor()
+    senders = [f"n{i}" for i in range(10)]
+    for t in range(10):
+        m.arrived(float(t), [(s, float(t)) for s in senders])
+    m.loop_lag(10.0, 3.0)  # the last sign of lag; settled by 10 + settle
+    late_at = 10.0 + m.settings.settle + 5
+    m.arrived(late_at, [(s, late_at - 12) for s in senders])  # still draining, 12 s late
+    assert m.cover(late_at).delay == pytest.approx(12.0, abs=0.1)
+    m.arrived(100.0, [(s, 100 - 12.0) for s in senders])  # long after: not the hub's lag
+    assert m.cover(100.0).delay == 0.0

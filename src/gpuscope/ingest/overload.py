@@ -230,9 +230,10 @@ class OverloadMonitor:
         that was (a sender's connection pool, the kernel's accept queue, the event loop, the
         observe stage): requests waiting before admission are invisible to the other measures;
         so is how long a sender heard now was not heard before (its queue's turn came). While the
-        hub is behind, the 90th percentile of either over the senders heard is a delay it made
-        its senders wait (not the largest, so the few senders late on their own side, such as
-        one flushing its spool after an outage, are not taken for the hub's delay)."""
+        hub is behind, and after it while its senders' queues drain, the 90th percentile of
+        either over the senders heard is a delay it made its senders wait (not the largest, so
+        the few senders late on their own side, such as one flushing its spool after an outage,
+        are not taken for the hub's delay)."""
         latest: dict[str, float] = {}  # a sender's news is as late as its freshest report
         for sender, ts in stamps:
             if math.isfinite(ts) and ts > latest.get(sender, -math.inf):
@@ -260,7 +261,8 @@ class OverloadMonitor:
                 return  # one sender's lateness may be its own
             ranked = sorted(late.values())
             self._arrival_lag = ranked[max(0, math.ceil(ARRIVAL_QUANTILE * len(ranked)) - 1)]  # nearest rank
-            if self._behind_since is not None and now - self._last_sign < self.settings.settle:
+            # the senders' queues drain for about as long as they are late after the hub caught up
+            if now - self._last_sign < self.settings.settle + self._arrival_lag:
                 self._delayed(now, self._arrival_lag)
 
     def _oldest_wait(self, now: float) -> float:
