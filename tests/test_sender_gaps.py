@@ -170,3 +170,40 @@ def test_a_sender_names_what_it_reports_for_and_a_malformed_name_is_refused() ->
     for bad in ("gpu=1", "node", "node=", "node=a,node=b", "x" * 600):
         with pytest.raises(SenderHeaderError, match="X-Gpuscope-Sender"):
             parse_sender(bad)
+
+
+def test_nodes_whose_requests_queue_before_admission_are_not_blamed_and_a_dead_one_is() -> None:
+    """While behind, the live nodes' requests are not refused but queue on the way in (a
+    sender's connection pool, the kernel's accept queue): each node's spool reaches the hub in
+    bursts every ``period`` seconds, ``LAG`` seconds old, which no measure of requests in flight
+    sees. The hub measures that delay from the senders' own timestamps and the turns of their
+    queues: nobody live is blamed, and a node that dies meanwhile is alerted within its threshold
+    plus that delay of its last report."""
+    lag, period = 8, 9
+    cluster = FakeCluster(nodes=18, gpus=2)
+    rig = Rig()
+    queued: dict[str, list[Batch]] = {name: [] for name in cluster.names}
+    heard_last: dict[str, float] = {}
+
+    def through(t: float) -> list[Batch]:
+        for batch in cluster.batches(t):
+            queued[batch.source].append(batch)
+        out: list[Batch] = []
+        for i, name in enumerate(cluster.names):
+            if t < 30 or int(t + i) % period == 0:
+                ready = [b for b in queued[name] if b.frames[0].ts <= t - (lag if t >= 30 else 0)]
+                queued[name] = [b for b in queued[name] if b not in ready]
+                out += ready
+                if ready:
+                    heard_last[name] = t
+        return out
+
+    rig.run(0, 30, through, node_of)
+    rig.run(30, 60, through, node_of, refuse=lambda t: [])  # behind, nobody refused
+    cluster.down.add("node-17")
+    rig.run(60, 120, through, node_of, refuse=lambda t: [])
+    (alert,) = rig.blamed()
+    assert alert.entity == {"node": "node-17"} and alert.rule == "node_unreachable"
+    delay = rig.hub.overload.status(120.0)["arrival_lag_seconds"]  # a turn of the queue: its period
+    assert lag - 0.5 <= delay <= period  # less the drift a sender's usual offset may follow
+    assert heard_last["node-17"] + 4 <= alert.started_at <= heard_last["node-17"] + 4 + delay + 1

@@ -5,8 +5,9 @@ been heard for longer than its threshold. Two things other than the sender can m
 each is a *source* of sender gaps here:
 
 - ``overload``: the hub itself refused the sender's requests (503 + ``Retry-After``: the sender
-  spools and comes back) or made every request wait (its event loop, its oldest request in flight
-  ran late). :class:`~gpuscope.ingest.overload.OverloadMonitor` reports what it did
+  spools and comes back) or made every request wait (its event loop, its oldest request in flight,
+  its evaluation ran late; its senders' news arrived late, queued before it was admitted).
+  :class:`~gpuscope.ingest.overload.OverloadMonitor` reports what it did
   (:class:`~gpuscope.ingest.overload.ShedCover`) at each evaluation. The gap it made a sender it
   refused (matched by the identity a sender names in ``X-Gpuscope-Sender``; every sender while it
   refused one that named nobody) ends at its settle time after the last refusal, and the sender's

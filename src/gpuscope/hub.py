@@ -31,6 +31,8 @@ AlertListener = Callable[[AlertChange], None]
 DERIVED_PASSES = 3
 #: how long a resumed alert may go unconfirmed by the warmed-up detectors before it can resolve
 RESUME_GRACE_S = 30.0
+#: batches' arrival stamps kept between two evaluations at most
+MAX_HEARD = 65536
 
 
 class Hub:
@@ -71,6 +73,9 @@ class Hub:
         #: acknowledged batches waiting for the detectors and observers, seen a tick at once
         self.observing = ObserveStage(self.counters)
         self.observing.add("detection", self._detect_tick)
+        self.observing.add("arrivals", self._arrivals)
+        #: (sender, its latest timestamp) of each batch observed since the last evaluation
+        self._heard: list[tuple[str, float]] = []
         self.observing.add_each("productivity", self.productivity.observe)
 
     def structures(self) -> dict[str, object]:
@@ -144,6 +149,14 @@ class Hub:
             self.detection.observe_many(parts)
             self.detect_seconds += time.perf_counter() - started
 
+    def _arrivals(self, batches: list[Batch]) -> None:
+        """How late each sender's data reaches the detectors: the overload monitor's arrival lag."""
+        heard = self._heard
+        for batch in batches:
+            stamps = [f.ts for f in batch.frames] + [r.ts for r in batch.training]
+            if stamps and len(heard) < MAX_HEARD:  # bounded should no evaluation come
+                heard.append((batch.source, max(stamps)))
+
     def observe_local(self, batch: Batch) -> None:
         """This hub's detectors see a batch (part) that is theirs (a peer's forward, at once)."""
         with self._detect_lock:
@@ -197,6 +210,8 @@ class Hub:
         (which records each transition); then every listener hears what changed. The detectors
         first see every batch acknowledged before now."""
         self.settle()
+        heard, self._heard = self._heard, []
+        self.overload.arrived(now, heard)
         findings = self.overload.findings(now)
         self.gaps.shed(self.overload.cover(now))
         with self.placement.held(), self._detect_lock:

@@ -123,3 +123,44 @@ def test_the_cover_names_each_refused_sender_with_the_end_of_its_gap_and_the_del
     m.loop_lag(9.0, 3.0)
     assert m.cover(10.0).delay == 3.0 and m.cover(15.1).delay == 0.0
     assert m.cover(606.9).refused and m.cover(607.0).refused == {}  # remembered for 600 s past its end
+
+
+def test_late_news_is_the_hubs_delay_only_while_behind_and_not_one_senders_own_lateness() -> None:
+    """Each sender's clock is skewed its own way (learned as its usual offset); a sender late on its
+    own side (flushing its spool) is not the hub's delay; nearly all late while the hub is behind is."""
+    m = monitor()
+    skew = {"a": -30.0, "b": 0.0, "c": 7.5, **{f"n{i}": 0.0 for i in range(8)}}  # sender minus hub clock
+    for t in range(10):
+        m.arrived(float(t), [(s, t + k) for s, k in skew.items()])
+    assert m.cover(9.0).delay == 0.0
+    m.arrived(10.0, [("a", 10 - 30.0 - 40), *[(s, 10 + k) for s, k in skew.items() if s != "a"]])  # a's spool
+    assert m.status(10.0)["arrival_lag_seconds"] == 0.0 and m.cover(10.0).delay == 0.0
+    m.arrived(11.0, [(s, 11 + k - 6) for s, k in skew.items()])  # everyone 6 s late, hub not behind
+    assert m.cover(11.0).delay == 0.0
+    m.loop_lag(12.0, 3.0)  # behind now
+    m.arrived(12.0, [(s, 12 + k - 9) for s, k in skew.items()])
+    assert m.cover(12.0).delay == pytest.approx(9.0, abs=0.1)
+    assert m.cover(12.0 + m.settings.settle + 1).delay == 0.0  # remembered for the settle time only
+
+
+def test_an_event_loop_blocked_now_is_seen_while_it_is_blocked() -> None:
+    """The loop's timer reports its lag only once it runs again; until then the hub knows it is
+    overdue: it is behind, and the silences it causes meanwhile are its delay."""
+    m = monitor(max_loop_lag_s=2.0)
+    m.loop_lag(10.0, 0.0, next_due=10.25)
+    assert not m.behind(11.0) and m.cover(11.0).delay == pytest.approx(0.75)
+    assert m.behind(20.0) and m.cover(20.0).delay == pytest.approx(9.75)
+    assert m.admit(20.0).ticket is None
+
+
+def test_late_news_counts_while_the_senders_queues_drain_after_the_hub_caught_up() -> None:
+    m = monitor()
+    senders = [f"n{i}" for i in range(10)]
+    for t in range(10):
+        m.arrived(float(t), [(s, float(t)) for s in senders])
+    m.loop_lag(10.0, 3.0)  # the last sign of lag; settled by 10 + settle
+    late_at = 10.0 + m.settings.settle + 5
+    m.arrived(late_at, [(s, late_at - 12) for s in senders])  # still draining, 12 s late
+    assert m.cover(late_at).delay == pytest.approx(12.0, abs=0.1)
+    m.arrived(100.0, [(s, 100 - 12.0) for s in senders])  # long after: not the hub's lag
+    assert m.cover(100.0).delay == 0.0

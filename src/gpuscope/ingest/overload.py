@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import random
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,6 +75,12 @@ def covers(sender: SenderKey, entity: Labels) -> bool:
 
 #: how long a refusal is remembered past the settle time (the longest silence threshold it may hold)
 REFUSALS_KEPT_S = 600.0
+#: how fast a sender's usual offset (its clock's skew plus transit) may rise, seconds per second:
+#: enough to follow a drifting clock, far too slow to absorb a backlog
+OFFSET_DRIFT = 0.001
+#: the share of the senders heard whose delay the hub takes for its own: most of them, as the
+#: queue's unlucky turns are its doing too, short of the few that may be late on their own side
+ARRIVAL_QUANTILE = 0.9
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +88,8 @@ class ShedCover:
     """What the hub did to its senders lately. ``refused``: each named sender it refused, and when
     the gap it made ends (its last refusal plus ``settle``: by then the sender is back);
     ``everyone_until``: the same for senders that named nobody (every sender's gap); ``delay``: the
-    longest the hub made every request wait (event loop, oldest request in flight) within
+    longest the hub made every request wait (event loop, oldest request in flight, evaluation,
+    and, while behind, how late its senders' news arrived: :meth:`OverloadMonitor.arrived`) within
     ``settle``. A request in flight is not its sender's gap: a sender with a backlog always has
     one, and the data in it is what the sender queued before; the delay covers it."""
 
@@ -149,12 +156,16 @@ class OverloadMonitor:
         self._refused: dict[SenderKey, float] = {}  # named sender -> last refused at
         self._refused_anonymous = -math.inf
         self._delay = (0.0, -math.inf)  # the longest recent delay, and when it was seen
+        #: sender -> (usual offset, last heard at, usual time between hearings)
+        self._offsets: dict[str, tuple[float, float, float]] = {}
+        self._arrival_lag = 0.0
         self._next_ticket = 0
         self._last_sign = -math.inf  # latest time the hub saw itself behind
         self._behind_since: float | None = None
         self._alert_since: float | None = None  # hub_overloaded firing since (held past an episode)
         self._eval_lag = 0.0
         self._loop_lag = 0.0
+        self._loop_due = math.inf  # when the event loop's next timer is due (inf: none watched)
         self._observe_lag = 0.0
         self.loop_probes = 0  # event-loop timers measured
         self.shed = 0  # requests refused while behind
@@ -188,12 +199,16 @@ class OverloadMonitor:
         """The evaluation due ``lag`` seconds before ``now`` ran now."""
         with self._lock:
             self._eval_lag = lag
+            self._delayed(now, lag)  # nothing was stamped heard meanwhile: the verdicts' delay too
             if lag > self.settings.max_eval_lag_s:
                 self._sign(now)
 
-    def loop_lag(self, now: float, lag: float) -> None:
-        """The HTTP event loop ran a timer ``lag`` seconds late at ``now``."""
+    def loop_lag(self, now: float, lag: float, next_due: float = math.inf) -> None:
+        """The HTTP event loop ran a timer ``lag`` seconds late at ``now``; its next is due at
+        ``next_due``: a loop that is blocked is seen late while it is blocked, not once it has
+        run again (by then the silences it caused may have been judged)."""
         with self._lock:
+            self._loop_due = next_due
             self._loop_lag = lag
             self.loop_probes += 1
             self._delayed(now, lag)
@@ -207,6 +222,48 @@ class OverloadMonitor:
             self._observe_lag = lag
             if lag > self.settings.max_lag_s:
                 self._sign(now)
+
+    def arrived(self, now: float, stamps: Iterable[tuple[str, float]]) -> None:
+        """The detectors saw at ``now`` the batches of these senders: each (sender, the latest of
+        its own timestamps in a batch). How much later than its usual offset from the hub's clock
+        (skew plus transit) a sender's data arrives is how long it queued on the way, wherever
+        that was (a sender's connection pool, the kernel's accept queue, the event loop, the
+        observe stage): requests waiting before admission are invisible to the other measures;
+        so is how long a sender heard now was not heard before (its queue's turn came). While the
+        hub is behind, and after it while its senders' queues drain, the 90th percentile of
+        either over the senders heard is a delay it made its senders wait (not the largest, so
+        the few senders late on their own side, such as one flushing its spool after an outage,
+        are not taken for the hub's delay)."""
+        latest: dict[str, float] = {}  # a sender's news is as late as its freshest report
+        for sender, ts in stamps:
+            if math.isfinite(ts) and ts > latest.get(sender, -math.inf):
+                latest[sender] = ts
+        late: dict[str, float] = {}
+        with self._lock:
+            offsets = self._offsets
+            for sender, ts in latest.items():
+                offset = now - ts
+                known = offsets.get(sender)
+                if known is None:
+                    offsets[sender] = (offset, now, math.inf)
+                    continue
+                usual_offset, heard, usual_gap = known
+                drift = OFFSET_DRIFT * (now - heard)
+                usual = min(offset, usual_offset + drift)
+                gap = now - heard
+                offsets[sender] = (usual, now, min(gap, usual_gap + drift))
+                # late news, or news after a longer wait than usual for a turn (a queue's burst)
+                late[sender] = max(offset - usual, gap - usual_gap if usual_gap < gap else 0.0)
+            if len(offsets) > 2 * len(late) + 1024:  # forget senders gone for a while (bounded)
+                kept = now - self.settings.settle - REFUSALS_KEPT_S
+                self._offsets = {k: v for k, v in offsets.items() if v[1] >= kept}
+            if len(late) < 2:
+                return  # one sender's lateness may be its own
+            ranked = sorted(late.values())
+            self._arrival_lag = ranked[max(0, math.ceil(ARRIVAL_QUANTILE * len(ranked)) - 1)]  # nearest rank
+            # the senders' queues drain for about as long as they are late after the hub caught up
+            if now - self._last_sign < self.settings.settle + self._arrival_lag:
+                self._delayed(now, self._arrival_lag)
 
     def _oldest_wait(self, now: float) -> float:
         for admitted in self._in_flight.values():
@@ -222,7 +279,7 @@ class OverloadMonitor:
         """Whom the hub refused or keeps waiting at ``now`` (see :class:`ShedCover`)."""
         with self._lock:
             settle = self.settings.settle
-            self._delayed(now, self._oldest_wait(now))
+            self._delayed(now, max(self._oldest_wait(now), now - self._loop_due))
             kept = settle + REFUSALS_KEPT_S
             self._refused = {k: t for k, t in self._refused.items() if now - t < kept}
             peak, at = self._delay
@@ -239,6 +296,7 @@ class OverloadMonitor:
             or self._oldest_wait(now) > s.max_lag_s
             or self._eval_lag > s.max_eval_lag_s
             or self._loop_lag > s.max_loop_lag_s
+            or now - self._loop_due > s.max_loop_lag_s
             or self._observe_lag > s.max_lag_s
         )
 
@@ -301,6 +359,7 @@ class OverloadMonitor:
                 "evaluation_lag_seconds": round(self._eval_lag, 3),
                 "event_loop_lag_seconds": round(self._loop_lag, 3),
                 "observe_lag_seconds": round(self._observe_lag, 3),
+                "arrival_lag_seconds": round(self._arrival_lag, 3),
                 "event_loop_probes": self.loop_probes,
                 "shed_requests": self.shed,
                 "episodes": self.episodes,

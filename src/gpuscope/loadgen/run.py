@@ -321,7 +321,8 @@ class LoadReport:
             ],
             "alerts_total": len(self.alerts),
             "unexplained_p1_p2": [
-                {"rule": a.get("rule"), "entity": a.get("entity")} for a in self.unexplained_alerts()
+                {k: a.get(k) for k in ("rule", "entity", "started_at", "value", "details")}
+                for a in self.unexplained_alerts()
             ],
             "alert_poll_errors": self.poll_errors,
         }

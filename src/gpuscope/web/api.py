@@ -205,7 +205,9 @@ class HubApi:
         while True:
             started = time.monotonic()
             await asyncio.sleep(LOOP_PROBE_S)
-            self.hub.overload.loop_lag(self.clock(), max(0.0, time.monotonic() - started - LOOP_PROBE_S))
+            now = self.clock()
+            lag = max(0.0, time.monotonic() - started - LOOP_PROBE_S)
+            self.hub.overload.loop_lag(now, lag, next_due=now + LOOP_PROBE_S)
 
     def _guard(self, handler: Handler) -> Handler:
         async def wrapped(request: Request) -> Response:
