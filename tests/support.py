@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -84,3 +87,24 @@ class HubProcess(Process):
             return httpx.get(f"{self.url}/api/v1/health", timeout=1).status_code == 200
 
         wait_until(ready, timeout, "the hub to answer")
+
+
+@contextlib.contextmanager
+def freed_arena_memory() -> Iterator[None]:
+    """80 MiB of small blocks (below glibc's mmap threshold: they live in an arena), written so they
+    are resident, then freed behind a block that keeps the heap's top: glibc keeps the pages until
+    something trims them. The fence is freed on exit."""
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    blocks = [libc.malloc(4096) for _ in range(20_000)]
+    for block in blocks:
+        ctypes.memset(block, 1, 4096)
+    fence = libc.malloc(64)
+    for block in blocks:
+        libc.free(block)
+    try:
+        yield
+    finally:
+        libc.free(fence)

@@ -4,7 +4,6 @@ hands memory freed in the malloc arenas back after each minute's upkeep."""
 
 from __future__ import annotations
 
-import ctypes
 import subprocess
 import sys
 import threading
@@ -20,6 +19,7 @@ from gpuscope.evaluator import Evaluator
 from gpuscope.hub import Hub
 from gpuscope.runtime import assemble
 from gpuscope.store.duckdb import DuckDBStore
+from support import freed_arena_memory
 
 
 def test_storage_memory_limit_reaches_duckdb(tmp_path: Path) -> None:
@@ -85,31 +85,19 @@ def test_limits_malloc_arenas_bounds_glibc_arenas(tmp_path: Path) -> None:
 
 
 def test_the_clock_hands_freed_arena_memory_back_after_upkeep() -> None:
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    # 80 MiB of small blocks, written so they are resident, freed behind a block that keeps the
-    # heap's top: glibc keeps the pages until something trims them
-    blocks = [libc.malloc(4096) for _ in range(20_000)]
-    for block in blocks:
-        ctypes.memset(block, 1, 4096)
-    fence = libc.malloc(64)
-    for block in blocks:
-        libc.free(block)
-    before = procmem.rss_bytes()
-    hub = Hub(DuckDBStore(":memory:", durable=False))
-    clock = Evaluator(hub, interval=0.05)
-    clock.start()
-    try:
-        deadline = time.monotonic() + 30
-        while procmem.rss_bytes() > before - 60 * 2**20 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert procmem.rss_bytes() <= before - 60 * 2**20
-    finally:
-        clock.stop()
-        hub.store.close()
-        libc.free(fence)
+    with freed_arena_memory():
+        before = procmem.rss_bytes()
+        hub = Hub(DuckDBStore(":memory:", durable=False))
+        clock = Evaluator(hub, interval=0.05)
+        clock.start()
+        try:
+            deadline = time.monotonic() + 30
+            while procmem.rss_bytes() > before - 60 * 2**20 and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert procmem.rss_bytes() <= before - 60 * 2**20
+        finally:
+            clock.stop()
+            hub.store.close()
 
 
 def test_a_long_upkeep_does_not_hold_the_detectors_back(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import collections
-import ctypes
 
 from gpuscope import procmem
+from support import freed_arena_memory
 
 
 class _State:
@@ -41,21 +41,9 @@ def test_snapshot_reads_resident_set_python_heap_and_malloc() -> None:
 
 
 def test_trim_hands_free_arena_memory_back_to_the_system() -> None:
-    libc = ctypes.CDLL(None)
-    libc.malloc.restype = ctypes.c_void_p
-    libc.malloc.argtypes = [ctypes.c_size_t]
-    libc.free.argtypes = [ctypes.c_void_p]
-    # 80 MiB of small blocks (below the mmap threshold: they live in the arena), written so they are
-    # resident; a block allocated after them keeps the heap's top, so free() cannot shrink it
-    blocks = [libc.malloc(4096) for _ in range(20_000)]
-    for block in blocks:
-        ctypes.memset(block, 1, 4096)
-    fence = libc.malloc(64)
-    for block in blocks:
-        libc.free(block)
-    before = procmem.rss_bytes()
-    freed = procmem.snapshot().malloc_free_bytes
-    assert freed is not None and freed >= 60 * 2**20
-    assert procmem.trim()
-    assert procmem.rss_bytes() < before - 60 * 2**20
-    libc.free(fence)
+    with freed_arena_memory():
+        before = procmem.rss_bytes()
+        freed = procmem.snapshot().malloc_free_bytes
+        assert freed is not None and freed >= 60 * 2**20
+        assert procmem.trim()
+        assert procmem.rss_bytes() < before - 60 * 2**20
