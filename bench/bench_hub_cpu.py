@@ -51,11 +51,10 @@ from gpuscope.store.settings import StorageSettings
 
 WARM_TICKS = 3
 #: VictoriaMetrics moves what it acknowledged into its tables within about a second, the hub at its
-#: next commit (every ``storage.flush_interval_s``): each measurement ends once the last tick has
-#: settled there, so each system pays for the measured ticks' writes (the hub for the commit of the
-#: warm-up's last rows too, and for more idle seconds: the comparison leans against the hub)
-SETTLE_S = 2.0
-HUB_SETTLE_S = SETTLE_S + StorageSettings().flush_interval_s
+#: next commit (every ``storage.flush_interval_s``): both measurements end this long after the last
+#: tick, so each system pays for the measured ticks' writes and for as many idle seconds (the hub
+#: also for the commit of the warm-up's last rows: the comparison leans slightly against the hub)
+SETTLE_S = 2.0 + StorageSettings().flush_interval_s
 #: time to encode the ticks before the first one is due
 ENCODE_S = 5.0
 #: a hub process starting on a busy shared machine (imports, DuckDB) may take longer than 30 s
@@ -132,7 +131,7 @@ def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
                     batches += len(tick)
                     measured += sent
             samples = sum(f.result() for f in measured)
-        time.sleep(HUB_SETTLE_S)
+        time.sleep(SETTLE_S)
         t = hub.cpu_times()
         for c in clients:
             c.close()
