@@ -92,18 +92,14 @@ class ClockDetector(GpuTableDetector):
         tau: float = 60.0,
         load_percent: float = 50.0,
         lag_ratio: float = 0.96,
-        min_peers: int = 3,
-        ref_quantile: float = 0.75,
-        warm: int = 60,
-        split_gap: float = 0.04,
-        noise_k: float = 5.0,
+        peers: ClockPeers | None = None,
     ) -> None:
         super().__init__()
         self.load_percent, self.lag_ratio = load_percent, lag_ratio
         self._power = _Share(tau, 0.5, 0.25)
         self._slow = _Share(tau, 0.6, 0.3)
         self._ratio: FloatArray = np.zeros(0)
-        self._peers = ClockPeers(min_peers, ref_quantile, warm, split_gap, noise_k)
+        self._peers = peers if peers is not None else ClockPeers()
 
     def evaluate(self, now: float) -> list[Finding]:
         t = self.table
