@@ -77,10 +77,7 @@ class PgAlertState:
 
     def fired(self, alert: Alert, places: list[Labels] | None, now: float) -> Alert | None:
         theirs = self.write_fired(alert, now, places)
-        if theirs is None:
-            # the incident it joins, as every member derives it (routes group by incident)
-            incidents = self.view()[1]
-            alert.incident = next((i.id for i in incidents if alert.id in i.members), None)
+        self._join_incidents([alert if theirs is None else theirs])
         return theirs
 
     def resolved(self, alert: Alert, now: float) -> bool:
@@ -179,7 +176,19 @@ class PgAlertState:
                 "SELECT doc FROM cluster_alerts WHERE resolved_at IS NULL AND shard = ANY(%s) ORDER BY seq",
                 (sorted(shards),),
             ).fetchall()
-        return [Alert(**orjson.loads(r[0])) for r in rows]
+        alerts = [Alert(**orjson.loads(r[0])) for r in rows]
+        self._join_incidents(alerts)
+        return alerts
+
+    def _join_incidents(self, alerts: list[Alert]) -> None:
+        """Give each alert the incident every member derives for it. A stored document is written
+        before its incident exists, and routes group by incident: an alert continued without it
+        would be resolved to receivers in another group than the one it fired in."""
+        if not alerts:
+            return
+        incidents = self.view()[1]
+        for alert in alerts:
+            alert.incident = next((i.id for i in incidents if alert.id in i.members), alert.incident)
 
     def view(self) -> tuple[list[Alert], list[Incident]]:
         """Every alert of the cluster in the order they fired, and the incidents they form.
