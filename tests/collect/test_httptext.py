@@ -1,0 +1,73 @@
+"""The /metrics text the dcgm and serving collectors scrape: one keep-alive connection per
+collector, an error status raised, and the client closed with the collector."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import httpx
+import pytest
+
+from gpuscope.collect.dcgm import DcgmCollector
+from gpuscope.collect.httptext import HttpText
+from gpuscope.collect.serving import ServingCollector
+
+PAGE = b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1"} 42\n'
+
+
+class _Exporter(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive, as exporters answer
+    connections: ClassVar[list[str]] = []  # one handler per connection, made as it is accepted
+
+    def setup(self) -> None:
+        super().setup()
+        _Exporter.connections.append(str(self.client_address))
+
+    def do_GET(self) -> None:
+        body, status = (PAGE, 200) if self.path == "/metrics" else (b"no such page\n", 500)
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def exporter() -> Iterator[str]:
+    _Exporter.connections.clear()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Exporter)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def test_pages_come_over_one_connection_and_an_error_status_raises(exporter: str) -> None:
+    http = HttpText(timeout=5.0)
+    assert http.get(f"{exporter}/metrics") == PAGE.decode()
+    assert http.get(f"{exporter}/metrics") == PAGE.decode()
+    assert len(_Exporter.connections) == 1
+    with pytest.raises(httpx.HTTPStatusError):
+        http.get(f"{exporter}/broken")
+    http.close()
+    assert http.get(f"{exporter}/metrics") == PAGE.decode()  # opened again after a close
+    assert len(_Exporter.connections) == 2
+    http.close()
+    http.close()  # twice is harmless, as a collector may be closed twice
+
+
+def test_the_dcgm_and_serving_collectors_scrape_over_it(exporter: str) -> None:
+    dcgm = DcgmCollector("n1", url=f"{exporter}/metrics")
+    (frame,) = dcgm.collect(1.0).frames
+    assert frame.metrics == ["gpu_utilization_percent"] and frame.values.tolist() == [[42.0]]
+    dcgm.close()
+    serving = ServingCollector("n1", urls=[f"{exporter}/broken"])
+    with pytest.raises(RuntimeError, match="500"):
+        serving.collect(1.0)
+    serving.close()
