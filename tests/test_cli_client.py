@@ -5,9 +5,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import orjson
@@ -20,7 +19,7 @@ from gpuscope.completion import command_words, script, walk
 from gpuscope.hub import Hub
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
-from support import free_port
+from support import free_port, loopback_http
 
 
 @pytest.fixture
@@ -50,12 +49,8 @@ class _HtmlNotFound(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def other_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _HtmlNotFound)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with loopback_http(_HtmlNotFound) as url:
+        yield url
 
 
 def test_client_options_go_before_or_after_the_subcommand(

@@ -14,7 +14,6 @@ import http.server
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 
 from gpuscope.collect.dcgm import DcgmCollector, map_samples
 from gpuscope.collect.promtext import parse_exposition
+from support import loopback_http
 
 UUID = "GPU-5f1c9f1a-2b7e-4c55-9a43-3e7d1c0b9e21"
 #: render_metrics.go gpuMetricsFormat: gpu, UUID, pci_bus_id, device, modelName, hostname, then
@@ -256,12 +256,8 @@ class _Page(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture
 def exporter() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
-    server.server_close()
+    with loopback_http(_Page) as url:
+        yield f"{url}/metrics"
 
 
 def test_agent_with_collector_dcgm_and_a_url_runs_in_a_fresh_process(exporter: str) -> None:

@@ -3,9 +3,8 @@ collector, an error status raised, and the client closed with the collector."""
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import httpx
@@ -14,6 +13,7 @@ import pytest
 from gpuscope.collect.dcgm import DcgmCollector
 from gpuscope.collect.httptext import HttpText
 from gpuscope.collect.serving import ServingCollector
+from support import loopback_http
 
 PAGE = b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1"} 42\n'
 
@@ -40,12 +40,8 @@ class _Exporter(BaseHTTPRequestHandler):
 @pytest.fixture
 def exporter() -> Iterator[str]:
     _Exporter.connections.clear()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Exporter)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with loopback_http(_Exporter) as url:
+        yield url
 
 
 def test_pages_come_over_one_connection_and_an_error_status_raises(exporter: str) -> None:

@@ -4,17 +4,16 @@ as an agent's sender does, instead of waiting out a backoff (bench (c) SIGKILLs 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from gpuscope.agent.sender import Backoff
 from gpuscope.loadgen.sender import _Worker
 from gpuscope.loadgen.traffic import shard_of
-from support import free_port
+from support import free_port, loopback_http
 
 
 class _Accepting(BaseHTTPRequestHandler):
@@ -33,14 +32,8 @@ class _Accepting(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def live_hub() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Accepting)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_http(_Accepting) as url:
+        yield url
 
 
 def test_a_stream_whose_hub_refuses_connections_moves_to_the_next_hub_at_once(live_hub: str) -> None:

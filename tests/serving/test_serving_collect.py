@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from gpuscope.agent.cli import add_agent_arguments, run_agent
 from gpuscope.collect.base import CollectorContext, build_collectors, enabled_collectors
 from gpuscope.collect.serving import EngineScraper, ServingCollector, split_target
 from gpuscope.collect.serving_map import bucket_quantile
+from support import loopback_http
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -160,12 +160,8 @@ class _Engine(BaseHTTPRequestHandler):
 @pytest.fixture
 def engine_url() -> Iterator[str]:
     _Engine.body = fixture("vllm").encode()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
-    server.server_close()
+    with loopback_http(_Engine) as url:
+        yield f"{url}/metrics"
 
 
 def test_agent_scrape_flag_once_json(engine_url: str, capsys: pytest.CaptureFixture[str]) -> None:
