@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler
 
-from support import loopback_http
+from support import QuietHandler, loopback_http
 
 #: (path with query, the Authorization header or None) -> (HTTP status, JSON body)
 Answer = Callable[[str, str | None], tuple[int, bytes]]
@@ -18,18 +17,11 @@ def kube_api_server(answer: Answer) -> Iterator[tuple[str, list[str]]]:
     """``(base URL, the paths requested so far)`` of a server that answers every GET with ``answer``."""
     seen: list[str] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             seen.append(self.path)
             status, body = answer(self.path, self.headers.get("Authorization"))
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
+            self.reply(status, body, "application/json")
 
     with loopback_http(Handler) as url:
         yield url, seen

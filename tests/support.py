@@ -42,6 +42,20 @@ def wait_until(predicate: object, timeout: float, what: str, interval: float = 0
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler for test servers: answers with :meth:`reply` and logs nothing."""
+
+    def reply(self, status: int, body: bytes, content_type: str = "text/plain; version=0.0.4") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
 @contextlib.contextmanager
 def loopback_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """A threaded HTTP server on a free loopback port answering with ``handler``: its base URL."""

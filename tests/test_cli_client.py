@@ -6,7 +6,6 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import orjson
@@ -19,7 +18,7 @@ from gpuscope.completion import command_words, script, walk
 from gpuscope.hub import Hub
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
-from support import free_port, loopback_http
+from support import QuietHandler, free_port, loopback_http
 
 
 @pytest.fixture
@@ -34,17 +33,10 @@ def hub_url() -> Iterator[str]:
     service.stop()
 
 
-class _HtmlNotFound(BaseHTTPRequestHandler):
+class _HtmlNotFound(QuietHandler):
     def do_GET(self) -> None:
         body = b"<!DOCTYPE html><html><body><h1>Not Found</h1>" + b"x" * 2000 + b"</body></html>"
-        self.send_response(404)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.reply(404, body, "text/html")
 
 
 @pytest.fixture

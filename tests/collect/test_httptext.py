@@ -4,7 +4,6 @@ collector, an error status raised, and the client closed with the collector."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from typing import ClassVar
 
 import httpx
@@ -13,12 +12,12 @@ import pytest
 from gpuscope.collect.dcgm import DcgmCollector
 from gpuscope.collect.httptext import HttpText
 from gpuscope.collect.serving import ServingCollector
-from support import loopback_http
+from support import QuietHandler, loopback_http
 
 PAGE = b'DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1"} 42\n'
 
 
-class _Exporter(BaseHTTPRequestHandler):
+class _Exporter(QuietHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as exporters answer
     connections: ClassVar[list[str]] = []  # one handler per connection, made as it is accepted
 
@@ -27,14 +26,10 @@ class _Exporter(BaseHTTPRequestHandler):
         _Exporter.connections.append(str(self.client_address))
 
     def do_GET(self) -> None:
-        body, status = (PAGE, 200) if self.path == "/metrics" else (b"no such page\n", 500)
-        self.send_response(status)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        if self.path == "/metrics":
+            self.reply(200, PAGE)
+        else:
+            self.reply(500, b"no such page\n")
 
 
 @pytest.fixture

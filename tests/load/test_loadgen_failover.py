@@ -6,28 +6,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from gpuscope.agent.sender import Backoff
 from gpuscope.loadgen.sender import _Worker
 from gpuscope.loadgen.traffic import shard_of
-from support import free_port, loopback_http
+from support import QuietHandler, free_port, loopback_http
 
 
-class _Accepting(BaseHTTPRequestHandler):
+class _Accepting(QuietHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", "0")))
-        body = b'{"accepted": {"samples": 1, "events": 0, "training": 0}}'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: object) -> None:
-        pass
+        self.reply(200, b'{"accepted": {"samples": 1, "events": 0, "training": 0}}', "application/json")
 
 
 @pytest.fixture

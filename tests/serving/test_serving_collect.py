@@ -6,7 +6,6 @@ import argparse
 import json
 import math
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from gpuscope.agent.cli import add_agent_arguments, run_agent
 from gpuscope.collect.base import CollectorContext, build_collectors, enabled_collectors
 from gpuscope.collect.serving import EngineScraper, ServingCollector, split_target
 from gpuscope.collect.serving_map import bucket_quantile
-from support import loopback_http
+from support import QuietHandler, loopback_http
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -143,18 +142,11 @@ def test_bad_targets_and_expositions_are_clear_errors() -> None:
         none.collect(1.0)
 
 
-class _Engine(BaseHTTPRequestHandler):
+class _Engine(QuietHandler):
     body = b""
 
     def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200, self.body)
 
 
 @pytest.fixture
