@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
 import os
 import signal
 import socket
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import ModuleType
 
 import httpx
 import numpy as np
@@ -22,6 +24,16 @@ import numpy as np
 from gpuscope.detect.services import Snapshot
 from gpuscope.detect.serving import ServingDetector
 from gpuscope.model import Finding
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script outside the package (bench/, eval/) imported as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:

@@ -2,28 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from gpuscope.store.settings import StorageSettings
+from support import load_script
 
 COMMON = Path(__file__).resolve().parents[1] / "bench" / "common.py"
 
 
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_common", COMMON)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-common = _load()
+common = load_script(COMMON, "bench_common")
 
 
 def test_the_hub_commit_interval_is_that_of_the_config_the_started_hub_reads(
