@@ -17,6 +17,7 @@ from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
+from hubserve import serve_hub
 
 TOKEN = "a-test-token-of-enough-length"
 
@@ -25,10 +26,8 @@ TOKEN = "a-test-token-of-enough-length"
 def served() -> Iterator[HubServer]:
     hub = Hub(DuckDBStore(":memory:", durable=False))
     alerting = AlertingService(hub, AlertingSettings())
-    server = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN], alerting=alerting, evaluate_interval=None)
-    server.start()
-    yield server
-    server.stop()
+    with serve_hub(hub, tokens=[TOKEN], alerting=alerting, evaluate_interval=None) as server:
+        yield server
 
 
 def test_drain_from_the_command_line_mutes_alerts_and_counts_maintenance(

@@ -16,7 +16,7 @@ import pytest
 from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
 from gpuscope.store.duckdb import DuckDBStore
-from gpuscope.web.server import HubServer
+from hubserve import serve_hub
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana").glob("*.json"))
@@ -64,10 +64,8 @@ def hub_url() -> Iterator[str]:
     hub = Hub(DuckDBStore(":memory:", durable=False))
     for batch in _batches():
         hub.store.append(batch)
-    server = HubServer(hub, "127.0.0.1", 0)
-    server.start()
-    yield server.url
-    server.stop()
+    with serve_hub(hub) as server:
+        yield server.url
 
 
 def _expand(expr: str) -> str:

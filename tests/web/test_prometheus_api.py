@@ -20,7 +20,7 @@ from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
 from gpuscope.promql.parse import PromQLError, parse
 from gpuscope.store.duckdb import DuckDBStore
-from gpuscope.web.server import HubServer
+from hubserve import serve_hub
 
 NOW = float(int(time.time()))
 T0 = NOW - 600
@@ -44,10 +44,8 @@ def hub_url() -> Iterator[str]:
     hub = Hub(DuckDBStore(":memory:", durable=False))
     for batch in _batches():
         hub.store.append(batch)
-    server = HubServer(hub, "127.0.0.1", 0)
-    server.start()
-    yield server.url
-    server.stop()
+    with serve_hub(hub) as server:
+        yield server.url
 
 
 def _query(url: str, query: str, at: float = NOW) -> dict[str, object]:
