@@ -4,11 +4,22 @@ support.py, which every test session imports)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from gpuscope.hub import Hub
+from gpuscope.model import Batch
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
+
+
+def memory_hub(stored: Iterable[Batch] = ()) -> Hub:
+    """A hub over an in-memory store that already holds ``stored`` (written to the store directly:
+    the detectors have not seen them)."""
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    for batch in stored:
+        hub.store.append(batch)
+    return hub
 
 
 @contextlib.contextmanager

@@ -13,18 +13,16 @@ import pytest
 from gpuscope.alert.service import AlertingService
 from gpuscope.alert.settings import AlertingSettings
 from gpuscope.cli import main
-from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
-from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
-from hubserve import serve_hub
+from hubserve import memory_hub, serve_hub
 
 TOKEN = "a-test-token-of-enough-length"
 
 
 @pytest.fixture
 def served() -> Iterator[HubServer]:
-    hub = Hub(DuckDBStore(":memory:", durable=False))
+    hub = memory_hub()
     alerting = AlertingService(hub, AlertingSettings())
     with serve_hub(hub, tokens=[TOKEN], alerting=alerting, evaluate_interval=None) as server:
         yield server

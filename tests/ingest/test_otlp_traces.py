@@ -20,16 +20,15 @@ from opentelemetry.trace import SpanKind
 
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import Limits
-from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
-from hubserve import serve_hub
+from hubserve import memory_hub, serve_hub
 
 TOKEN = "an-ingest-token-of-enough-length"
 
 
 @pytest.fixture
 def served() -> Iterator[tuple[HubServer, Hub]]:
-    hub = Hub(DuckDBStore(":memory:", durable=False))
+    hub = memory_hub()
     with serve_hub(hub, tokens=[TOKEN], limits=Limits(max_past_s=7 * 86400)) as server:
         yield server, hub
 

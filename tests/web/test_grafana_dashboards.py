@@ -13,10 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
-from gpuscope.store.duckdb import DuckDBStore
-from hubserve import serve_hub
+from hubserve import memory_hub, serve_hub
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana").glob("*.json"))
@@ -61,10 +59,7 @@ def _batches() -> Iterator[Batch]:
 
 @pytest.fixture(scope="module")
 def hub_url() -> Iterator[str]:
-    hub = Hub(DuckDBStore(":memory:", durable=False))
-    for batch in _batches():
-        hub.store.append(batch)
-    with serve_hub(hub) as server:
+    with serve_hub(memory_hub(_batches())) as server:
         yield server.url
 
 

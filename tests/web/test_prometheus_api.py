@@ -16,11 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
 from gpuscope.promql.parse import PromQLError, parse
-from gpuscope.store.duckdb import DuckDBStore
-from hubserve import serve_hub
+from hubserve import memory_hub, serve_hub
 
 NOW = float(int(time.time()))
 T0 = NOW - 600
@@ -41,10 +39,7 @@ def _batches() -> Iterator[Batch]:
 
 @pytest.fixture(scope="module")
 def hub_url() -> Iterator[str]:
-    hub = Hub(DuckDBStore(":memory:", durable=False))
-    for batch in _batches():
-        hub.store.append(batch)
-    with serve_hub(hub) as server:
+    with serve_hub(memory_hub(_batches())) as server:
         yield server.url
 
 
