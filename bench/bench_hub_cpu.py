@@ -39,7 +39,7 @@ from typing import TypeVar
 import httpx
 import psutil
 
-from common import console, gpuscope_hub, print_table, victoria_metrics_binary
+from common import console, gpuscope_hub, hub_flush_interval_s, print_table, victoria_metrics_binary
 from gpuscope.hub import Hub
 from gpuscope.ingest.frame import CONTENT_TYPE, JSON_CONTENT_TYPE, decode_body, encode_frame
 from gpuscope.ingest.payload import Limits, check_time_window, encode_batch
@@ -47,14 +47,13 @@ from gpuscope.loadgen.traffic import FleetShape, Outgoing, build_scenario, descr
 from gpuscope.sim.cluster import Simulator
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.remote.local import start_victoria_metrics
-from gpuscope.store.settings import StorageSettings
 
 WARM_TICKS = 3
 #: VictoriaMetrics moves what it acknowledged into its tables within about a second, the hub at its
 #: next commit (every ``storage.flush_interval_s``): both measurements end this long after the last
 #: tick, so each system pays for the measured ticks' writes and for as many idle seconds (the hub
 #: also for the commit of the warm-up's last rows: the comparison leans slightly against the hub)
-SETTLE_S = 2.0 + StorageSettings().flush_interval_s
+SETTLE_S = 2.0 + hub_flush_interval_s()
 #: time to encode the ticks before the first one is due
 ENCODE_S = 5.0
 #: a hub process starting on a busy shared machine (imports, DuckDB) may take longer than 30 s

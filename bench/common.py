@@ -21,6 +21,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
+from gpuscope.config import load_config
 from gpuscope.loadgen import FleetShape
 from gpuscope.loadgen.traffic import build_scenario
 from gpuscope.sim.cluster import Simulator
@@ -232,6 +233,12 @@ def gpuscope_hub(
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def hub_flush_interval_s() -> float:
+    """How often the hub :func:`gpuscope_hub` starts commits (``storage.flush_interval_s``): it is
+    given no ``--config``, so it reads ``$GPUSCOPE_CONFIG`` or the defaults, as this does."""
+    return load_config().storage_settings().flush_interval_s
 
 
 def dir_bytes(path: Path) -> int:

@@ -22,13 +22,14 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
+from shared_data import DEFAULT_DATA
+
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.detect.loss import LossDetector
 from gpuscope.detect.pace import PaceDetector
 from gpuscope.detect.ranks import RankDetector
 from gpuscope.model import Batch, Finding, TrainingRecord
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 Detected = dict[str, tuple[float, dict[str, str]]]  # rule -> (first step it held, entity)
 
 

@@ -61,10 +61,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from shared_data import DEFAULT_DATA
 
 from gpuscope.simeval.replay import replay_document
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 RATIO, NEAR, MIN_SECONDS, NEAR_SAMPLES, GRACE, MIN_WORKERS, LEARN = 1.15, 1.10, 60.0, 3, 60.0, 3, 30
 HEALTHY_SHARE = 0.2  # the previous rule's healthy period
 Times = dict[int, dict[int, float]]  # sample time -> worker -> mini-batch time

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from support import QuietHandler, loopback_http
 
 #: (path with query, the Authorization header or None) -> (HTTP status, JSON body)
 Answer = Callable[[str, str | None], tuple[int, bytes]]
@@ -17,24 +17,11 @@ def kube_api_server(answer: Answer) -> Iterator[tuple[str, list[str]]]:
     """``(base URL, the paths requested so far)`` of a server that answers every GET with ``answer``."""
     seen: list[str] = []
 
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(QuietHandler):
         def do_GET(self) -> None:
             seen.append(self.path)
             status, body = answer(self.path, self.headers.get("Authorization"))
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            self.reply(status, body, "application/json")
 
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", seen
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_http(Handler) as url:
+        yield url, seen

@@ -1,19 +1,39 @@
-"""Helpers for tests that run real hub and agent processes on loopback ports."""
+"""Helpers for tests that run real hub and agent processes on loopback ports, and the shared set-up
+of the serving detector's tests."""
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib.util
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import ModuleType
 
 import httpx
+import numpy as np
+
+from gpuscope.detect.services import Snapshot
+from gpuscope.detect.serving import ServingDetector
+from gpuscope.model import Finding
+
+
+def load_script(path: Path, name: str) -> ModuleType:
+    """A script outside the package (bench/, eval/) imported as module ``name``."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
 
 
 def free_port() -> int:
@@ -32,6 +52,32 @@ def wait_until(predicate: object, timeout: float, what: str, interval: float = 0
             pass
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+class QuietHandler(BaseHTTPRequestHandler):
+    """A request handler for test servers: answers with :meth:`reply` and logs nothing."""
+
+    def reply(self, status: int, body: bytes, content_type: str = "text/plain; version=0.0.4") -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def loopback_http(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """A threaded HTTP server on a free loopback port answering with ``handler``: its base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 class Process:
@@ -108,3 +154,56 @@ def freed_arena_memory() -> Iterator[None]:
         yield
     finally:
         libc.free(fence)
+
+
+def chat_snapshot(
+    ts: float,
+    rng: np.random.Generator,
+    *,
+    latency: float = 1.0,
+    ttft: float = 1.0,
+    p99: float = 0.6,
+    requests: float = 30.0,
+    errors: float = 0.0,
+    queue: float = 2.0,
+) -> Snapshot:
+    """The ``chat`` service on one node: p95 latency 0.4 s times ``latency`` and time to first token
+    0.1 s times ``ttft``, each with log-normal noise, then a Poisson queue of mean ``queue`` (drawn
+    from ``rng`` in that order); the KV cache half full and no preemptions."""
+    return Snapshot(
+        ts=ts,
+        requests=requests,
+        errors=errors,
+        p95=0.4 * latency * float(np.exp(0.04 * rng.standard_normal())),
+        p99=p99,
+        ttft=0.1 * ttft * float(np.exp(0.05 * rng.standard_normal())),
+        queue=float(rng.poisson(queue)),
+        kv=0.5,
+        preempted=0.0,
+        model="chat",
+        version="v1",
+        nodes=["node-0"],
+    )
+
+
+def judge_chat(
+    times: Iterable[float], snapshot: Callable[[float], Snapshot]
+) -> list[tuple[float, list[Finding]]]:
+    """One ServingDetector judging the ``chat`` service's snapshot at each of ``times``."""
+    detector = ServingDetector()
+    return [(ts, detector.judge(ts, {"chat": snapshot(ts)})) for ts in times]
+
+
+def onsets(results: Iterable[tuple[float, list[Finding]]]) -> list[tuple[float, str]]:
+    """(time, rule) of each finding's start: a rule found at a tick and not at the one before."""
+    out: list[tuple[float, str]] = []
+    was: set[str] = set()
+    for ts, findings in results:
+        now = {f.rule for f in findings}
+        out += [(ts, rule) for rule in sorted(now - was)]
+        was = now
+    return out
+
+
+def onsets_of(results: Iterable[tuple[float, list[Finding]]], rule: str) -> list[float]:
+    return [ts for ts, found in onsets(results) if found == rule]

@@ -5,9 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import orjson
@@ -20,7 +18,7 @@ from gpuscope.completion import command_words, script, walk
 from gpuscope.hub import Hub
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
-from support import free_port
+from support import QuietHandler, free_port, loopback_http
 
 
 @pytest.fixture
@@ -35,27 +33,16 @@ def hub_url() -> Iterator[str]:
     service.stop()
 
 
-class _HtmlNotFound(BaseHTTPRequestHandler):
+class _HtmlNotFound(QuietHandler):
     def do_GET(self) -> None:
         body = b"<!DOCTYPE html><html><body><h1>Not Found</h1>" + b"x" * 2000 + b"</body></html>"
-        self.send_response(404)
-        self.send_header("Content-Type", "text/html")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.reply(404, body, "text/html")
 
 
 @pytest.fixture
 def other_server() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _HtmlNotFound)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with loopback_http(_HtmlNotFound) as url:
+        yield url
 
 
 def test_client_options_go_before_or_after_the_subcommand(

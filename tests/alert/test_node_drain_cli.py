@@ -13,22 +13,19 @@ import pytest
 from gpuscope.alert.service import AlertingService
 from gpuscope.alert.settings import AlertingSettings
 from gpuscope.cli import main
-from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
-from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
+from hubserve import memory_hub, serve_hub
 
 TOKEN = "a-test-token-of-enough-length"
 
 
 @pytest.fixture
 def served() -> Iterator[HubServer]:
-    hub = Hub(DuckDBStore(":memory:", durable=False))
+    hub = memory_hub()
     alerting = AlertingService(hub, AlertingSettings())
-    server = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN], alerting=alerting, evaluate_interval=None)
-    server.start()
-    yield server
-    server.stop()
+    with serve_hub(hub, tokens=[TOKEN], alerting=alerting, evaluate_interval=None) as server:
+        yield server
 
 
 def test_drain_from_the_command_line_mutes_alerts_and_counts_maintenance(

@@ -10,11 +10,9 @@ Upstream files (names and label template copied from them):
 
 from __future__ import annotations
 
-import http.server
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import pytest
 
 from gpuscope.collect.dcgm import DcgmCollector, map_samples
 from gpuscope.collect.promtext import parse_exposition
+from support import QuietHandler, loopback_http
 
 UUID = "GPU-5f1c9f1a-2b7e-4c55-9a43-3e7d1c0b9e21"
 #: render_metrics.go gpuMetricsFormat: gpu, UUID, pci_bus_id, device, modelName, hostname, then
@@ -240,28 +239,17 @@ def test_a_repeated_xid_code_is_seen_through_the_exporter_count() -> None:
     assert [e.data["code"] for e in got] == [79, 79] and not any("at_start" in e.data for e in got)
 
 
-class _Page(http.server.BaseHTTPRequestHandler):
+class _Page(QuietHandler):
     body = page(DEFAULT_ENABLED).encode()
 
     def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, format: str, *args: object) -> None:
-        pass
+        self.reply(200, self.body)
 
 
 @pytest.fixture
 def exporter() -> Iterator[str]:
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Page)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
-    server.server_close()
+    with loopback_http(_Page) as url:
+        yield f"{url}/metrics"
 
 
 def test_agent_with_collector_dcgm_and_a_url_runs_in_a_fresh_process(exporter: str) -> None:

@@ -6,6 +6,7 @@ speeds, some of which change speed for good."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from gpuscope.detect.ranks import RankDetector
 from gpuscope.model import TrainingRecord
@@ -143,35 +144,25 @@ def test_a_noisy_worker_that_got_faster_for_good_is_flagged_when_it_slows_down()
         assert set().union(*seen) - {7} <= noise - {7}, seed
 
 
-def test_a_noisy_worker_slowing_down_for_two_minutes_is_flagged() -> None:
-    for seed in range(2):
-        times = trace(LEVELS, 220, seed=seed, noise=NOISY)
-        noise = excursions(times, LEVELS)
-        times[150:162, 2] *= 1.25
-        seen = flags(times)
-        assert any(2 in f for f in seen[150:168]), seed
-        assert set().union(*seen) - {2} <= noise, seed
-
-
-def test_several_noisy_workers_slowing_down_at_once_are_all_flagged() -> None:
-    for seed in range(2):
-        times = trace(LEVELS, 220, seed=seed, noise=NOISY)
-        noise = excursions(times, LEVELS)
-        times[150:170, 0:4] *= 1.3  # four of ten at once: the peers' median moves toward them
-        seen = flags(times)
-        assert set().union(*seen[150:176]) >= {0, 1, 2, 3}, seed
-        assert set().union(*seen) - {0, 1, 2, 3} <= noise, seed
-
-
-def test_a_slowdown_among_the_fast_ranks_of_a_two_speed_job_is_flagged() -> None:
-    speeds = [60.0] * 5 + [240.0] * 5
-    for seed in range(2):
-        times = trace(speeds, 220, seed=seed, noise=NOISY)
-        noise = excursions(times, speeds)
-        times[150:168, 1] *= 1.25
-        seen = flags(times)
-        assert any(1 in f for f in seen[150:174]), seed
-        assert set().union(*seen) - {1} <= noise, seed
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize(
+    ("levels", "slow", "samples", "factor"),
+    [
+        pytest.param(LEVELS, {2}, 12, 1.25, id="one-worker-for-two-minutes"),
+        # four of ten at once: the peers' median moves toward them
+        pytest.param(LEVELS, {0, 1, 2, 3}, 20, 1.3, id="four-of-ten-at-once"),
+        pytest.param([60.0] * 5 + [240.0] * 5, {1}, 18, 1.25, id="a-fast-rank-of-a-two-speed-job"),
+    ],
+)
+def test_noisy_workers_slowing_down_are_all_flagged(
+    levels: list[float], slow: set[int], samples: int, factor: float, seed: int
+) -> None:
+    times = trace(levels, 220, seed=seed, noise=NOISY)
+    noise = excursions(times, levels)
+    times[150 : 150 + samples, sorted(slow)] *= factor
+    seen = flags(times)
+    assert set().union(*seen[150 : 150 + samples + 6]) >= slow
+    assert set().union(*seen) - slow <= noise
 
 
 def test_a_worker_that_settles_a_few_per_cent_slower_stays_quiet() -> None:

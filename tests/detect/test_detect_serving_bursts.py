@@ -11,6 +11,7 @@ from gpuscope.detect.serving import ServingDetector
 from gpuscope.model import Finding
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import parse_scenario
+from support import chat_snapshot, judge_chat, onsets, onsets_of
 
 PEAK = """
 name: peak-bursts
@@ -40,16 +41,6 @@ def serve(text: str) -> list[tuple[float, list[Finding]]]:
     return out
 
 
-def onsets(results: list[tuple[float, list[Finding]]]) -> list[tuple[float, str]]:
-    out: list[tuple[float, str]] = []
-    was: set[str] = set()
-    for ts, findings in results:
-        now = {f.rule for f in findings}
-        out += [(ts, rule) for rule in sorted(now - was)]
-        was = now
-    return out
-
-
 def test_bursts_at_the_daily_peak_of_a_service_at_80_percent_of_capacity_raise_nothing() -> None:
     # the service starts two hours before its peak: nothing learned of this hour, nor of its bursts
     assert onsets(serve(PEAK)) == []
@@ -65,26 +56,12 @@ def test_a_capacity_loss_at_the_peak_still_fires_quickly() -> None:
 def test_a_condition_that_comes_and_goes_fires_at_most_three_times_an_hour() -> None:
     """Latency 1.6x for 40 s every 10 minutes at a steady load: one alert, then fewer as it recurs."""
     rng = np.random.default_rng(3)
-    detector = ServingDetector()
-    results = []
-    for k in range(int(3 * 3600 / 5)):
-        ts = 5.0 * k
-        factor = 1.6 if ts >= 1800.0 and ts % 600.0 < 40.0 else 1.0
-        snap = Snapshot(
-            ts=ts,
-            requests=30.0,
-            errors=0.0,
-            p95=0.4 * factor * float(np.exp(0.04 * rng.standard_normal())),
-            p99=0.6,
-            ttft=0.1 * float(np.exp(0.05 * rng.standard_normal())),
-            queue=float(rng.poisson(2.0)),
-            kv=0.5,
-            preempted=0.0,
-            model="chat",
-            version="v1",
-            nodes=["node-0"],
-        )
-        results.append((ts, detector.judge(ts, {"chat": snap})))
-    latency = [ts for ts, rule in onsets(results) if rule == "inference_latency_regression"]
+
+    def snapshot(ts: float) -> Snapshot:
+        return chat_snapshot(ts, rng, latency=1.6 if ts >= 1800.0 and ts % 600.0 < 40.0 else 1.0)
+
+    latency = onsets_of(
+        judge_chat((5.0 * k for k in range(int(3 * 3600 / 5))), snapshot), "inference_latency_regression"
+    )
     assert latency and latency[0] <= 1800.0 + 60.0
     assert all(sum(1 for u in latency if t <= u < t + 3600.0) <= 3 for t in latency), latency

@@ -3,11 +3,13 @@ latency or time to first token moves with it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from gpuscope.detect.services import Snapshot
-from gpuscope.detect.serving import ServingDetector
 from gpuscope.model import Finding
+from support import chat_snapshot, judge_chat, onsets_of
 
 
 def serve(
@@ -19,39 +21,20 @@ def serve(
     """A service sampled every 5 s; ``kv`` lists (from_second, usage, preemptions per minute);
     ``slower`` (from, to, factor) multiplies p95 latency and TTFT (preempted requests recomputed)."""
     rng = np.random.default_rng(seed)
-    detector = ServingDetector()
-    out = []
-    for k in range(int(hours * 3600 / 5)):
-        ts = 5.0 * k
+
+    def snapshot(ts: float) -> Snapshot:
         usage, per_min = next((u, p) for t, u, p in reversed(kv) if ts >= t)
         factor = slower[2] if slower is not None and slower[0] <= ts < slower[1] else 1.0
-        snap = Snapshot(
-            ts=ts,
-            requests=30.0,
-            errors=0.0,
-            p95=0.4 * factor * float(np.exp(0.04 * rng.standard_normal())),
-            p99=0.6,
-            ttft=0.1 * factor * float(np.exp(0.05 * rng.standard_normal())),
-            queue=float(rng.poisson(2.0)),
-            kv=min(1.0, usage + 0.01 * float(rng.standard_normal())),
-            preempted=float(rng.poisson(per_min * 5.0 / 60.0)),
-            model="chat",
-            version="v1",
-            nodes=["node-0"],
-        )
-        out.append((ts, detector.judge(ts, {"chat": snap})))
-    return out
+        snap = chat_snapshot(ts, rng, latency=factor, ttft=factor)
+        kv_usage = min(1.0, usage + 0.01 * float(rng.standard_normal()))
+        return replace(snap, kv=kv_usage, preempted=float(rng.poisson(per_min * 5.0 / 60.0)))
+
+    return judge_chat((5.0 * k for k in range(int(hours * 3600 / 5))), snapshot)
 
 
 def kv_alerts(run: list[tuple[float, list[Finding]]]) -> list[float]:
     """Onsets of kv_cache_pressure findings."""
-    onsets, was = [], False
-    for ts, findings in run:
-        now = any(f.rule == "kv_cache_pressure" for f in findings)
-        if now and not was:
-            onsets.append(ts)
-        was = now
-    return onsets
+    return onsets_of(run, "kv_cache_pressure")
 
 
 def test_a_service_always_near_full_with_a_few_preemptions_raises_nothing_for_hours() -> None:

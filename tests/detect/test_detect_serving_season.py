@@ -8,8 +8,8 @@ import math
 import numpy as np
 
 from gpuscope.detect.services import Snapshot
-from gpuscope.detect.serving import ServingDetector
 from gpuscope.model import Finding
+from support import chat_snapshot, judge_chat, onsets_of
 
 DAY = 86400.0
 PEAK_FROM, PEAK_TO = 12 * 3600.0, 14 * 3600.0  # the lunchtime rush, every day
@@ -34,59 +34,43 @@ def run(
     """A service sampled every 10 s; ``anomaly`` (from, to, factor) on latency and TTFT, ``burst``
     (from, to, error ratio) in place of its usual ``error_ratio``, as are those of ``bursts``."""
     rng = np.random.default_rng(seed)
-    detector = ServingDetector()
-    out = []
-    for k in range(int(hours * 3600 / 10)):
-        ts = 10.0 * k
+    spans = ([burst] if burst is not None else []) + (bursts or [])
+
+    def snapshot(ts: float) -> Snapshot:
         factor = shape(ts)
         if anomaly is not None and anomaly[0] <= ts < anomaly[1]:
             factor *= anomaly[2]
-        spans = ([burst] if burst is not None else []) + (bursts or [])
         errors = next((e for start, end, e in spans if start <= ts < end), error_ratio)
         requests = 40.0 * (1.0 + 0.5 * math.cos(2 * math.pi * (ts - 13 * 3600.0) / DAY))
-        snap = Snapshot(
-            ts=ts,
+        return chat_snapshot(
+            ts,
+            rng,
+            latency=factor,
+            ttft=factor,
+            p99=0.6 * factor,
             requests=requests,
             errors=requests * errors,
-            p95=0.4 * factor * float(np.exp(0.04 * rng.standard_normal())),
-            p99=0.6 * factor,
-            ttft=0.1 * factor * float(np.exp(0.05 * rng.standard_normal())),
-            queue=float(rng.poisson(2.0 * factor**3)),
-            kv=0.5,
-            preempted=0.0,
-            model="chat",
-            version="v1",
-            nodes=["node-0"],
+            queue=2.0 * factor**3,
         )
-        out.append((ts, detector.judge(ts, {"chat": snap})))
-    return out
 
-
-def onsets(results: list[tuple[float, list[Finding]]], rule: str) -> list[float]:
-    out, was = [], False
-    for ts, findings in results:
-        now = any(f.rule == rule for f in findings)
-        if now and not was:
-            out.append(ts)
-        was = now
-    return out
+    return judge_chat((10.0 * k for k in range(int(hours * 3600 / 10))), snapshot)
 
 
 def test_the_daily_peak_is_news_on_the_first_day_only_and_a_quiet_hour_anomaly_fires() -> None:
     anomaly = (DAY + 3 * 3600.0, DAY + 4 * 3600.0, 1.8)  # day two, 03:00: normally quiet
     results = run(26.0 + 14.0, anomaly=anomaly)  # through the second day's rush
-    latency = onsets(results, "inference_latency_regression")
+    latency = onsets_of(results, "inference_latency_regression")
     second_day = [t for t in latency if t >= DAY]
     assert second_day and anomaly[0] <= second_day[0] <= anomaly[0] + 120.0
     assert not [t for t in second_day if t >= anomaly[1] + 600.0], latency  # no alert at the rush
-    assert not [t for t in onsets(results, "inference_ttft_regression") if t >= anomaly[1] + 600.0]
+    assert not [t for t in onsets_of(results, "inference_ttft_regression") if t >= anomaly[1] + 600.0]
 
 
 def test_a_service_that_always_errs_above_the_budget_is_its_own_operating_point() -> None:
     steady = run(3.0, error_ratio=0.01)  # twice the 0.5 % budget, all the time
-    assert onsets(steady, "inference_error_rate") == []
+    assert onsets_of(steady, "inference_error_rate") == []
     burst = run(3.0, error_ratio=0.01, burst=(7200.0, 7800.0, 0.08))
-    fired = onsets(burst, "inference_error_rate")
+    fired = onsets_of(burst, "inference_error_rate")
     assert fired and 7200.0 <= fired[0] <= 7500.0  # the 5-min window must burn too
 
 
@@ -96,6 +80,6 @@ def test_errors_with_a_daily_shape_are_judged_against_their_hour_and_a_quiet_hou
     rush = (PEAK_FROM, PEAK_TO, 0.03)
     night = (DAY + 3 * 3600.0, DAY + 3 * 3600.0 + 900.0, 0.03)
     results = run(26.0 + 14.0, error_ratio=0.004, bursts=[rush, (DAY + rush[0], DAY + rush[1], 0.03), night])
-    fired = onsets(results, "inference_error_rate")
+    fired = onsets_of(results, "inference_error_rate")
     assert [t for t in fired if night[0] <= t <= night[0] + 300.0], fired
     assert not [t for t in fired if t >= DAY + PEAK_FROM - 600.0], fired  # the second day's rush

@@ -10,13 +10,10 @@ on two cores; the benchmark runs 6 hours at 1 s.
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import random
-import sys
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import httpx
@@ -27,6 +24,7 @@ from gpuscope.model import Batch, Frame
 from gpuscope.sim.kinds import FAULT_KINDS
 from gpuscope.sim.scenario import load_scenario
 from gpuscope.store.duckdb import DuckDBStore
+from support import load_script
 
 pytestmark = pytest.mark.integration
 
@@ -36,16 +34,7 @@ INTERVAL = 5.0
 KINDS = ("node_down", "xid", "ecc_dbe", "rank_dropout", "latency_spike", "job_crash")
 
 
-def _load_bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_longrun", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
-
-
-longrun = _load_bench()
+longrun = load_script(BENCH, "bench_longrun")
 
 
 @pytest.fixture(scope="module")

@@ -23,8 +23,8 @@ from opentelemetry.sdk.resources import Resource
 from gpuscope.hub import Hub
 from gpuscope.ingest.otlp import histogram_quantile
 from gpuscope.ingest.payload import Limits
-from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
+from hubserve import memory_hub, serve_hub
 
 TOKEN = "an-ingest-token-of-enough-length"
 BOUNDS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
@@ -32,11 +32,9 @@ BOUNDS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
 
 @pytest.fixture
 def served() -> Iterator[tuple[HubServer, Hub]]:
-    hub = Hub(DuckDBStore(":memory:", durable=False))
-    server = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN], limits=Limits(max_past_s=7 * 86400))
-    server.start()
-    yield server, hub
-    server.stop()
+    hub = memory_hub()
+    with serve_hub(hub, tokens=[TOKEN], limits=Limits(max_past_s=7 * 86400)) as server:
+        yield server, hub
 
 
 def _provider(url: str, compression: Compression = Compression.NoCompression) -> MeterProvider:

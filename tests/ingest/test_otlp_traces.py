@@ -20,19 +20,17 @@ from opentelemetry.trace import SpanKind
 
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import Limits
-from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
+from hubserve import memory_hub, serve_hub
 
 TOKEN = "an-ingest-token-of-enough-length"
 
 
 @pytest.fixture
 def served() -> Iterator[tuple[HubServer, Hub]]:
-    hub = Hub(DuckDBStore(":memory:", durable=False))
-    server = HubServer(hub, "127.0.0.1", 0, tokens=[TOKEN], limits=Limits(max_past_s=7 * 86400))
-    server.start()
-    yield server, hub
-    server.stop()
+    hub = memory_hub()
+    with serve_hub(hub, tokens=[TOKEN], limits=Limits(max_past_s=7 * 86400)) as server:
+        yield server, hub
 
 
 def test_server_spans_become_latency_and_ttft(served: tuple[HubServer, Hub]) -> None:

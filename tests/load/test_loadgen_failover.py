@@ -4,43 +4,27 @@ as an agent's sender does, instead of waiting out a backoff (bench (c) SIGKILLs 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from gpuscope.agent.sender import Backoff
 from gpuscope.loadgen.sender import _Worker
 from gpuscope.loadgen.traffic import shard_of
-from support import free_port
+from support import QuietHandler, free_port, loopback_http
 
 
-class _Accepting(BaseHTTPRequestHandler):
+class _Accepting(QuietHandler):
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", "0")))
-        body = b'{"accepted": {"samples": 1, "events": 0, "training": 0}}'
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *_args: object) -> None:
-        pass
+        self.reply(200, b'{"accepted": {"samples": 1, "events": 0, "training": 0}}', "application/json")
 
 
 @pytest.fixture
 def live_hub() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Accepting)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with loopback_http(_Accepting) as url:
+        yield url
 
 
 def test_a_stream_whose_hub_refuses_connections_moves_to_the_next_hub_at_once(live_hub: str) -> None:

@@ -5,9 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -16,6 +14,7 @@ from gpuscope.agent.cli import add_agent_arguments, run_agent
 from gpuscope.collect.base import CollectorContext, build_collectors, enabled_collectors
 from gpuscope.collect.serving import EngineScraper, ServingCollector, split_target
 from gpuscope.collect.serving_map import bucket_quantile
+from support import QuietHandler, loopback_http
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -143,29 +142,18 @@ def test_bad_targets_and_expositions_are_clear_errors() -> None:
         none.collect(1.0)
 
 
-class _Engine(BaseHTTPRequestHandler):
+class _Engine(QuietHandler):
     body = b""
 
     def do_GET(self) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/plain; version=0.0.4")
-        self.send_header("Content-Length", str(len(self.body)))
-        self.end_headers()
-        self.wfile.write(self.body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(200, self.body)
 
 
 @pytest.fixture
 def engine_url() -> Iterator[str]:
     _Engine.body = fixture("vllm").encode()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Engine)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
-    server.shutdown()
-    server.server_close()
+    with loopback_http(_Engine) as url:
+        yield f"{url}/metrics"
 
 
 def test_agent_scrape_flag_once_json(engine_url: str, capsys: pytest.CaptureFixture[str]) -> None:

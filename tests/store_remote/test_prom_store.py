@@ -28,7 +28,7 @@ from gpuscope.store.remote.prom_store import PromStore
 from gpuscope.store.remote.promql import quote, selector
 from gpuscope.store.settings import open_store
 from store_remote.tsdbs import ReadYourWrites
-from support import HubProcess, wait_until
+from support import HubProcess, loopback_http, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -70,12 +70,8 @@ class _Failing(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def failing_tsdb() -> Iterator[str]:
     _Failing.hits = 0
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Failing)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with loopback_http(_Failing) as url:
+        yield url
 
 
 def test_5xx_is_retried_then_a_store_error_and_the_batch_is_not_recorded(failing_tsdb: str) -> None:

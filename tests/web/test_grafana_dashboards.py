@@ -13,10 +13,8 @@ import httpx
 import numpy as np
 import pytest
 
-from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
-from gpuscope.store.duckdb import DuckDBStore
-from gpuscope.web.server import HubServer
+from hubserve import memory_hub, serve_hub
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARDS = sorted((ROOT / "deploy" / "grafana").glob("*.json"))
@@ -61,13 +59,8 @@ def _batches() -> Iterator[Batch]:
 
 @pytest.fixture(scope="module")
 def hub_url() -> Iterator[str]:
-    hub = Hub(DuckDBStore(":memory:", durable=False))
-    for batch in _batches():
-        hub.store.append(batch)
-    server = HubServer(hub, "127.0.0.1", 0)
-    server.start()
-    yield server.url
-    server.stop()
+    with serve_hub(memory_hub(_batches())) as server:
+        yield server.url
 
 
 def _expand(expr: str) -> str:

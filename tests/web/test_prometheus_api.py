@@ -16,11 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpuscope.hub import Hub
 from gpuscope.model import Batch, Frame
 from gpuscope.promql.parse import PromQLError, parse
-from gpuscope.store.duckdb import DuckDBStore
-from gpuscope.web.server import HubServer
+from hubserve import memory_hub, serve_hub
 
 NOW = float(int(time.time()))
 T0 = NOW - 600
@@ -41,13 +39,8 @@ def _batches() -> Iterator[Batch]:
 
 @pytest.fixture(scope="module")
 def hub_url() -> Iterator[str]:
-    hub = Hub(DuckDBStore(":memory:", durable=False))
-    for batch in _batches():
-        hub.store.append(batch)
-    server = HubServer(hub, "127.0.0.1", 0)
-    server.start()
-    yield server.url
-    server.stop()
+    with serve_hub(memory_hub(_batches())) as server:
+        yield server.url
 
 
 def _query(url: str, query: str, at: float = NOW) -> dict[str, object]:

@@ -305,13 +305,17 @@ class Spool:
         finally:
             os.close(fd)
 
-    def _roll(self) -> None:
-        """Start a new active segment (a fresh id, never a file that holds data)."""
+    def _close_active(self) -> None:
+        """Close the active segment; the next one takes a fresh id, never a file that holds data."""
         if self._active is not None:
             self._active.close()
             self._active = None
         if self._active_id in self._sizes:
             self._active_id += 1
+
+    def _roll(self) -> None:
+        """Start a new active segment."""
+        self._close_active()
         # unbuffered: every record is written and fsynced at once, a buffer would only add a copy
         self._active = open(self._seg_path(self._active_id), "ab", buffering=0)  # noqa: SIM115 - kept open
         self._sizes[self._active_id] = 0
@@ -366,11 +370,7 @@ class Spool:
         else:
             self._full_logged = False
             # empty: the next record starts a fresh segment, so consumed bytes do not linger
-            if self._active is not None:
-                self._active.close()
-                self._active = None
-            if self._active_id in self._sizes:
-                self._active_id += 1
+            self._close_active()
             self._cursor = (self._active_id, 0)
         if self._persist_cursor():
             for seg in [s for s in self._sizes if s < self._cursor[0]]:

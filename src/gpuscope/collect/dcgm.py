@@ -34,9 +34,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Self
 
-import httpx
-
 from gpuscope.collect.base import Collected, Collector, CollectorContext, CollectorError, register_collector
+from gpuscope.collect.httptext import HttpText
 from gpuscope.collect.kmsg import normalise_pci
 from gpuscope.collect.nvml import REASON_FLAGS, frame
 from gpuscope.collect.promtext import ExpositionError, Sample, parse_exposition
@@ -371,8 +370,7 @@ class DcgmCollector(Collector):
     ) -> None:
         super().__init__(node, proc_root=proc_root, sys_root=sys_root)
         self.url = url
-        self._client: httpx.Client | None = None
-        self._timeout = timeout
+        self._http = HttpText(timeout)
         self._fetch = fetch or self._http_get
         self._last_xid: dict[GpuKey, float] = {}
         self._last_counts: dict[GpuKey, dict[int, float]] = {}
@@ -383,11 +381,7 @@ class DcgmCollector(Collector):
         return cls(ctx.node, proc_root=ctx.proc_root, sys_root=ctx.sys_root, url=str(ctx.options["dcgm_url"]))
 
     def _http_get(self) -> str:
-        if self._client is None:
-            self._client = httpx.Client(timeout=self._timeout)
-        resp = self._client.get(self.url)
-        resp.raise_for_status()
-        return resp.text
+        return self._http.get(self.url)
 
     def _xid_events(self, now: float, key: GpuKey, g: DcgmGpu) -> list[Event]:
         data_base: dict[str, object] = {"source": "dcgm"}
@@ -458,6 +452,4 @@ class DcgmCollector(Collector):
         return out
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self._http.close()

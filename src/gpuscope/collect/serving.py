@@ -27,6 +27,7 @@ from urllib.parse import parse_qsl, urlsplit
 import httpx
 
 from gpuscope.collect.base import Collected, Collector, CollectorContext, CollectorError, register_collector
+from gpuscope.collect.httptext import HttpText
 from gpuscope.collect.nvml import frame
 from gpuscope.collect.promtext import ExpositionError, Sample, parse_exposition
 from gpuscope.collect.serving_engines import (
@@ -230,21 +231,13 @@ class ServingCollector(Collector):
         for url in urls:
             target, options = split_target(url)
             self.targets.append(EngineScraper(target, node, options))
-        self._timeout = timeout
-        self._client: httpx.Client | None = None
-        self._fetch = fetch or self._http_get
+        self._http = HttpText(timeout)
+        self._fetch = fetch or self._http.get
 
     @classmethod
     def from_context(cls, ctx: CollectorContext) -> Self:
         urls = ctx.options.get("scrape_urls") or []
         return cls(ctx.node, proc_root=ctx.proc_root, sys_root=ctx.sys_root, urls=list(urls))
-
-    def _http_get(self, url: str) -> str:
-        if self._client is None:
-            self._client = httpx.Client(timeout=self._timeout)
-        resp = self._client.get(url)
-        resp.raise_for_status()
-        return resp.text
 
     def collect(self, now: float) -> Collected:
         out = Collected()
@@ -271,6 +264,4 @@ class ServingCollector(Collector):
         return out
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-            self._client = None
+        self._http.close()

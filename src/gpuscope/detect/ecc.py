@@ -17,7 +17,7 @@ import numpy as np
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.frames import GpuKey, view
-from gpuscope.detect.refusals import refuse
+from gpuscope.detect.refusals import event_gpu, refuse
 from gpuscope.model import Event, Finding, Frame
 
 RULE = "gpu_ecc_uncorrectable"
@@ -57,16 +57,10 @@ class EccDetector(Detector):
     def on_event(self, event: Event) -> None:
         if event.kind != "ecc_dbe":
             return
-        node, gpu = event.labels.get("node"), event.labels.get("gpu")
-        if node is None or gpu is None:
-            refuse(
-                self.counters,
-                "ecc_events_without_gpu",
-                "ecc_dbe event at %s lacks labels node and gpu: %s",
-                event.ts,
-                event.labels,
-            )
+        key = event_gpu(self.counters, event, "ecc_events_without_gpu")
+        if key is None:
             return
+        node, gpu = key
         count = event.data.get("count", 1)
         if isinstance(count, bool) or not isinstance(count, int | float):
             refuse(

@@ -18,7 +18,7 @@ from gpuscope.detect.base import Detector, register
 from gpuscope.detect.baseline import IntervalEstimator, finite_or_none
 from gpuscope.detect.frames import GpuKey, view
 from gpuscope.detect.liveness import Liveness
-from gpuscope.detect.refusals import refuse
+from gpuscope.detect.refusals import event_gpu
 from gpuscope.model import Event, Finding, Frame
 
 GPU_LOST, NODE_UNREACHABLE = "gpu_lost", "node_unreachable"
@@ -45,16 +45,10 @@ class GpuLostDetector(Detector):
     def on_event(self, event: Event) -> None:
         if event.kind != "gpu_lost":
             return
-        node, gpu = event.labels.get("node"), event.labels.get("gpu")
-        if node is None or gpu is None:
-            refuse(
-                self.counters,
-                "gpu_lost_events_without_gpu",
-                "gpu_lost event at %s lacks labels node and gpu: %s",
-                event.ts,
-                event.labels,
-            )
+        key = event_gpu(self.counters, event, "gpu_lost_events_without_gpu")
+        if key is None:
             return
+        node, gpu = key
         reason = event.data.get("reason")
         self._events[(node, gpu)] = (event.ts, reason if isinstance(reason, str) and reason else "lost")
 

@@ -23,7 +23,7 @@ from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.baseline import IntervalEstimator
 from gpuscope.detect.frames import GpuKey, view
-from gpuscope.detect.refusals import refuse
+from gpuscope.detect.refusals import event_gpu, refuse
 from gpuscope.model import Event, Finding, Frame
 from gpuscope.signals import APP_XIDS, FATAL_XIDS, NVIDIA_FATAL_ACTIONS, XID_ACTION
 
@@ -129,16 +129,10 @@ class XidDetector(Detector):
     def on_event(self, event: Event) -> None:
         if event.kind != "xid":
             return
-        node, gpu = event.labels.get("node"), event.labels.get("gpu")
-        if node is None or gpu is None:
-            refuse(
-                self.counters,
-                "xid_events_without_gpu",
-                "xid event at %s lacks labels node and gpu: %s",
-                event.ts,
-                event.labels,
-            )
+        key = event_gpu(self.counters, event, "xid_events_without_gpu")
+        if key is None:
             return
+        node, gpu = key
         raw = event.data.get("code")
         code = parse_code(raw)
         if code is None:
