@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from gpuscope.counters import Counters
+from gpuscope.detect.baseline import finite_or_none
 from gpuscope.ingest.overload import SenderKey, ShedCover, covers
 from gpuscope.model import Alert, Finding, Labels
 from gpuscope.rules import NODE_UNREACHABLE, RANK_LOST, TRAINING_STALLED
@@ -106,7 +107,7 @@ class SenderGaps:
         self._takeovers = [(held, until) for held, until in self._takeovers if until > now]
         shed = self._shed
         if not self._takeovers and not shed.refused and shed.everyone_until == -math.inf and shed.delay <= 0:
-            return findings
+            return [self._judged(f) for f in findings]
         fired = {(a.rule, tuple(sorted(a.entity.items()))) for a in firing() if a.rule in SILENCE_RULES}
         out = []
         for finding in findings:
@@ -114,5 +115,13 @@ class SenderGaps:
             if source is not None and (finding.rule, tuple(sorted(finding.entity.items()))) not in fired:
                 self.counters.inc(f"silence_verdicts_held_{source}")
                 continue
-            out.append(finding)
+            out.append(self._judged(finding))
         return out
+
+    def _judged(self, finding: Finding) -> Finding:
+        """``finding`` with what its verdict was judged against, when it is a silence verdict: the
+        hub's delay and the end of the gap its refusals made (for the triage of a false alarm)."""
+        if finding.rule in SILENCE_RULES:
+            finding.details["hub_delay_seconds"] = self._shed.delay
+            finding.details["hub_gap_end_ts"] = finite_or_none(self._gap_end(finding.entity))
+        return finding
