@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from gpuscope.ingest.delay import MAX_HELD, HubDelay
 from gpuscope.ingest.overload import OverloadMonitor, OverloadSettings
 from gpuscope.rules import HUB_OVERLOADED
 
@@ -176,3 +177,16 @@ def test_late_news_counts_while_the_senders_queues_drain_after_the_hub_caught_up
     m.arrived(100.0, [(s, 100 - 12.0) for s in senders])  # long after: in force only while seen
     assert m.cover(100.0).delay == pytest.approx(12.0, abs=0.2)
     assert m.cover(100.0 + m.settings.settle + 1).delay == 0.0
+
+
+def test_the_delays_in_force_stay_bounded_however_many_readings_come() -> None:
+    """Each reading is in force for its own length: a long, slowly falling backlog leaves many
+    in force at once; they are kept bounded and the longest always wins."""
+    delay = HubDelay(settle=6.0)
+    for i in range(2000):  # falling slower than time passes: each outlasts the ones before
+        delay.waiting(i * 0.5, 1000.0 - i * 0.4)
+    assert len(delay) <= MAX_HELD
+    # reading i (1000 - 0.4 i at 0.5 i) is in force until 1007 + 0.1 i: never less than the truth
+    assert delay.delay(1000.0) == 1000.0
+    assert 1000 - 0.4 * 931 <= delay.delay(1100.0) <= 1000 - 0.4 * 931 + 20
+    assert delay.delay(1007 + 0.1 * 1999 + 0.01) == 0.0

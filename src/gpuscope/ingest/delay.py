@@ -138,11 +138,19 @@ class HubDelay:
         if reading <= 0:
             return
         until = now + self.settle + (reading if own else 0.0) + self.interval
-        # a reading in force no longer, or no larger and ending no later than this one, is moot
+        # a reading in force no longer, or no larger and ending no sooner than another, is moot
+        if any(d >= reading and end >= until for d, end in self._held):
+            return
         held = [(d, end) for d, end in self._held if end > now and (d > reading or end > until)]
         held.append((reading, until))
         if len(held) > MAX_HELD:
-            held.remove(min(held))
+            held.sort(key=lambda h: h[1])  # by end: then by falling reading (none dominates another)
+            # merge the two neighbours that cost the least: the larger reading until the later end
+            i = min(
+                range(len(held) - 1),
+                key=lambda k: (held[k][0] - held[k + 1][0]) * (held[k + 1][1] - held[k][1]),
+            )
+            held[i : i + 2] = [(held[i][0], held[i + 1][1])]
         self._held = held
 
     def delay(self, now: float) -> float:
