@@ -190,3 +190,11 @@ def test_the_delays_in_force_stay_bounded_however_many_readings_come() -> None:
     assert delay.delay(1000.0) == 1000.0
     assert 1000 - 0.4 * 931 <= delay.delay(1100.0) <= 1000 - 0.4 * 931 + 20
     assert delay.delay(1007 + 0.1 * 1999 + 0.01) == 0.0
+
+
+def test_a_late_evaluation_holds_verdicts_only_until_the_next_one_has_seen_what_waited() -> None:
+    m = monitor()
+    m.evaluated(100.0, 60.0)  # a 60-s stall: the requests taken meanwhile are all seen now
+    settle = m.settings.settle
+    assert m.cover(100.0).delay == 60.0 and m.cover(100.0 + settle + 0.9).delay == 60.0
+    assert m.cover(100.0 + settle + 1).delay == 0.0

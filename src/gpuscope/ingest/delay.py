@@ -14,7 +14,8 @@ show that wait, each from a different place on the way in:
 :meth:`HubDelay.delay` is the longest reading still in force. A reading of ``d`` seconds seen at
 ``t`` holds until ``t + settle + d + interval``: once the hub has caught up, what it kept waiting
 ``d`` seconds comes in within ``d``, each sender's next report one reporting ``interval`` later,
-and a sender it refused is back within ``settle``. Held only for ``settle``, a hub at 384 nodes
+and a sender it refused is back within ``settle`` (a late evaluation holds ``settle + interval``
+only: it sees at once all that waited for it). Held only for ``settle``, a hub at 384 nodes
 that had measured its senders 49 s late blamed those still queued 84 s after their last report.
 """
 
@@ -75,10 +76,12 @@ class HubDelay:
             self._note(now, lag)
 
     def evaluation(self, now: float, lag: float) -> None:
-        """The evaluation due ``lag`` seconds before ``now`` ran now."""
+        """The evaluation due ``lag`` seconds before ``now`` ran now. Not in force for its own length
+        after: requests were taken meanwhile, and this evaluation sees every one acknowledged (a
+        node that died during a stall is judged once it ends, not a stall's length later)."""
         with self._lock:
             self.evaluation_lag = lag
-            self._note(now, lag)
+            self._note(now, lag, own=False)
 
     def waiting(self, now: float, oldest: float) -> None:
         """The oldest request admitted and not yet answered has waited ``oldest`` seconds at ``now``."""
