@@ -262,3 +262,41 @@ def test_senders_still_queued_after_the_hub_caught_up_are_not_blamed_and_a_dead_
 
 def _ts(batch: Batch) -> float:
     return max([f.ts for f in batch.frames] + [r.ts for r in batch.training] + [e.ts for e in batch.events])
+
+
+def test_senders_refused_while_behind_are_not_blamed_while_their_spools_queue_on_the_way_back() -> None:
+    """Refused senders come back once the hub has caught up, and their spools wait in the same
+    queue as everyone's news (10 s here): the gap the hub made them ends at the settle time after
+    its last refusal, and their silence is judged from then plus that delay, not from then only.
+    A refused node that died meanwhile is still alerted within that much."""
+    lag, behind, caught_up, back = 10, 30, 50, 62
+    cluster = FakeCluster(nodes=10, gpus=2)
+    refused_nodes = set(cluster.names[:6])
+    rig = Rig()
+    spooled: list[Batch] = []
+    delays: list[float] = []
+
+    def refuse(t: float) -> list[Batch]:
+        out = [b for b in cluster.batches(t) if b.source in refused_nodes]
+        spooled.extend(out)
+        return out
+
+    def through(t: float) -> list[Batch]:
+        delays.append(rig.hub.overload.cover(t).delay)
+        if t < behind:
+            return cluster.batches(t)
+        if t < caught_up:
+            return [b for b in cluster.batches(t) if b.source not in refused_nodes]
+        queued = [*spooled, *(b for b in (cluster.batch(t - lag, n) for n in cluster.names) if b)]
+        spooled[:] = [b for b in queued if b.source in refused_nodes and t < back]
+        return [b for b in queued if b.source not in refused_nodes or t >= back]
+
+    rig.run(0, behind, through, node_of)
+    rig.run(behind, 40, through, node_of, refuse=refuse)
+    cluster.down.add("node-5")  # refused until it died
+    rig.run(40, caught_up, through, node_of, refuse=refuse)
+    rig.run(caught_up, 110, through, node_of)  # the refused nodes' spools are back at ``back``
+    (alert,) = rig.blamed()
+    assert alert.entity == {"node": "node-5"} and alert.rule == "node_unreachable"
+    gap_end = 39 + rig.hub.overload.settings.settle
+    assert alert.started_at <= gap_end + 4 + max(delays) + 1

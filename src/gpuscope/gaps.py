@@ -11,7 +11,8 @@ each is a *source* of sender gaps here:
   (:class:`~gpuscope.ingest.overload.ShedCover`) at each evaluation. The gap it made a sender it
   refused (matched by the identity a sender names in ``X-Gpuscope-Sender``; every sender while it
   refused one that named nobody) ends at its settle time after the last refusal, and the sender's
-  silence is measured from then: its verdict is held until the gap's end plus its threshold. Any
+  silence is measured from then: its verdict is held until the gap's end plus its threshold plus
+  the hub's delay (what it spooled meanwhile queues on its way back like everyone's news). Any
   other sender's verdict is held while its silence is within its threshold plus the delay the hub
   made every request wait. A sender the hub did not refuse (a node that died) is judged at its
   threshold plus that delay, however long the hub stays behind.
@@ -92,7 +93,8 @@ class SenderGaps:
         threshold = finding.details.get("threshold_seconds")
         known = isinstance(threshold, int | float)
         allowed = float(threshold) if isinstance(threshold, int | float) else 0.0
-        if now < self._gap_end(finding.entity) + allowed:  # silence measured from the gap's end
+        # silence measured from the gap's end, and the sender's spool then waits like everyone's
+        if now < self._gap_end(finding.entity) + allowed + shed.delay:
             return "overload"
         silence = finding.value
         # every request waited up to ``delay``: so may this sender's have
