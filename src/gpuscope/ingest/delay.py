@@ -32,7 +32,7 @@ OFFSET_DRIFT = 0.001
 #: the share of the senders heard whose delay the hub takes for its own: most of them, as the
 #: queue's unlucky turns are its doing too, short of the few that may be late on their own side
 ARRIVAL_QUANTILE = 0.9
-#: readings in force kept at most (each dominates every later one it outlasts; bounded regardless)
+#: readings in force kept at most (none outlasted by a larger one is kept; past this, merged)
 MAX_HELD = 64
 
 
