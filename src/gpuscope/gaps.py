@@ -11,7 +11,8 @@ each is a *source* of sender gaps here:
   (:class:`~gpuscope.ingest.overload.ShedCover`) at each evaluation. The gap it made a sender it
   refused (matched by the identity a sender names in ``X-Gpuscope-Sender``; every sender while it
   refused one that named nobody) ends at its settle time after the last refusal, and the sender's
-  silence is measured from then: its verdict is held until the gap's end plus its threshold. Any
+  silence is measured from then: its verdict is held until the gap's end plus its threshold plus
+  the hub's delay (what it spooled meanwhile queues on its way back like everyone's news). Any
   other sender's verdict is held while its silence is within its threshold plus the delay the hub
   made every request wait. A sender the hub did not refuse (a node that died) is judged at its
   threshold plus that delay, however long the hub stays behind.
@@ -33,6 +34,7 @@ from collections.abc import Callable, Iterable
 from typing import Literal
 
 from gpuscope.counters import Counters
+from gpuscope.detect.baseline import finite_or_none
 from gpuscope.ingest.overload import SenderKey, ShedCover, covers
 from gpuscope.model import Alert, Finding, Labels
 from gpuscope.rules import NODE_UNREACHABLE, RANK_LOST, TRAINING_STALLED
@@ -91,7 +93,8 @@ class SenderGaps:
         threshold = finding.details.get("threshold_seconds")
         known = isinstance(threshold, int | float)
         allowed = float(threshold) if isinstance(threshold, int | float) else 0.0
-        if now < self._gap_end(finding.entity) + allowed:  # silence measured from the gap's end
+        # silence measured from the gap's end, and the sender's spool then waits like everyone's
+        if now < self._gap_end(finding.entity) + allowed + shed.delay:
             return "overload"
         silence = finding.value
         # every request waited up to ``delay``: so may this sender's have
@@ -106,7 +109,7 @@ class SenderGaps:
         self._takeovers = [(held, until) for held, until in self._takeovers if until > now]
         shed = self._shed
         if not self._takeovers and not shed.refused and shed.everyone_until == -math.inf and shed.delay <= 0:
-            return findings
+            return [self._judged(f) for f in findings]
         fired = {(a.rule, tuple(sorted(a.entity.items()))) for a in firing() if a.rule in SILENCE_RULES}
         out = []
         for finding in findings:
@@ -114,5 +117,13 @@ class SenderGaps:
             if source is not None and (finding.rule, tuple(sorted(finding.entity.items()))) not in fired:
                 self.counters.inc(f"silence_verdicts_held_{source}")
                 continue
-            out.append(finding)
+            out.append(self._judged(finding))
         return out
+
+    def _judged(self, finding: Finding) -> Finding:
+        """``finding`` with what its verdict was judged against, when it is a silence verdict: the
+        hub's delay and the end of the gap its refusals made (for the triage of a false alarm)."""
+        if finding.rule in SILENCE_RULES:
+            finding.details["hub_delay_seconds"] = self._shed.delay
+            finding.details["hub_gap_end_ts"] = finite_or_none(self._gap_end(finding.entity))
+        return finding

@@ -74,8 +74,10 @@ class Hub:
         self.observing = ObserveStage(self.counters)
         self.observing.add("detection", self._detect_tick)
         self.observing.add("arrivals", self._arrivals)
-        #: (sender, its latest timestamp) of each batch observed since the last evaluation
+        #: (sender, its latest timestamp) of each batch observed since the last evaluation; an
+        #: authorised read drains the observe stage on a web thread while the evaluator swaps it
         self._heard: list[tuple[str, float]] = []
+        self._heard_lock = threading.Lock()
         self.observing.add_each("productivity", self.productivity.observe)
 
     def structures(self) -> dict[str, object]:
@@ -151,11 +153,15 @@ class Hub:
 
     def _arrivals(self, batches: list[Batch]) -> None:
         """How late each sender's data reaches the detectors: the overload monitor's arrival lag."""
-        heard = self._heard
+        arrived = []
         for batch in batches:
             stamps = [f.ts for f in batch.frames] + [r.ts for r in batch.training]
-            if stamps and len(heard) < MAX_HEARD:  # bounded should no evaluation come
-                heard.append((batch.source, max(stamps)))
+            if stamps:
+                arrived.append((batch.source, max(stamps)))
+        with self._heard_lock:
+            room = MAX_HEARD - len(self._heard)  # bounded should no evaluation come
+            if room > 0:
+                self._heard += arrived[:room]
 
     def observe_local(self, batch: Batch) -> None:
         """This hub's detectors see a batch (part) that is theirs (a peer's forward, at once)."""
@@ -210,7 +216,8 @@ class Hub:
         (which records each transition); then every listener hears what changed. The detectors
         first see every batch acknowledged before now."""
         self.settle()
-        heard, self._heard = self._heard, []
+        with self._heard_lock:
+            heard, self._heard = self._heard, []
         self.overload.arrived(now, heard)
         findings = self.overload.findings(now)
         self.gaps.shed(self.overload.cover(now))

@@ -14,8 +14,9 @@ the batch and spool), which costs it almost nothing.
 It stays behind until ``settle_s`` after the last sign of lag: senders that were refused come back
 after their ``Retry-After``, and until they have, their silence is the hub's doing, not theirs.
 What the hub did to whom is reported as a :class:`ShedCover` (senders refused, by the identity
-they name in ``X-Gpuscope-Sender``, and the delay the hub imposed on everyone); which
-silence verdicts that holds is decided in one place, :mod:`gpuscope.gaps`.
+they name in ``X-Gpuscope-Sender``, and the delay the hub imposed on everyone, measured in one
+place, :class:`~gpuscope.ingest.delay.HubDelay`); which silence verdicts that holds is decided in
+one place, :mod:`gpuscope.gaps`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuscope.ingest.delay import HubDelay
 from gpuscope.model import Finding, Labels
 from gpuscope.rules import HUB_OVERLOADED
 
@@ -75,22 +77,15 @@ def covers(sender: SenderKey, entity: Labels) -> bool:
 
 #: how long a refusal is remembered past the settle time (the longest silence threshold it may hold)
 REFUSALS_KEPT_S = 600.0
-#: how fast a sender's usual offset (its clock's skew plus transit) may rise, seconds per second:
-#: enough to follow a drifting clock, far too slow to absorb a backlog
-OFFSET_DRIFT = 0.001
-#: the share of the senders heard whose delay the hub takes for its own: most of them, as the
-#: queue's unlucky turns are its doing too, short of the few that may be late on their own side
-ARRIVAL_QUANTILE = 0.9
 
 
 @dataclass(frozen=True, slots=True)
 class ShedCover:
     """What the hub did to its senders lately. ``refused``: each named sender it refused, and when
     the gap it made ends (its last refusal plus ``settle``: by then the sender is back);
-    ``everyone_until``: the same for senders that named nobody (every sender's gap); ``delay``: the
-    longest the hub made every request wait (event loop, oldest request in flight, evaluation,
-    and, while behind, how late its senders' news arrived: :meth:`OverloadMonitor.arrived`) within
-    ``settle``. A request in flight is not its sender's gap: a sender with a backlog always has
+    ``everyone_until``: the same for senders that named nobody (every sender's gap); ``delay``: how
+    long the hub made its senders' news wait (:meth:`~gpuscope.ingest.delay.HubDelay.delay`). A
+    request in flight is not its sender's gap: a sender with a backlog always has
     one, and the data in it is what the sender queued before; the delay covers it."""
 
     refused: Mapping[SenderKey, float] = field(default_factory=dict)
@@ -155,19 +150,15 @@ class OverloadMonitor:
         self._in_flight: dict[int, float] = {}  # ticket -> admitted at; dicts keep insertion order
         self._refused: dict[SenderKey, float] = {}  # named sender -> last refused at
         self._refused_anonymous = -math.inf
-        self._delay = (0.0, -math.inf)  # the longest recent delay, and when it was seen
-        #: sender -> (usual offset, last heard at, usual time between hearings)
-        self._offsets: dict[str, tuple[float, float, float]] = {}
-        self._arrival_lag = 0.0
+        #: how long the hub makes its senders' news wait: the one measure the verdicts and health read
+        self.delay = HubDelay(
+            self.settings.settle, forget_s=REFUSALS_KEPT_S, arrival_floor=self.settings.max_lag_s
+        )
         self._next_ticket = 0
         self._last_sign = -math.inf  # latest time the hub saw itself behind
         self._behind_since: float | None = None
         self._alert_since: float | None = None  # hub_overloaded firing since (held past an episode)
-        self._eval_lag = 0.0
-        self._loop_lag = 0.0
-        self._loop_due = math.inf  # when the event loop's next timer is due (inf: none watched)
         self._observe_lag = 0.0
-        self.loop_probes = 0  # event-loop timers measured
         self.shed = 0  # requests refused while behind
         self.episodes = 0  # times the hub fell behind
 
@@ -197,9 +188,8 @@ class OverloadMonitor:
 
     def evaluated(self, now: float, lag: float) -> None:
         """The evaluation due ``lag`` seconds before ``now`` ran now."""
+        self.delay.evaluation(now, lag)  # nothing was stamped heard meanwhile: the verdicts' delay too
         with self._lock:
-            self._eval_lag = lag
-            self._delayed(now, lag)  # nothing was stamped heard meanwhile: the verdicts' delay too
             if lag > self.settings.max_eval_lag_s:
                 self._sign(now)
 
@@ -207,11 +197,8 @@ class OverloadMonitor:
         """The HTTP event loop ran a timer ``lag`` seconds late at ``now``; its next is due at
         ``next_due``: a loop that is blocked is seen late while it is blocked, not once it has
         run again (by then the silences it caused may have been judged)."""
+        self.delay.loop(now, lag, next_due)
         with self._lock:
-            self._loop_due = next_due
-            self._loop_lag = lag
-            self.loop_probes += 1
-            self._delayed(now, lag)
             if lag > self.settings.max_loop_lag_s:
                 self._sign(now)
 
@@ -225,78 +212,36 @@ class OverloadMonitor:
 
     def arrived(self, now: float, stamps: Iterable[tuple[str, float]]) -> None:
         """The detectors saw at ``now`` the batches of these senders: each (sender, the latest of
-        its own timestamps in a batch). How much later than its usual offset from the hub's clock
-        (skew plus transit) a sender's data arrives is how long it queued on the way, wherever
-        that was (a sender's connection pool, the kernel's accept queue, the event loop, the
-        observe stage): requests waiting before admission are invisible to the other measures;
-        so is how long a sender heard now was not heard before (its queue's turn came). While the
-        hub is behind, and after it while its senders' queues drain, the 90th percentile of
-        either over the senders heard is a delay it made its senders wait (not the largest, so
-        the few senders late on their own side, such as one flushing its spool after an outage,
-        are not taken for the hub's delay)."""
-        latest: dict[str, float] = {}  # a sender's news is as late as its freshest report
-        for sender, ts in stamps:
-            if math.isfinite(ts) and ts > latest.get(sender, -math.inf):
-                latest[sender] = ts
-        late: dict[str, float] = {}
+        its own timestamps in a batch); how late that news is counts as the hub's delay while it
+        is behind and while its senders' queues drain after (:meth:`HubDelay.arrived`)."""
         with self._lock:
-            offsets = self._offsets
-            for sender, ts in latest.items():
-                offset = now - ts
-                known = offsets.get(sender)
-                if known is None:
-                    offsets[sender] = (offset, now, math.inf)
-                    continue
-                usual_offset, heard, usual_gap = known
-                drift = OFFSET_DRIFT * (now - heard)
-                usual = min(offset, usual_offset + drift)
-                gap = now - heard
-                offsets[sender] = (usual, now, min(gap, usual_gap + drift))
-                # late news, or news after a longer wait than usual for a turn (a queue's burst)
-                late[sender] = max(offset - usual, gap - usual_gap if usual_gap < gap else 0.0)
-            if len(offsets) > 2 * len(late) + 1024:  # forget senders gone for a while (bounded)
-                kept = now - self.settings.settle - REFUSALS_KEPT_S
-                self._offsets = {k: v for k, v in offsets.items() if v[1] >= kept}
-            if len(late) < 2:
-                return  # one sender's lateness may be its own
-            ranked = sorted(late.values())
-            self._arrival_lag = ranked[max(0, math.ceil(ARRIVAL_QUANTILE * len(ranked)) - 1)]  # nearest rank
-            # the senders' queues drain for about as long as they are late after the hub caught up
-            if now - self._last_sign < self.settings.settle + self._arrival_lag:
-                self._delayed(now, self._arrival_lag)
+            since_lag = now - self._last_sign
+        self.delay.arrived(now, stamps, since_lag)
 
     def _oldest_wait(self, now: float) -> float:
         for admitted in self._in_flight.values():
             return now - admitted
         return 0.0
 
-    def _delayed(self, now: float, delay: float) -> None:
-        peak, at = self._delay
-        if delay >= peak or now - at > self.settings.settle:
-            self._delay = (delay, now)
-
     def cover(self, now: float) -> ShedCover:
         """Whom the hub refused or keeps waiting at ``now`` (see :class:`ShedCover`)."""
         with self._lock:
             settle = self.settings.settle
-            self._delayed(now, max(self._oldest_wait(now), now - self._loop_due))
+            oldest = self._oldest_wait(now)
             kept = settle + REFUSALS_KEPT_S
             self._refused = {k: t for k, t in self._refused.items() if now - t < kept}
-            peak, at = self._delay
-            return ShedCover(
-                {k: t + settle for k, t in self._refused.items()},
-                everyone_until=self._refused_anonymous + settle,
-                delay=peak if now - at <= settle else 0.0,
-            )
+            refused = {k: t + settle for k, t in self._refused.items()}
+            everyone_until = self._refused_anonymous + settle
+        self.delay.waiting(now, oldest)
+        return ShedCover(refused, everyone_until=everyone_until, delay=self.delay.delay(now))
 
     def _lagging(self, now: float) -> bool:
         s = self.settings
         return (
             len(self._in_flight) >= s.max_in_flight
             or self._oldest_wait(now) > s.max_lag_s
-            or self._eval_lag > s.max_eval_lag_s
-            or self._loop_lag > s.max_loop_lag_s
-            or now - self._loop_due > s.max_loop_lag_s
+            or self.delay.evaluation_lag > s.max_eval_lag_s
+            or self.delay.loop_overdue(now) > s.max_loop_lag_s
             or self._observe_lag > s.max_lag_s
         )
 
@@ -351,16 +296,13 @@ class OverloadMonitor:
     def status(self, now: float) -> dict[str, Any]:
         """For /api/v1/health and the alert's details."""
         with self._lock:
-            return {
+            status: dict[str, Any] = {
                 "behind": self._behind_since is not None,
                 "behind_since": self._behind_since,
                 "in_flight": len(self._in_flight),
                 "oldest_wait_seconds": round(self._oldest_wait(now), 3),
-                "evaluation_lag_seconds": round(self._eval_lag, 3),
-                "event_loop_lag_seconds": round(self._loop_lag, 3),
                 "observe_lag_seconds": round(self._observe_lag, 3),
-                "arrival_lag_seconds": round(self._arrival_lag, 3),
-                "event_loop_probes": self.loop_probes,
                 "shed_requests": self.shed,
                 "episodes": self.episodes,
             }
+        return {**status, **self.delay.status(now)}
