@@ -49,11 +49,9 @@ class RollingMedian:
             return False
         buf, ordered = self._buf, self._sorted
         if len(buf) == buf.maxlen:
-            old = buf[0]
-            at = bisect_left(ordered, old)
-            while ordered[at] is not old:  # that very value: 0.0 and -0.0 are equal, not the same
-                at += 1
-            del ordered[at]
+            # equal values sit in the order they came (insort puts a value after its equals), so
+            # the first one equal to the oldest is the oldest itself (0.0 and -0.0 are equal)
+            del ordered[bisect_left(ordered, buf[0])]
         buf.append(value)
         insort(ordered, value)
         return True
