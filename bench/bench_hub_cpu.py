@@ -22,6 +22,12 @@ Anchors, same run:
 Batches go as binary frames (``application/vnd.gpuscope.frame``), as agents send them; ``--json``
 sends the JSON batches of earlier rounds instead.
 
+The measured window is steady state: it starts at tick ``WARM_TICKS`` and lasts a whole number of
+the hub's commit intervals (``storage.flush_interval_s``), and the agents keep sending for
+``TAIL_TICKS`` more ticks after it, so no sender falls silent while it is measured. (A window that
+ran on after the last tick counted the hub raising ``node_unreachable`` for the whole fleet,
+about 6 ms of CPU an alert, a cost of the bench stopping the agents, not of ingest.)
+
 usage: python bench/bench_hub_cpu.py [--nodes 64] [--ticks 30] [--agents 32] [--json]
 """
 
@@ -49,11 +55,11 @@ from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.remote.local import start_victoria_metrics
 
 WARM_TICKS = 3
-#: VictoriaMetrics moves what it acknowledged into its tables within about a second, the hub at its
-#: next commit (every ``storage.flush_interval_s``): both measurements end this long after the last
-#: tick, so each system pays for the measured ticks' writes and for as many idle seconds (the hub
-#: also for the commit of the warm-up's last rows: the comparison leans slightly against the hub)
-SETTLE_S = 2.0 + hub_flush_interval_s()
+#: ticks sent after the measured window, so that every agent still reports while it is measured
+TAIL_TICKS = 2
+#: the hub commits every ``storage.flush_interval_s`` (VictoriaMetrics flushes each second): a
+#: window of whole intervals holds as many commits as its seconds of traffic need
+COMMIT_S = hub_flush_interval_s()
 #: time to encode the ticks before the first one is due
 ENCODE_S = 5.0
 #: a hub process starting on a busy shared machine (imports, DuckDB) may take longer than 30 s
@@ -100,6 +106,47 @@ def spread(pool: ThreadPoolExecutor, send: Callable[[Item], int], items: list[It
     return futures
 
 
+def measured_ticks(n_ticks: int) -> int:
+    """Ticks in the measured window: whole commit intervals between the warm-up and the tail."""
+    whole = int((n_ticks - WARM_TICKS - TAIL_TICKS) // COMMIT_S * COMMIT_S)
+    if whole <= 0:
+        raise SystemExit(f"--ticks must be at least {WARM_TICKS + TAIL_TICKS + COMMIT_S:.0f}")
+    return whole
+
+
+def steady(
+    pool: ThreadPoolExecutor,
+    ticks: list[tuple[float, list[Item]]],
+    send: Callable[[Item], int],
+    cpu: Callable[[], float],
+    after_tick: Callable[[], object] = lambda: None,
+) -> tuple[float, int, int]:
+    """Send every tick at its pace; CPU seconds (``cpu``), batches and samples of the measured
+    window, from the start of tick ``WARM_TICKS`` to the start of the first tail tick."""
+    end = WARM_TICKS + measured_ticks(len(ticks))
+    cpu0 = cpu1 = 0.0
+    batches, measured = 0, list[Future[int]]()
+    for k, tick in paced(ticks):
+        if k == WARM_TICKS:
+            cpu0 = cpu()
+        if k == end:
+            cpu1 = cpu()
+        sent = spread(pool, send, tick)
+        after_tick()
+        if WARM_TICKS <= k < end:
+            batches += len(tick)
+            measured += sent
+    return cpu1 - cpu0, batches, sum(f.result() for f in measured)
+
+
+def process_cpu(proc: psutil.Process) -> Callable[[], float]:
+    def cpu() -> float:
+        t = proc.cpu_times()
+        return float(t.user + t.system)
+
+    return cpu
+
+
 def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
     """Hub CPU seconds, batches and samples acknowledged after the warm-up ticks."""
     with (
@@ -119,22 +166,11 @@ def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
             reply.raise_for_status()
             return item[1].samples
 
-        cpu0, batches, measured = 0.0, 0, list[Future[int]]()
         with ThreadPoolExecutor(agents) as pool:
-            for k, tick in paced(ticks):
-                if k == WARM_TICKS:
-                    t = hub.cpu_times()
-                    cpu0 = t.user + t.system
-                sent = spread(pool, send, list(enumerate(tick)))
-                if k >= WARM_TICKS:
-                    batches += len(tick)
-                    measured += sent
-            samples = sum(f.result() for f in measured)
-        time.sleep(SETTLE_S)
-        t = hub.cpu_times()
+            result = steady(pool, [(t, list(enumerate(tick))) for t, tick in ticks], send, process_cpu(hub))
         for c in clients:
             c.close()
-        return t.user + t.system - cpu0, batches, samples
+        return result
 
 
 def prometheus_text(o: Outgoing) -> bytes:
@@ -166,29 +202,18 @@ def victoria(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int] | 
             reply.raise_for_status()
             return item[1][1]
 
-        cpu0, batches, measured = 0.0, 0, list[Future[int]]()
         with ThreadPoolExecutor(agents) as pool:
-            for k, tick in paced(bodies):
-                if k == WARM_TICKS:
-                    t = vm.cpu_times()
-                    cpu0 = t.user + t.system
-                sent = spread(pool, send, list(enumerate(tick)))
-                if k >= WARM_TICKS:
-                    batches += len(tick)
-                    measured += sent
-            samples = sum(f.result() for f in measured)
-        time.sleep(SETTLE_S)  # its in-memory buffers are flushed to parts within a second: count that too
-        t = vm.cpu_times()
+            result = steady(pool, [(t, list(enumerate(tick))) for t, tick in bodies], send, process_cpu(vm))
         for c in clients:
             c.close()
-        return t.user + t.system - cpu0, batches, samples
+        return result
     finally:
         db.stop()
 
 
 def in_process(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
-    """The same batches without HTTP: decode, validate, store (durable log, a commit per tick),
-    detect, evaluate."""
+    """The same batches without HTTP: decode, validate, store (durable log, a commit every
+    ``storage.flush_interval_s``), detect, evaluate."""
     limits = Limits()
     with tempfile.TemporaryDirectory() as tmp:
         hub = Hub(DuckDBStore(str(Path(tmp) / "hub.duckdb")))
@@ -200,20 +225,10 @@ def in_process(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
             hub.ingest(batch)
             return o.samples
 
-        cpu0, batches, measured = 0.0, 0, list[Future[int]]()
         with ThreadPoolExecutor(agents) as pool:
-            for k, tick in paced(ticks):
-                if k == WARM_TICKS:
-                    cpu0 = time.process_time()
-                sent = spread(pool, ingest, tick)
-                hub.evaluate(time.time())
-                if k >= WARM_TICKS:
-                    batches += len(tick)
-                    measured += sent
-            samples = sum(f.result() for f in measured)
-        hub.store.close()  # its last commit
-        cpu = time.process_time() - cpu0
-        return cpu, batches, samples
+            result = steady(pool, ticks, ingest, time.process_time, lambda: hub.evaluate(time.time()))
+        hub.store.close()
+        return result
 
 
 def main() -> None:
@@ -225,7 +240,10 @@ def main() -> None:
     a = ap.parse_args()
     global content_type
     content_type = JSON_CONTENT_TYPE if a.json else CONTENT_TYPE
-    console.print(f"{a.ticks} ticks of {a.nodes} agents' batches, one tick a second, per system")
+    console.print(
+        f"{a.ticks} ticks of {a.nodes} agents' batches, one tick a second, per system; "
+        f"{measured_ticks(a.ticks)} measured after {WARM_TICKS} warm-up ticks"
+    )
     rows = []
     figures: dict[str, float] = {}
     for name, run in (

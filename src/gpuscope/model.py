@@ -42,6 +42,11 @@ class Frame:
     metrics: list[str]
     entities: list[Labels]
     values: FloatArray
+    #: set by the frame decoder: two frames with the same layout number have equal ``metrics``
+    #: and ``entities`` (a sender repeats its layout every tick), so what derives from those alone
+    #: may be cached by it; numbers are never reused. None: unknown, derive afresh. Whoever
+    #: changes a frame's metrics or entities sets it to None.
+    layout: int | None = None
 
     @property
     def sample_count(self) -> int:

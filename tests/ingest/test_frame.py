@@ -189,3 +189,18 @@ def test_the_layouts_remembered_are_bounded() -> None:
         decode_frame(encode_frame(b))
     assert 0 < len(frame_module._layouts) <= frame_module._MAX_LAYOUTS
     assert len(frame_module._tables) <= frame_module._MAX_TABLES
+
+
+def test_a_frame_names_its_layout_and_a_changed_layout_is_another_number() -> None:
+    body = encode_frame(good())
+    first, again = decode_frame(body).frames[0], decode_frame(body).frames[0]
+    assert first.layout is not None and again.layout == first.layout
+    other_gpu = good()
+    other_gpu.frames[0].entities[0]["gpu"] = "1"
+    other_metric = good()
+    other_metric.frames[0].metrics[1] = "gpu_sm_clock_mhz"
+    numbers = {decode_frame(encode_frame(b)).frames[0].layout for b in (other_gpu, other_metric)}
+    assert first.layout not in numbers and len(numbers) == 2
+    assert decode_body("application/json", encode_batch(good())).frames[0].layout is None
+    frame_module._layouts.clear()  # forgotten: the same layout gets a number never used before
+    assert decode_frame(body).frames[0].layout not in {first.layout, *numbers}

@@ -1,13 +1,14 @@
 """Rolling baselines for streaming detectors: small, NaN-safe, cheap to create and to feed.
 
 Detectors keep one of these per entity (GPU, node, job, rank), so each holds a bounded window
-and costs O(1) per update (medians are computed lazily over a short window and cached).
+and costs O(window) per update at most (a short window, kept sorted, so a median is an index).
 Non-finite inputs are ignored rather than poisoning the baseline: a missing sample is not a zero.
 """
 
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 
 NAN = math.nan
@@ -29,30 +30,42 @@ def median(values: list[float]) -> float:
 
 
 class RollingMedian:
-    """Median, MAD and maximum of the last ``size`` finite values."""
+    """Median, MAD and maximum of the last ``size`` finite values.
 
-    __slots__ = ("_buf", "_median")
+    The window is also kept sorted, one insertion and one removal per value, so the median is an
+    index: senders push every tick and the detectors read every tick, and sorting the window
+    again at each read cost more than all of a tick's other liveness work."""
+
+    __slots__ = ("_buf", "_sorted")
 
     def __init__(self, size: int = 31) -> None:
         _check_size(size)
         self._buf: deque[float] = deque(maxlen=size)
-        self._median: float | None = None
+        self._sorted: list[float] = []
 
     def push(self, value: float) -> bool:
         """Add a value; returns False (and keeps the window unchanged) for NaN or infinity."""
         if not math.isfinite(value):
             return False
-        self._buf.append(value)
-        self._median = None
+        buf, ordered = self._buf, self._sorted
+        if len(buf) == buf.maxlen:
+            # equal values sit in the order they came (insort puts a value after its equals), so
+            # the first one equal to the oldest is the oldest itself (0.0 and -0.0 are equal)
+            del ordered[bisect_left(ordered, buf[0])]
+        buf.append(value)
+        insort(ordered, value)
         return True
 
     def __len__(self) -> int:
         return len(self._buf)
 
     def median(self) -> float:
-        if self._median is None:
-            self._median = median(list(self._buf))
-        return self._median
+        ordered = self._sorted
+        n = len(ordered)
+        if n == 0:
+            return NAN
+        mid = n // 2
+        return ordered[mid] if n % 2 else 0.5 * (ordered[mid - 1] + ordered[mid])
 
     def mad(self) -> float:
         """Median absolute deviation from the median: a spread estimate that ignores outliers."""

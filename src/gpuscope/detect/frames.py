@@ -1,7 +1,9 @@
 """A per-frame index shared by every detector: which rows are GPUs, their keys, their jobs.
 
 The engine hands the same frame to each detector in turn; building the index once and reusing
-it (a one-entry identity cache) keeps the per-frame cost flat as detectors are added.
+it (a one-entry identity cache) keeps the per-frame cost flat as detectors are added. The row
+roles depend on the frame's entities and metrics alone, so a decoded frame (whose
+:attr:`~gpuscope.model.Frame.layout` a sender repeats every tick) reuses those of its layout.
 """
 
 from __future__ import annotations
@@ -61,7 +63,50 @@ class FrameView:
         return alive
 
 
+@dataclass(frozen=True, slots=True)
+class _Roles:
+    """What a frame's view derives from its entities and metrics alone (shared: never mutated)."""
+
+    gpu_rows: list[int]
+    gpu_keys: list[GpuKey]
+    gpu_jobs: list[str | None]
+    node_rows: dict[str, int]
+    nodes: list[str]
+    unplaced_gpu_rows: int
+    columns: dict[str, int]
+    gpu_index: slice | npt.NDArray[np.intp]
+
+    def view(self, frame: Frame) -> FrameView:
+        return FrameView(
+            frame,
+            self.gpu_rows,
+            self.gpu_keys,
+            self.gpu_jobs,
+            self.node_rows,
+            self.nodes,
+            self.unplaced_gpu_rows,
+            self.columns,
+            self.gpu_index,
+        )
+
+
+#: roles by :attr:`Frame.layout` (a sender repeats its layout every tick), bounded
+_roles: dict[int, _Roles] = {}
+MAX_LAYOUTS = 16_384
+
+
 def _build(frame: Frame) -> FrameView:
+    if frame.layout is None:
+        return _roles_of(frame).view(frame)
+    roles = _roles.get(frame.layout)
+    if roles is None:
+        if len(_roles) >= MAX_LAYOUTS:
+            _roles.clear()
+        roles = _roles[frame.layout] = _roles_of(frame)
+    return roles.view(frame)
+
+
+def _roles_of(frame: Frame) -> _Roles:
     gpu_rows: list[int] = []
     gpu_keys: list[GpuKey] = []
     gpu_jobs: list[str | None] = []
@@ -82,8 +127,9 @@ def _build(frame: Frame) -> FrameView:
         elif "service" not in labels:
             node_rows[node] = i
             nodes[node] = None
-    view = FrameView(
-        frame,
+    n = len(gpu_rows)
+    contiguous = n > 0 and gpu_rows[-1] - gpu_rows[0] == n - 1
+    return _Roles(
         gpu_rows,
         gpu_keys,
         gpu_jobs,
@@ -91,11 +137,8 @@ def _build(frame: Frame) -> FrameView:
         list(nodes),
         unplaced,
         {m: j for j, m in enumerate(frame.metrics)},
+        slice(gpu_rows[0], gpu_rows[0] + n) if contiguous else np.asarray(gpu_rows, np.intp),
     )
-    n = len(gpu_rows)
-    contiguous = n > 0 and gpu_rows[-1] - gpu_rows[0] == n - 1
-    view._gpu_index = slice(gpu_rows[0], gpu_rows[0] + n) if contiguous else np.asarray(gpu_rows, np.intp)
-    return view
 
 
 _last: tuple[Frame, FrameView] | None = None

@@ -29,7 +29,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 from functools import lru_cache
-from itertools import accumulate
+from itertools import accumulate, count
 from typing import Any
 
 import numpy as np
@@ -300,7 +300,10 @@ def _check_labels(pairs: tuple[str, ...], field: str, limits: Limits) -> Labels:
 #: layout every second, so its decode is a lookup; bounded (cleared when full), so a sender
 #: inventing layouts cannot grow the hub's memory.
 _LayoutKey = tuple[bytes, bytes, int, int, int, Limits]
-_Layout = tuple[tuple[str, ...], tuple[Labels, ...]]
+#: metric names, entities, and the layout's number (:attr:`Frame.layout`)
+_Layout = tuple[tuple[str, ...], tuple[Labels, ...], int]
+#: layout numbers, never reused (not even once the cache is cleared), so a number names one layout
+_numbers = count()
 _MAX_LAYOUTS = 4096
 _layouts: dict[_LayoutKey, _Layout] = {}
 #: string tables by their bytes, bounded the same way
@@ -343,14 +346,14 @@ def _frame(r: _Reader, table: bytes, strings: list[str], field: str, limits: Lim
             _layouts[key] = layout
     else:
         r.pos += size
-    metrics, entities = layout
+    metrics, entities, number = layout
     values = r.array(_F64, n_entities * n_metrics, f"{field}.values").reshape(n_entities, n_metrics).copy()
     infinite = np.isinf(values)
     if infinite.any():
         row, col = (int(x) for x in np.argwhere(infinite)[0])
         raise PayloadError(f"{field}.values[{row}][{col}]", "must be finite (NaN = not reported)")
     # fresh containers: whoever receives the batch owns them
-    return Frame(ts=ts, metrics=list(metrics), entities=[dict(e) for e in entities], values=values)
+    return Frame(ts, list(metrics), [dict(e) for e in entities], values, layout=number)
 
 
 def _layout(
@@ -375,7 +378,7 @@ def _layout(
             entities.append(_valid_labels(pairs, limits))
         except PayloadError:
             entities.append(_check_labels(pairs, f"{field}.entities[{i}]", limits))  # raises, naming it
-    return metrics, tuple(entities)
+    return metrics, tuple(entities), next(_numbers)
 
 
 def _extras_of(r: _Reader, limits: Limits) -> tuple[list[Event], list[TrainingRecord]]:

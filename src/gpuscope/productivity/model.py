@@ -143,9 +143,12 @@ class ProductivityModel:
             for node in [n for n, d in self.drains.items() if d.until <= now]:
                 del self.drains[node]
             for view in self.gpus.values():
-                stale_after = max(STALE_MIN_S, STALE_INTERVALS * view.interval)
-                if now - view.last_seen <= stale_after or view.accounted >= now:
+                # every GPU every second, nearly all of them fresh: the cheapest test first
+                silent = now - view.last_seen
+                stale = STALE_INTERVALS * view.interval
+                if silent <= STALE_MIN_S or silent <= stale or view.accounted >= now:
                     continue
+                stale_after = max(STALE_MIN_S, stale)
                 if view.node in self.drains:
                     cause = "drained"
                 elif self._held_out(view.node, now):

@@ -12,12 +12,14 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from gpuscope.model import MAX_TIMESTAMP, Batch, Event, Frame, TrainingRecord
+from gpuscope.model import MAX_TIMESTAMP, Batch, Event, Frame, Labels, TrainingRecord
 from gpuscope.store.base import AppendResult
 from gpuscope.store.registry import REFUSED, ColumnRegistry, EntityRegistry
 
 MAX_NAME_LEN = 128
 MAX_NOTES = 20
+#: frame layouts whose resolution is remembered at most (a fleet of agents and SDKs: one or two each)
+MAX_RESOLVED = 16_384
 
 I32 = npt.NDArray[np.int32]
 I64 = npt.NDArray[np.int64]
@@ -122,6 +124,10 @@ class Preparer:
         self.train_columns = train_columns
         self._layouts: dict[tuple[str, ...], Layout] = {}
         self._train_layouts: dict[tuple[str, ...], Layout] = {}
+        #: by :attr:`Frame.layout`: the layout and the entities' ids and attribution codes
+        #: (read-only) it resolved to once none of them was pending or refused; a sender repeats
+        #: its layout every tick, and a changed entity list or metric list is another number
+        self._resolved: dict[int, tuple[Layout, I32, I32]] = {}
 
     def prepare(self, batch: Batch) -> Prepared:
         out = Prepared(batch_id=batch.batch_id, result=AppendResult())
@@ -166,7 +172,8 @@ class Preparer:
 
     def _frame(self, frame: Frame, where: str, out: Prepared) -> None:
         ts = _check_ts(frame.ts, f"{where}.ts")
-        layout = self._layout(frame.metrics, where)
+        known = None if frame.layout is None else self._resolved.get(frame.layout)
+        layout = self._layout(frame.metrics, where) if known is None else known[0]
         values = np.asarray(frame.values, dtype=np.float64)
         if values.shape != (len(frame.entities), len(frame.metrics)):
             raise ValueError(
@@ -183,7 +190,14 @@ class Preparer:
         if not layout.cols:
             return
         sub = values if layout.take is None else values[:, layout.take]
-        ids, codes, refused, pending_ids = self.entities.resolve(frame.entities)
+        refused: list[Labels]
+        pending_ids: list[int]
+        if known is not None:
+            ids, codes, refused, pending_ids = known[1], known[2], [], []
+        else:
+            ids, codes, refused, pending_ids = self.entities.resolve(frame.entities)
+            if frame.layout is not None and not (refused or pending_ids or layout.pending):
+                self._remember(frame.layout, layout, ids, codes)
         if refused:
             ok = ids != REFUSED
             result.refused_entities += len(refused)
@@ -223,6 +237,13 @@ class Preparer:
         block.add(np.full(len(ids), to_ms(ts), dtype=np.int64), ids, codes, f32)
         out.entities.update(pending_ids)
         out.columns.update(layout.pending)
+
+    def _remember(self, number: int, layout: Layout, ids: I32, codes: I32) -> None:
+        ids.flags.writeable = False  # shared by every later frame of this layout
+        codes.flags.writeable = False
+        if len(self._resolved) >= MAX_RESOLVED:  # senders come and go: start afresh
+            self._resolved.clear()
+        self._resolved[number] = (layout, ids, codes)
 
     def _event(self, event: Event, where: str) -> tuple[float, str, str, str]:
         ts = _check_ts(event.ts, f"{where}.ts")

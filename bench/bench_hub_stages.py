@@ -1,0 +1,168 @@
+"""Hub CPU per node batch, stage by stage, on the agents' decoded frames (no HTTP, no disk).
+
+The load generator's node batches (the bench_hub_cpu traffic: 8 GPUs × the full metric set and a
+node frame, about 351 samples) are decoded from binary frames, as the ingest route does, and fed
+tick by tick to each stage of the hub's path after decode: row preparation (the store), the
+detectors' observe and the productivity model's observe. Each stage is timed (thread CPU, best of
+``--repeats`` passes over the same ticks, each pass on fresh state) twice in the same run:
+
+- with the frames' layout numbers (``Frame.layout``), so what derives from a sender's metric and
+  entity lists alone (entity ids, the detectors' row roles) is looked up, not derived again;
+- anchor: the same frames with the numbers removed, so every frame is derived afresh (the path
+  before layout numbers, and the path of frames that do not come through the decoder).
+
+Floor, same run: copying each batch's values into a float32 matrix, the least work any columnar
+store does per batch.
+
+Last row: a sender's reporting period as the liveness detectors keep it (one gap pushed per tick,
+the median read at each evaluation), per sender and tick, with the window kept sorted
+(``RollingMedian``) beside the anchor of sorting the window afresh at each read (the code before).
+
+usage: python bench/bench_hub_stages.py [--nodes 64] [--ticks 20] [--repeats 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+
+import numpy as np
+
+from common import console, print_table
+from gpuscope.detect.baseline import RollingMedian, median
+from gpuscope.detect.engine import DetectionEngine
+from gpuscope.ingest.frame import decode_frame, encode_frame
+from gpuscope.loadgen.traffic import FleetShape, build_scenario
+from gpuscope.model import Batch
+from gpuscope.productivity import ProductivityModel
+from gpuscope.sim.cluster import Simulator
+from gpuscope.store.prepare import Preparer
+from gpuscope.store.registry import ColumnRegistry, EntityRegistry
+
+Ticks = list[list[Batch]]
+
+
+def agent_ticks(nodes: int, ticks: int) -> Ticks:
+    """Per tick, the agents' node batches as the hub decodes them (each with its layout number)."""
+    scenario = build_scenario(FleetShape(nodes=nodes), ticks + 2, faults=[])
+    out: Ticks = []
+    for tick in Simulator(scenario, t0=1.7e9).ticks():
+        out.append([decode_frame(encode_frame(b)) for b in tick.node_batches.values()])
+        if len(out) == ticks:
+            break
+    return out
+
+
+def without_layouts(ticks: Ticks) -> Ticks:
+    """The same batches with fresh frames whose layout is unknown."""
+    out: Ticks = []
+    for tick in ticks:
+        batches = []
+        for b in tick:
+            frames = [type(f)(f.ts, f.metrics, f.entities, f.values) for f in b.frames]
+            batches.append(Batch(b.source, frames, b.events, b.training, b.batch_id))
+        out.append(batches)
+    return out
+
+
+def best_us(run: Callable[[Ticks], None], ticks: list[Ticks], repeats: int) -> list[float]:
+    """Best thread CPU of ``run`` over all ticks of each variant, per batch, in microseconds; the
+    variants alternate, so that a change in the machine's load falls on all of them."""
+    batches = sum(len(t) for t in ticks[0])
+    best = [float("inf")] * len(ticks)
+    for _ in range(repeats):
+        for k, variant in enumerate(ticks):
+            t0 = time.thread_time()
+            run(variant)
+            best[k] = min(best[k], time.thread_time() - t0)
+    return [b * 1e6 / batches for b in best]
+
+
+def prepare(ticks: Ticks) -> None:
+    entities, columns = EntityRegistry(100_000), ColumnRegistry(512)
+    preparer = Preparer(entities, columns, ColumnRegistry(512))
+    for k, tick in enumerate(ticks):
+        for batch in tick:
+            preparer.prepare(batch)
+        if k == 0:  # what the writer does after the first commit: ids and columns are stored
+            entities.mark_persisted(range(len(entities)))
+            columns.mark_persisted(range(len(columns)))
+
+
+def detect(ticks: Ticks) -> None:
+    engine = DetectionEngine()
+    for tick in ticks:
+        engine.observe_many(tick)
+
+
+def productivity(ticks: Ticks) -> None:
+    model = ProductivityModel(2.5)
+    for tick in ticks:
+        for batch in tick:
+            model.observe(batch)
+
+
+def floor(ticks: Ticks) -> None:
+    for tick in ticks:
+        for batch in tick:
+            for frame in batch.frames:
+                frame.values.astype(np.float32)
+
+
+def intervals_us(senders: int, ticks: int, repeats: int) -> tuple[float, float]:
+    """Per sender and tick: push a jittered gap, read the median (kept sorted; sorted afresh)."""
+    gaps = (1.0 + np.random.default_rng(1).normal(0, 0.01, (ticks, senders))).tolist()
+    best = [float("inf"), float("inf")]
+    for _ in range(repeats):
+        t0 = time.thread_time()
+        kept = [RollingMedian(15) for _ in range(senders)]
+        for row in gaps:
+            for window, gap in zip(kept, row, strict=True):
+                window.push(gap)
+                window.median()
+        best[0] = min(best[0], time.thread_time() - t0)
+        t0 = time.thread_time()
+        plain = [deque[float](maxlen=15) for _ in range(senders)]
+        for row in gaps:
+            for buf, gap in zip(plain, row, strict=True):
+                buf.append(gap)
+                median(list(buf))
+        best[1] = min(best[1], time.thread_time() - t0)
+    return best[0] * 1e6 / (senders * ticks), best[1] * 1e6 / (senders * ticks)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--nodes", type=int, default=64)
+    ap.add_argument("--ticks", type=int, default=20)
+    ap.add_argument("--repeats", type=int, default=5)
+    a = ap.parse_args()
+    console.print(f"{a.ticks} ticks of {a.nodes} agents' decoded batches, best of {a.repeats}")
+    ticks = agent_ticks(a.nodes, a.ticks)
+    plain = without_layouts(ticks)
+    rows = []
+    total = [0.0, 0.0]
+    stages = (("row preparation", prepare), ("detectors observe", detect), ("productivity", productivity))
+    for name, run in stages:
+        with_, without = best_us(run, [ticks, plain], a.repeats)
+        total[0] += with_
+        total[1] += without
+        rows.append([name, f"{with_:.1f}", f"{without:.1f}", f"{without - with_:+.1f}"])
+    rows.append(["all three", f"{total[0]:.1f}", f"{total[1]:.1f}", f"{total[1] - total[0]:+.1f}"])
+    rows.append(["floor: values copied to float32", f"{best_us(floor, [ticks], a.repeats)[0]:.1f}", "", ""])
+    kept, afresh = intervals_us(a.nodes, 10 * a.ticks, a.repeats)
+    rows.append(["a sender's period: push + median", f"{kept:.2f}", f"{afresh:.2f}", f"{afresh - kept:+.2f}"])
+    load = os.getloadavg()
+    print_table(
+        f"hub CPU per node batch by stage, µs ({a.nodes} agents; "
+        f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f})",
+        ["stage", "this code", "anchor: the previous way (see above)", "saved"],
+        rows,
+    )
+
+
+if __name__ == "__main__":
+    main()
