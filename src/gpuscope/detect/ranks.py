@@ -20,7 +20,11 @@ for ``sustain`` steps. Where ranks report their own step times (real per-worker 
 distances are the rank's own slowdown (a ratio to its normal), the normal follows at
 ``step_alpha``, and the long window's bar is ``step_k`` times the spread, at least
 ``step_excess``: a median of nine readings is steadier than one, but a worker's own time wanders
-by several per cent for minutes.
+by several per cent for minutes. While that median is more than ``step_learn`` of the bar above the
+normal, for at most one ``window`` of steps in a row, the normal follows at a quarter of its rate:
+a slowdown building up towards the bar does not teach the normal that it is normal (on a noisy
+worker a 1.2x minute sits near its bar), and a shift that lasts longer than the window that judges
+it becomes the new normal as before.
 Slowdowns of a minute on a job that reports every 10 s are over before that median moves, so the
 median of the last ``short`` lags also decides, with the higher bar ``short_excess``, once it has
 held for ``short_sustain`` steps and ``short_seconds``: one or two slow readings are no straggler.
@@ -85,6 +89,7 @@ class _Rank:
     lag_hits: int = 0
     short_hits: int = 0  # steps in a row the short window has been far behind
     short_since: float = math.nan  # when it began
+    rising_n: int = 0  # steps in a row its step time has been more than half its bar above its normal
     last_ts: float = math.nan  # of the last step judged
     recent: list[float] = field(default_factory=list)  # the last few unsmoothed lags: what is said
     skew: float = math.nan
@@ -160,8 +165,10 @@ class RankDetector(StepDetector):
         step_excess: float = 0.1,
         step_k: float = 3.0,
         step_alpha: float = 0.05,
+        step_learn: float = 0.5,
     ) -> None:
         self.step_excess, self.step_k, self.step_alpha = step_excess, step_k, step_alpha
+        self.step_learn = step_learn
         self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
         self.ref_quantile, self.noise_k = ref_quantile, noise_k
         self.normal_cap = normal_cap
@@ -445,14 +452,19 @@ class RankDetector(StepDetector):
             # the normal is learned while not judged slow, nor beyond the bar (a slowdown that has
             # not yet held long enough must not become its own reference)
             rise = self._rise(state.lag, state.lag_base, additive)
-            beyond = judged and rise >= self._bars(state, additive)[0]
+            bar = self._bars(state, additive)[0]
+            beyond = judged and rise >= bar
+            # a step time building up towards the bar is learned slowly, for one window at most
+            rising = judged and not additive and rise >= self.step_learn * bar
+            state.rising_n = state.rising_n + 1 if rising else 0
+            rising = rising and state.rising_n <= self.window
             if state.lag_hits == state.short_hits == 0 and not beyond:
                 # a running mean at first, so the normal does not hang on the first sample
                 alpha = max(self.base_alpha if additive else self.step_alpha, 1.0 / state.lag_n)
                 # within its speed group a rank may be slower by up to the gap that splits groups
                 learn = min(state.lag, max(self.normal_cap, job.gap))
                 base = state.lag_base if math.isfinite(state.lag_base) else learn
-                state.lag_base = base + alpha * (learn - base)
+                state.lag_base = base + (0.25 * alpha if rising else alpha) * (learn - base)
                 # a data-loader hiccup is an outlier, not the spread of the rank's pace
                 spread = min(abs(self._rise(x, state.lag, additive)), 0.1)
                 state.lag_spread += alpha * (spread - state.lag_spread)
