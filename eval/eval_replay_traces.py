@@ -61,10 +61,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from datapath import data_dir
 
 from gpuscope.simeval.replay import replay_document
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 RATIO, NEAR, MIN_SECONDS, NEAR_SAMPLES, GRACE, MIN_WORKERS, LEARN = 1.15, 1.10, 60.0, 3, 60.0, 3, 30
 HEALTHY_SHARE = 0.2  # the previous rule's healthy period
 Times = dict[int, dict[int, float]]  # sample time -> worker -> mini-batch time
@@ -279,7 +279,7 @@ def evaluate(path: Path, workdir: Path, legacy: bool, totals: Totals) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, default=data_dir(), help="see eval/datapath.py")
     parser.add_argument("--legacy", action="store_true", help="also score the previous written rule")
     args = parser.parse_args()
     folder = args.data / "alibaba_v2020_minibatch_time"
