@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from gpuscope.detect.ranks import RankDetector
-from gpuscope.model import TrainingRecord
+from gpuscope.model import Finding, TrainingRecord
 
 EVERY = 10.0  # seconds between samples
 LEVELS = [185.0, 60.0, 61.0, 59.0, 60.0, 240.0, 245.0, 300.0, 298.0, 302.0]
@@ -64,3 +64,25 @@ def test_a_noisy_worker_that_settles_twelve_percent_slower_is_not_a_straggler_fo
         times[200:, 0] *= 1.12  # a lasting shift: its new normal
         seen = flags(times)
         assert not any(0 in f for f in seen[400:]), seed
+
+
+def test_a_worker_ahead_of_its_group_is_said_to_be_slower_than_its_own_normal() -> None:
+    rng = np.random.default_rng(5)
+    speeds = np.array([60.0, 60.0, 60.0, 60.0, 125.0, 240.0, 245.0, 300.0, 300.0, 300.0])
+    times = speeds * (1.0 + 0.02 * rng.standard_normal((400, len(speeds))))
+    times[100:, 4] = times[100:, 0] * 0.98  # from 125 to the fast workers' pace, for good
+    times[300:330, 4] *= 1.5
+    detector = RankDetector()
+    found: list[tuple[int, Finding]] = []
+    for k, row in enumerate(times):
+        for rank, seconds in enumerate(row.tolist()):
+            labels = {"node": f"worker-{rank}", "gpu": "0"}
+            detector.on_training(TrainingRecord(k * EVERY, "j", rank, k, {"step_seconds": seconds}, labels))
+        detector.on_training(TrainingRecord(k * EVERY + 1.0, "j", 0, k + 1, {}))
+        found += [(k, f) for f in detector.evaluate(k * EVERY + 2.0) if f.rule == "training_straggler"]
+    assert found and {f.entity["rank"] for _, f in found} == {"4"}
+    during = [f for k, f in found if 315 <= k < 330]  # while it is slow
+    assert during, [k for k, _ in found]
+    for f in during:
+        assert f.value is not None and 0.3 <= f.value <= 0.7, f.summary  # 1.5x its own pace
+        assert "longer than" in f.summary and "-" not in f.summary.split(":")[1], f.summary

@@ -610,17 +610,25 @@ class RankDetector(StepDetector):
             # the smoothed lag decides; the recent lags say how far behind it is now (the smoothed
             # one still trails a lag that began mid-run)
             now_lag = _median(state.recent) if state.recent else state.lag
-            late = now_lag * job.step_time if math.isfinite(job.step_time) else math.nan
+            # it is judged behind its group's reference or behind its own normal where that is
+            # ahead (a rank that got faster for good): its lag alone would read "-20 % behind"
+            ahead = min(state.lag_base, 0.0) if math.isfinite(state.lag_base) else 0.0
+            behind = self._rise(now_lag, ahead, job.additive)
             group = (job.group or {}).get(rank, 0)
             peers = f"the ranks of its speed group {group}" if job.group_lag else "its peers"
+            late = behind * job.step_time if math.isfinite(job.step_time) else math.nan
+            if job.additive:
+                how = f"{behind:.0%} of a step ({late:.3f} s of {job.step_time:.3f} s) behind {peers}"
+            else:
+                how = f"its steps take {behind:.0%} longer than {'its own normal' if ahead < 0 else peers}"
             out.append(
                 Finding(
                     STRAGGLER,
                     entity,
-                    f"Rank {rank} of job {job_name}{where} is a straggler: {now_lag:.0%} of a step "
-                    f"({late:.3f} s of {job.step_time:.3f} s) behind {peers}, sustained",
-                    value=now_lag,
+                    f"Rank {rank} of job {job_name}{where} is a straggler: {how}, sustained",
+                    value=behind,
                     details={
+                        "behind_share": behind,
                         "lag_share": now_lag,
                         "lag_seconds": late,
                         "smoothed_lag_share": state.lag,
