@@ -21,10 +21,10 @@ distances are the rank's own slowdown (a ratio to its normal), the normal follow
 ``step_alpha``, and the long window's bar is ``step_k`` times the spread, at least
 ``step_excess``: a median of nine readings is steadier than one, but a worker's own time wanders
 by several per cent for minutes. While that median is more than ``step_learn`` of the bar above the
-normal, for at most one ``window`` of steps in a row, the normal follows at a quarter of its rate:
-a slowdown building up towards the bar does not teach the normal that it is normal (on a noisy
-worker a 1.2x minute sits near its bar), and a shift that lasts longer than the window that judges
-it becomes the new normal as before.
+normal, for at most one ``window`` of steps in a row, the normal follows at ``step_learn_rate`` of
+its rate: a slowdown building up towards the bar does not teach the normal that it is normal (on a
+noisy worker a 1.2x minute sits near its bar), and a shift that lasts longer than the window that
+judges it becomes the new normal as before.
 Slowdowns of a minute on a job that reports every 10 s are over before that median moves, so the
 median of the last ``short`` lags also decides, with the higher bar ``short_excess``, once it has
 held for ``short_sustain`` steps and ``short_seconds``: one or two slow readings are no straggler.
@@ -166,9 +166,10 @@ class RankDetector(StepDetector):
         step_k: float = 3.0,
         step_alpha: float = 0.05,
         step_learn: float = 0.5,
+        step_learn_rate: float = 0.25,
     ) -> None:
         self.step_excess, self.step_k, self.step_alpha = step_excess, step_k, step_alpha
-        self.step_learn = step_learn
+        self.step_learn, self.step_learn_rate = step_learn, step_learn_rate
         self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
         self.ref_quantile, self.noise_k = ref_quantile, noise_k
         self.normal_cap = normal_cap
@@ -464,7 +465,7 @@ class RankDetector(StepDetector):
                 # within its speed group a rank may be slower by up to the gap that splits groups
                 learn = min(state.lag, max(self.normal_cap, job.gap))
                 base = state.lag_base if math.isfinite(state.lag_base) else learn
-                state.lag_base = base + (0.25 * alpha if rising else alpha) * (learn - base)
+                state.lag_base = base + (self.step_learn_rate * alpha if rising else alpha) * (learn - base)
                 # a data-loader hiccup is an outlier, not the spread of the rank's pace
                 spread = min(abs(self._rise(x, state.lag, additive)), 0.1)
                 state.lag_spread += alpha * (spread - state.lag_spread)
