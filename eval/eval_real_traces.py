@@ -10,7 +10,8 @@
   (tuned for 1 Hz streams), so the step-time judge is also run with excerpt-sized windows; both
   results are printed.
 
-usage: python eval/eval_real_traces.py [--data DIR]
+usage: python eval/eval_real_traces.py [--data DIR]   (default: $GPUSCOPE_DATA, else shared/data
+above the repository or its main checkout: eval/datapath.py)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from shared_data import DEFAULT_DATA
+from datapath import data_dir
 
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.detect.loss import LossDetector
@@ -87,7 +88,7 @@ def bloom(path: Path, contexts: tuple[str, ...], judge: LossDetector | PaceDetec
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, default=data_dir(), help="see eval/datapath.py")
     args = parser.parse_args()
     ali, blm = args.data / "alibaba_v2020_minibatch_time", args.data / "bloom_training_chronicles"
     if not ali.is_dir() or not blm.is_dir():

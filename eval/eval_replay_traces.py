@@ -61,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from shared_data import DEFAULT_DATA
+from datapath import data_dir
 
 from gpuscope.simeval.replay import replay_document
 
@@ -279,7 +279,7 @@ def evaluate(path: Path, workdir: Path, legacy: bool, totals: Totals) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
-    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--data", type=Path, default=data_dir(), help="see eval/datapath.py")
     parser.add_argument("--legacy", action="store_true", help="also score the previous written rule")
     args = parser.parse_args()
     folder = args.data / "alibaba_v2020_minibatch_time"

@@ -23,7 +23,7 @@ FAMILIES = {
     "hardware": ("hardware-hard", "hardware-risk-short", "hardware-soft-short", "overlap"),
     "serving": ("serving", "serving-steady-kv", "quality"),
     "training": ("training-run", "training-long"),
-    "stragglers": ("training-many-stragglers", "training-worsening-straggler"),
+    "stragglers": ("training-many-stragglers", "training-worsening-straggler", "training-warmup-throttle"),
     "pace": ("training-small-faults", "training-two-speeds"),
 }
 

@@ -1,5 +1,6 @@
 """The scenario suite (see test_scenario_suite.py), family stragglers:
-stragglers: many at once, and one that worsens.
+stragglers: many at once, one that worsens, and a rank slowed by its GPU's fault while the job
+learns its speeds.
 """
 
 from __future__ import annotations
@@ -30,3 +31,13 @@ def test_a_worsening_straggler_is_one_alert_that_follows_it() -> None:
     assert 400 <= alert.started_at <= 1000 and alert.resolved_at is None
     # 1.2x: about 0.15 of a step behind; 3.6x: about 0.7 of the (longer) step
     assert alert.value is not None and alert.value >= 0.5, alert.to_dict()
+
+
+def test_a_gpu_fault_in_the_warm_up_is_no_slow_placement() -> None:
+    result = run(HERE / "training-warmup-throttle.yaml")
+    assert not [a.to_dict() for a in result.alerts if a.rule == "slow_placement"]
+    hot = [a for a in result.alerts if a.rule == "gpu_thermal_throttle"]
+    assert [(a.entity["node"], a.entity["gpu"]) for a in hot] == [("node-1", "1")]
+    # its rank straggles while the throttle lasts; after the restart it is held, not a placement
+    slow = [a for a in result.alerts if a.rule == "training_straggler"]
+    assert {a.entity["rank"] for a in slow} <= {"5"}, [a.to_dict() for a in slow]

@@ -24,6 +24,7 @@ from typing import ClassVar, Literal
 
 from gpuscope.detect.frames import view
 from gpuscope.detect.gputable import GpuTable
+from gpuscope.detect.hwfaults import HardwareFaults
 from gpuscope.detect.services import ServiceAggregator, Snapshot
 from gpuscope.detect.steps import StepGatherer, StepView
 from gpuscope.model import Event, Finding, Frame, TrainingRecord
@@ -38,6 +39,8 @@ class Feeds:
     table: GpuTable
     steps: StepGatherer = field(default_factory=StepGatherer)
     services: ServiceAggregator = field(default_factory=ServiceAggregator)
+    #: the hardware findings of the last evaluation (step rules tell a hardware cause from a placement)
+    faults: HardwareFaults = field(default_factory=HardwareFaults)
 
 
 @dataclass(slots=True)
@@ -108,9 +111,11 @@ class StepDetector(Detector):
 
     def __init__(self) -> None:
         self.steps = StepGatherer()
+        self.faults = HardwareFaults()
 
     def attach(self, feeds: Feeds) -> None:
         self.steps = feeds.steps
+        self.faults = feeds.faults
 
     def on_training(self, record: TrainingRecord) -> None:
         self.steps.add(record)

@@ -146,6 +146,7 @@ class DetectionEngine:
                 findings.extend(detector.evaluate_tick(now, tick))
             except Exception:
                 self._failed(detector, "evaluate")
+        self.feeds.faults.update(findings)
         return findings
 
     def replayed(self, now: float) -> None:

@@ -1,9 +1,11 @@
 """The job got slower: ``step_time_regression``.
 
 The job's step time (median of the ranks' ``step_seconds`` of each closed step) is judged two ways:
-the median of the last ``recent`` steps against the median of the ``baseline`` steps before them
-(at least ``ratio`` times higher), or a one-sided CUSUM change-point test (small, sustained shifts)
-confirmed by a median at least ``cusum_ratio`` higher. Either must hold for ``sustain`` seconds.
+the median of the last minute (``recent_seconds``; at least ``min_recent`` and at most ``recent``
+steps: 20 on a job that steps every second, 6 on a log sampled every 10 s) against the median of
+the ``baseline`` steps before the last ``recent`` (at least ``ratio`` times higher), or a one-sided
+CUSUM change-point test (small, sustained shifts) confirmed by the median of the last ``recent``
+steps at least ``cusum_ratio`` higher. Either must hold for ``sustain`` seconds.
 Checkpoint pauses are not steps and never enter; a rollback or restart starts a new baseline; when
 the rolling baseline has caught up with a shift the CUSUM is re-seeded, so the new pace becomes normal.
 """
@@ -40,6 +42,8 @@ class PaceDetector(StepDetector):
     def __init__(
         self,
         recent: int = 20,
+        recent_seconds: float = 60.0,
+        min_recent: int = 6,
         baseline: int = 300,
         min_baseline: int = 50,
         ratio: float = 1.15,
@@ -47,6 +51,7 @@ class PaceDetector(StepDetector):
         sustain: float = 30.0,
     ) -> None:
         self.recent_n, self.baseline_n, self.min_baseline = recent, baseline, min_baseline
+        self.recent_seconds, self.min_recent = recent_seconds, min_recent
         self.ratio, self.cusum_ratio, self.sustain = ratio, cusum_ratio, sustain
         super().__init__()
         self._jobs: dict[str, _Job] = {}
@@ -89,19 +94,33 @@ class PaceDetector(StepDetector):
         if len(values) < self.recent_n + self.min_baseline:
             job.since = None
             return
-        job.recent = float(np.median(values[-self.recent_n :]))
         job.base = float(np.median(values[: -self.recent_n]))
+        job.recent = float(np.median(values[-self._recent(job) :]))
+        # the last minute decides the ratio test; the CUSUM's small shifts are confirmed over the
+        # last ``recent`` steps (the same on a job that steps every second)
         ratio = job.recent / job.base if job.base > 0 else math.nan
-        slow = ratio >= self.ratio or (job.cusum.alarm and ratio >= self.cusum_ratio)
-        if job.cusum.alarm and not ratio >= self.cusum_ratio:
+        steps = float(np.median(values[-self.recent_n :])) / job.base if job.base > 0 else math.nan
+        shifted = job.cusum.alarm and steps >= self.cusum_ratio
+        if job.cusum.alarm and not steps >= self.cusum_ratio:
             job.cusum = Cusum()  # the baseline caught up: the current pace is the new normal
         ts = job.times[-1][0]
-        if slow:
+        if ratio >= self.ratio or shifted:
             job.since = job.since if job.since is not None else ts
         elif not ratio >= 0.5 * (1.0 + self.cusum_ratio):
             job.since = None
 
+    def _recent(self, job: _Job) -> int:
+        """How many of the last steps are recent: those of the last ``recent_seconds``, between
+        ``min_recent`` and ``recent`` of them (a job sampled every 10 s has 6 steps a minute)."""
+        last, n = job.times[-1][0], 0
+        for ts, _ in reversed(job.times):
+            if n >= self.recent_n or last - ts >= self.recent_seconds:
+                break
+            n += 1
+        return max(n, self.min_recent)
+
     def _finding(self, name: str, job: _Job) -> Finding:
+
         ratio = job.recent / job.base
         return Finding(
             RULE,

@@ -20,7 +20,11 @@ for ``sustain`` steps. Where ranks report their own step times (real per-worker 
 distances are the rank's own slowdown (a ratio to its normal), the normal follows at
 ``step_alpha``, and the long window's bar is ``step_k`` times the spread, at least
 ``step_excess``: a median of nine readings is steadier than one, but a worker's own time wanders
-by several per cent for minutes.
+by several per cent for minutes. While that median is more than ``step_learn`` of the bar above the
+normal, for at most one ``window`` of steps in a row, the normal follows at ``step_learn_rate`` of
+its rate: a slowdown building up towards the bar does not teach the normal that it is normal (on a
+noisy worker a 1.2x minute sits near its bar), and a shift that lasts longer than the window that
+judges it becomes the new normal as before.
 Slowdowns of a minute on a job that reports every 10 s are over before that median moves, so the
 median of the last ``short`` lags also decides, with the higher bar ``short_excess``, once it has
 held for ``short_sustain`` steps and ``short_seconds``: one or two slow readings are no straggler.
@@ -33,7 +37,14 @@ mix parts). Each rank is then judged against the common reference moved by its g
 warm-up is replayed that way to learn its normal, and a job whose slower groups were slow from
 the start gets one ``slow_placement`` finding that names them and the share of the job's GPU time
 they cost (a synchronous job runs at the pace of its slowest group); it is a placement to fix,
-not a live fault.
+not a live fault. Only an offset present from the start and without a cause is a placement: a
+rank whose first ``warm_steps / 4`` steps kept the fast group's pace slowed down inside the warm-up
+(a live fault: it joins the fast group, its normal learned from those first steps); a rank whose
+GPU (or node) has a live hardware finding during the warm-up (a throttle, a slow GPU, an ECC storm:
+:mod:`gpuscope.detect.hwfaults`) is held, neither learned nor judged, until the finding has cleared,
+then the groups are learned again with it; and a slow group that catches up (the median of its
+ranks more than half its lag ahead of its reference) is no longer reported and the groups are
+learned again: a placement does not heal on its own.
 
 When the job's membership changes after the warm-up (a rank joins, elastic growth, or a rank comes
 back on another node or GPU after a restart), the groups are learned again over the next
@@ -78,6 +89,7 @@ class _Rank:
     lag_hits: int = 0
     short_hits: int = 0  # steps in a row the short window has been far behind
     short_since: float = math.nan  # when it began
+    rising_n: int = 0  # steps in a row its step time has been more than half its bar above its normal
     last_ts: float = math.nan  # of the last step judged
     recent: list[float] = field(default_factory=list)  # the last few unsmoothed lags: what is said
     skew: float = math.nan
@@ -117,6 +129,13 @@ class _Job:
     place: dict[int, tuple[str, str]] = field(default_factory=dict)
     #: the groups are being learned again after a change of membership
     relearn: bool = False
+    #: ranks whose GPU had a live hardware finding during the warm-up being learned
+    faulted: set[int] = field(default_factory=set)
+    #: ranks held out of the groups for a hardware fault on their GPU: neither learned nor judged
+    #: until it has cleared, then the groups are learned again with them
+    held: set[int] = field(default_factory=set)
+    #: ranks released from a hold, learned afresh at the end of the next warm-up
+    released: set[int] = field(default_factory=set)
 
 
 @register
@@ -146,8 +165,11 @@ class RankDetector(StepDetector):
         step_excess: float = 0.1,
         step_k: float = 3.0,
         step_alpha: float = 0.05,
+        step_learn: float = 0.5,
+        step_learn_rate: float = 0.25,
     ) -> None:
         self.step_excess, self.step_k, self.step_alpha = step_excess, step_k, step_alpha
+        self.step_learn, self.step_learn_rate = step_learn, step_learn_rate
         self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
         self.ref_quantile, self.noise_k = ref_quantile, noise_k
         self.normal_cap = normal_cap
@@ -207,18 +229,62 @@ class RankDetector(StepDetector):
             if math.isfinite(arrived):
                 state.arrival = arrived
         if job.group is None:
+            self._warm(view.job, job, view.ranks)
             job.warm.append((list(view.ranks), raw.copy(), additive, view.ts))
             if len(job.warm) >= self.warm_steps:
                 self._split(view.job, job)
             return
         present = [r for r, x in zip(view.ranks, raw.tolist(), strict=True) if math.isfinite(x)]
-        if not job.relearn and self._moved(view.job, job, present):
-            job.relearn, job.warm = True, []
+        released = {r for r in job.held if not self.faults.on(self.steps.where(view.job, r))}
+        if released:
+            # the hardware fault that held them has cleared: learn the groups again with them
+            job.held -= released
+            job.released |= released
+            job.relearn, job.warm, job.faulted = True, [], set()
+        elif not job.relearn and self._moved(view.job, job, present):
+            job.relearn, job.warm, job.faulted = True, [], set()
+        if not job.relearn and self._healed(job):
+            # a slow group that caught up was no placement (a placement does not heal on its own)
+            job.relearn, job.warm, job.faulted = True, [], set()
         self._judge(job, list(view.ranks), raw, additive, view.ts)
         if job.relearn:
+            self._warm(view.job, job, view.ranks)
             job.warm.append((list(view.ranks), raw.copy(), additive, view.ts))
             if len(job.warm) >= self.warm_steps:
                 self._split(view.job, job)
+
+    def _warm(self, name: str, job: _Job, ranks: tuple[int, ...] | list[int]) -> None:
+        """Note the ranks of a warm-up step whose GPU has a live hardware finding."""
+        for r in ranks:
+            if r not in job.faulted and self.faults.on(self.steps.where(name, r)):
+                job.faulted.add(r)
+
+    def _healed(self, job: _Job) -> bool:
+        """Has a slow speed group caught up with the fast one?"""
+        return bool(job.group_lag) and len(self._slow_groups(job)) < len(job.group_lag)
+
+    def _slow_groups(self, job: _Job) -> dict[int, float]:
+        """The slower speed groups that are still slow: group -> its lag behind the fast group.
+
+        A group's ranks are judged against the reference moved by their group's pace, so a group
+        that caught up lags that pace behind its own reference: it is healed once the median of
+        its ranks' lags is more than half its lag ahead of it."""
+        lags: dict[int, list[float]] = {}
+        for r, g in (job.group or {}).items():
+            state = job.ranks.get(r)
+            if g and state is not None and math.isfinite(state.lag) and r not in job.held:
+                lags.setdefault(g, []).append(state.lag)
+        out: dict[int, float] = {}
+        for g, lag in job.group_lag.items():
+            mine = lags.get(g)
+            if mine is None:
+                out[g] = lag  # not judged yet: as learned
+                continue
+            now = _median(mine)
+            healed = now <= -0.5 * lag if job.additive else (1.0 + now) * (1.0 + lag) <= 1.0 + 0.5 * lag
+            if not healed:
+                out[g] = lag
+        return out
 
     def _moved(self, name: str, job: _Job, ranks: list[int]) -> bool:
         """A rank the groups do not know, or one that now runs somewhere else."""
@@ -273,11 +339,21 @@ class RankDetector(StepDetector):
         old, old_pace, old_group_pace, old_step = job.group or {}, job.pace, job.group_pace, job.pace_step
         job.group, job.group_pace = {}, {}  # the paces are lags behind the whole job's reference
         seen: dict[int, list[float]] = {}
-        for rank_ids, raw, additive, _ in job.warm:
+        early: dict[int, list[float]] = {}  # the lags of the first ``onset`` steps of the warm-up
+        onset = max(3, len(job.warm) // 4)
+        for i, (rank_ids, raw, additive, _) in enumerate(job.warm):
             _, lags = self._reference(job, rank_ids, raw, additive, levels=False)
             for r, x in zip(rank_ids, lags.tolist(), strict=True):
                 if math.isfinite(x):
                     seen.setdefault(r, []).append(x)
+                    if i < onset:
+                        early.setdefault(r, []).append(x)
+        # a rank whose GPU had a hardware fault during the warm-up has a cause, not a placement:
+        # it is held out until the fault has cleared (its pace now says nothing about its normal)
+        job.held |= {r for r in seen if r in job.faulted or self.faults.on(self.steps.where(name, r))}
+        job.faulted = set()
+        for r in job.held:
+            seen.pop(r, None)
         paces = {r: float(np.median(xs)) for r, xs in seen.items()}
         noise = [float(np.median(np.abs(np.array(xs) - paces[r]))) for r, xs in seen.items()]
         gap = max(self.split_gap, self.noise_k * float(np.median(noise))) if noise else self.split_gap
@@ -294,7 +370,22 @@ class RankDetector(StepDetector):
         learn = {r: p for r, p in paces.items() if r not in kept}
         # a rank that is its own speed from the start is a placement of one (real jobs mix parts)
         group = speed_groups(learn, gap, min_size=1) if len(learn) >= 4 else dict.fromkeys(learn, 0)
+        # a slower rank whose first steps kept the fast group's pace slowed down inside the
+        # warm-up: a live fault, not a placement; it joins the fast group, its normal learned from
+        # its first steps only (``cut``), and is judged from now on
+        fast_paces = [p for r, p in learn.items() if group[r] == 0]
+        cut = {
+            r
+            for r, g in group.items()
+            if g
+            and fast_paces
+            and len(early.get(r, ())) >= 3
+            and _median(early[r]) < _median(fast_paces) + 0.5 * gap
+        }
+        for r in cut:
+            learn[r], group[r] = _median(early[r]), 0
         group.update({r: old.get(r, 0) for r in kept})
+        group.update(dict.fromkeys(job.held - set(group), 0))
         job.group = group
         job.gap = gap
         job.group_lag = {}
@@ -307,6 +398,7 @@ class RankDetector(StepDetector):
                 )
             if g and mine:
                 job.group_lag[g] = float(np.median(mine)) - (float(np.median(fast)) if fast else 0.0)
+        job.group_pace.update({r: float(np.median(fast)) if fast else 0.0 for r in job.held})
         job.pace_step = dict.fromkeys(job.group_pace, job.step_time)
         job.group_pace.update({r: old_group_pace.get(r, 0.0) for r in kept})
         job.pace_step.update({r: old_step.get(r, job.step_time) for r in kept})
@@ -319,6 +411,8 @@ class RankDetector(StepDetector):
                 job.place[r] = (where["node"], where.get("gpu", ""))
         # a first warm-up replays every rank; a later one only those it moved (or that are new)
         fresh = set(group) if not old else {r for r in group if r not in old or group[r] != old[r]}
+        fresh |= job.released & set(group)
+        job.released = set()
         for r in fresh & set(job.ranks):
             state = job.ranks[r]
             state.lags.clear()
@@ -330,8 +424,10 @@ class RankDetector(StepDetector):
         for r in moved & set(job.ranks):
             job.ranks[r].level, job.ranks[r].level_n = math.nan, 0
         warm, job.warm, job.relearn = job.warm, [], False
-        for rank_ids, raw, additive, ts in warm:
-            self._judge(job, rank_ids, raw, additive, ts, fresh)
+        for i, (rank_ids, raw, additive, ts) in enumerate(warm):
+            self._judge(job, rank_ids, raw, additive, ts, fresh - job.held - (cut if i >= onset else set()))
+        for r in cut & set(job.ranks):
+            job.ranks[r].lag_n = max(job.ranks[r].lag_n, self.warm_steps)  # its normal is known
 
     def _judge(
         self,
@@ -345,7 +441,7 @@ class RankDetector(StepDetector):
         own, lags = self._reference(job, rank_ids, raw, additive)
         for r, x, mine in zip(rank_ids, lags.tolist(), own.tolist(), strict=True):
             state = job.ranks.get(r)
-            if state is None or not math.isfinite(x) or (only is not None and r not in only):
+            if state is None or not math.isfinite(x) or (only is not None and r not in only) or r in job.held:
                 continue
             state.recent.append(x)
             del state.recent[: -self.sustain]
@@ -357,14 +453,19 @@ class RankDetector(StepDetector):
             # the normal is learned while not judged slow, nor beyond the bar (a slowdown that has
             # not yet held long enough must not become its own reference)
             rise = self._rise(state.lag, state.lag_base, additive)
-            beyond = judged and rise >= self._bars(state, additive)[0]
+            bar = self._bars(state, additive)[0]
+            beyond = judged and rise >= bar
+            # a step time building up towards the bar is learned slowly, for one window at most
+            rising = judged and not additive and rise >= self.step_learn * bar
+            state.rising_n = state.rising_n + 1 if rising else 0
+            rising = rising and state.rising_n <= self.window
             if state.lag_hits == state.short_hits == 0 and not beyond:
                 # a running mean at first, so the normal does not hang on the first sample
                 alpha = max(self.base_alpha if additive else self.step_alpha, 1.0 / state.lag_n)
                 # within its speed group a rank may be slower by up to the gap that splits groups
                 learn = min(state.lag, max(self.normal_cap, job.gap))
                 base = state.lag_base if math.isfinite(state.lag_base) else learn
-                state.lag_base = base + alpha * (learn - base)
+                state.lag_base = base + (self.step_learn_rate * alpha if rising else alpha) * (learn - base)
                 # a data-loader hiccup is an outlier, not the spread of the rank's pace
                 spread = min(abs(self._rise(x, state.lag, additive)), 0.1)
                 state.lag_spread += alpha * (spread - state.lag_spread)
@@ -469,12 +570,13 @@ class RankDetector(StepDetector):
         return max(0.0, state.retries[-1][1] - state.retries[0][1])
 
     def _placement(self, job_name: str, job: _Job) -> list[Finding]:
-        if not job.group_lag:
+        groups = self._slow_groups(job) if job.group_lag else {}
+        if not groups:
             return []
-        slow = sorted(r for r, g in job.group.items() if g > 0) if job.group else []
+        slow = sorted(r for r, g in (job.group or {}).items() if g in groups and r not in job.held)
         # a synchronous job waits for its slowest group: that wait is lost on all of its GPUs; an
         # arrival lag is already a share of the (slow) step, a step-time ratio r loses (r - 1) / r
-        worst = max(job.group_lag.values())
+        worst = max(groups.values())
         lost = worst if job.additive else worst / (1.0 + worst)
         places = sorted({self.steps.where(job_name, r).get("node", "") for r in slow} - {""})
         on = f" on {', '.join(places)}" if places else ""
@@ -509,17 +611,25 @@ class RankDetector(StepDetector):
             # the smoothed lag decides; the recent lags say how far behind it is now (the smoothed
             # one still trails a lag that began mid-run)
             now_lag = _median(state.recent) if state.recent else state.lag
-            late = now_lag * job.step_time if math.isfinite(job.step_time) else math.nan
+            # it is judged behind its group's reference or behind its own normal where that is
+            # ahead (a rank that got faster for good): its lag alone would read "-20 % behind"
+            ahead = min(state.lag_base, 0.0) if math.isfinite(state.lag_base) else 0.0
+            behind = self._rise(now_lag, ahead, job.additive)
             group = (job.group or {}).get(rank, 0)
             peers = f"the ranks of its speed group {group}" if job.group_lag else "its peers"
+            late = behind * job.step_time if math.isfinite(job.step_time) else math.nan
+            if job.additive:
+                how = f"{behind:.0%} of a step ({late:.3f} s of {job.step_time:.3f} s) behind {peers}"
+            else:
+                how = f"its steps take {behind:.0%} longer than {'its own normal' if ahead < 0 else peers}"
             out.append(
                 Finding(
                     STRAGGLER,
                     entity,
-                    f"Rank {rank} of job {job_name}{where} is a straggler: {now_lag:.0%} of a step "
-                    f"({late:.3f} s of {job.step_time:.3f} s) behind {peers}, sustained",
-                    value=now_lag,
+                    f"Rank {rank} of job {job_name}{where} is a straggler: {how}, sustained",
+                    value=behind,
                     details={
+                        "behind_share": behind,
                         "lag_share": now_lag,
                         "lag_seconds": late,
                         "smoothed_lag_share": state.lag,

@@ -1,0 +1,48 @@
+"""``step_time_regression``: the job's step time against its own past, with the recent window a
+minute long, so that a job logged every 10 s (real per-worker logs) is judged on its last minute
+as a job stepping every second is on its last 20 steps."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuscope.detect.pace import PaceDetector
+from gpuscope.model import TrainingRecord
+
+WORLD = 8
+
+
+def run(every: float, steps: int, slow: tuple[int, int, float] | None, seed: int = 1) -> list[int]:
+    """Feed a job whose ranks report one step every ``every`` seconds (2 % noise; ``slow`` =
+    (from, to, factor) a job-wide slowdown in steps); the steps after which the rule held."""
+    rng = np.random.default_rng(seed)
+    detector = PaceDetector()
+    held: list[int] = []
+    for k in range(steps):
+        factor = slow[2] if slow is not None and slow[0] <= k < slow[1] else 1.0
+        times = every * factor * (1.0 + 0.02 * rng.standard_normal(WORLD))
+        ts = k * every
+        for r, seconds in enumerate(times.tolist()):
+            detector.on_training(TrainingRecord(ts, "j", r, k, {"step_seconds": seconds}))
+        detector.on_training(TrainingRecord(ts + 0.5 * every, "j", 0, k + 1, {}))  # opens the next step
+        if any(f.rule == "step_time_regression" for f in detector.evaluate(ts + 0.6 * every)):
+            held.append(k)
+    return held
+
+
+def test_a_one_minute_slowdown_of_a_job_logged_every_ten_seconds_is_flagged() -> None:
+    for seed in range(3):
+        held = run(10.0, 200, (120, 127, 1.25), seed)  # 70 s at 1.25x
+        assert held and 123 <= held[0] <= 133, (seed, held)  # within a minute of its end
+        assert all(k < 150 for k in held), (seed, held)
+
+
+def test_a_job_stepping_every_second_is_judged_on_its_last_twenty_steps() -> None:
+    held = run(1.0, 700, (400, 700, 1.2))
+    assert held and 400 <= held[0] <= 460, held
+    assert not run(1.0, 700, (400, 415, 1.3))  # 15 s is no regression of such a job
+
+
+def test_healthy_jobs_raise_nothing() -> None:
+    for every in (1.0, 10.0):
+        assert not run(every, 500, None, seed=4)
