@@ -223,7 +223,7 @@ def measure_duckdb(data: Telemetry, tmp: Path, batch_seconds: int, seal: bool) -
     """Ingest like a hub does: agents' batches from threads, and every ``MAINTAIN_S`` of data time
     the hub's maintenance (rollups, which also seal closed hours into Parquet chunks)."""
     path = tmp / ("sealed.duckdb" if seal else "unsealed.duckdb")
-    store = DuckDBStore(str(path), seal_chunk_s=3600 if seal else 3600 * 24 * 365 * 100)
+    store = DuckDBStore(str(path), seal_interval_s=3600 if seal else 3600 * 24 * 365 * 100)
     per_node = node_batches(data, batch_seconds)
     append_s = maintain_s = 0.0
     t0 = float(data.ts.min())
