@@ -173,3 +173,27 @@ def test_the_seal_interval_reaches_the_store(tmp_path: Path) -> None:
     assert parse_storage({}).seal_interval_s == 600
     assert parse_storage({"seal_interval_s": 300}).seal_interval_s == 300
     assert parse_storage({"seal_interval_s": 7200}).seal_interval_s == 7200
+
+
+def wal(path: Path) -> int:
+    file = path.parent / (path.name + ".wal")
+    return file.stat().st_size if file.exists() else 0
+
+
+def test_retention_leaves_a_small_wal_to_the_next_seal_and_checkpoints_a_large_one(tmp_path: Path) -> None:
+    path = tmp_path / "p.duckdb"
+    with DuckDBStore(str(path), seal_interval_s=60, durable=False) as store:
+        fill(store, 0, 90)
+        store.rollup(90)
+        store.compact(90)  # every minute: no checkpoint (it would rewrite the hot table's row group)
+        assert wal(path) > 5_000  # 180 rows
+        fill(store, 90, 200)
+        kept = wal(path)
+        assert kept > 10_000  # 400 rows
+        store.rollup(200)  # the seal swaps the hot table and checkpoints it
+        assert store.stats()["chunk_files"] == 1 and wal(path) < 1_000  # the rollup's commit after it
+    with DuckDBStore(str(path), seal_interval_s=60, durable=False, compact_checkpoint_bytes=1) as store:
+        fill(store, 200, 260)
+        store.compact(260)
+        assert wal(path) == 0
+        exact(store, 0, 259)

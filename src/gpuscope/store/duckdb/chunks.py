@@ -20,6 +20,7 @@ unregistered, after it the pieces, and the next open deletes whichever.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -239,7 +240,10 @@ class ChunkSet(_ReadsChunks):
         files = ", ".join(_sql_str(str(self.directory / c.file)) for c in pieces)
         query = f"SELECT {names} FROM read_parquet([{files}], union_by_name = true)"
         lo, hi = min(c.lo for c in pieces), max(c.hi for c in pieces)
-        path, chunk = self._write(con, MERGED, query, lo, hi, cols)
+        # The copy runs in a DuckDB of its own with one thread: the store's threads would read
+        # row groups ahead of the writer and hold them (kept in order) for the store's whole limit.
+        with contextlib.closing(duckdb.connect(":memory:", config={"threads": 1})) as copier:
+            path, chunk = self._write(con, MERGED, query, lo, hi, cols, copier)
         try:
             if chunk.rows != sum(c.rows for c in pieces):
                 raise StoreError(
@@ -260,8 +264,10 @@ class ChunkSet(_ReadsChunks):
         lo: int,
         hi: int,
         cols: frozenset[int],
+        copier: duckdb.DuckDBPyConnection | None = None,
     ) -> tuple[Path, Chunk]:
-        """``query``'s rows as a new, fsynced chunk file, registered in the caller's transaction."""
+        """``query``'s rows (run by ``copier``, else by ``con``) as a new, fsynced chunk file,
+        registered in ``con``'s open transaction."""
         assert self.directory is not None
         with self._lock:
             self._seq += 1
@@ -269,7 +275,8 @@ class ChunkSet(_ReadsChunks):
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / name
         try:
-            written = one(con, f"COPY ({query}) TO {_sql_str(str(path))} ({PARQUET_OPTIONS})")
+            copy = f"COPY ({query}) TO {_sql_str(str(path))} ({PARQUET_OPTIONS})"
+            written = one(copier if copier is not None else con, copy)
             _fsync(path)
             _fsync(self.directory)
             chunk = Chunk(name, lo, hi, int(written[0]) if written else 0, path.stat().st_size, cols)

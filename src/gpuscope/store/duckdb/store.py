@@ -55,7 +55,7 @@ from gpuscope.store.duckdb.schema import (
     set_meta,
     training_column_ddl,
 )
-from gpuscope.store.duckdb.upkeep import Retention, Upkeep
+from gpuscope.store.duckdb.upkeep import COMPACT_CHECKPOINT_WAL_BYTES, Retention, Upkeep
 from gpuscope.store.duckdb.watermarks import Watermarks
 from gpuscope.store.errors import StoreError, StoreFull, disk_full, write_error
 from gpuscope.store.ingest_log import IngestLog
@@ -103,6 +103,7 @@ class DuckDBStore:
         flush_interval_s: float = 5.0,
         log_reserve_bytes: int = 1 << 20,
         checkpoint_bytes: int = 128 * 1024 * 1024,
+        compact_checkpoint_bytes: int = COMPACT_CHECKPOINT_WAL_BYTES,
         batch_id_capacity: int = 1_000_000,
         batch_id_ttl_s: float = DAY,
         latest_window_s: float = 600.0,
@@ -178,6 +179,8 @@ class DuckDBStore:
             self.marks,
             self.columns.persisted,
             self._upkeep_checkpoint,
+            self._wal_bytes,
+            compact_checkpoint_bytes,
             self._commit_lock,
             self._view_lock,
             int(seal_interval_s * 1000),
@@ -561,6 +564,10 @@ class DuckDBStore:
         with self._commit_lock, self._alert_lock:
             con.execute("CHECKPOINT")
 
+    def _wal_bytes(self) -> int:
+        wal = self.path + ".wal"
+        return os.path.getsize(wal) if self.path != ":memory:" and os.path.exists(wal) else 0
+
     def _upkeep_checkpoint(self, con: duckdb.DuckDBPyConnection) -> bool:
         """Checkpoint after upkeep. DuckDB refuses while a query that started before the last
         table swap is still running; such queries are short, so retry for a while, then leave it
@@ -722,11 +729,8 @@ class DuckDBStore:
                 "SELECT block_size, used_blocks FROM pragma_database_size() "
                 "WHERE database_name = current_database()",
             )
-        file_bytes = wal_bytes = 0
-        if self.path != ":memory:":
-            file_bytes = os.path.getsize(self.path)
-            wal = self.path + ".wal"
-            wal_bytes = os.path.getsize(wal) if os.path.exists(wal) else 0
+        file_bytes = os.path.getsize(self.path) if self.path != ":memory:" else 0
+        wal_bytes = self._wal_bytes()
         chunks = self.chunks.all()
         log = self._log_stats()
         log_bytes = log["bytes"] if log is not None else 0
