@@ -136,7 +136,7 @@ def test_sealing_moves_closed_hours_to_parquet_ordered_by_entity(tmp_path: Path)
 
 
 def test_late_rows_for_a_sealed_hour_are_sealed_again(tmp_path: Path) -> None:
-    with DuckDBStore(str(tmp_path / "r.duckdb"), durable=False) as store:
+    with DuckDBStore(str(tmp_path / "r.duckdb"), durable=False, seal_interval_s=600) as store:
         fill(store, 0, HOUR + 120, n_gpus=1)
         store.rollup(HOUR + 120)
         store.append(Batch("late", frames=[frame(10.5, ["util"], [gpu("n0", 0)], [[-1.0]])]))
@@ -188,7 +188,9 @@ def test_rollup_of_an_empty_store_does_nothing(tmp_path: Path) -> None:
 
 
 def test_compact_never_deletes_raw_rows_that_are_not_rolled_up(tmp_path: Path) -> None:
-    with DuckDBStore(str(tmp_path / "c.duckdb"), durable=False, raw_retention_s=60) as store:
+    with DuckDBStore(
+        str(tmp_path / "c.duckdb"), durable=False, raw_retention_s=60, seal_interval_s=HOUR
+    ) as store:
         fill(store, 0, 600, n_gpus=1)
         assert store.compact(10 * HOUR)["samples"] == 0
         store.rollup(300)

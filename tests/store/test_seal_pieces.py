@@ -149,7 +149,7 @@ def test_a_crash_mid_merge_loses_and_duplicates_nothing(tmp_path: Path, where: s
     assert run.returncode == 9, run.stderr  # it sealed the sixth piece, then died merging the hour
     on_disk = sorted(p.name.split("-")[0] for p in (tmp_path / "p.duckdb.chunks").iterdir())
     assert on_disk == ["chunk"] * 6 + ["hour"]
-    with DuckDBStore(str(path)) as again:
+    with DuckDBStore(str(path), seal_interval_s=PIECE) as again:
         kept = ["chunk"] * 6 if where == "before-commit" else ["hour"]
         assert files(again) == kept
         assert len(list((tmp_path / "p.duckdb.chunks").iterdir())) == len(kept)  # leftovers deleted
@@ -170,7 +170,7 @@ def test_a_seal_interval_must_tile_the_hour(bad: object) -> None:
 
 
 def test_the_seal_interval_reaches_the_store(tmp_path: Path) -> None:
-    assert parse_storage({}).seal_interval_s == 600
+    assert parse_storage({}).seal_interval_s == 60
     assert parse_storage({"seal_interval_s": 300}).seal_interval_s == 300
     assert parse_storage({"seal_interval_s": 7200}).seal_interval_s == 7200
 

@@ -7,7 +7,7 @@ The hot table and each seal's sort hold one interval of raw rows, so the interva
 from __future__ import annotations
 
 #: ``storage.seal_interval_s``: chosen by bench/bench_seal_memory.py (see docs/scaling.md (d))
-DEFAULT_SEAL_INTERVAL_S = 600.0
+DEFAULT_SEAL_INTERVAL_S = 60.0
 
 
 def seal_interval_error(seconds: float) -> str | None:

@@ -14,7 +14,7 @@ storage:
   postgres_dsn: postgresql://hub@db/gpuscope # shared by several hubs
   flush_interval_s: 5                        # duckdb: acknowledged rows reach the tables this often
   memory_limit: 256MB                        # duckdb: the most its buffer pool and queries may hold
-  seal_interval_s: 600                       # duckdb: hot rows are sealed into Parquet this often
+  seal_interval_s: 60                        # duckdb: hot rows are sealed into Parquet this often
 ```
 """
 

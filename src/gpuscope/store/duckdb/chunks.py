@@ -36,6 +36,10 @@ from gpuscope.store.errors import StoreError
 from gpuscope.store.registry import ATTR_COLUMNS
 
 PARQUET_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP_SIZE 122880"
+#: A merge holds about four copies of a row group. Merging an hour of 64 nodes' one-minute pieces
+#: (2.0 M rows) lifted RSS by 169 MiB at 122,880 rows per group and 106 MiB at 61,440, and the
+#: file was 22.9 and 20.5 MiB (30,720: 93 MiB, but 33.5 MiB; bench/bench_seal_memory.py pieces).
+MERGE_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP_SIZE 61440"
 FILE_RE = re.compile(r"^(chunk|hour)-\d+-\d+-\d+\.parquet$")
 MERGED = "hour"  # the name of a file merged from an hour's pieces starts so; a piece's with "chunk"
 METRIC_RE = re.compile(r"^m(\d+)$")
@@ -243,7 +247,7 @@ class ChunkSet(_ReadsChunks):
         # The copy runs in a DuckDB of its own with one thread: the store's threads would read
         # row groups ahead of the writer and hold them (kept in order) for the store's whole limit.
         with contextlib.closing(duckdb.connect(":memory:", config={"threads": 1})) as copier:
-            path, chunk = self._write(con, MERGED, query, lo, hi, cols, copier)
+            path, chunk = self._write(con, MERGED, query, lo, hi, cols, copier, MERGE_OPTIONS)
         try:
             if chunk.rows != sum(c.rows for c in pieces):
                 raise StoreError(
@@ -265,6 +269,7 @@ class ChunkSet(_ReadsChunks):
         hi: int,
         cols: frozenset[int],
         copier: duckdb.DuckDBPyConnection | None = None,
+        options: str = PARQUET_OPTIONS,
     ) -> tuple[Path, Chunk]:
         """``query``'s rows (run by ``copier``, else by ``con``) as a new, fsynced chunk file,
         registered in ``con``'s open transaction."""
@@ -275,7 +280,7 @@ class ChunkSet(_ReadsChunks):
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / name
         try:
-            copy = f"COPY ({query}) TO {_sql_str(str(path))} ({PARQUET_OPTIONS})"
+            copy = f"COPY ({query}) TO {_sql_str(str(path))} ({options})"
             written = one(copier if copier is not None else con, copy)
             _fsync(path)
             _fsync(self.directory)
