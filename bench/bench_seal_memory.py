@@ -14,6 +14,10 @@ the malloc arenas a hub has (``limits.malloc_arenas`` 2), and runs the upkeep af
 (the seal; after the hour's last interval the seal and the merge) while a thread samples the
 process RSS every 5 ms. Each (interval, limit) runs in a fresh process.
 
+The files' sizes printed beside are not a storage figure: the copied-forward window repeats
+exactly every 60 s, which a whole-hour sort turns into long repeats that zstd removes
+(``bench_storage.py`` measures bytes per sample on realistic telemetry).
+
 Anchor, same run: the RSS before each upkeep (the process's working set with that interval in the
 hot table); the figures are the largest lift above it among the pieces' seals, the lift of the
 upkeep that also merges the hour, the highest RSS of the whole hour, and the RSS left at the end.
