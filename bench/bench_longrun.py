@@ -287,6 +287,7 @@ class Stored:
     hot_rows: int
     chunk_rows: int
     chunk_files: int
+    merged_files: int  # of chunk_files: an hour's pieces merged into one
     events: int
     distinct_events: int
     training: int
@@ -353,6 +354,7 @@ def count_store(path: Path) -> Stored:
         hot_rows=hot_rows,
         chunk_rows=sum(c.rows for c in chunks),
         chunk_files=len(chunks),
+        merged_files=sum(c.merged for c in chunks),
         events=events,
         distinct_events=distinct_events,
         training=training,

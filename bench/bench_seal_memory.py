@@ -1,18 +1,28 @@
-"""How far does the hourly seal lift a hub's RSS, and does ``storage.memory_limit`` bound it?
+"""How far does sealing raw rows lift a hub's RSS, and how does ``storage.seal_interval_s`` bound it?
 
-Once an hour the DuckDB store moves the hour's raw rows into a Parquet chunk, sorted by GPU and
-time (``COPY ... ORDER BY entity, ts``): for 64 nodes an hour is about 1.8 million rows of ~50
-metrics. The sort is the largest allocation a hub makes; DuckDB's ``memory_limit`` caps it (the
-rest spills to a temporary file). This bench fills a durable store with one hour of the load
-generator's fleet (a 60-s window ingested through the store, then copied forward by SQL, as
-``bench_store_age`` does), then runs the upkeep that seals it while a thread samples the process
-RSS every 5 ms. Each ``--limits`` value runs in a fresh process.
+Every ``seal_interval_s`` the DuckDB store moves the hot table's closed rows into a Parquet piece,
+sorted by GPU and time (``COPY ... ORDER BY entity, ts``), and once an hour is closed it merges
+the hour's pieces into one file (concatenated, not sorted again). For 64 nodes an hour is about
+2 million rows of ~50 metrics. The sort is the largest allocation a hub makes (DuckDB's
+``memory_limit`` caps it, the rest spills), and the hot table it sorts is what DuckDB's buffer pool
+holds between seals; both scale with the interval. ``--intervals 3600`` is the hourly seal of
+before (one sort of the whole hour, nothing to merge).
 
-Anchor, same run: the RSS before the seal (the hub's working set with that hour in the store);
-the figure is the seal's peak above it, beside the limit, and the RSS left after the upkeep and
-the clock's ``malloc_trim``.
+This bench fills a durable store one interval at a time with the load generator's fleet (a 60-s
+window ingested through the store, then copied forward by SQL, as ``bench_store_age`` does), with
+the malloc arenas a hub has (``limits.malloc_arenas`` 2), and runs the upkeep after each interval
+(the seal; after the hour's last interval the seal and the merge) while a thread samples the
+process RSS every 5 ms. Each (interval, limit) runs in a fresh process.
 
-usage: python bench/bench_seal_memory.py [--nodes 64] [--limits 512MB,256MB,128MB]
+The files' sizes printed beside are not a storage figure: the copied-forward window repeats
+exactly every 60 s, which a whole-hour sort turns into long repeats that zstd removes
+(``bench_storage.py`` measures bytes per sample on realistic telemetry).
+
+Anchor, same run: the RSS before each upkeep (the process's working set with that interval in the
+hot table); the figures are the largest lift above it among the pieces' seals, the lift of the
+upkeep that also merges the hour, the highest RSS of the whole hour, and the RSS left at the end.
+
+usage: python bench/bench_seal_memory.py [--nodes 64] [--intervals 3600,600,300] [--limits 256MB]
 """
 
 from __future__ import annotations
@@ -26,6 +36,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import duckdb
 
 from common import console, print_table
 from gpuscope import procmem
@@ -56,109 +68,134 @@ class Peak(threading.Thread):
         return self.peak
 
 
-def fill_hour(store: DuckDBStore) -> None:
-    """The window's raw rows copied forward until they span the hour (behind the store's back)."""
-    con = store._con.cursor()
-    cols = [
+def columns(con: duckdb.DuckDBPyConnection) -> list[str]:
+    return [
         str(r[0])
         for r in con.execute(
             "SELECT column_name FROM information_schema.columns WHERE table_name = 'samples' "
             "ORDER BY ordinal_position"
         ).fetchall()
     ]
+
+
+def fill(store: DuckDBStore, window: str, lo_s: int, hi_s: int, skip_first: bool) -> None:
+    """The window's rows copied forward by [lo_s, hi_s) seconds into the hot table (behind the
+    store's back)."""
+    con = store._con.cursor()
+    cols = columns(con)
     select = ", ".join(f"ts + k * {WINDOW_S * 1000}" if c == "ts" else c for c in cols)
+    first = lo_s // WINDOW_S + (1 if skip_first else 0)
     con.execute(
-        f"INSERT INTO samples ({', '.join(cols)}) SELECT {select} FROM samples, "
-        f"range(1, {HOUR_S // WINDOW_S}) r(k)"
+        f"INSERT INTO samples ({', '.join(cols)}) SELECT {select} FROM {window}, "
+        f"range({first}, {hi_s // WINDOW_S}) r(k)"
     )
-    con.execute("CHECKPOINT")
     con.close()
 
 
-def one_limit(nodes: int, limit: str) -> dict[str, float]:
-    """One store with ``limit``: fill an hour, seal it; RSS before, peak, after (MiB)."""
+def upkeep(store: DuckDBStore, now: float) -> dict[str, float]:
+    """One upkeep at ``now`` (the clock's trim first, as the hub's runs end with one): RSS before,
+    its peak, seconds."""
+    procmem.trim()
+    peak = Peak()
+    before = procmem.rss_bytes()
+    peak.start()
+    started = time.perf_counter()
+    store.rollup(now)
+    seconds = time.perf_counter() - started
+    return {"before": before / MIB, "peak": peak.stop() / MIB, "seconds": seconds}
+
+
+def one_run(nodes: int, limit: str, interval: int) -> dict[str, float]:
+    """One store with ``limit`` and ``interval``: an hour filled and sealed interval by interval."""
+    procmem.limit_arenas(2)
     shape = FleetShape(nodes=nodes)
     hour = (int(time.time()) // HOUR_S - 3) * HOUR_S  # a whole hour, well in the past
     playback = Playback(scenario_doc(shape, WINDOW_S, faults=[]), 30, 60)
     with tempfile.TemporaryDirectory() as tmp:
-        store = DuckDBStore(str(Path(tmp) / "seal.duckdb"), memory_limit=limit)
+        store = DuckDBStore(str(Path(tmp) / "seal.duckdb"), memory_limit=limit, seal_interval_s=interval)
         try:
             for _, outs in playback.ticks(hour):
                 for o in outs:
                     store.append(decode_body(CONTENT_TYPE, o.body))
             store.stats()  # the acknowledged rows reach the tables
             window = store.stats()["rows"]["samples"]
-            fill_hour(store)
-            store.rollup(hour + HOUR_S)  # a live hub rolls each minute up as it closes: not measured
-            procmem.trim()
-            peak = Peak()
-            before = procmem.rss_bytes()
-            peak.start()
-            started = time.perf_counter()
-            store.rollup(hour + HOUR_S + 2 * WINDOW_S)  # the upkeep after the hour: the seal
-            seconds = time.perf_counter() - started
-            top = peak.stop()
-            after_upkeep = procmem.rss_bytes()
+            con = store._con.cursor()
+            con.execute(f"CREATE TABLE bench_window AS SELECT * FROM samples WHERE ts < {(hour + 60) * 1000}")
+            con.close()
+            seals: list[dict[str, float]] = []
+            for k in range(HOUR_S // interval):
+                lo, hi = k * interval, (k + 1) * interval
+                fill(store, "bench_window", lo, hi, skip_first=k == 0)
+                store.rollup(hour + hi)  # a live hub rolls each minute up as it closes: not measured
+                seals.append(upkeep(store, hour + hi + 2 * WINDOW_S))  # the seal (and, last, the merge)
             procmem.trim()
             after = procmem.rss_bytes()
             stats = store.stats()
         finally:
             store.close()
+    pieces, last = seals[:-1] or seals, seals[-1]
     return {
         "rows_per_window": window,
         "sealed_rows": stats["raw_rows"] - stats["rows"]["samples"],
         "chunk_files": stats["chunk_files"],
-        "before_mib": before / MIB,
-        "peak_mib": top / MIB,
-        "after_upkeep_mib": after_upkeep / MIB,
+        "chunk_mib": stats["chunk_bytes"] / MIB,
+        "first_before_mib": seals[0]["before"],
+        "piece_lift_mib": max(s["peak"] - s["before"] for s in pieces),
+        "piece_seconds": max(s["seconds"] for s in pieces),
+        "last_lift_mib": last["peak"] - last["before"],
+        "last_seconds": last["seconds"],
+        "hour_peak_mib": max(s["peak"] for s in seals),
+        "before_max_mib": max(s["before"] for s in seals),
         "after_trim_mib": after / MIB,
-        "seconds": seconds,
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nodes", type=int, default=64)
-    ap.add_argument("--limits", default="512MB,256MB,128MB")
-    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: this limit only
+    ap.add_argument("--limits", default="256MB")
+    ap.add_argument("--intervals", default="3600,600,300", help="storage.seal_interval_s values")
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # a child: "limit,interval" only
     args = ap.parse_args()
     if args.one is not None:
-        print(json.dumps(one_limit(args.nodes, args.one)))
+        limit, interval = args.one.split(",")
+        print(json.dumps(one_run(args.nodes, limit, int(interval))))
         return
     load0 = os.getloadavg()[0]
     rows = []
     for limit in args.limits.split(","):
-        child = subprocess.run(
-            [sys.executable, __file__, "--nodes", str(args.nodes), "--one", limit],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        r = json.loads(child.stdout.strip().splitlines()[-1])
-        console.print(f"memory_limit {limit}: {r}")
-        rows.append(
-            [
-                limit,
-                f"{r['sealed_rows']:,.0f}",
-                f"{r['before_mib']:,.0f}",
-                f"{r['peak_mib']:,.0f}",
-                f"{r['peak_mib'] - r['before_mib']:+,.0f}",
-                f"{r['after_upkeep_mib']:,.0f}",
-                f"{r['after_trim_mib']:,.0f}",
-                f"{r['seconds']:.1f}",
-            ]
-        )
+        for interval in args.intervals.split(","):
+            child = subprocess.run(
+                [sys.executable, __file__, "--nodes", str(args.nodes), "--one", f"{limit},{interval}"],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            r = json.loads(child.stdout.strip().splitlines()[-1])
+            console.print(f"memory_limit {limit}, seal_interval_s {interval}: {r}")
+            rows.append(
+                [
+                    limit,
+                    interval,
+                    f"{r['sealed_rows']:,.0f} in {r['chunk_files']:.0f} ({r['chunk_mib']:.1f} MiB)",
+                    f"{r['first_before_mib']:,.0f} .. {r['before_max_mib']:,.0f}",
+                    f"{r['piece_lift_mib']:+,.0f} ({r['piece_seconds']:.1f} s)",
+                    f"{r['last_lift_mib']:+,.0f} ({r['last_seconds']:.1f} s)",
+                    f"{r['hour_peak_mib']:,.0f}",
+                    f"{r['after_trim_mib']:,.0f}",
+                ]
+            )
     print_table(
-        f"the hourly seal of {args.nodes} nodes, load {load0:.1f} -> {os.getloadavg()[0]:.1f}",
+        f"sealing an hour of {args.nodes} nodes, load {load0:.1f} -> {os.getloadavg()[0]:.1f}",
         [
-            "storage.memory_limit",
-            "rows sealed",
-            "RSS before MiB (anchor)",
-            "peak MiB",
-            "seal lift MiB",
-            "after upkeep MiB",
-            "after trim MiB",
-            "seal upkeep s",
+            "memory_limit",
+            "seal_interval_s",
+            "rows sealed in files (size)",
+            "RSS before upkeeps MiB (anchor)",
+            "largest piece seal lift MiB",
+            "last upkeep lift (seal + merge) MiB",
+            "hour's peak MiB",
+            "end, after trim MiB",
         ],
         rows,
     )

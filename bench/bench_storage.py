@@ -21,6 +21,7 @@ resolution), and per-node timestamp jitter of a few ms. ``--data common`` uses i
 generator of ``bench/common.py`` that the ingest benchmark uses.
 
 usage: python bench/bench_storage.py [--gpus 64] [--hours 2] [--data gpu|common] [--no-vm]
+       [--seal-interval 60]
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ import numpy as np
 from common import Fleet, console, dir_bytes, print_table, telemetry_ticks, victoria_metrics
 from gpuscope.model import Batch, Frame
 from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.store.sealing import DEFAULT_SEAL_INTERVAL_S
 
 GPUS_PER_NODE = 8
 MAINTAIN_S = 300  # data seconds between maintenance calls (the hub runs it every minute)
@@ -219,15 +221,18 @@ def raw_only_bytes(path: Path, tmp: Path) -> int:
     return int(block) * int(used)
 
 
-def measure_duckdb(data: Telemetry, tmp: Path, batch_seconds: int, seal: bool) -> dict[str, float]:
+def measure_duckdb(
+    data: Telemetry, tmp: Path, batch_seconds: int, seal: bool, seal_interval_s: int
+) -> dict[str, float]:
     """Ingest like a hub does: agents' batches from threads, and every ``MAINTAIN_S`` of data time
-    the hub's maintenance (rollups, which also seal closed hours into Parquet chunks)."""
+    (or seal interval, if shorter) the hub's maintenance (rollups, which also seal the hot rows into
+    Parquet pieces and merge each closed hour's)."""
     path = tmp / ("sealed.duckdb" if seal else "unsealed.duckdb")
-    store = DuckDBStore(str(path), seal_chunk_s=3600 if seal else 3600 * 24 * 365 * 100)
+    store = DuckDBStore(str(path), seal_interval_s=seal_interval_s if seal else 3600 * 24 * 365 * 100)
     per_node = node_batches(data, batch_seconds)
     append_s = maintain_s = 0.0
     t0 = float(data.ts.min())
-    per_phase = MAINTAIN_S // batch_seconds
+    per_phase = min(MAINTAIN_S, seal_interval_s) // batch_seconds
     for k in range(0, max(len(b) for b in per_node), per_phase):
         append_s += ingest(store, [b[k : k + per_phase] for b in per_node])
         started = time.perf_counter()
@@ -345,6 +350,7 @@ def main() -> None:
     ap.add_argument("--data", choices=["gpu", "common"], default="gpu")
     ap.add_argument("--batch-seconds", type=int, default=5, help="frames per agent batch")
     ap.add_argument("--no-vm", action="store_true", help="skip the VictoriaMetrics anchor")
+    ap.add_argument("--seal-interval", type=int, default=int(DEFAULT_SEAL_INTERVAL_S), help="seconds")
     ap.add_argument("--no-unsealed", action="store_true", help="skip the never-sealed comparison")
     a = ap.parse_args()
     seconds = int(a.hours * 3600)
@@ -357,7 +363,7 @@ def main() -> None:
     rows: list[list[str]] = []
     with tempfile.TemporaryDirectory(prefix="bench-storage-") as tmp_name:
         tmp = Path(tmp_name)
-        ours = measure_duckdb(data, tmp, a.batch_seconds, seal=True)
+        ours = measure_duckdb(data, tmp, a.batch_seconds, True, a.seal_interval)
         n = ours["samples"]
         rows.append(
             [
@@ -376,7 +382,7 @@ def main() -> None:
             ]
         )
         if not a.no_unsealed:
-            plain = measure_duckdb(data, tmp, a.batch_seconds, seal=False)
+            plain = measure_duckdb(data, tmp, a.batch_seconds, False, a.seal_interval)
             rows.append(
                 [
                     "  same, never sealed (DuckDB table only)",

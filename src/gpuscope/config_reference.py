@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpuscope.store.memory_size import DEFAULT_MEMORY_LIMIT
+from gpuscope.store.sealing import DEFAULT_SEAL_INTERVAL_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,8 +61,14 @@ SECTIONS: tuple[Section, ...] = (
             Key(
                 "memory_limit",
                 DEFAULT_MEMORY_LIMIT,
-                "duckdb: the most its buffer pool and queries (the hourly seal's sort) hold; RSS peaks "
+                "duckdb: the most its buffer pool and queries (a seal's sort) hold; RSS peaks "
                 "this far above the working set",
+            ),
+            Key(
+                "seal_interval_s",
+                f"{DEFAULT_SEAL_INTERVAL_S:g}",
+                "duckdb: raw rows move from the hot table into a Parquet piece this often (whole "
+                "minutes dividing an hour, or whole hours); each closed hour's pieces become one file",
             ),
         ),
         "storage: {backend: duckdb, path: /var/lib/gpuscope/gpuscope.duckdb}\n",

@@ -1,7 +1,8 @@
 """The hub's clock: detectors are evaluated every second, store upkeep runs every minute.
 
-Upkeep has a thread of its own: the hourly seal of an hour's raw rows into Parquet takes tens of
-seconds (38 s for 64 nodes at a 512 MB DuckDB limit, 77 s at 256 MB, on a loaded 2-core machine),
+Upkeep has a thread of its own: the hourly seal of an hour's raw rows into Parquet took tens of
+seconds (38 s for 64 nodes at a 512 MB DuckDB limit, 77 s at 256 MB, on a loaded 2-core machine;
+the merge of an hour's pieces that replaced it still takes about 10 s),
 and in the evaluation's thread it held the detectors back that long and read as the hub's own lag
 (``hub_overloaded``). After each upkeep the process hands the memory freed inside its malloc
 arenas back to the system: glibc keeps it otherwise, and the upkeep's queries free the most.

@@ -23,7 +23,7 @@ CHILD = textwrap.dedent(
     from gpuscope.model import Batch, Frame
     from gpuscope.store.duckdb import DuckDBStore
 
-    store = DuckDBStore(sys.argv[1], seal_chunk_s=60, raw_retention_s=1e9)
+    store = DuckDBStore(sys.argv[1], seal_interval_s=60, raw_retention_s=1e9)
     lock = threading.Lock()
 
     def upkeep():  # seals, rollups, retention and checkpoints race with the appends

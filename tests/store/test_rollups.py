@@ -136,12 +136,13 @@ def test_sealing_moves_closed_hours_to_parquet_ordered_by_entity(tmp_path: Path)
 
 
 def test_late_rows_for_a_sealed_hour_are_sealed_again(tmp_path: Path) -> None:
-    with DuckDBStore(str(tmp_path / "r.duckdb"), durable=False) as store:
+    with DuckDBStore(str(tmp_path / "r.duckdb"), durable=False, seal_interval_s=600) as store:
         fill(store, 0, HOUR + 120, n_gpus=1)
         store.rollup(HOUR + 120)
         store.append(Batch("late", frames=[frame(10.5, ["util"], [gpu("n0", 0)], [[-1.0]])]))
-        assert store.rollup(HOUR + 130)["sealed_rows"] == 1
-        assert store.stats()["chunk_files"] == 2
+        report = store.rollup(HOUR + 130)
+        assert (report["sealed_rows"], report["merged_files"]) == (1, 2)  # the hour's one piece + it
+        assert store.stats()["chunk_files"] == 1
         points = store.series("util", {}, 10, 11, points=100)
         assert [(p.ts, p.value) for p in points] == [(10.0, 10.0), (10.5, -1.0), (11.0, 11.0)]
 
@@ -177,12 +178,19 @@ def test_unregistered_chunk_files_are_removed_and_missing_ones_refused(tmp_path:
 
 def test_rollup_of_an_empty_store_does_nothing(tmp_path: Path) -> None:
     with DuckDBStore(str(tmp_path / "e.duckdb")) as store:
-        assert store.rollup(1e9) == {"sealed_rows": 0, "minute_ranges": 0, "hour_ranges": 0}
+        assert store.rollup(1e9) == {
+            "sealed_rows": 0,
+            "merged_files": 0,
+            "minute_ranges": 0,
+            "hour_ranges": 0,
+        }
         assert store.compact(1e9)["samples"] == 0
 
 
 def test_compact_never_deletes_raw_rows_that_are_not_rolled_up(tmp_path: Path) -> None:
-    with DuckDBStore(str(tmp_path / "c.duckdb"), durable=False, raw_retention_s=60) as store:
+    with DuckDBStore(
+        str(tmp_path / "c.duckdb"), durable=False, raw_retention_s=60, seal_interval_s=HOUR
+    ) as store:
         fill(store, 0, 600, n_gpus=1)
         assert store.compact(10 * HOUR)["samples"] == 0
         store.rollup(300)
@@ -200,8 +208,8 @@ def test_epoch_timestamps_round_trip(tmp_path: Path) -> None:
         assert store.aggregate("util", "gpu", t0 - 60, t0 + 60)[0]["count"] == 3
 
 
-def test_queries_stay_complete_while_hours_are_sealed(tmp_path: Path) -> None:
-    store = DuckDBStore(str(tmp_path / "r.duckdb"), durable=False, seal_chunk_s=600)
+def test_queries_stay_complete_while_pieces_are_sealed_and_merged(tmp_path: Path) -> None:
+    store = DuckDBStore(str(tmp_path / "r.duckdb"), durable=False, seal_interval_s=600)
     fill(store, 0, 2 * HOUR, n_gpus=2)
     counts: list[int] = []
     errors: list[BaseException] = []
@@ -223,7 +231,7 @@ def test_queries_stay_complete_while_hours_are_sealed(tmp_path: Path) -> None:
         stop.set()
         thread.join(timeout=30)
     assert errors == []
-    assert store.stats()["chunk_files"] == 12
+    assert store.stats()["chunk_files"] == 2  # 12 ten-minute pieces, each hour's merged into one
     assert store.counters.get("store.checkpoints_deferred") == 0
     assert counts and set(counts) == {2 * 2 * HOUR}
     store.close()

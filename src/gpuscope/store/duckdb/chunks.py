@@ -9,10 +9,18 @@ DuckDB reads the files in place, with row-group statistics pruning by time and e
 A chunk is registered in the ``chunks`` table in the same transaction that deletes its rows from
 the hot table, after the file is fsynced; a crash in between leaves an unregistered file, which
 the next open deletes. Recent data stays in the hot table, where appends are WAL-durable.
+
+Pieces: the hot rows are sealed every few minutes (``seal_interval_s``), so that neither the hot
+table nor a seal's sort ever holds more than a piece; once an hour is closed its pieces are merged
+into one file (:meth:`ChunkSet.merge`: the pieces' rows concatenated, each piece already ordered by
+entity, so no sort), which keeps the number of files one per hour. The merged file is registered
+and the pieces unregistered in one transaction; a crash before it leaves the new file
+unregistered, after it the pieces, and the next open deletes whichever.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import threading
@@ -28,7 +36,12 @@ from gpuscope.store.errors import StoreError
 from gpuscope.store.registry import ATTR_COLUMNS
 
 PARQUET_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP_SIZE 122880"
-FILE_RE = re.compile(r"^chunk-\d+-\d+-\d+\.parquet$")
+#: A merge holds about four copies of a row group. Merging an hour of 64 nodes' one-minute pieces
+#: (2.0 M rows) lifted RSS by 169 MiB at 122,880 rows per group and 106 MiB at 61,440, and the
+#: file was 22.9 and 20.5 MiB (30,720: 93 MiB, but 33.5 MiB; bench/bench_seal_memory.py pieces).
+MERGE_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP_SIZE 61440"
+FILE_RE = re.compile(r"^(chunk|hour)-\d+-\d+-\d+\.parquet$")
+MERGED = "hour"  # the name of a file merged from an hour's pieces starts so; a piece's with "chunk"
 METRIC_RE = re.compile(r"^m(\d+)$")
 BASE_COLUMNS = ("ts", "entity", *ATTR_COLUMNS)
 
@@ -41,6 +54,10 @@ class Chunk:
     rows: int
     bytes: int
     cols: frozenset[int]  # metric columns present in the file
+
+    @property
+    def merged(self) -> bool:
+        return self.file.startswith(MERGED + "-")
 
 
 def _sql_str(text: str) -> str:
@@ -145,7 +162,9 @@ class ChunkSet(_ReadsChunks):
         self._lock = threading.Lock()
         self._chunks: list[Chunk] = []
         self._seq = 0
-        self._graveyard: list[Chunk] = []  # unregistered, deleted one removal later (readers may hold them)
+        # unregistered and hidden from new queries; deleted one removal later (readers may hold them)
+        self._hidden: list[Chunk] = []  # hidden since the last removal
+        self._graveyard: list[Chunk] = []  # hidden before it: deleted by the next
 
     @property
     def enabled(self) -> bool:
@@ -204,38 +223,92 @@ class ChunkSet(_ReadsChunks):
         if row is None or not row[1]:
             return None
         lo = int(row[0])
-        with self._lock:
-            self._seq += 1
-            name = f"chunk-{lo}-{cut}-{self._seq}.parquet"
-        self.directory.mkdir(parents=True, exist_ok=True)
-        path = self.directory / name
         names = ", ".join([*BASE_COLUMNS, *(f"m{c}" for c in cols)])
+        query = f"SELECT {names} FROM samples WHERE ts < {int(cut)} ORDER BY entity, ts"
+        path, chunk = self._write(con, "chunk", query, lo, cut, frozenset(cols))
         try:
-            written = one(
-                con,
-                f"COPY (SELECT {names} FROM samples WHERE ts < {int(cut)} ORDER BY entity, ts) "
-                f"TO {_sql_str(str(path))} ({PARQUET_OPTIONS})",
-            )
-            _fsync(path)
-            _fsync(self.directory)
-            chunk = Chunk(
-                name, lo, cut, int(written[0]) if written else 0, path.stat().st_size, frozenset(cols)
-            )
-            con.execute(
-                "INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?)",
-                [chunk.file, chunk.lo, chunk.hi, chunk.rows, chunk.bytes, ",".join(map(str, sorted(cols)))],
-            )
             con.execute("DELETE FROM samples WHERE ts < ?", [cut])
         except BaseException:
             path.unlink(missing_ok=True)
             raise
         return chunk
 
+    def merge(self, con: duckdb.DuckDBPyConnection, pieces: list[Chunk]) -> Chunk:
+        """Write ``pieces`` (in time order) as one chunk file, register it and unregister them, in
+        the caller's open transaction. Each piece is ordered by entity already: the rows are
+        concatenated, not sorted again, so a merge holds a row group at a time, not an hour."""
+        assert self.directory is not None and len(pieces) > 1
+        pieces = sorted(pieces, key=lambda c: (c.lo, c.file))
+        cols = frozenset().union(*(c.cols for c in pieces))
+        names = ", ".join([*BASE_COLUMNS, *(f"m{c}" for c in sorted(cols))])
+        files = ", ".join(_sql_str(str(self.directory / c.file)) for c in pieces)
+        query = f"SELECT {names} FROM read_parquet([{files}], union_by_name = true)"
+        lo, hi = min(c.lo for c in pieces), max(c.hi for c in pieces)
+        # The copy runs in a DuckDB of its own with one thread: the store's threads would read
+        # row groups ahead of the writer and hold them (kept in order) for the store's whole limit.
+        with contextlib.closing(duckdb.connect(":memory:", config={"threads": 1})) as copier:
+            path, chunk = self._write(con, MERGED, query, lo, hi, cols, copier, MERGE_OPTIONS)
+        try:
+            if chunk.rows != sum(c.rows for c in pieces):
+                raise StoreError(
+                    f"merging chunk files {[c.file for c in pieces][:3]} wrote {chunk.rows} rows "
+                    f"where they hold {sum(c.rows for c in pieces)}"
+                )
+            con.execute("DELETE FROM chunks WHERE file IN (SELECT unnest(?))", [[c.file for c in pieces]])
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return chunk
+
+    def _write(
+        self,
+        con: duckdb.DuckDBPyConnection,
+        kind: str,
+        query: str,
+        lo: int,
+        hi: int,
+        cols: frozenset[int],
+        copier: duckdb.DuckDBPyConnection | None = None,
+        options: str = PARQUET_OPTIONS,
+    ) -> tuple[Path, Chunk]:
+        """``query``'s rows (run by ``copier``, else by ``con``) as a new, fsynced chunk file,
+        registered in ``con``'s open transaction."""
+        assert self.directory is not None
+        with self._lock:
+            self._seq += 1
+            name = f"{kind}-{lo}-{hi}-{self._seq}.parquet"
+        self.directory.mkdir(parents=True, exist_ok=True)
+        path = self.directory / name
+        try:
+            copy = f"COPY ({query}) TO {_sql_str(str(path))} ({options})"
+            written = one(copier if copier is not None else con, copy)
+            _fsync(path)
+            _fsync(self.directory)
+            chunk = Chunk(name, lo, hi, int(written[0]) if written else 0, path.stat().st_size, cols)
+            con.execute(
+                "INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?)",
+                [chunk.file, chunk.lo, chunk.hi, chunk.rows, chunk.bytes, ",".join(map(str, sorted(cols)))],
+            )
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return path, chunk
+
     def added(self, chunk: Chunk) -> None:
         """Make a committed chunk visible to queries."""
         with self._lock:
             self._chunks.append(chunk)
             self._chunks.sort(key=lambda c: (c.lo, c.file))
+
+    def replaced(self, pieces: list[Chunk], merged: Chunk) -> None:
+        """After the commit of a :meth:`merge`: new queries read ``merged`` instead of ``pieces``,
+        whose files go when no query can hold them any more (see :meth:`removed`)."""
+        gone = {c.file for c in pieces}
+        with self._lock:
+            self._chunks = sorted(
+                [*(c for c in self._chunks if c.file not in gone), merged], key=lambda c: (c.lo, c.file)
+            )
+            self._hidden.extend(pieces)
 
     def expire(self, con: duckdb.DuckDBPyConnection, cut: int) -> list[Chunk]:
         """Unregister chunks entirely older than ``cut`` (in the caller's transaction)."""
@@ -246,17 +319,21 @@ class ChunkSet(_ReadsChunks):
 
     def removed(self, chunks: list[Chunk]) -> None:
         """After the commit that unregistered ``chunks``: hide them from new queries; delete the
-        files hidden by the previous call (a query started before that has long finished)."""
+        files hidden before the previous call (a query started before that has long finished)."""
         gone = {c.file for c in chunks}
         with self._lock:
             self._chunks = [c for c in self._chunks if c.file not in gone]
-            doomed, self._graveyard = self._graveyard, list(chunks)
+            doomed, self._graveyard, self._hidden = self._graveyard, [*self._hidden, *chunks], []
         self._unlink(doomed)
+
+    def discard(self, chunks: list[Chunk]) -> None:
+        """Delete the files of chunks whose registration was rolled back (never visible)."""
+        self._unlink(chunks)
 
     def close(self) -> None:
         """Delete the files still waiting for readers to finish (there are none after close)."""
         with self._lock:
-            doomed, self._graveyard = self._graveyard, []
+            doomed, self._graveyard, self._hidden = [*self._graveyard, *self._hidden], [], []
         self._unlink(doomed)
 
     def _unlink(self, chunks: list[Chunk]) -> None:

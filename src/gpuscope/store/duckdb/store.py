@@ -1,8 +1,9 @@
 """The embedded default store: a DuckDB file plus sealed Parquet chunks next to it.
 
 Layout (see ``_schema``): recent raw telemetry lives in a wide DuckDB table (one row per time and
-entity, one FLOAT column per metric) where appends are WAL-durable; each closed hour is sealed
-into a zstd Parquet file ordered by entity (``_chunks``); 1-minute and 1-hour rollups, events,
+entity, one FLOAT column per metric) where appends are WAL-durable; every ``seal_interval_s`` the
+closed rows are sealed into a zstd Parquet piece ordered by entity, and the pieces of each closed
+hour are merged into one file (``_chunks``); 1-minute and 1-hour rollups, events,
 training records and alerts are DuckDB tables.
 
 Write path: batches are validated and turned into column arrays in the caller's thread
@@ -54,7 +55,7 @@ from gpuscope.store.duckdb.schema import (
     set_meta,
     training_column_ddl,
 )
-from gpuscope.store.duckdb.upkeep import Retention, Upkeep
+from gpuscope.store.duckdb.upkeep import COMPACT_CHECKPOINT_WAL_BYTES, Retention, Upkeep
 from gpuscope.store.duckdb.watermarks import Watermarks
 from gpuscope.store.errors import StoreError, StoreFull, disk_full, write_error
 from gpuscope.store.ingest_log import IngestLog
@@ -63,6 +64,7 @@ from gpuscope.store.memory_size import DEFAULT_MEMORY_LIMIT
 from gpuscope.store.prepare import Prepared, Preparer, RowBlock, to_ms
 from gpuscope.store.registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
 from gpuscope.store.replay import Scope, check_window
+from gpuscope.store.sealing import DEFAULT_SEAL_INTERVAL_S, seal_interval_error
 
 DAY = 86_400.0
 CHECKPOINT_TRIES = 10
@@ -95,12 +97,13 @@ class DuckDBStore:
         rollup_1m_retention_s: float = 90 * DAY,
         rollup_1h_retention_s: float = 730 * DAY,
         record_retention_s: float = 90 * DAY,
-        seal_chunk_s: float = 3600.0,
+        seal_interval_s: float = DEFAULT_SEAL_INTERVAL_S,
         rollup_lag_s: float = 10.0,
         flush_rows: int = 200_000,
         flush_interval_s: float = 5.0,
         log_reserve_bytes: int = 1 << 20,
         checkpoint_bytes: int = 128 * 1024 * 1024,
+        compact_checkpoint_bytes: int = COMPACT_CHECKPOINT_WAL_BYTES,
         batch_id_capacity: int = 1_000_000,
         batch_id_ttl_s: float = DAY,
         latest_window_s: float = 600.0,
@@ -108,8 +111,9 @@ class DuckDBStore:
     ) -> None:
         if max_entities < 1 or max_metrics < 1:
             raise ValueError("max_entities and max_metrics must be at least 1")
-        if seal_chunk_s < 60 or seal_chunk_s % 60:
-            raise ValueError("seal_chunk_s must be a whole number of minutes")
+        why = seal_interval_error(seal_interval_s)
+        if why is not None:
+            raise ValueError(f"seal_interval_s: {why}")
         self.path = path
         self.durable = durable and path != ":memory:"
         self.counters = counters if counters is not None else Counters()
@@ -175,9 +179,11 @@ class DuckDBStore:
             self.marks,
             self.columns.persisted,
             self._upkeep_checkpoint,
+            self._wal_bytes,
+            compact_checkpoint_bytes,
             self._commit_lock,
             self._view_lock,
-            int(seal_chunk_s * 1000),
+            int(seal_interval_s * 1000),
             int(rollup_lag_s * 1000),
             retention,
         )
@@ -532,9 +538,10 @@ class DuckDBStore:
                 raise StoreError(f"{what} failed: {exc}") from None
 
     def rollup(self, now: float) -> dict[str, int]:
-        """Seal closed raw hours into Parquet chunks and bring the 1-minute and 1-hour rollups up
-        to ``now`` (any clock: epoch or simulated seconds). Idempotent. A bucket closes
-        ``rollup_lag_s`` after its end; rows arriving later for it mark it for recomputation."""
+        """Seal closed raw rows into Parquet pieces (merging each closed hour's) and bring the
+        1-minute and 1-hour rollups up to ``now`` (any clock: epoch or simulated seconds).
+        Idempotent. A bucket closes ``rollup_lag_s`` after its end; rows arriving later for it
+        mark it for recomputation."""
         with self._maintenance("rollup"):
             return self._upkeep.rollup(to_ms(now))
 
@@ -556,6 +563,10 @@ class DuckDBStore:
         # DuckDB refuses to checkpoint while another write transaction is open: pause the writer.
         with self._commit_lock, self._alert_lock:
             con.execute("CHECKPOINT")
+
+    def _wal_bytes(self) -> int:
+        wal = self.path + ".wal"
+        return os.path.getsize(wal) if self.path != ":memory:" and os.path.exists(wal) else 0
 
     def _upkeep_checkpoint(self, con: duckdb.DuckDBPyConnection) -> bool:
         """Checkpoint after upkeep. DuckDB refuses while a query that started before the last
@@ -718,11 +729,8 @@ class DuckDBStore:
                 "SELECT block_size, used_blocks FROM pragma_database_size() "
                 "WHERE database_name = current_database()",
             )
-        file_bytes = wal_bytes = 0
-        if self.path != ":memory:":
-            file_bytes = os.path.getsize(self.path)
-            wal = self.path + ".wal"
-            wal_bytes = os.path.getsize(wal) if os.path.exists(wal) else 0
+        file_bytes = os.path.getsize(self.path) if self.path != ":memory:" else 0
+        wal_bytes = self._wal_bytes()
         chunks = self.chunks.all()
         log = self._log_stats()
         log_bytes = log["bytes"] if log is not None else 0
