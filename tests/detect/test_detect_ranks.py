@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from detect.rank_traces import report_step
 from gpuscope.detect.ranks import RankDetector
 from gpuscope.detect.vectors import speed_groups
 from gpuscope.model import Finding, TrainingRecord
@@ -157,18 +158,8 @@ def elastic(steps: int, grow_at: int, slow: dict[int, int], seed: int = 5) -> li
         world = 16 if k >= grow_at else 8
         factor = np.array([1.3 if r in slow and k >= slow[r] else 1.0 for r in range(world)])
         compute = 0.85 * offsets[:world] * factor * (1.0 - np.abs(0.01 * rng.standard_normal(world)))
-        skew = compute - compute.min()
-        ts = float(k)
-        for r in range(world):
-            metrics = {
-                "step_seconds": float(compute.max()) + 0.15,
-                "collective_arrival_skew_seconds": float(skew[r]),
-            }
-            detector.on_training(
-                TrainingRecord(ts, "j", r, k, metrics, {"node": f"n{r // 4}", "gpu": str(r % 4)})
-            )
-        detector.on_training(TrainingRecord(ts + 0.5, "j", 0, k + 1, {}))
-        out.append(detector.evaluate(ts + 0.6))
+        report_step(detector, k, compute)
+        out.append(detector.evaluate(k + 0.6))
     return out
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from detect.rank_traces import report_step
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.detect.ranks import RankDetector
-from gpuscope.model import Finding, TrainingRecord
+from gpuscope.model import Finding
 
 WORLD = 8
 HOT = Finding("gpu_thermal_throttle", {"node": "n1", "gpu": "1"}, "node n1 GPU 1 is throttled")
@@ -35,20 +36,10 @@ def run(
                 if start <= k < end:
                     factor[rank] = f
         compute = 0.85 * offsets * factor * (1.0 - np.abs(0.012 * rng.standard_normal(WORLD)))
-        skew = compute - compute.min()
-        ts = float(k)
-        for r in range(WORLD):
-            metrics = {
-                "step_seconds": float(compute.max()) + 0.15,
-                "collective_arrival_skew_seconds": float(skew[r]),
-            }
-            detector.on_training(
-                TrainingRecord(ts, "j", r, k, metrics, {"node": f"n{r // 4}", "gpu": str(r % 4)})
-            )
-        detector.on_training(TrainingRecord(ts + 0.5, "j", 0, k + 1, {}))
+        report_step(detector, k, compute)
         # the engine hands every step rule the hardware findings of its last evaluation
         detector.faults.update([HOT] if hot is not None and hot[0] <= k < hot[1] else [])
-        out.append(detector.evaluate(ts + 0.6))
+        out.append(detector.evaluate(k + 0.6))
     return out
 
 

@@ -8,38 +8,15 @@ from __future__ import annotations
 
 import numpy as np
 
+from detect.rank_traces import EVERY, flags, trace
 from gpuscope.detect.ranks import RankDetector
 from gpuscope.model import Finding, TrainingRecord
 
-EVERY = 10.0  # seconds between samples
 LEVELS = [185.0, 60.0, 61.0, 59.0, 60.0, 240.0, 245.0, 300.0, 298.0, 302.0]
 
 
-def trace(samples: int, seed: int) -> np.ndarray:
-    """samples x workers: worker 0 with 5 % noise per reading, the others 2.5 %; 40 % of the
-    readings repeat the previous one, as in the real logs."""
-    rng = np.random.default_rng(seed)
-    noise = np.array([0.05] + [0.025] * (len(LEVELS) - 1))
-    out = np.array(LEVELS) * (1.0 + noise * rng.standard_normal((samples, len(LEVELS))))
-    for k in range(1, samples):
-        same = rng.random(len(LEVELS)) < 0.4
-        out[k, same] = out[k - 1, same]
-    return out
-
-
-def flags(times: np.ndarray) -> list[set[int]]:
-    """The ranks flagged ``training_straggler`` after each sample (fed as each worker's own step time)."""
-    detector = RankDetector()
-    out: list[set[int]] = []
-    for k, row in enumerate(times):
-        ts = k * EVERY
-        for rank, seconds in enumerate(row.tolist()):
-            labels = {"node": f"worker-{rank}", "gpu": "0"}
-            detector.on_training(TrainingRecord(ts, "j", rank, k, {"step_seconds": seconds}, labels))
-        detector.on_training(TrainingRecord(ts + 1.0, "j", 0, k + 1, {}))  # opens the next step
-        found = detector.evaluate(ts + 2.0)
-        out.append({int(f.entity["rank"]) for f in found if f.rule == "training_straggler"})
-    return out
+#: worker 0 with 5 % noise per reading, the others 2.5 %
+NOISE = np.array([0.05] + [0.025] * (len(LEVELS) - 1))
 
 
 SLOW = range(150, 700, 110)  # five 90-s slowdowns of worker 0 at 1.18x
@@ -48,7 +25,7 @@ SLOW = range(150, 700, 110)  # five 90-s slowdowns of worker 0 at 1.18x
 def test_minute_long_slowdowns_of_a_noisy_worker_are_flagged() -> None:
     missed = 0
     for seed in range(4):
-        times = trace(760, seed)
+        times = trace(LEVELS, 760, seed, NOISE)
         for start in SLOW:
             times[start : start + 9, 0] *= 1.18
         seen = flags(times)
@@ -60,7 +37,7 @@ def test_minute_long_slowdowns_of_a_noisy_worker_are_flagged() -> None:
 
 def test_a_noisy_worker_that_settles_twelve_percent_slower_is_not_a_straggler_for_good() -> None:
     for seed in range(4):
-        times = trace(700, seed)
+        times = trace(LEVELS, 700, seed, NOISE)
         times[200:, 0] *= 1.12  # a lasting shift: its new normal
         seen = flags(times)
         assert not any(0 in f for f in seen[400:]), seed

@@ -8,37 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from detect.rank_traces import flags, report_step, trace
 from gpuscope.detect.ranks import RankDetector
-from gpuscope.model import TrainingRecord
-
-EVERY = 10.0  # seconds between samples
-
-
-def trace(levels: list[float], samples: int, seed: int = 1, noise: float = 0.025) -> np.ndarray:
-    """samples x workers of mini-batch times around ``levels``; 40 % of the readings repeat the
-    previous one, as in the real logs."""
-    rng = np.random.default_rng(seed)
-    out = np.array(levels) * (1.0 + noise * rng.standard_normal((samples, len(levels))))
-    for k in range(1, samples):
-        same = rng.random(len(levels)) < 0.4
-        out[k, same] = out[k - 1, same]
-    return out
-
-
-def flags(times: np.ndarray) -> list[set[int]]:
-    """The ranks flagged ``training_straggler`` after each sample (fed as each worker's own step time)."""
-    detector = RankDetector()
-    out: list[set[int]] = []
-    for k, row in enumerate(times):
-        ts = k * EVERY
-        for rank, seconds in enumerate(row.tolist()):
-            labels = {"node": f"worker-{rank}", "gpu": "0"}
-            detector.on_training(TrainingRecord(ts, "j", rank, k, {"step_seconds": seconds}, labels))
-        detector.on_training(TrainingRecord(ts + 1.0, "j", 0, k + 1, {}))  # opens the next step
-        found = detector.evaluate(ts + 2.0)
-        out.append({int(f.entity["rank"]) for f in found if f.rule == "training_straggler"})
-    return out
-
 
 LEVELS = [480.0, 470.0, 465.0, 430.0, 455.0, 450.0, 455.0, 425.0, 420.0, 425.0]  # job 1's offsets
 
@@ -99,17 +70,7 @@ def test_a_straggler_in_the_slow_group_leaves_the_fast_group_quiet() -> None:
     seen: set[int] = set()
     for k in range(500):
         factor = np.where((np.arange(world) >= 9) & (np.arange(world) <= 10) & (k >= 200), 4.0, 1.0)
-        compute = base * factor * (1.0 + 0.01 * rng.standard_normal(world))
-        step = float(compute.max()) + 0.15
-        for r in range(world):
-            metrics = {
-                "step_seconds": step,
-                "collective_arrival_skew_seconds": float(compute[r] - compute.min()),
-            }
-            detector.on_training(
-                TrainingRecord(float(k), "j", r, k, metrics, {"node": f"n{r // 4}", "gpu": str(r % 4)})
-            )
-        detector.on_training(TrainingRecord(k + 0.5, "j", 0, k + 1, {}))
+        report_step(detector, k, base * factor * (1.0 + 0.01 * rng.standard_normal(world)))
         seen |= {int(f.entity["rank"]) for f in detector.evaluate(k + 0.6) if f.rule == "training_straggler"}
     assert seen == {9, 10}
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from gpuscope.model import Batch, Frame, Labels
+from gpuscope.store.duckdb import DuckDBStore
 
 
 def gpu(node: str, index: int, job: str | None = None) -> Labels:
@@ -35,3 +36,14 @@ def ticks(
             frames=[frame(float(t), [metric], entities, [[value(t, i)] for i in range(len(entities))])],
             batch_id=None if batch_prefix is None else f"{batch_prefix}-{t}",
         )
+
+
+def fill(store: DuckDBStore, start: int, stop: int, n_gpus: int = 2) -> None:
+    """GPU i reports util = t + i every second; batches of one minute keep the tests fast."""
+    ents = [gpu("n0", i) for i in range(n_gpus)]
+    for t0 in range(start, stop, 60):
+        frames = [
+            frame(float(t), ["util"], ents, [[t + i] for i in range(n_gpus)])
+            for t in range(t0, min(t0 + 60, stop))
+        ]
+        store.append(Batch("test", frames=frames))

@@ -15,21 +15,10 @@ import pytest
 from gpuscope.model import Batch
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.settings import StorageConfigError, parse_storage
-from store.store_helpers import frame, gpu
+from store.store_helpers import fill, frame, gpu
 
 HOUR = 3600
 PIECE = 600
-
-
-def fill(store: DuckDBStore, start: int, stop: int, n_gpus: int = 2) -> None:
-    """GPU i reports util = t + i every second."""
-    ents = [gpu("n0", i) for i in range(n_gpus)]
-    for t0 in range(start, stop, 60):
-        frames = [
-            frame(float(t), ["util"], ents, [[t + i] for i in range(n_gpus)])
-            for t in range(t0, min(t0 + 60, stop))
-        ]
-        store.append(Batch("test", frames=frames))
 
 
 def upkeep_until(store: DuckDBStore, start: int, stop: int) -> None:
