@@ -159,9 +159,10 @@ class Hub:
             if stamps:
                 arrived.append((batch.source, max(stamps)))
         with self._heard_lock:
-            room = MAX_HEARD - len(self._heard)  # bounded should no evaluation come
-            if room > 0:
-                self._heard += arrived[:room]
+            room = max(0, MAX_HEARD - len(self._heard))  # bounded should no evaluation come
+            self._heard += arrived[:room]
+        if len(arrived) > room:
+            self.counters.inc("arrival_stamps_dropped", len(arrived) - room)
 
     def observe_local(self, batch: Batch) -> None:
         """This hub's detectors see a batch (part) that is theirs (a peer's forward, at once)."""

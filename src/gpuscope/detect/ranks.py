@@ -137,6 +137,10 @@ class _Job:
     #: ranks released from a hold, learned afresh at the end of the next warm-up
     released: set[int] = field(default_factory=set)
 
+    def learn_again(self) -> None:
+        """Learn the speed groups again from a fresh warm-up."""
+        self.relearn, self.warm, self.faulted = True, [], set()
+
 
 @register
 class RankDetector(StepDetector):
@@ -240,12 +244,12 @@ class RankDetector(StepDetector):
             # the hardware fault that held them has cleared: learn the groups again with them
             job.held -= released
             job.released |= released
-            job.relearn, job.warm, job.faulted = True, [], set()
+            job.learn_again()
         elif not job.relearn and self._moved(view.job, job, present):
-            job.relearn, job.warm, job.faulted = True, [], set()
+            job.learn_again()
         if not job.relearn and self._healed(job):
             # a slow group that caught up was no placement (a placement does not heal on its own)
-            job.relearn, job.warm, job.faulted = True, [], set()
+            job.learn_again()
         self._judge(job, list(view.ranks), raw, additive, view.ts)
         if job.relearn:
             self._warm(view.job, job, view.ranks)
