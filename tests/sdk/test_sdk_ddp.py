@@ -93,7 +93,8 @@ def test_rank_stuck_before_a_collective_stalls_the_job_and_is_named(
 ) -> None:
     job = DdpJob(tmp_path, sdk_hub.url, "ddp-hang", "hang", steps=200, FAULT_RANK="2", FAULT_STEP="8")
     try:
-        wait_until(lambda: _firing(job, "training_stalled"), 60, "training_stalled", interval=0.5)
+        # the wait includes three ranks importing torch and joining the process group: 120 s, like a whole run
+        wait_until(lambda: _firing(job, "training_stalled"), 120, "training_stalled", interval=0.5)
         alert = _firing(job, "training_stalled")[0]
         assert alert["entity"] == {"job": "ddp-hang"}
         late = alert["details"]["late_ranks"]
@@ -107,7 +108,7 @@ def test_rank_stuck_before_a_collective_stalls_the_job_and_is_named(
 def test_killed_rank_is_lost_with_its_node_and_gpu(tmp_path: Path, sdk_hub: HubProcess) -> None:
     job = DdpJob(tmp_path, sdk_hub.url, "ddp-kill", "kill", steps=200, FAULT_RANK="2", FAULT_STEP="6")
     try:
-        wait_until(lambda: _firing(job, "rank_lost"), 60, "rank_lost", interval=0.5)
+        wait_until(lambda: _firing(job, "rank_lost"), 120, "rank_lost", interval=0.5)
         lost = _firing(job, "rank_lost")
         assert [a["entity"] for a in lost] == [{"job": "ddp-kill", "rank": "2", "node": "node-b", "gpu": "0"}]
         assert job.procs[2].wait(5) != 0
