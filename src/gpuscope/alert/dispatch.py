@@ -82,13 +82,15 @@ class Dispatcher:
 
     # -- input --------------------------------------------------------------------------------
 
-    def fired(self, alert: Alert, now: float) -> None:
+    def fired(self, alert: Alert, now: float, heard_at: float | None = None) -> None:
+        """``heard_at``: when the alert fired, if before ``now`` (it waited for triage): a new
+        group's ``group_wait`` counts from then."""
         self.flap.fired(alert)
-        self._route(alert, now)
+        self._route(alert, now, heard_at)
 
-    def _route(self, alert: Alert, now: float) -> None:
+    def _route(self, alert: Alert, now: float, heard_at: float | None = None) -> None:
         self._firing[alert.id] = alert
-        routes = self._join(alert, now)
+        routes = self._join(alert, now if heard_at is None else min(heard_at, now))
         if not routes:
             self.counters.inc("alerts_unrouted")
             self.record(alert.id, "unrouted", "no route matches its labels")
@@ -145,12 +147,12 @@ class Dispatcher:
                 del self._groups[gid]
         return len(ids)
 
-    def escalated(self, alert: Alert, now: float) -> None:
+    def escalated(self, alert: Alert, now: float, heard_at: float | None = None) -> None:
         """The alert reached a graver tier: route it again (a graver tier may reach other
         receivers) and tell every group it is in, as if it were new."""
         for group in self._groups.values():
             group.notified.discard(alert.id)
-        self._route(alert, now)
+        self._route(alert, now, heard_at)
 
     def resolved(self, alert: Alert, now: float) -> None:
         self._firing.pop(alert.id, None)
