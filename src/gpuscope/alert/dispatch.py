@@ -156,6 +156,9 @@ class Dispatcher:
 
     def resolved(self, alert: Alert, now: float) -> None:
         self._firing.pop(alert.id, None)
+        for group in self._groups.values():
+            if alert.id in group.members:  # it may have gone out as it fired (a copy)
+                group.members[alert.id] = alert
         for level in sorted(self._escalated.pop(alert.id, set())):
             self._send(self.escalation[level].receiver, "", {}, [self._view(alert)], now, level + 1)
         self.flush(now)

@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -182,7 +183,10 @@ class AlertingService:
         with self._lock:
             now = self.clock()
             if job.change.kind == "fired":
-                self.dispatcher.fired(alert, now, job.heard_at)
+                # resolved while it waited: receivers are told it fired, then (its resolution
+                # being queued behind) that it resolved
+                as_fired = alert if alert.firing else replace(alert, resolved_at=None)
+                self.dispatcher.fired(as_fired, now, job.heard_at)
             elif job.change.kind == "escalated":
                 self.dispatcher.escalated(alert, now, job.heard_at)
             else:

@@ -106,7 +106,7 @@ class TriageQueue:
         with self._cond:
             full = len(self._jobs) >= self.size
         if full:
-            self._shed(lambda _job: True, 1, "queue full", "triage_skipped_queue_full")
+            self._shed(lambda _job: True, self.size - 1, "queue full", "triage_skipped_queue_full")
         with self._cond:
             self._jobs.append(Job(change, heard_at, self.clock()))
             self._cond.notify_all()
@@ -179,13 +179,11 @@ class TriageQueue:
         """Dispatch, without their playbooks, the fired alerts that waited past the budget (and,
         to keep the order, the changes queued before them); returns how many were shed."""
         deadline = self.clock() - self.budget
-        return self._shed(
-            lambda job: job.queued < deadline, None, "over budget", "triage_skipped_over_budget"
-        )
+        return self._shed(lambda job: job.queued < deadline, 0, "over budget", "triage_skipped_over_budget")
 
-    def _shed(self, due: Callable[[Job], bool], most: int | None, why: str, counter: str) -> int:
-        """Dispatch the oldest jobs while ``due`` holds of them (``most`` at most), the worker's
-        job in hand first."""
+    def _shed(self, due: Callable[[Job], bool], keep: int, why: str, counter: str) -> int:
+        """Dispatch the oldest jobs while ``due`` holds of them, until ``keep`` remain queued:
+        the worker's job in hand first, as it is older than any queued."""
         shed = skipped = 0
         with self._order:
             with self._cond:
@@ -196,9 +194,9 @@ class TriageQueue:
                 skipped += hand.triaged
                 self._dispatch(hand, why if hand.triaged else "")
                 shed += 1
-            while most is None or shed < most:
+            while True:
                 with self._cond:
-                    if not self._jobs or not due(self._jobs[0]):
+                    if len(self._jobs) <= keep or not due(self._jobs[0]):
                         break
                     job = self._jobs.popleft()
                     self._cond.notify_all()
@@ -226,15 +224,16 @@ class TriageQueue:
     # -- draining and stopping ------------------------------------------------------------------
 
     def drain(self, timeout: float | None = None) -> bool:
-        """Wait until every change put so far is dispatched (triaged first, within the budget);
-        without a running worker, do its work in this thread. False if ``timeout`` ran out."""
+        """Wait until every change put so far is dispatched (triaged first, within the budget)
+        and the worker is idle (a playbook that ended late is attached); without a running
+        worker, do its work in this thread. False if ``timeout`` ran out."""
         if not self.running():
             while self._work_one():
                 pass
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._jobs or (self._hand is not None and not self._hand.done):
+            while self._jobs or self._hand is not None:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -246,7 +245,7 @@ class TriageQueue:
         without playbooks, then end the worker."""
         drained = self.drain(timeout)
         if not drained:
-            self._shed(lambda _job: True, None, "hub stopping", "triage_skipped_at_stop")
+            self._shed(lambda _job: True, 0, "hub stopping", "triage_skipped_at_stop")
         with self._cond:
             self._stop = True
             self._cond.notify_all()
