@@ -165,7 +165,7 @@ def test_a_resolution_never_overtakes_its_alert_even_when_its_playbook_is_over_b
         h.service.outbox.deliver_due()
         assert len(sink.bodies()) == 2  # and nobody is told again
         what = [e["what"] for e in h.service.history(alert.id)]
-        assert what == ["fired", "resolved", "triage_skipped", "notified_firing", "notified_resolved"]
+        assert what == ["fired", "triage_skipped", "notified_firing", "resolved", "notified_resolved"]
     finally:
         gate.open()
         h.close()

@@ -1,10 +1,12 @@
 """The alerting service of a running hub: triage, acknowledgement, silences and notification.
 
-It listens to the hub's alert changes (fired, escalated, resolved) and only records and queues
-them (:mod:`.triagequeue`): the evaluation that produced them goes on at once. Its threads:
+It listens to the hub's alert changes (fired, escalated, resolved) and only queues them, with
+the time they happened (:mod:`.triagequeue`): the evaluation that produced them goes on at once.
+Its threads:
 
 - the triage worker takes the changes in order: a fired alert gets its playbook run and attached
-  (and saved), then is routed to receivers; a resolution or escalation is routed in its turn;
+  (and saved), then is recorded in the history and routed to receivers; a resolution or
+  escalation is recorded and routed in its turn;
 - the clock, every second, re-evaluates timing, mutes and escalation, and dispatches without
   their playbooks the alerts that waited past the triage budget;
 - the outbox thread delivers.
@@ -158,14 +160,8 @@ class AlertingService:
     # -- the hub's listener -------------------------------------------------------------------
 
     def on_change(self, change: AlertChange) -> None:
-        """Record the change and queue it: triage and dispatch happen off the evaluation."""
-        alert = change.alert
-        if change.kind == "fired":
-            self.record(alert.id, "fired", alert.summary)
-        elif change.kind == "escalated":
-            self.record(alert.id, "escalated", f"{alert.details.get('escalated_from')} -> {alert.severity}")
-        else:
-            self.record(alert.id, "resolved", alert.summary)
+        """Queue the change with the time it happened: its history row, triage and dispatch
+        happen off the evaluation (a history row is a write to the state database)."""
         self.queue.put(change, self.clock())
 
     def _triage(self, job: Job) -> None:
@@ -177,7 +173,12 @@ class AlertingService:
         self.hub.attach(alert, "playbook", book)
 
     def _dispatch(self, job: Job, skipped: str) -> None:
-        alert = job.change.alert
+        alert, kind = job.change.alert, job.change.kind
+        if kind == "escalated":
+            detail = f"{alert.details.get('escalated_from')} -> {alert.severity}"
+        else:
+            detail = alert.summary
+        self.record(alert.id, kind, detail, job.heard_at)
         if skipped:
             self.record(alert.id, "triage_skipped", skipped)
         with self._lock:
@@ -283,9 +284,9 @@ class AlertingService:
         with self._lock:
             return self.silences.expire(silence_id, self.clock())
 
-    def record(self, alert_id: str, what: str, detail: str) -> None:
+    def record(self, alert_id: str, what: str, detail: str, ts: float | None = None) -> None:
         with self.db.tx() as con:
-            self._history(con, self.clock(), alert_id, what, detail)
+            self._history(con, self.clock() if ts is None else ts, alert_id, what, detail)
 
     @staticmethod
     def _history(con: Any, now: float, alert_id: str, what: str, detail: str) -> None:
