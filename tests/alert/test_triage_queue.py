@@ -214,7 +214,11 @@ def test_the_runtime_stops_after_what_fired_was_triaged_and_queued_for_delivery(
     tmp_path: Path, sink: Sink, gate: Gate
 ) -> None:
     path = tmp_path / "hub.yaml"
-    path.write_text(yaml.safe_dump({"receivers": [{"name": "hook", "webhook": {"url": f"{sink.url}/h"}}]}))
+    config = {
+        "storage": {"path": str(tmp_path / "hub.duckdb")},  # its alert state database goes beside it
+        "receivers": [{"name": "hook", "webhook": {"url": f"{sink.url}/h"}}],
+    }
+    path.write_text(yaml.safe_dump(config))
     runtime = assemble(
         load_config(path), store=DuckDBStore(":memory:", durable=False), serve=False, evaluate_interval=None
     )
