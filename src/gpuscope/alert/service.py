@@ -155,6 +155,7 @@ class AlertingService:
         )
         self._reads: Reads | None = None  # the store's answers the playbooks of a burst share
         self._firing: list[Alert] = []
+        self._firing_ids: set[str] = set()
         hub.add_listener(self.on_change)
 
     # -- the hub's listener -------------------------------------------------------------------
@@ -168,7 +169,10 @@ class AlertingService:
         alert = job.change.alert
         if self._reads is None or not self._reads.fresh():
             self._reads = Reads(self.hub.store)
+            self._firing_ids = set()
+        if alert.id not in self._firing_ids:  # fired after the list was read
             self._firing = self.hub.firing()
+            self._firing_ids = {a.id for a in self._firing}
         book = run_playbook(alert, self._reads, alert.started_at, self._firing, self.counters)
         self.hub.attach(alert, "playbook", book)
 
