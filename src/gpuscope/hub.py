@@ -249,6 +249,14 @@ class Hub:
         """Keep what the alert layer attached to an alert (playbook results, acknowledgement)."""
         self.alerts.state.save(alert)
 
+    def attach(self, alert: Alert, key: str, value: Any) -> None:
+        """Attach what the alert layer found out (a playbook's answers) to an alert, and keep it.
+        Between evaluations: an evaluation rebuilds a firing alert's details and saves a
+        resolution, and neither may cross this."""
+        with self._detect_lock:
+            alert.details[key] = value
+            self.alerts.state.save(alert)
+
     def alert_view(self) -> tuple[list[Alert], list[Incident]]:
         """Every alert in the order they fired, and their incidents (a cluster's: all members')."""
         return self.alerts.state.view()

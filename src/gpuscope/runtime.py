@@ -124,7 +124,8 @@ class Runtime:
             self.hub.resume(time.time() if now is None else now, self.cfg.warmup_s)
         except StoreError as exc:
             log.warning("warm-up skipped: %s", exc)
-        # 2. alerting (its outbox and its clock), so the first changes are routed and delivered
+        # 2. alerting (its outbox, its triage worker and its clock), so the first changes are
+        #    triaged, routed and delivered
         self.alerting.start()
         # 3. the hub's clock: detectors evaluated every second, store upkeep every minute
         if self.evaluator is not None:
@@ -149,7 +150,8 @@ class Runtime:
         # the observers see what was acknowledged since the last evaluation (lineage registers its
         # checkpoints; what the quality monitor derives from it is stored, and seen in turn)
         self.hub.settle()
-        # 3. alerting: its clock and outbox stop, its state database closes
+        # 3. alerting: what fired is triaged and dispatched into the outbox (bounded time, the
+        #    rest without playbooks), then its clock and outbox stop, its state database closes
         self.alerting.stop()
         # 4. the GPU time counted since the last upkeep is kept
         try:

@@ -35,11 +35,13 @@ class Rig:
         self.service = AlertingService(self.hub, parse_alerting(cfg), clock=clock)
 
     def step(self, seconds: float, findings: list[Finding] | None = None) -> None:
-        """Advance the clock, evaluate, tick the alerting layer and deliver what is due."""
+        """Advance the clock, evaluate, triage and dispatch what changed, tick the alerting
+        layer and deliver what is due."""
         if findings is not None:
             self.script.findings = findings
         self.clock.t += seconds
         self.hub.evaluate(self.clock.t)
+        assert self.service.drain(10.0)
         self.service.tick()
         self.service.outbox.deliver_due()
 

@@ -34,6 +34,7 @@ def test_a_lost_gpu_its_rank_and_the_stalled_job_are_one_incident_with_the_stall
             for batch in [*tick.node_batches.values(), *tick.sdk_batches]:
                 hub.ingest(parse_batch(batch_to_json(batch)))
             hub.evaluate(tick.t)
+            assert service.drain(10.0)
             service.tick()
             service.outbox.deliver_due()
         alerts = {a.rule: a for a in hub.alerts.all()}

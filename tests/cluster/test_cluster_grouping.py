@@ -107,6 +107,7 @@ def test_a_member_batches_a_group_for_group_wait_then_group_interval(
     for node in nodes[:3]:
         _faulty(b, node, t0)
     assert len(b.hub.evaluate(t0)) == 3 and a.hub.evaluate(t0) == []
+    assert b.alerting.drain(10.0)  # triaged and dispatched, as its worker would
     tick(t0 + 10)
     time.sleep(1.5)  # the outbox polls at least every second: anything queued would be here
     assert _ecc(sink) == []  # still within group_wait
@@ -122,6 +123,7 @@ def test_a_member_batches_a_group_for_group_wait_then_group_interval(
         for c in b.hub.evaluate(t0 + 40)
         if c.alert.rule == "gpu_ecc_uncorrectable"
     }
+    assert b.alerting.drain(10.0)
     assert (nodes[3], "fired") in changes
     tick(t0 + 50)
     time.sleep(1.5)

@@ -50,9 +50,11 @@ def test_listeners_hear_fired_and_resolved_on_a_cluster_member(postgres_dsn: str
         now = time.time()
         script.findings = [lost()]
         fired = hub.evaluate(now)
+        assert runtime.alerting.drain(10.0)
         assert [(c.kind, c.alert.rule) for c in fired] == [("fired", "gpu_lost")]
         script.findings = []
         resolved = hub.evaluate(now + 1)
+        assert runtime.alerting.drain(10.0)
         assert [c.kind for c in resolved] == ["resolved"]
         assert [(c.kind, c.alert.id) for c in heard] == [
             ("fired", fired[0].alert.id),

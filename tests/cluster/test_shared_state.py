@@ -140,6 +140,7 @@ def test_silence_ack_history_incidents_and_playbooks_are_the_same_on_every_hub(
         _report(b, node, t0 - 1, 0.0)
         _report(b, node, t0, 2.0)
     fired = b.hub.evaluate(t0)
+    assert b.alerting.drain(10.0)  # triaged and dispatched, as its worker would
     assert sorted(c.alert.entity["node"] for c in fired if c.kind == "fired") == sorted([muted, loud])
     sink.wait_for(1)
     time.sleep(1.0)  # the outbox polls every 0.5 s: a notification for the muted node would be here
@@ -167,6 +168,7 @@ def test_silence_ack_history_incidents_and_playbooks_are_the_same_on_every_hub(
     for node in (muted, loud):
         _report(b, node, t0 + 20, 0.0)
     assert [c.kind for c in b.hub.evaluate(t0 + 20)] == ["resolved", "resolved"]
+    assert b.alerting.drain(10.0)
     stored = {r["id"]: r for r in a.get("/api/v1/alerts", state="all")["alerts"]}
     assert stored[alert_id]["resolved_at"] is not None and stored[alert_id]["details"]["ack"]["by"] == "alice"
 
@@ -212,6 +214,7 @@ def test_mutes_lifting_repeats_and_escalation_on_a_member_are_a_single_hubs(
         _report(b, node, t0 - 1, 0.0)
         _report(b, node, t0, 2.0)
     ids = {c.alert.entity["node"]: c.alert.id for c in b.hub.evaluate(t0)}
+    assert b.alerting.drain(10.0)
 
     def tick(member: Member, at: float) -> None:
         clock[0] = at
@@ -229,6 +232,7 @@ def test_mutes_lifting_repeats_and_escalation_on_a_member_are_a_single_hubs(
     for node in (muted, loud):
         _report(b, node, t0 + 120, 0.0)
     assert len(b.hub.evaluate(t0 + 120)) == 2
+    assert b.alerting.drain(10.0)
     tick(b, t0 + 131)  # loud's resolution waits for its group_interval since the repeat
 
     hook = [(muted, "firing"), (muted, "resolved"), (loud, "firing"), (loud, "firing"), (loud, "resolved")]

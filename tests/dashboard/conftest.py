@@ -59,6 +59,7 @@ def served() -> Iterator[Served]:
     hub = Hub(store, price_per_gpu_hour=2.5)
     alerting = AlertingService(hub, AlertingSettings())
     t0 = replay(hub)
+    assert alerting.drain(60.0)  # the replay's alerts triaged, as a running hub's worker does
     server = HubServer(hub, "127.0.0.1", 0, alerting=alerting, evaluate_interval=None)  # replayed time
     server.start()
     try:

@@ -153,7 +153,14 @@ def test_what_a_real_hub_renders_parses_with_prometheus_client_and_has_every_fam
         hub.ingest(Batch(source="n1", frames=[frame], batch_id=f"b{i}"))
     hub.settle()
     hub.counters.inc("ingest_rejected_batches")
-    text = render(hub, lag, 7.0, True, lambda: {"pending": 0, "delivered": 3, "dead": 1})
+    text = render(
+        hub,
+        lag,
+        7.0,
+        True,
+        lambda: {"pending": 0, "delivered": 3, "dead": 1},
+        lambda: {"depth": 2.0, "oldest_wait_seconds": 1.5},
+    )
     families = {f.name: f for f in text_string_to_metric_families(text)}
     # the parser names a counter family without its _total suffix
     assert {f.name.removesuffix("_total") for f in FAMILIES} == set(families)
@@ -163,6 +170,8 @@ def test_what_a_real_hub_renders_parses_with_prometheus_client_and_has_every_fam
     assert value[("gpuscope_hub_ingest_lag_seconds", ())] == 8.0
     assert value[("gpuscope_hub_ingest_lag_max_seconds", ())] == 10.0
     assert value[("gpuscope_hub_outbox_notifications", (("state", "dead"),))] == 1.0
+    assert value[("gpuscope_hub_triage_queue_depth", ())] == 2.0
+    assert value[("gpuscope_hub_triage_oldest_wait_seconds", ())] == 1.5
     assert value[("gpuscope_hub_store_batch_ids_remembered", ())] == 3.0
     assert value[("gpuscope_hub_process_resident_bytes", ())] > 10 * 2**20
     assert math.isfinite(value[("gpuscope_hub_detection_seconds_total", ())])

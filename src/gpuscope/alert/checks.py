@@ -4,6 +4,10 @@ Each check is a function registered under the name a playbook step uses. It read
 the detector's own details on the alert) as of the firing time, and returns a result a person can
 act on: ``found`` (something relevant, e.g. a likely root cause), ``clear`` (looked, nothing there)
 or ``unknown`` (no data to say). A check never raises into the alert path: errors become ``unknown``.
+
+The store's answers are shared through :class:`Reads` by the playbooks of alerts triaged together:
+alerts that fire together (an outage) ask the same questions, and one whole-store snapshot per
+alert cost 100 ms of CPU at 3,072 GPUs (``bench/bench_alert_burst.py``).
 """
 
 from __future__ import annotations
@@ -11,11 +15,12 @@ from __future__ import annotations
 import datetime as dt
 import math
 import statistics
+import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
-from gpuscope.model import Alert, Labels
+from gpuscope.model import Alert, Event, Labels
 from gpuscope.rules import RULES
 from gpuscope.store.base import Store
 
@@ -25,6 +30,54 @@ FAULT_RULES = frozenset(name for name, s in RULES.items() if s.layer == "hardwar
 BUSY_PERCENT = 20.0
 
 
+#: labels the snapshot is indexed by: what the checks select rows with
+INDEXED = ("node", "job", "service")
+#: how long the store's answers are shared: playbooks read the fleet as of their alert's firing
+READS_FRESH_S = 1.0
+
+
+class Reads:
+    """The store's answers to playbook checks, shared by the playbooks run within
+    :data:`READS_FRESH_S` of each other: the latest value of every entity (read once, indexed by
+    node, job and service) and event queries (each distinct query read once)."""
+
+    def __init__(self, store: Store, clock: Callable[[], float] = time.monotonic) -> None:
+        self.store = store
+        self.clock = clock
+        self.taken_at = clock()
+        self._snapshot: list[dict[str, Any]] | None = None
+        self._index: dict[tuple[str, str], list[dict[str, Any]]] = {}
+        self._events: dict[tuple[Any, ...], list[Event]] = {}
+
+    def fresh(self) -> bool:
+        return self.clock() - self.taken_at < READS_FRESH_S
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        if self._snapshot is None:
+            self._snapshot = self.store.snapshot()
+            for row in self._snapshot:
+                labels = row["labels"]
+                for key in INDEXED:
+                    value = labels.get(key)
+                    if value is not None:
+                        self._index.setdefault((key, value), []).append(row)
+        return self._snapshot
+
+    def rows(self, key: str, value: str) -> list[dict[str, Any]]:
+        """The snapshot's rows whose label ``key`` (one of :data:`INDEXED`) is ``value``."""
+        self.snapshot()
+        return self._index.get((key, value), [])
+
+    def events(
+        self, start: float, end: float, kind: str, labels: Labels | None = None, limit: int = 1000
+    ) -> list[Event]:
+        key = (start, end, kind, tuple(sorted(labels.items())) if labels else (), limit)
+        found = self._events.get(key)
+        if found is None:
+            found = self._events[key] = self.store.events(start, end, kind, labels, limit)
+        return found
+
+
 @dataclass(slots=True)
 class Context:
     alert: Alert
@@ -32,15 +85,21 @@ class Context:
     now: float
     firing: list[Alert] = field(default_factory=list)
     lookback: float = 600.0
-    _snapshot: list[dict[str, Any]] | None = None
+    #: the store's answers shared with other playbooks (None: this one reads afresh)
+    shared: InitVar[Reads | None] = None
+    reads: Reads = field(init=False)
+
+    def __post_init__(self, shared: Reads | None) -> None:
+        self.reads = shared if shared is not None else Reads(self.store)
 
     def snapshot(self) -> list[dict[str, Any]]:
-        if self._snapshot is None:
-            self._snapshot = self.store.snapshot()
-        return self._snapshot
+        return self.reads.snapshot()
+
+    def rows(self, key: str, value: str) -> list[dict[str, Any]]:
+        return self.reads.rows(key, value)
 
     def job_gpus(self, job: str) -> list[dict[str, Any]]:
-        return [r for r in self.snapshot() if r["labels"].get("job") == job and "gpu" in r["labels"]]
+        return [r for r in self.rows("job", job) if "gpu" in r["labels"]]
 
     def nodes(self) -> set[str]:
         """The nodes an alert touches: its own, its declared links, its job's or service's."""
@@ -52,11 +111,7 @@ class Context:
         if not out and "job" in e:
             out |= {r["labels"]["node"] for r in self.job_gpus(e["job"]) if "node" in r["labels"]}
         if not out and "service" in e:
-            out |= {
-                r["labels"]["node"]
-                for r in self.snapshot()
-                if r["labels"].get("service") == e["service"] and "node" in r["labels"]
-            }
+            out |= {r["labels"]["node"] for r in self.rows("service", e["service"]) if "node" in r["labels"]}
         return out
 
 
@@ -84,9 +139,7 @@ def _finite(value: Any) -> float | None:
 
 
 def _gpu_row(ctx: Context, node: str, gpu: str) -> dict[str, Any] | None:
-    return next(
-        (r for r in ctx.snapshot() if r["labels"].get("node") == node and r["labels"].get("gpu") == gpu), None
-    )
+    return next((r for r in ctx.rows("node", node) if r["labels"].get("gpu") == gpu), None)
 
 
 def when(ts: float) -> str:
@@ -148,7 +201,7 @@ def last_checkpoint(ctx: Context) -> CheckResult:
     since = ctx.now - 7 * 86400
     verified = [
         e
-        for e in ctx.store.events(since, ctx.now, "checkpoint_verified", {"job": job})
+        for e in ctx.reads.events(since, ctx.now, "checkpoint_verified", {"job": job})
         if e.data.get("ok", True)
     ]
     if verified:
@@ -159,7 +212,7 @@ def last_checkpoint(ctx: Context) -> CheckResult:
             f"last verified checkpoint at step {last.data.get('step', '?')}, {age:.0f} s before the alert",
             {"seconds_since": age, "step": last.data.get("step"), "verified": True},
         )
-    completed = ctx.store.events(since, ctx.now, "checkpoint_completed", {"job": job})
+    completed = ctx.reads.events(since, ctx.now, "checkpoint_completed", {"job": job})
     if completed:
         last = completed[-1]
         age = ctx.now - last.ts
@@ -181,7 +234,7 @@ def faults_nearby(ctx: Context) -> CheckResult:
     events = [
         e
         for kind in FAULT_EVENTS
-        for e in ctx.store.events(start, ctx.now, kind, None, 1000)
+        for e in ctx.reads.events(start, ctx.now, kind)
         if e.labels.get("node") in nodes
     ]
     alerts = [
@@ -284,7 +337,7 @@ def gpu_vs_peers(ctx: Context) -> CheckResult:
     node, gpu = ctx.alert.entity.get("node"), ctx.alert.entity.get("gpu")
     if node is None or gpu is None:
         return CheckResult("unknown", "the alert is not placed on a GPU")
-    peers = [r for r in ctx.snapshot() if r["labels"].get("node") == node and "gpu" in r["labels"]]
+    peers = [r for r in ctx.rows("node", node) if "gpu" in r["labels"]]
     mine = next((r for r in peers if r["labels"]["gpu"] == gpu), None)
     if mine is None or len(peers) < 2:
         return CheckResult("unknown", f"not enough GPUs reporting on {node} to compare")
@@ -301,7 +354,9 @@ def gpu_vs_peers(ctx: Context) -> CheckResult:
 
 
 def _workloads(ctx: Context, where: Labels) -> CheckResult:
-    rows = [r for r in ctx.snapshot() if all(r["labels"].get(k) == v for k, v in where.items())]
+    rows = [
+        r for r in ctx.rows("node", where["node"]) if all(r["labels"].get(k) == v for k, v in where.items())
+    ]
     jobs = sorted({r["labels"]["job"] for r in rows if "job" in r["labels"]})
     services = sorted({r["labels"]["service"] for r in rows if "service" in r["labels"]})
     place = " ".join(f"{k}={v}" for k, v in where.items())
@@ -355,7 +410,7 @@ def recent_promotion(ctx: Context) -> CheckResult:
     service = ctx.alert.entity.get("service")
     if service is None:
         return CheckResult("unknown", "the alert names no service")
-    events = ctx.store.events(ctx.now - 6 * 3600, ctx.now, "model_version_promoted", {"service": service})
+    events = ctx.reads.events(ctx.now - 6 * 3600, ctx.now, "model_version_promoted", {"service": service})
     if not events:
         return CheckResult("clear", f"no version promoted on service {service} in the last 6 h")
     last = events[-1]
@@ -372,7 +427,7 @@ def service_state(ctx: Context) -> CheckResult:
     service = ctx.alert.entity.get("service")
     if service is None:
         return CheckResult("unknown", "the alert names no service")
-    rows = [r for r in ctx.snapshot() if r["labels"].get("service") == service]
+    rows = ctx.rows("service", service)
     if not rows:
         return CheckResult("unknown", f"no telemetry from service {service}")
     merged: dict[str, list[float]] = {}

@@ -82,17 +82,21 @@ class Dispatcher:
 
     # -- input --------------------------------------------------------------------------------
 
-    def fired(self, alert: Alert, now: float) -> None:
+    def fired(self, alert: Alert, now: float, heard_at: float | None = None) -> None:
+        """``heard_at``: when the alert fired, if before ``now`` (it waited for triage): a new
+        group's ``group_wait`` counts from then."""
         self.flap.fired(alert)
-        self._route(alert, now)
+        self._route(alert, now, heard_at)
 
-    def _route(self, alert: Alert, now: float) -> None:
+    def _route(self, alert: Alert, now: float, heard_at: float | None = None) -> None:
         self._firing[alert.id] = alert
-        routes = self._join(alert, now)
-        if not routes:
+        groups = self._join(alert, now if heard_at is None else min(heard_at, now))
+        if not groups:
             self.counters.inc("alerts_unrouted")
             self.record(alert.id, "unrouted", "no route matches its labels")
-        self.flush(now)
+        # only the alert's own groups: the others are the clock's, flushed every second (all of
+        # them per alert made a burst of N alerts cost N x N group flushes)
+        self._flush_groups(groups, now)
 
     def _join(self, alert: Alert, now: float) -> list[_Group]:
         """Put an alert into the group of each route it matches; returns those groups."""
@@ -145,18 +149,21 @@ class Dispatcher:
                 del self._groups[gid]
         return len(ids)
 
-    def escalated(self, alert: Alert, now: float) -> None:
+    def escalated(self, alert: Alert, now: float, heard_at: float | None = None) -> None:
         """The alert reached a graver tier: route it again (a graver tier may reach other
         receivers) and tell every group it is in, as if it were new."""
         for group in self._groups.values():
             group.notified.discard(alert.id)
-        self._route(alert, now)
+        self._route(alert, now, heard_at)
 
     def resolved(self, alert: Alert, now: float) -> None:
         self._firing.pop(alert.id, None)
+        groups = [g for g in self._groups.values() if alert.id in g.members]
+        for group in groups:
+            group.members[alert.id] = alert  # it may have gone out as it fired (a copy)
         for level in sorted(self._escalated.pop(alert.id, set())):
             self._send(self.escalation[level].receiver, "", {}, [self._view(alert)], now, level + 1)
-        self.flush(now)
+        self._flush_groups(groups, now)
 
     # -- muting -------------------------------------------------------------------------------
 
@@ -177,11 +184,14 @@ class Dispatcher:
 
     def flush(self, now: float) -> None:
         """Send every group that is due, and escalate what waited too long."""
-        for gid, group in list(self._groups.items()):
+        self._flush_groups(list(self._groups.values()), now)
+        self._escalate(now)
+
+    def _flush_groups(self, groups: list[_Group], now: float) -> None:
+        for group in groups:
             self._flush_group(group, now)
             if not group.members:
-                del self._groups[gid]
-        self._escalate(now)
+                self._groups.pop((group.receiver, group.key), None)
 
     def _flush_group(self, group: _Group, now: float) -> None:
         visible: list[Alert] = []

@@ -1,9 +1,18 @@
 """The alerting service of a running hub: triage, acknowledgement, silences and notification.
 
-It listens to the hub's alert changes (fired, resolved): a fired alert gets its playbook run and
-attached, then is routed to receivers; a clock thread re-evaluates timing, mutes and escalation
-every second; the outbox thread delivers. ``sim-eval`` does not attach it, so evaluation in virtual
-time is unchanged.
+It listens to the hub's alert changes (fired, escalated, resolved) and only queues them, with
+the time they happened (:mod:`.triagequeue`): the evaluation that produced them goes on at once.
+Its threads:
+
+- the triage worker takes the changes in order: a fired alert gets its playbook run and attached
+  (and saved), then is recorded in the history and routed to receivers; a resolution or
+  escalation is recorded and routed in its turn;
+- the clock, every second, re-evaluates timing, mutes and escalation, and dispatches without
+  their playbooks the alerts that waited past the triage budget;
+- the outbox thread delivers.
+
+``drain`` waits until every change heard so far is dispatched (tests, and a stopping hub).
+``sim-eval`` does not attach the service, so evaluation in virtual time is unchanged.
 """
 
 from __future__ import annotations
@@ -12,30 +21,36 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import orjson
 
+from gpuscope.alert.checks import Reads
 from gpuscope.alert.dispatch import Dispatcher
 from gpuscope.alert.engine import AlertChange, AlertEngine
 from gpuscope.alert.flap import FlapDetector
 from gpuscope.alert.labels import Matcher, alert_labels, fingerprint
 from gpuscope.alert.ledger import DispatchLedger, MemoryLedger
 from gpuscope.alert.outbox import Outbox, OutboxBackend, Sender
+from gpuscope.alert.playbooks import PLAYBOOKS
 from gpuscope.alert.settings import AlertingSettings
 from gpuscope.alert.silences import Silence, Silences, new_silence, parse_config_silences
 from gpuscope.alert.statedb import StateBackend, StateDB
 from gpuscope.alert.triage import run_playbook
+from gpuscope.alert.triagequeue import BUDGET_S, QUEUE_SIZE, Job, TriageQueue
 from gpuscope.counters import Counters
 from gpuscope.model import Alert, Labels
+from gpuscope.rules import RULES
 from gpuscope.store.base import Store
 
 log = logging.getLogger("gpuscope.alert.service")
 
 
 def alert_annotations(alert: Alert) -> dict[str, str]:
-    """What receivers see beside the labels: summary, cost, and the playbook's first answers."""
+    """What receivers see beside the labels: summary, cost, and the playbook's first answers
+    (its fixed parts only, when the alert was dispatched before its playbook ran)."""
     out = {"summary": alert.summary, "cost_per_hour": f"{alert.cost_per_hour:.2f}"}
     book = alert.details.get("playbook")
     if isinstance(book, dict):
@@ -45,6 +60,12 @@ def alert_annotations(alert: Alert) -> dict[str, str]:
             out["diagnosis"] = str(book["summary"])
         if book.get("mitigation"):
             out["mitigation"] = str(book["mitigation"][0])
+    elif alert.rule in PLAYBOOKS:
+        fixed = PLAYBOOKS[alert.rule]
+        out["meaning"] = RULES[alert.rule].meaning
+        out["impact"] = fixed.impact
+        if fixed.mitigation:
+            out["mitigation"] = fixed.mitigation[0]
     return out
 
 
@@ -65,6 +86,8 @@ class AlertSource(Protocol):
 
     def save_alert(self, alert: Alert) -> None: ...
 
+    def attach(self, alert: Alert, key: str, value: Any) -> None: ...
+
     def add_listener(self, listener: Callable[[AlertChange], None]) -> None: ...
 
 
@@ -80,9 +103,12 @@ class AlertingService:
         tick_interval: float = 1.0,
         outbox: OutboxBackend | None = None,
         ledger: DispatchLedger | None = None,
+        triage_queue: int = QUEUE_SIZE,
+        triage_budget: float = BUDGET_S,
     ) -> None:
         """``outbox`` and ``ledger``: where notifications wait and what was sent is read back
-        (default: this hub's state database and memory; a cluster member's: PostgreSQL)."""
+        (default: this hub's state database and memory; a cluster member's: PostgreSQL).
+        ``triage_queue`` and ``triage_budget``: the bounds of :mod:`.triagequeue`."""
         self.hub = hub
         self.settings = settings
         self.clock = clock
@@ -120,28 +146,65 @@ class AlertingService:
             counters=self.counters,
             external_url=settings.external_url,
         )
+        # the dispatcher's lock; taken after the queue's order lock, never before it
         self._lock = threading.RLock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.queue = TriageQueue(
+            self._triage, self._dispatch, size=triage_queue, budget=triage_budget, counters=self.counters
+        )
+        self._reads: Reads | None = None  # the store's answers the playbooks of a burst share
+        self._firing: list[Alert] = []
+        self._firing_ids: set[str] = set()
         hub.add_listener(self.on_change)
 
     # -- the hub's listener -------------------------------------------------------------------
 
     def on_change(self, change: AlertChange) -> None:
-        alert = change.alert
-        now = self.clock()
+        """Queue the change with the time it happened: its history row, triage and dispatch
+        happen off the evaluation (a history row is a write to the state database)."""
+        self.queue.put(change, self.clock())
+
+    def _triage(self, job: Job) -> None:
+        alert = job.change.alert
+        if self._reads is None or not self._reads.fresh():
+            self._reads = Reads(self.hub.store)
+            self._firing_ids = set()
+        if alert.id not in self._firing_ids:  # fired after the list was read
+            self._firing = self.hub.firing()
+            self._firing_ids = {a.id for a in self._firing}
+        book = run_playbook(alert, self._reads, alert.started_at, self._firing, self.counters)
+        self.hub.attach(alert, "playbook", book)
+
+    def _dispatch(self, job: Job, skipped: str) -> None:
+        alert, kind = job.change.alert, job.change.kind
+        if kind == "escalated":
+            detail = f"{alert.details.get('escalated_from')} -> {alert.severity}"
+        else:
+            detail = alert.summary
+        self.record(alert.id, kind, detail, job.heard_at)
+        if skipped:
+            self.record(alert.id, "triage_skipped", skipped)
         with self._lock:
-            if change.kind == "fired":
-                self.record(alert.id, "fired", alert.summary)
-                self.triage(alert)
-                self.dispatcher.fired(alert, now)
-            elif change.kind == "escalated":
-                tiers = f"{alert.details.get('escalated_from')} -> {alert.severity}"
-                self.record(alert.id, "escalated", tiers)
-                self.dispatcher.escalated(alert, now)
+            now = self.clock()
+            if job.change.kind == "fired":
+                # resolved while it waited: receivers are told it fired, then (its resolution
+                # being queued behind) that it resolved
+                as_fired = alert if alert.firing else replace(alert, resolved_at=None)
+                self.dispatcher.fired(as_fired, now, job.heard_at)
+            elif job.change.kind == "escalated":
+                self.dispatcher.escalated(alert, now, job.heard_at)
             else:
-                self.record(alert.id, "resolved", alert.summary)
                 self.dispatcher.resolved(alert, now)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every change heard so far was triaged and dispatched (without a running
+        worker: do it in this thread); False when ``timeout`` ran out first."""
+        return self.queue.drain(timeout)
+
+    def triage_stats(self) -> dict[str, float]:
+        """The triage queue: changes waiting, the oldest wait, and the queue's bounds."""
+        return {**self.queue.stats(), "size": self.queue.size, "budget_seconds": self.queue.budget}
 
     def continued(self, alerts: list[Alert]) -> None:
         """Firing alerts this hub takes over from another: dispatched on from what was sent."""
@@ -151,23 +214,16 @@ class AlertingService:
                 self.dispatcher.continued(alert, now, self.ledger.told(alert.id))
 
     def forget(self, gone: Callable[[Labels], bool]) -> int:
-        """Stop dispatching the alerts of entities another hub now owns (it continues them)."""
+        """Stop dispatching the alerts of entities another hub now owns (it continues them, and
+        tells what this hub had not yet dispatched)."""
+        self.queue.forget(gone)
         with self._lock:
             return self.dispatcher.forget(gone)
 
-    def triage(self, alert: Alert) -> None:
-        """Run the alert's playbook and attach (and save) the results; a failure is counted."""
-        try:
-            alert.details["playbook"] = run_playbook(
-                alert, self.hub.store, alert.started_at, self.hub.firing(), self.counters
-            )
-            self.hub.save_alert(alert)
-        except Exception:  # triage is help, not a gate: the alert still goes out
-            self.counters.inc("playbook_errors")
-            log.exception("playbook for %s failed", alert.id)
-
     def tick(self, now: float | None = None) -> None:
-        """Timing, mutes lifting, repeats and escalation; called every second by the clock thread."""
+        """Timing, mutes lifting, repeats and escalation, and alerts that waited past the triage
+        budget; called every second by the clock thread."""
+        self.queue.shed_late()
         now = self.clock() if now is None else now
         with self._lock:
             self.dispatcher.flush(now)
@@ -232,9 +288,9 @@ class AlertingService:
         with self._lock:
             return self.silences.expire(silence_id, self.clock())
 
-    def record(self, alert_id: str, what: str, detail: str) -> None:
+    def record(self, alert_id: str, what: str, detail: str, ts: float | None = None) -> None:
         with self.db.tx() as con:
-            self._history(con, self.clock(), alert_id, what, detail)
+            self._history(con, self.clock() if ts is None else ts, alert_id, what, detail)
 
     @staticmethod
     def _history(con: Any, now: float, alert_id: str, what: str, detail: str) -> None:
@@ -263,6 +319,7 @@ class AlertingService:
 
     def start(self) -> None:
         self.outbox.start()
+        self.queue.start()
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="gpuscope-alerting", daemon=True)
         self._thread.start()
@@ -276,6 +333,9 @@ class AlertingService:
                 log.exception("alerting tick failed")
 
     def stop(self) -> None:
+        """What fired is triaged and dispatched first (bounded: :data:`.triagequeue.STOP_DRAIN_S`),
+        then the clock, the outbox and the state database stop."""
+        self.queue.stop()
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)

@@ -9,24 +9,27 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from typing import Any
 
-from gpuscope.alert.checks import CHECKS, CheckResult, Context
+from gpuscope.alert.checks import CHECKS, CheckResult, Context, Reads
 from gpuscope.alert.playbooks import PLAYBOOKS
 from gpuscope.counters import Counters
 from gpuscope.model import Alert
 from gpuscope.rules import RULES
-from gpuscope.store.base import Store
 
 log = logging.getLogger("gpuscope.alert.triage")
 
 
 def run_playbook(
-    alert: Alert, store: Store, now: float, firing: list[Alert], counters: Counters | None = None
+    alert: Alert, reads: Reads, now: float, firing: list[Alert], counters: Counters | None = None
 ) -> dict[str, Any]:
-    """Evaluate the rule's playbook for ``alert`` as of ``now``; returns the document to attach."""
+    """Evaluate the rule's playbook for ``alert`` as of ``now``, reading the store through
+    ``reads`` (shared with the playbooks of alerts that fired with it); returns the document to
+    attach."""
     book = PLAYBOOKS[alert.rule]
-    ctx = Context(alert, store, now, firing)
+    # the checks read a copy of the details: the evaluation may refresh them meanwhile
+    ctx = Context(replace(alert, details=dict(alert.details)), reads.store, now, firing, shared=reads)
     steps: list[dict[str, Any]] = []
     found: list[str] = []
     started = time.perf_counter()

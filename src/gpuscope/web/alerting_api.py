@@ -96,6 +96,7 @@ class AlertingApi:
                 "outbox": stats,
                 "receivers": sorted(service.settings.notifiers),
                 "groups": service.dispatcher.pending_groups(),
+                "triage": service.triage_stats(),
             }
         )
 

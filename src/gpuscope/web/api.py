@@ -169,6 +169,7 @@ class HubApi:
         routes += PrometheusApi(hub, clock).routes(self._guard)  # under /prometheus: see prom_api
         routes += OtlpApi(hub, self._read_body, self._authorize_write, self.limits, clock).routes(self._guard)
         self.outbox_stats = alerting.outbox.stats if alerting is not None else None
+        self.triage_stats = alerting.triage_stats if alerting is not None else None
         alerting_api = AlertingApi(hub, alerting, self._authorize_write)
         routes += [Route(path, self._guard(h), methods=m) for path, h, m in alerting_api.routes()]
         routes += LineageApi(lineage or for_hub(hub), self._authorize_write).routes()
@@ -319,7 +320,13 @@ class HubApi:
         """The hub's own metrics for Prometheus (ingest, refusals, lag, detection cost, outbox)."""
         uptime = self.clock() - self.started
         text = await run_in_threadpool(
-            render_metrics, self.hub, self.ingest_lag, uptime, self.storage_error is None, self.outbox_stats
+            render_metrics,
+            self.hub,
+            self.ingest_lag,
+            uptime,
+            self.storage_error is None,
+            self.outbox_stats,
+            self.triage_stats,
         )
         return Response(text, headers={"content-type": METRICS_CONTENT_TYPE})
 

@@ -75,6 +75,8 @@ class Reading:
     store: dict[str, Any]
     memory: procmem.ProcessMemory
     structures: Rows
+    #: the alerting service's triage queue (None: the hub runs none)
+    triage: dict[str, float] | None = None
 
 
 def read(
@@ -83,6 +85,7 @@ def read(
     uptime_s: float,
     storage_ok: bool,
     outbox_stats: Callable[[], dict[str, int]] | None = None,
+    triage_stats: Callable[[], dict[str, float]] | None = None,
 ) -> Reading:
     """Reads the store's and the outbox's statistics (call it off the event loop)."""
     return Reading(
@@ -95,6 +98,7 @@ def read(
         lag_max=lag.max,
         firing=len(hub.firing()),
         outbox=outbox_stats() if outbox_stats is not None else None,
+        triage=triage_stats() if triage_stats is not None else None,
         store=hub.store.stats(),
         memory=procmem.snapshot(),
         structures=procmem.structure_rows(hub.structures()),
@@ -212,6 +216,18 @@ FAMILIES: tuple[_Family, ...] = (
         ),
     ),
     _Family(
+        "gpuscope_hub_triage_queue_depth",
+        "gauge",
+        "Alert changes waiting for their playbook and dispatch (off the evaluator's thread).",
+        lambda r: None if r.triage is None else _one(r.triage["depth"]),
+    ),
+    _Family(
+        "gpuscope_hub_triage_oldest_wait_seconds",
+        "gauge",
+        "How long the oldest alert change waiting for triage has waited (0 when none waits).",
+        lambda r: None if r.triage is None else _one(r.triage["oldest_wait_seconds"]),
+    ),
+    _Family(
         "gpuscope_hub_store_rows",
         "gauge",
         "Rows per table of the store.",
@@ -289,6 +305,7 @@ def render(
     uptime_s: float,
     storage_ok: bool,
     outbox_stats: Callable[[], dict[str, int]] | None = None,
+    triage_stats: Callable[[], dict[str, float]] | None = None,
 ) -> str:
     """The exposition; reads the store's and the outbox's statistics (call it off the event loop)."""
-    return exposition(read(hub, lag, uptime_s, storage_ok, outbox_stats))
+    return exposition(read(hub, lag, uptime_s, storage_ok, outbox_stats, triage_stats))
