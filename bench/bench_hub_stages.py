@@ -14,6 +14,11 @@ detectors' observe and the productivity model's observe. Each stage is timed (th
 Floor, same run: copying each batch's values into a float32 matrix, the least work any columnar
 store does per batch.
 
+Garbage collector: the three stages run together over the ticks (prepared batches kept pending for
+a commit interval, as the store does), the collector's own CPU per batch (``gc.callbacks``) with
+the serving hub's settings (:mod:`gpuscope.gcpolicy`: start-up's objects frozen, young collections
+every 20,000 objects) beside CPython's defaults, alternating.
+
 Last row: a sender's reporting period as the liveness detectors keep it (one gap pushed per tick,
 the median read at each evaluation), per sender and tick, with the window kept sorted
 (``RollingMedian``) beside the anchor of sorting the window afresh at each read (the code before).
@@ -24,6 +29,7 @@ usage: python bench/bench_hub_stages.py [--nodes 64] [--ticks 20] [--repeats 5]
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 from collections import deque
@@ -31,7 +37,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from common import console, print_table
+from common import console, hub_flush_interval_s, print_table
+from gpuscope import gcpolicy
 from gpuscope.detect.baseline import RollingMedian, median
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.ingest.frame import decode_frame, encode_frame
@@ -112,6 +119,62 @@ def floor(ticks: Ticks) -> None:
                 frame.values.astype(np.float32)
 
 
+def pipeline(ticks: Ticks) -> None:
+    """Row preparation, detection and productivity together, each tick's prepared batches kept
+    until a commit interval's ticks have passed (what the store holds between commits)."""
+    entities, columns = EntityRegistry(100_000), ColumnRegistry(512)
+    preparer = Preparer(entities, columns, ColumnRegistry(512))
+    engine, model = DetectionEngine(), ProductivityModel(2.5)
+    pending: deque[list[object]] = deque(maxlen=max(1, int(hub_flush_interval_s())))
+    for k, tick in enumerate(ticks):
+        pending.append([preparer.prepare(batch) for batch in tick])
+        if k == 0:
+            entities.mark_persisted(range(len(entities)))
+            columns.mark_persisted(range(len(columns)))
+        engine.observe_many(tick)
+        for batch in tick:
+            model.observe(batch)
+
+
+def collector_us(ticks: Ticks, repeats: int) -> tuple[float, float, list[int], list[int]]:
+    """The collector's CPU per batch while :func:`pipeline` runs, with the serving hub's settings
+    and with CPython's defaults (alternating; fewest of ``repeats``), and each one's collections
+    per generation in its last pass."""
+    spent = [0.0]
+    runs = [0, 0, 0]
+    started = [0.0]
+
+    def timing(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[0] = time.thread_time()
+        else:
+            spent[0] += time.thread_time() - started[0]
+            runs[info["generation"]] += 1
+
+    batches = sum(len(t) for t in ticks)
+    defaults = gc.get_threshold()
+    best = [float("inf"), float("inf")]
+    counts: list[list[int]] = [[], []]
+    gc.callbacks.append(timing)
+    try:
+        for _ in range(repeats):
+            for k, tuned in enumerate((True, False)):
+                gc.unfreeze()
+                gc.set_threshold(*defaults)
+                gc.collect()
+                if tuned:
+                    gcpolicy.tune_for_serving()
+                spent[0], runs[:] = 0.0, [0, 0, 0]
+                pipeline(ticks)
+                best[k] = min(best[k], spent[0])
+                counts[k] = list(runs)
+    finally:
+        gc.callbacks.remove(timing)
+        gc.unfreeze()
+        gc.set_threshold(*defaults)
+    return best[0] * 1e6 / batches, best[1] * 1e6 / batches, counts[0], counts[1]
+
+
 def intervals_us(senders: int, ticks: int, repeats: int) -> tuple[float, float]:
     """Per sender and tick: push a jittered gap, read the median (kept sorted; sorted afresh)."""
     gaps = (1.0 + np.random.default_rng(1).normal(0, 0.01, (ticks, senders))).tolist()
@@ -153,6 +216,15 @@ def main() -> None:
         rows.append([name, f"{with_:.1f}", f"{without:.1f}", f"{without - with_:+.1f}"])
     rows.append(["all three", f"{total[0]:.1f}", f"{total[1]:.1f}", f"{total[1] - total[0]:+.1f}"])
     rows.append(["floor: values copied to float32", f"{best_us(floor, [ticks], a.repeats)[0]:.1f}", "", ""])
+    tuned, default, runs_tuned, runs_default = collector_us(ticks, a.repeats)
+    rows.append(
+        [
+            "garbage collector during the three (collections by generation)",
+            f"{tuned:.1f} ({'/'.join(map(str, runs_tuned))})",
+            f"{default:.1f} ({'/'.join(map(str, runs_default))}; CPython's defaults)",
+            f"{default - tuned:+.1f}",
+        ]
+    )
     kept, afresh = intervals_us(a.nodes, 10 * a.ticks, a.repeats)
     rows.append(["a sender's period: push + median", f"{kept:.2f}", f"{afresh:.2f}", f"{afresh - kept:+.2f}"])
     load = os.getloadavg()
