@@ -19,6 +19,13 @@ a commit interval, as the store does), the collector's own CPU per batch (``gc.c
 the serving hub's settings (:mod:`gpuscope.gcpolicy`: start-up's objects frozen, young collections
 every 20,000 objects) beside CPython's defaults, alternating.
 
+Ingest request (after HTTP parsing): each tick's 64 agents' frames through the ingest route's ASGI
+app on a uvloop event loop, spread over 0.2 s, into a hub on a DuckDB store with its ingest log
+(decode, validation, row preparation, the log's write and sync, the answer; no commit), process
+CPU per request after two ticks of warm-up: the event loop writing and awaiting the log's own sync
+(:meth:`Hub.ingest_then`) beside the previous way, a worker thread per request storing and
+syncing (what the route does for stores that cannot start an append), alternating.
+
 Last row: a sender's reporting period as the liveness detectors keep it (one gap pushed per tick,
 the median read at each evaluation), per sender and tick, with the window kept sorted
 (``RollingMedian``) beside the anchor of sorting the window afresh at each read (the code before).
@@ -29,27 +36,40 @@ usage: python bench/bench_hub_stages.py [--nodes 64] [--ticks 20] [--repeats 5]
 from __future__ import annotations
 
 import argparse
+import asyncio
 import gc
 import os
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import numpy as np
+import uvloop
 
 from common import console, hub_flush_interval_s, print_table
 from gpuscope import gcpolicy
 from gpuscope.detect.baseline import RollingMedian, median
 from gpuscope.detect.engine import DetectionEngine
-from gpuscope.ingest.frame import decode_frame, encode_frame
+from gpuscope.hub import Hub
+from gpuscope.ingest.frame import CONTENT_TYPE, decode_frame, encode_frame
+from gpuscope.ingest.payload import Limits
 from gpuscope.loadgen.traffic import FleetShape, build_scenario
 from gpuscope.model import Batch
 from gpuscope.productivity import ProductivityModel
 from gpuscope.sim.cluster import Simulator
+from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.prepare import Preparer
 from gpuscope.store.registry import ColumnRegistry, EntityRegistry
+from gpuscope.web.guard import PRINCIPAL_KEY
+from gpuscope.web.ingest_route import IngestRoute
 
 Ticks = list[list[Batch]]
+#: ticks of requests before the measured ones: a hub's first requests from new senders register
+#: their layouts and entities
+WARM_TICKS = 2
 
 
 def agent_ticks(nodes: int, ticks: int) -> Ticks:
@@ -175,6 +195,77 @@ def collector_us(ticks: Ticks, repeats: int) -> tuple[float, float, list[int], l
     return best[0] * 1e6 / batches, best[1] * 1e6 / batches, counts[0], counts[1]
 
 
+def context_switches() -> int:
+    """Context switches of every thread of this process so far (Linux; 0 elsewhere)."""
+    total = 0
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return 0
+    for tid in tasks:
+        try:
+            with open(f"/proc/self/task/{tid}/status") as f:
+                # voluntary_ctxt_switches and nonvoluntary_ctxt_switches
+                total += sum(int(line.split()[-1]) for line in f if "ctxt_switches:" in line)
+        except (OSError, ValueError):
+            continue  # a thread that ended meanwhile
+    return total
+
+
+def requests_us(nodes: int, ticks: int, repeats: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """Process CPU per ingest request (see the module docstring) and the process's context
+    switches per request: on the event loop, and with a worker thread per request (the previous
+    way); fewest of ``repeats`` alternating passes."""
+    ticks += WARM_TICKS
+    scenario = build_scenario(FleetShape(nodes=nodes), ticks + 2, faults=[])
+    now = time.time()
+    bodies = []
+    for tick in Simulator(scenario, t0=now - ticks - 2).ticks():
+        bodies.append([encode_frame(b) for b in tick.node_batches.values()])
+        if len(bodies) == ticks:
+            break
+    headers = [(b"content-type", CONTENT_TYPE.encode())]
+
+    async def one(route: IngestRoute, body: bytes, delay: float) -> None:
+        await asyncio.sleep(delay)
+        scope: dict[str, Any] = {"type": "http", "method": "POST", "path": "/", "headers": headers}
+        scope[PRINCIPAL_KEY] = object()
+        chunks = [{"type": "http.request", "body": body}]
+        sent: list[Any] = []
+
+        async def receive() -> Any:
+            return chunks.pop(0)
+
+        async def send(message: Any) -> None:
+            sent.append(message)
+
+        await route(scope, receive, send)
+        assert sent[0]["status"] == 200, sent
+
+    async def run(route: IngestRoute, ticks: list[list[bytes]]) -> None:
+        for tick in ticks:
+            await asyncio.gather(*(one(route, b, 0.2 * k / len(tick)) for k, b in enumerate(tick)))
+
+    best = [float("inf"), float("inf")]
+    switches = [float("inf"), float("inf")]
+    for _ in range(repeats):
+        for k, on_loop in enumerate((True, False)):
+            with tempfile.TemporaryDirectory() as tmp:
+                hub = Hub(DuckDBStore(str(Path(tmp) / "hub.duckdb"), flush_interval_s=3600))
+                if not on_loop:  # the previous way: the route's worker thread stores and syncs
+                    hub.ingest_then = lambda batch, durable: False  # type: ignore[method-assign]
+                route = IngestRoute(hub, Limits(), clock=lambda: now)
+                uvloop.run(run(route, bodies[:WARM_TICKS]))  # new senders, layouts, entities
+                t0, s0 = time.process_time(), context_switches()
+                uvloop.run(run(route, bodies[WARM_TICKS:]))
+                best[k] = min(best[k], time.process_time() - t0)
+                switches[k] = min(switches[k], context_switches() - s0)
+                hub.store.close()
+    requests = sum(len(t) for t in bodies[WARM_TICKS:])
+    cpu = (best[0] * 1e6 / requests, best[1] * 1e6 / requests)
+    return cpu, (switches[0] / requests, switches[1] / requests)
+
+
 def intervals_us(senders: int, ticks: int, repeats: int) -> tuple[float, float]:
     """Per sender and tick: push a jittered gap, read the median (kept sorted; sorted afresh)."""
     gaps = (1.0 + np.random.default_rng(1).normal(0, 0.01, (ticks, senders))).tolist()
@@ -223,6 +314,15 @@ def main() -> None:
             f"{tuned:.1f} ({'/'.join(map(str, runs_tuned))})",
             f"{default:.1f} ({'/'.join(map(str, runs_default))}; CPython's defaults)",
             f"{default - tuned:+.1f}",
+        ]
+    )
+    (loop_us, worker_us), (loop_cs, worker_cs) = requests_us(a.nodes, min(a.ticks, 10), a.repeats)
+    rows.append(
+        [
+            "ingest request: decode, prepare, log write + sync, answer (context switches)",
+            f"{loop_us:.1f} ({loop_cs:.1f}; event loop)",
+            f"{worker_us:.1f} ({worker_cs:.1f}; a worker thread per request)",
+            f"{worker_us - loop_us:+.1f}",
         ]
     )
     kept, afresh = intervals_us(a.nodes, 10 * a.ticks, a.repeats)
