@@ -45,7 +45,8 @@ from gpuscope.store.errors import StoreError, StoreFull
 from gpuscope.web.errors import ApiError, refusal_counter
 from gpuscope.web.guard import require_principal
 
-#: worker threads for ingest requests (their store append waits for the ingest log's sync)
+#: worker threads for ingest requests to stores that cannot start an append (remote stores: each
+#: append waits for its round trips)
 INGEST_THREADS = 32
 RawHeaders = list[tuple[bytes, bytes]]
 
