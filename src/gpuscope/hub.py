@@ -24,7 +24,7 @@ from gpuscope.model import Alert, Batch, Labels
 from gpuscope.observing import ObserveStage
 from gpuscope.placement import LocalPlacement, Placement
 from gpuscope.productivity import ProductivityModel
-from gpuscope.store.base import AppendResult, Store
+from gpuscope.store.base import AppendResult, Durable, Store
 
 AlertListener = Callable[[AlertChange], None]
 #: drains of the observe stage per evaluation: a tick, what observers derive from it, and from that
@@ -112,16 +112,33 @@ class Hub:
         see it in the observe stage, a tick at once, before the next evaluation.
         """
         result = self.store.append(batch)
+        self._stored(batch, result)
+        return result
+
+    def ingest_then(self, batch: Batch, durable: Durable) -> bool:
+        """:meth:`ingest` for a caller that must not wait (the event loop), where the store can
+        (:meth:`Store.append_then`): False when it cannot, and nothing was done. Refusals found at
+        once are raised; ``durable`` hears the result once the batch is durable and queued for the
+        detectors, or the store's error (from the store's thread; it must not block)."""
+
+        def stored(outcome: AppendResult | Exception) -> None:
+            if isinstance(outcome, AppendResult):
+                self._stored(batch, outcome)
+            durable(outcome)
+
+        return self.store.append_then(batch, stored)
+
+    def _stored(self, batch: Batch, result: AppendResult) -> None:
+        """A batch is durable: count it and queue it for the detectors and observers."""
         if result.duplicate:
             self.counters.inc("ingest_duplicate_batches")
-            return result
+            return
         self.counters.inc("ingest_batches")
         self.counters.inc("ingest_samples", result.samples)
         self.counters.inc("ingest_events", result.events)
         self.counters.inc("ingest_training_records", result.training)
         self.counters.inc("ingest_refused_samples", result.refused_samples)
         self.observing.put(batch)
-        return result
 
     def unsettled(self) -> bool:
         """Whether acknowledged batches wait for the observe stage (cheap: no observer runs)."""

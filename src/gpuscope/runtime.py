@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import psycopg
 
-from gpuscope import procmem
+from gpuscope import gcpolicy, procmem
 from gpuscope.alert.service import AlertingService, default_state_path
 from gpuscope.cluster.member import ClusterMember
 from gpuscope.cluster.sql import PgSql
@@ -112,6 +112,8 @@ class Runtime:
         assert self.server is not None
         self._start_services(None)
         self._join()  # 4 and 5 swap: serving blocks this thread until the hub is told to stop
+        # what start-up built lives as long as the process: the collector stops scanning it
+        gcpolicy.tune_for_serving()
         try:
             self.server.run()
         finally:

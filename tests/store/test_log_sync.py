@@ -106,3 +106,71 @@ def test_a_failed_sync_refuses_this_and_every_later_append(
     assert log.counters.get("store.log_sync_failures") == 1
     monkeypatch.undo()
     log.close()
+
+
+def test_a_record_written_without_waiting_is_reported_once_synced_by_the_logs_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _log(tmp_path / "log")
+    threads = _watch_syncs(monkeypatch)
+    reported: list[tuple[int, OSError | None, int, str]] = []
+    done = threading.Event()
+    seqs = [log.write(b"record %d" % k, lambda _seq: None) for k in range(3)]
+    assert seqs == [1, 2, 3]
+    for seq in seqs:
+
+        def report(error: OSError | None, seq: int = seq) -> None:
+            reported.append((seq, error, log.synced, threading.current_thread().name))
+            if len(reported) == len(seqs):
+                done.set()
+
+        log.when_synced(seq, report)
+    assert done.wait(10)
+    # each writer hears only once its record is on disk, from the thread that synced it
+    assert [(seq, error) for seq, error, _, _ in reported] == [(1, None), (2, None), (3, None)]
+    assert all(synced >= seq for seq, _, synced, _ in reported)
+    assert {name for *_, name in reported} <= {"gpuscope-log-sync"} and threads[0] == "gpuscope-log-sync"
+    # a record already synced is reported at once, on the caller's thread
+    at_once: list[OSError | None] = []
+    log.when_synced(3, at_once.append)
+    assert at_once == [None]
+    log.close()
+    reopened = IngestLog(tmp_path / "log", Counters(), reserve_bytes=0)
+    assert [seq for seq, _ in reopened.recover(0)] == [1, 2, 3]
+
+
+def test_a_failed_sync_is_reported_to_every_writer_waiting_and_refuses_later_writes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _log(tmp_path / "log")
+
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(os, "fdatasync", broken)
+    errors: list[OSError | None] = []
+    done = threading.Event()
+    for k in range(2):
+        seq = log.write(b"lost %d" % k, lambda _seq: None)
+        log.when_synced(seq, lambda error: (errors.append(error), len(errors) == 2 and done.set()))
+    assert done.wait(10)
+    assert all(isinstance(e, LogFailed) and "could not be synced" in str(e) for e in errors)
+    with pytest.raises(LogFailed, match="failed earlier"):
+        log.write(b"later", lambda _seq: None)
+    monkeypatch.undo()
+    log.close()
+
+
+def test_a_callback_that_raises_is_counted_and_later_records_still_sync(tmp_path: Path) -> None:
+    log = _log(tmp_path / "log")
+
+    def broken(error: OSError | None) -> None:
+        raise RuntimeError("the writer's loop is gone")
+
+    log.when_synced(log.write(b"first", lambda _seq: None), broken)
+    heard = threading.Event()
+    log.when_synced(log.write(b"second", lambda _seq: None), lambda error: heard.set())
+    assert heard.wait(10)
+    assert log.append(b"third", lambda _seq: None) == 3
+    assert log.counters.get("store.log_callback_errors") == 1
+    log.close()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -142,3 +143,24 @@ def test_over_http_frames_and_json_give_the_same_answer_and_a_field_named_refusa
     assert hub.counters.get("api_refused_400") == 1 and hub.counters.get("ingest_rejected_batches") == 1
     # other methods on the route still get the router's answer, naming the method
     assert client.get("/api/v1/ingest").json()["field"] == "method"
+
+
+def test_on_the_ingest_log_a_batch_is_answered_durable_without_a_worker_thread(tmp_path: Path) -> None:
+    store = DuckDBStore(str(tmp_path / "hub.duckdb"))
+    hub = Hub(store)
+    route = IngestRoute(hub, Limits(), clock=lambda: NOW)
+    route._pool.shutdown()  # the event loop writes the record and awaits the log's own sync
+    status, _, answer = call(route, [{"type": "http.request", "body": orjson.dumps(doc())}], [])
+    assert status == 200 and answer["accepted"]["samples"] == 1
+    assert store._log is not None and store._log.synced == 1  # synced before the answer
+    assert hub.unsettled()  # queued for the detectors once durable
+    assert hub.counters.get("ingest_batches") == 1
+    # a retry is a duplicate while its first copy is only in the log
+    status, _, answer = call(route, [{"type": "http.request", "body": orjson.dumps(doc())}], [])
+    assert status == 200 and answer["duplicate"] is True
+    store.close()
+    reopened = DuckDBStore(str(tmp_path / "hub.duckdb"))
+    assert [p.value for p in reopened.series("gpu_utilization_percent", {"node": "node-0"}, 0, 2000)] == [
+        50.0
+    ]
+    reopened.close()

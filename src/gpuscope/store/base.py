@@ -6,7 +6,7 @@ interface, so a remote TSDB backend can stand in without changing them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -97,11 +97,23 @@ class RecordStore(Protocol):
     def close(self) -> None: ...
 
 
+#: told what a started append stored once a crash cannot lose it, or why it cannot be stored
+Durable = Callable[[AppendResult | Exception], None]
+
+
 class Store(RecordStore, Protocol):
     """Telemetry (append, series reads, rollups, replay) over :class:`RecordStore`."""
 
     def append(self, batch: Batch) -> AppendResult:
         """Store a batch durably; when it returns, a crash cannot lose the batch."""
+        ...
+
+    def append_then(self, batch: Batch, durable: Durable) -> bool:
+        """Start storing a batch without waiting for it to become durable, where the store can:
+        True when it took the batch so (refusals found at once are raised, as by :meth:`append`;
+        ``durable`` is called later, with the result or a ``StoreError``, from a thread of the
+        store's, and must not block), False when it cannot (nothing was done: call
+        :meth:`append` on a thread that may wait). For the hub's event loop, which must not wait."""
         ...
 
     def series(

@@ -5,7 +5,10 @@ later, in bulk (one transaction per tick instead of one per request). The append
 sync running runs ``fdatasync`` itself, for every record written so far; records written while a
 sync runs wait for it and are covered by the next one, so many concurrent appends cost one sync,
 and a lone append (agents spread over the second rarely overlap) costs no hand-off to another
-thread and back. A background thread only opens fresh segments and syncs what is left at close.
+thread and back. A background thread opens fresh segments, syncs what is left at close, and syncs
+for writers that do not wait (:meth:`IngestLog.write`, then :meth:`IngestLog.when_synced`: the
+hub's event loop writes a record and is called back once it is synced, with no thread of its own
+waiting).
 
 Layout: a directory of segment files named by the sequence number of their first record. A
 record is ``<payload length u32><crc32 u32><seq u64><payload>``, the CRC over seq and payload. The
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import struct
 import threading
@@ -30,6 +34,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from gpuscope.counters import Counters
+
+#: called once a record is synced (None) or its sync failed (the error)
+Synced = Callable[[OSError | None], None]
+
+log = logging.getLogger(__name__)
 
 _HEAD = struct.Struct("<IIQ")
 _SEQ = struct.Struct("<Q")
@@ -79,6 +88,9 @@ class IngestLog:
         self._rotate = False
         self._syncing = False  # an fdatasync runs (the lock is released meanwhile)
         self._thread: threading.Thread | None = None
+        #: (sequence number, callback) of records whose writers are called back once synced
+        self._callbacks: list[tuple[int, Synced]] = []
+        self._due: list[tuple[Synced, OSError | None]] = []  # called outside the lock
         self._current = self.dir / f"0{SUFFIX}"
         self._reserved = False
 
@@ -144,30 +156,90 @@ class IngestLog:
     def append(self, payload: bytes, written: Callable[[int], None]) -> int:
         """Write one record, call ``written(seq)`` (in log order: under the log's lock), then wait
         until the record is synced. Raises OSError when it could not be written or synced."""
-        with self._cond:
-            if self._failed is not None:
-                raise LogFailed(errno.EIO, f"the ingest log failed earlier: {self._failed}")
-            seq = self._written + 1
-            record = _HEAD.pack(len(payload), _crc(seq, payload), seq) + payload
-            try:
-                done = 0
-                while done < len(record):
-                    done += os.write(self._fd, record[done:])
-            except OSError:
-                if done:  # a partial record would be torn: take it back
-                    os.ftruncate(self._fd, self._size)
-                raise
-            self._size += len(record)
-            self._written = seq
-            written(seq)
-            while self._synced < seq and self._failed is None:
-                if self._syncing:
-                    self._cond.wait()  # the running sync may not cover this record: the next will
-                else:
-                    self._sync()
-            if self._synced < seq:
-                raise LogFailed(errno.EIO, f"the ingest log could not be synced: {self._failed}")
+        try:
+            with self._cond:
+                seq = self._write(payload, written)
+                while self._synced < seq and self._failed is None:
+                    if self._syncing:
+                        self._cond.wait()  # the running sync may not cover this record: the next will
+                    else:
+                        self._sync()
+                if self._synced < seq:
+                    raise self._error()
+        finally:
+            self._fire()  # this sync may have covered records whose writers wait to be called
         return seq
+
+    def write(self, payload: bytes, written: Callable[[int], None]) -> int:
+        """Write one record and call ``written(seq)`` (in log order: under the log's lock), without
+        waiting for its sync: not durable on return (see :meth:`when_synced`). Raises OSError when
+        it could not be written."""
+        with self._cond:
+            return self._write(payload, written)
+
+    def when_synced(self, seq: int, done: Synced) -> None:
+        """Call ``done(None)`` once record ``seq`` is synced, or ``done(error)`` if its sync failed:
+        at once when it already is, else from the thread whose sync covers it (the log's own thread
+        runs one for it). ``done`` must not block: it runs between syncs."""
+        with self._cond:
+            if self._synced >= seq or self._failed is not None:
+                self._due.append((done, None if self._synced >= seq else self._error()))
+            else:
+                self._callbacks.append((seq, done))
+                self._work.notify()
+        self._fire()
+
+    def _write(self, payload: bytes, written: Callable[[int], None]) -> int:
+        """Write one record (the lock held)."""
+        if self._failed is not None:
+            raise LogFailed(errno.EIO, f"the ingest log failed earlier: {self._failed}")
+        seq = self._written + 1
+        record = _HEAD.pack(len(payload), _crc(seq, payload), seq) + payload
+        try:
+            done = 0
+            while done < len(record):
+                done += os.write(self._fd, record[done:])
+        except OSError:
+            if done:  # a partial record would be torn: take it back
+                os.ftruncate(self._fd, self._size)
+            raise
+        self._size += len(record)
+        self._written = seq
+        written(seq)
+        return seq
+
+    def _error(self) -> LogFailed:
+        return LogFailed(errno.EIO, f"the ingest log could not be synced: {self._failed}")
+
+    def _settle_callbacks(self) -> None:
+        """Move the callbacks that a sync or a failure decided to ``_due`` (the lock held)."""
+        if not self._callbacks:
+            return
+        if self._failed is not None:
+            error = self._error()
+            self._due += [(done, error) for _, done in self._callbacks]
+            self._callbacks.clear()
+            return
+        keep = []
+        for seq, done in self._callbacks:
+            if seq <= self._synced:
+                self._due.append((done, None))
+            else:
+                keep.append((seq, done))
+        self._callbacks = keep
+
+    def _fire(self) -> None:
+        """Call the callbacks that are due, outside the lock, in the order they were decided."""
+        if not self._due:  # unlocked read: whoever makes a callback due fires it afterwards
+            return
+        with self._cond:
+            due, self._due = self._due, []
+        for done, error in due:
+            try:
+                done(error)
+            except Exception:  # one writer's callback must not stop the syncs of the others
+                self.counters.inc("store.log_callback_errors")
+                log.exception("a callback after the ingest log's sync failed")
 
     def _sync(self) -> None:
         """Sync every record written so far. Called with the lock held, which is released while
@@ -188,27 +260,32 @@ class IngestLog:
             self.counters.inc("store.log_sync_failures")
         else:
             self._synced = max(self._synced, target)
+        self._settle_callbacks()
         self._cond.notify_all()
         if self._rotate or self._closing:
             self._work.notify()
 
     def _sync_loop(self) -> None:
-        """Open a fresh segment when asked (:meth:`release`), and sync the rest at close."""
-        with self._cond:
-            while True:
-                while not self._closing and not self._rotate:
+        """Open a fresh segment when asked (:meth:`release`), sync for writers waiting to be called
+        back (:meth:`when_synced`), and sync the rest at close."""
+        while True:
+            with self._cond:
+                while not self._closing and not self._rotate and not self._callbacks:
                     self._work.wait()
                 if self._syncing:
                     self._cond.wait()  # an appender's sync runs: the segment stays until it ends
                     continue
                 if self._synced < self._written and self._failed is None:
                     self._sync()
-                if self._failed is not None or (self._closing and self._synced >= self._written):
-                    return
-                if self._rotate and self._synced >= self._written:
+                self._settle_callbacks()
+                stop = self._failed is not None or (self._closing and self._synced >= self._written)
+                if not stop and self._rotate and self._synced >= self._written:
                     self._rotate = False
                     with contextlib.suppress(OSError):  # a full disk: keep writing the old one
                         self._open_segment()
+            self._fire()
+            if stop:
+                return
 
     # ------------------------------------------------------------------ releasing
 

@@ -40,7 +40,7 @@ import orjson
 
 from gpuscope.counters import Counters
 from gpuscope.model import Alert, Batch, Event, Labels, TrainingRecord
-from gpuscope.store.base import AppendResult, GpuTime, SeriesPoint
+from gpuscope.store.base import AppendResult, Durable, GpuTime, SeriesPoint
 from gpuscope.store.batch_ids import BatchIds, Claim
 from gpuscope.store.duckdb import gpu_time
 from gpuscope.store.duckdb import inserts as ins
@@ -305,6 +305,48 @@ class DuckDBStore:
             if bid is not None:
                 self.batch_ids.finish(bid, stored, time.time())
 
+    def append_then(self, batch: Batch, durable: Durable) -> bool:
+        """:meth:`append` without waiting for the sync: the batch is prepared and its record
+        written when this returns, and ``durable`` gets the result once the record is synced (from
+        the ingest log's sync thread), or the error. Without the log, the batch is buffered and
+        ``durable`` called at once, as :meth:`append` would return."""
+        self._check_open()
+        bid = batch.batch_id
+        if bid is not None and self.batch_ids.claim(bid) is Claim.DUPLICATE:
+            self.counters.inc("store.duplicate_batches")
+            durable(AppendResult(duplicate=True))
+            return True
+        log = self._log
+        try:
+            prepared = self._preparer.prepare(batch)
+            self.counters.inc("store.refused_entities", prepared.result.refused_entities)
+            self.counters.inc("store.refused_samples", prepared.result.refused_samples)
+            if log is None:
+                self._buffer_append(prepared)
+            else:
+                seq = self._log_write(log, batch, prepared, log.write)
+        except BaseException:
+            if bid is not None:
+                self.batch_ids.finish(bid, False, time.time())
+            raise
+        if log is None:
+            if bid is not None:
+                self.batch_ids.finish(bid, True, time.time())
+            durable(prepared.result)
+            return True
+
+        def synced(error: OSError | None) -> None:
+            if bid is not None:
+                self.batch_ids.finish(bid, error is None, time.time())
+            if error is not None:
+                durable(write_error("append failed", error))
+                return
+            self._written()
+            durable(prepared.result)
+
+        log.when_synced(seq, synced)
+        return True
+
     def has_batch(self, batch_id: str) -> bool:
         """Whether a batch with this id was stored (a remote store asks before writing telemetry)."""
         return batch_id in self.batch_ids
@@ -319,6 +361,18 @@ class DuckDBStore:
 
     def _log_append(self, log: IngestLog, batch: Batch, prepared: Prepared) -> None:
         """Durable on return: the batch's record is synced in the ingest log."""
+        self._log_write(log, batch, prepared, log.append)
+        self._written()
+
+    def _log_write(
+        self,
+        log: IngestLog,
+        batch: Batch,
+        prepared: Prepared,
+        write: Callable[[bytes, Callable[[int], None]], int],
+    ) -> int:
+        """The batch's record, by ``write`` (:meth:`IngestLog.append`: synced on return;
+        :meth:`IngestLog.write`: written), its rows pending for the next commit; its number."""
         if not log.has_reserve() and not log.restore_reserve():
             # the disk is still full: refuse before writing rather than eat into what remains
             raise StoreFull(f"append failed: {os.strerror(errno.ENOSPC)} (the ingest log's reserve)")
@@ -329,7 +383,7 @@ class DuckDBStore:
                 self._buffer_rows += prepared.rows
 
         try:
-            log.append(encode(batch), pending)
+            seq = write(encode(batch), pending)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 # what is acknowledged goes into the tables now, in the reserve's space, so that
@@ -342,6 +396,11 @@ class DuckDBStore:
             with self._wake:
                 self._schema_due = True
                 self._wake.notify()
+        return seq
+
+    def _written(self) -> None:
+        """After a durable append: wake the commit when enough rows wait, and commit here, slowing
+        the sender down, when the tables fall far behind."""
         if self._buffer_rows >= self.flush_rows:
             with self._wake:
                 self._wake.notify()

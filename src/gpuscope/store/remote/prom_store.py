@@ -46,7 +46,7 @@ import numpy.typing as npt
 from gpuscope.counters import Counters
 from gpuscope.model import ATTRIBUTION_LABELS, Batch, Labels
 from gpuscope.signals import ALL_METRICS
-from gpuscope.store.base import AppendResult, SeriesPoint
+from gpuscope.store.base import AppendResult, Durable, SeriesPoint
 from gpuscope.store.batch_ids import BatchIds, Claim
 from gpuscope.store.errors import StoreError
 from gpuscope.store.group import GroupCommitter
@@ -150,6 +150,9 @@ class PromStore(MetaRecords):
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ append
+
+    def append_then(self, batch: Batch, durable: Durable) -> bool:
+        return False  # its writes are round trips to the TSDB and the meta store: append waits
 
     def append(self, batch: Batch) -> AppendResult:
         """Store a batch: telemetry acknowledged by the TSDB, then the rest in the meta store."""
