@@ -92,6 +92,10 @@ class _Rank:
     rising_n: int = 0  # steps in a row its step time has been more than half its bar above its normal
     last_ts: float = math.nan  # of the last step judged
     recent: list[float] = field(default_factory=list)  # the last few unsmoothed lags: what is said
+    #: while flagged, the median of ``recent`` at the last step it still cleared the bars: a rank
+    #: that recovers stays flagged until the smoothed lag follows, and must not read "-0 % behind"
+    said: float = math.nan
+    said_step: float = math.nan  # the job's step time then
     skew: float = math.nan
     skew_hits: int = 0
     frag0: list[float] = field(default_factory=list)
@@ -421,7 +425,7 @@ class RankDetector(StepDetector):
             state = job.ranks[r]
             state.lags.clear()
             state.recent.clear()
-            state.lag, state.lag_base, state.lag_spread = math.nan, math.nan, 0.0
+            state.lag, state.lag_base, state.lag_spread, state.said = math.nan, math.nan, 0.0, math.nan
             state.lag_n = state.lag_hits = state.short_hits = 0
         # a rank whose group pace moved has its own pace on a new scale: it learns it again
         moved = fresh | {r for r, p in old_group_pace.items() if job.group_pace.get(r) != p}
@@ -498,6 +502,15 @@ class RankDetector(StepDetector):
             if far and not state.short_hits:
                 state.short_since = ts
             state.short_hits = state.short_hits + 1 if far else 0
+            if not (state.lag_hits >= self.sustain or self._short_slow(state)):
+                state.said = math.nan
+                continue
+            now = _median(state.recent)
+            if not math.isfinite(state.said) or (
+                self._rise(now, ahead, additive) >= self.lag
+                and self._rise(now, state.lag_base, additive) >= min(long_bar, short_bar)
+            ):
+                state.said, state.said_step = now, job.step_time
 
     @staticmethod
     def _rise(lag: float, base: float, additive: bool) -> float:
@@ -613,17 +626,18 @@ class RankDetector(StepDetector):
         where = f" on {place_text(entity['node'], entity.get('gpu', ''))}" if "node" in entity else ""
         if straggler:
             # the smoothed lag decides; the recent lags say how far behind it is now (the smoothed
-            # one still trails a lag that began mid-run)
-            now_lag = _median(state.recent) if state.recent else state.lag
+            # one still trails a lag that began mid-run), as at the last step they cleared the bars
+            now_lag = state.said if math.isfinite(state.said) else state.lag
+            step_time = state.said_step if math.isfinite(state.said) else job.step_time
             # it is judged behind its group's reference or behind its own normal where that is
             # ahead (a rank that got faster for good): its lag alone would read "-20 % behind"
             ahead = min(state.lag_base, 0.0) if math.isfinite(state.lag_base) else 0.0
             behind = self._rise(now_lag, ahead, job.additive)
             group = (job.group or {}).get(rank, 0)
             peers = f"the ranks of its speed group {group}" if job.group_lag else "its peers"
-            late = behind * job.step_time if math.isfinite(job.step_time) else math.nan
+            late = behind * step_time if math.isfinite(step_time) else math.nan
             if job.additive:
-                how = f"{behind:.0%} of a step ({late:.3f} s of {job.step_time:.3f} s) behind {peers}"
+                how = f"{behind:.0%} of a step ({late:.3f} s of {step_time:.3f} s) behind {peers}"
             else:
                 how = f"its steps take {behind:.0%} longer than {'its own normal' if ahead < 0 else peers}"
             out.append(
@@ -638,7 +652,7 @@ class RankDetector(StepDetector):
                         "lag_seconds": late,
                         "smoothed_lag_share": state.lag,
                         "own_baseline": state.lag_base,
-                        "step_seconds": job.step_time,
+                        "step_seconds": step_time,
                         "speed_group": group,
                     },
                 )
