@@ -77,3 +77,20 @@ def test_a_slow_drift_is_no_regression() -> None:
     # the step time grows 40 % an hour, steadily (longer sequences, a filling cache): the baseline
     # of the last 5 minutes follows it; against the 50 minutes before it was 17 % behind
     assert not run(10.0, 700, None, seed=2, drift=0.4)
+
+
+def test_a_regression_that_ends_keeps_its_material_reading() -> None:
+    # on a log sampled every 10 s the last minute is back to normal while the median of the last
+    # 20 samples still confirms the CUSUM's shift: the finding said the last minute ("-3 %" on a
+    # real log), and a resolved alert keeps its last refresh
+    rng = np.random.default_rng(5)
+    detector = PaceDetector()
+    said: list[float] = []
+    for k in range(300):
+        factor = 1.12 if 150 <= k < 190 else 1.0
+        ts = 10.0 * k
+        for r, seconds in enumerate((10.0 * factor * (1.0 + 0.02 * rng.standard_normal(WORLD))).tolist()):
+            detector.on_training(TrainingRecord(ts, "j", r, k, {"step_seconds": seconds}))
+        detector.on_training(TrainingRecord(ts + 5.0, "j", 0, k + 1, {}))
+        said += [f.value or 0.0 for f in detector.evaluate(ts + 6.0) if f.rule == "step_time_regression"]
+    assert said and min(said) >= 1.08, said[-5:]

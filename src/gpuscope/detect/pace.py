@@ -53,6 +53,9 @@ class _Job:
     recent: float = math.nan
     base: float = math.nan
     bar: float = math.nan  # the material shift, as a ratio to the baseline
+    #: (recent, baseline) step seconds at the last judgement that held: what is said while the
+    #: alert is held on its way down, and what a resolved alert keeps
+    said: tuple[float, float] = (math.nan, math.nan)
 
 
 @register
@@ -141,6 +144,7 @@ class PaceDetector(StepDetector):
         ts = job.times[-1][0]
         if ratio >= max(self.ratio, job.bar) or shifted:
             job.since = job.since if job.since is not None else ts
+            job.said = (job.base * max(ratio, steps if shifted else ratio), job.base)
         elif not ratio >= 1.0 + 0.5 * self.min_shift:
             job.since = None
 
@@ -168,17 +172,17 @@ class PaceDetector(StepDetector):
         return max(n, self.min_recent)
 
     def _finding(self, name: str, job: _Job) -> Finding:
-
-        ratio = job.recent / job.base
+        recent, base = job.said
+        ratio = recent / base
         return Finding(
             RULE,
             {"job": name},
-            f"Step time of job {name} rose to {job.recent:.3g} s from a baseline of {job.base:.3g} s "
+            f"Step time of job {name} rose to {recent:.3g} s from a baseline of {base:.3g} s "
             f"({ratio - 1:+.0%}) and stayed there",
             value=ratio,
             details={
-                "recent_step_seconds": job.recent,
-                "baseline_step_seconds": job.base,
+                "recent_step_seconds": recent,
+                "baseline_step_seconds": base,
                 "cusum": job.cusum.s,
                 "material_ratio": job.bar,
             },
