@@ -505,10 +505,12 @@ class RankDetector(StepDetector):
             if not (state.lag_hits >= self.sustain or self._short_slow(state)):
                 state.said = math.nan
                 continue
-            now = _median(state.recent)
-            if not math.isfinite(state.said) or (
-                self._rise(now, ahead, additive) >= self.lag
-                and self._rise(now, state.lag_base, additive) >= min(long_bar, short_bar)
+            # the recent median and this step's own lag both behind: a step that is back to normal
+            # pairs the slow steps' shares with its own (short) step time
+            now, bar = _median(state.recent), min(long_bar, short_bar)
+            if not math.isfinite(state.said) or all(
+                self._rise(v, ahead, additive) >= self.lag and self._rise(v, state.lag_base, additive) >= bar
+                for v in (now, x)
             ):
                 state.said, state.said_step = now, job.step_time
 
