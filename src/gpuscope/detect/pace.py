@@ -48,7 +48,9 @@ RULE = "step_time_regression"
 @dataclass(slots=True)
 class _Job:
     cusum: Cusum
-    times: deque[tuple[float, float]] = field(default_factory=deque)  # (ts, step seconds)
+    #: the steps' times and step seconds, oldest first (two deques: numpy reads each at once)
+    stamps: deque[float] = field(default_factory=deque)
+    seconds: deque[float] = field(default_factory=deque)
     since: float | None = None
     recent: float = math.nan
     base: float = math.nan
@@ -98,7 +100,7 @@ class PaceDetector(StepDetector):
         self._touched.clear()
         out: list[Finding] = []
         for name, job in self._jobs.items():
-            if job.since is not None and job.times and job.times[-1][0] - job.since >= self.sustain:
+            if job.since is not None and job.stamps and job.stamps[-1] - job.since >= self.sustain:
                 out.append(self._finding(name, job))
         return out
 
@@ -112,9 +114,11 @@ class PaceDetector(StepDetector):
         if not finite.size:
             return
         value = float(np.median(finite))
-        job.times.append((view.ts, value))
-        if len(job.times) > self.recent_n + self.baseline_n:
-            job.times.popleft()
+        job.stamps.append(view.ts)
+        job.seconds.append(value)
+        if len(job.stamps) > self.recent_n + self.baseline_n:
+            job.stamps.popleft()
+            job.seconds.popleft()
         cusum = job.cusum
         if not cusum.warm:
             cusum.push(value)
@@ -125,11 +129,11 @@ class PaceDetector(StepDetector):
         cusum.push(min(value, level + (cusum.allowance(level) + 4.0) * cusum.spread), level)
 
     def _judge(self, job: _Job) -> None:
-        values = np.fromiter((v for _, v in job.times), float, len(job.times))
+        values = np.fromiter(job.seconds, float, len(job.seconds))
         if len(values) < self.recent_n + self.min_baseline:
             job.since = None
             return
-        stamps = np.fromiter((t for t, _ in job.times), float, len(job.times))[: -self.recent_n]
+        stamps = np.fromiter(job.stamps, float, len(job.stamps))[: -self.recent_n]
         # the steps of the ``baseline_seconds`` before the recent ones, within the bounds
         n = len(stamps) - int(np.searchsorted(stamps, stamps[-1] - self.baseline_seconds, side="right"))
         baseline = values[-self.recent_n - min(max(n, self.min_baseline), self.baseline_n) : -self.recent_n]
@@ -141,7 +145,7 @@ class PaceDetector(StepDetector):
         steps = float(np.median(values[-self.recent_n :])) / job.base if job.base > 0 else math.nan
         job.bar = 1.0 + max(self.min_shift, self.noise_k * self._wander(values[: -self.recent_n]))
         shifted = job.cusum.alarm and steps >= job.bar
-        ts = job.times[-1][0]
+        ts = job.stamps[-1]
         if ratio >= max(self.ratio, job.bar) or shifted:
             job.since = job.since if job.since is not None else ts
             job.said = (job.base * max(ratio, steps if shifted else ratio), job.base)
@@ -157,15 +161,16 @@ class PaceDetector(StepDetector):
         blocks = len(past) // n
         if blocks < 2:
             return 0.0
-        medians = np.median(past[len(past) - blocks * n :].reshape(blocks, n), axis=1)
-        middle = float(np.median(medians))
-        return 1.4826 * float(np.median(np.abs(medians - middle))) / middle if middle > 0 else 0.0
+        # sorted rows rather than ``np.median``: the same values, at a fraction of its per-call cost
+        medians = _middle(np.sort(past[len(past) - blocks * n :].reshape(blocks, n), axis=1))
+        middle = float(_middle(np.sort(medians)))
+        return 1.4826 * float(_middle(np.sort(np.abs(medians - middle)))) / middle if middle > 0 else 0.0
 
     def _recent(self, job: _Job) -> int:
         """How many of the last steps are recent: those of the last ``recent_seconds``, between
         ``min_recent`` and ``recent`` of them (a job sampled every 10 s has 6 steps a minute)."""
-        last, n = job.times[-1][0], 0
-        for ts, _ in reversed(job.times):
+        last, n = job.stamps[-1], 0
+        for ts in reversed(job.stamps):
             if n >= self.recent_n or last - ts >= self.recent_seconds:
                 break
             n += 1
@@ -187,3 +192,10 @@ class PaceDetector(StepDetector):
                 "material_ratio": job.bar,
             },
         )
+
+
+def _middle(rows: FloatArray) -> FloatArray:
+    """The median of each sorted row (of the sorted array, for one row), as ``np.median`` gives it."""
+    n = rows.shape[-1]
+    mid = rows[..., n // 2]
+    return mid if n % 2 else 0.5 * (rows[..., n // 2 - 1] + mid)
