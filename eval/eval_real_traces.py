@@ -107,7 +107,11 @@ def main() -> int:
     ok &= "loss_spike" in spike
     contexts = ("steady_state", "throughput_drop")
     default = bloom(log, contexts, PaceDetector())
-    excerpt = bloom(log, contexts, PaceDetector(recent=2, min_baseline=2, ratio=1.04, sustain=0.0))
+    excerpt = bloom(
+        log,
+        contexts,
+        PaceDetector(recent=2, min_recent=2, min_baseline=2, ratio=1.04, min_shift=0.04, sustain=0.0),
+    )
     print("BLOOM tr11 slow-GPU drop, default windows:", {k: v[0] for k, v in default.items()} or "nothing")
     print(
         "BLOOM tr11 slow-GPU drop, excerpt-sized windows:", {k: v[0] for k, v in excerpt.items()} or "nothing"

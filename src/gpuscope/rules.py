@@ -258,7 +258,8 @@ RULES: dict[str, RuleSpec] = _table(
         0.3,
         "training",
         False,
-        "The job's step time shifted above its rolling baseline.",
+        "The job's step time shifted materially above its rolling baseline: by 8 %, or three times the "
+        "job's own minute-to-minute wander where that is more; smaller shifts and slow drifts are not.",
     ),
     RuleSpec(LOSS_NAN, "P1", "model", 1.0, "training", False, "The loss became NaN or infinite."),
     RuleSpec(

@@ -40,6 +40,26 @@ def test_cusum_learns_during_warmup_then_flags_a_sustained_shift_not_noise() -> 
         Cusum(warmup=2)
 
 
+def test_cusum_with_a_minimum_shift_ignores_smaller_ones_and_follows_a_moving_level() -> None:
+    rng = np.random.default_rng(2)
+    c = Cusum(warmup=30, min_shift=0.08, cap=2.0)
+    for z in rng.standard_normal(30):
+        c.push(1.0 + 0.01 * z)
+    # +3 % is three spreads: a plain CUSUM flags it at once, this one never
+    assert not any(c.push(1.03 + 0.01 * z) for z in rng.standard_normal(500))
+    hits = [c.push(1.1 + 0.01 * z) for z in rng.standard_normal(5)]
+    assert hits[-1] and hits.index(True) <= 2
+    # measured from a level that caught up with the shift, the alarm ends within a few values
+    # (the evidence is capped at twice the threshold), however long the shift had lasted
+    for z in rng.standard_normal(300):
+        c.push(1.1 + 0.01 * z, level=1.0)
+    assert c.s == 2.0 * c.threshold
+    ends = [c.push(1.1 + 0.01 * z, level=1.1) for z in rng.standard_normal(5)]
+    assert not ends[-1]
+    with pytest.raises(ValueError):
+        Cusum(min_shift=-0.1)
+
+
 def test_seasonal_baseline_expects_the_load_of_the_time_of_day() -> None:
     s = SeasonalBaseline(buckets=24, period=86400.0, alpha=0.2, min_count=3)
     for day in range(4):

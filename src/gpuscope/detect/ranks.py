@@ -92,6 +92,10 @@ class _Rank:
     rising_n: int = 0  # steps in a row its step time has been more than half its bar above its normal
     last_ts: float = math.nan  # of the last step judged
     recent: list[float] = field(default_factory=list)  # the last few unsmoothed lags: what is said
+    #: while flagged, the median of ``recent`` at the last step it still cleared the bars: a rank
+    #: that recovers stays flagged until the smoothed lag follows, and must not read "-0 % behind"
+    said: float = math.nan
+    said_step: float = math.nan  # the job's step time then
     skew: float = math.nan
     skew_hits: int = 0
     frag0: list[float] = field(default_factory=list)
@@ -104,31 +108,37 @@ class _Rank:
 
 
 @dataclass(slots=True)
-class _Job:
-    ranks: dict[int, _Rank] = field(default_factory=dict)
-    step_time: float = math.nan
-    #: warm-up steps: (ranks, raw paces, additive, ts), replayed once the groups are known
-    warm: list[tuple[list[int], FloatArray, bool, float]] = field(default_factory=list)
-    #: each rank's speed group (0: fastest), fixed at the end of the warm-up
-    group: dict[int, int] | None = None
+class _Groups:
+    """A job's speed groups, as its last warm-up learned them."""
+
+    #: each rank's speed group (0: fastest); None until the first warm-up has ended
+    of: dict[int, int] | None = None
     #: group -> its median lag behind the fastest group, as a share of a step
-    group_lag: dict[int, float] = field(default_factory=dict)
+    lag: dict[int, float] = field(default_factory=dict)
     #: rank -> the median pace of its speed group (lag behind the whole job's reference) when the
     #: groups were learned: taken out before the common reference is drawn
-    group_pace: dict[int, float] = field(default_factory=dict)
+    pace: dict[int, float] = field(default_factory=dict)
     #: rank -> the job's step time then: an arrival lag is a fixed time, its share of a step shrinks
     #: when the step gets longer (a straggler elsewhere holds everyone up)
-    pace_step: dict[int, float] = field(default_factory=dict)
+    step: dict[int, float] = field(default_factory=dict)
     #: the gap that split the groups: within a group a rank's normal offset may be up to this
     gap: float = 0.0
     #: lags are shares of a step (arrival skew) rather than step-time ratios minus one
     additive: bool = True
-    #: rank -> its pace (median lag behind the job's reference) when the groups were last learned
-    pace: dict[int, float] = field(default_factory=dict)
-    #: rank -> (node, gpu) it ran on when the groups were last learned
+    #: rank -> its own pace (median lag behind the job's reference) when the groups were learned
+    own: dict[int, float] = field(default_factory=dict)
+    #: rank -> (node, gpu) it ran on when the groups were learned
     place: dict[int, tuple[str, str]] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Learning:
+    """A warm-up in progress, and the ranks kept out of the groups."""
+
+    #: warm-up steps: (ranks, raw paces, additive, ts), replayed once the groups are known
+    steps: list[tuple[list[int], FloatArray, bool, float]] = field(default_factory=list)
     #: the groups are being learned again after a change of membership
-    relearn: bool = False
+    again: bool = False
     #: ranks whose GPU had a live hardware finding during the warm-up being learned
     faulted: set[int] = field(default_factory=set)
     #: ranks held out of the groups for a hardware fault on their GPU: neither learned nor judged
@@ -137,9 +147,17 @@ class _Job:
     #: ranks released from a hold, learned afresh at the end of the next warm-up
     released: set[int] = field(default_factory=set)
 
-    def learn_again(self) -> None:
+    def restart(self) -> None:
         """Learn the speed groups again from a fresh warm-up."""
-        self.relearn, self.warm, self.faulted = True, [], set()
+        self.again, self.steps, self.faulted = True, [], set()
+
+
+@dataclass(slots=True)
+class _Job:
+    ranks: dict[int, _Rank] = field(default_factory=dict)
+    step_time: float = math.nan
+    groups: _Groups = field(default_factory=_Groups)
+    learning: _Learning = field(default_factory=_Learning)
 
 
 @register
@@ -232,40 +250,40 @@ class RankDetector(StepDetector):
         for state, arrived in zip(ranks, arrival.tolist(), strict=True):
             if math.isfinite(arrived):
                 state.arrival = arrived
-        if job.group is None:
+        if job.groups.of is None:
             self._warm(view.job, job, view.ranks)
-            job.warm.append((list(view.ranks), raw.copy(), additive, view.ts))
-            if len(job.warm) >= self.warm_steps:
+            job.learning.steps.append((list(view.ranks), raw.copy(), additive, view.ts))
+            if len(job.learning.steps) >= self.warm_steps:
                 self._split(view.job, job)
             return
         present = [r for r, x in zip(view.ranks, raw.tolist(), strict=True) if math.isfinite(x)]
-        released = {r for r in job.held if not self.faults.on(self.steps.where(view.job, r))}
+        released = {r for r in job.learning.held if not self.faults.on(self.steps.where(view.job, r))}
         if released:
             # the hardware fault that held them has cleared: learn the groups again with them
-            job.held -= released
-            job.released |= released
-            job.learn_again()
-        elif not job.relearn and self._moved(view.job, job, present):
-            job.learn_again()
-        if not job.relearn and self._healed(job):
+            job.learning.held -= released
+            job.learning.released |= released
+            job.learning.restart()
+        elif not job.learning.again and self._moved(view.job, job, present):
+            job.learning.restart()
+        if not job.learning.again and self._healed(job):
             # a slow group that caught up was no placement (a placement does not heal on its own)
-            job.learn_again()
+            job.learning.restart()
         self._judge(job, list(view.ranks), raw, additive, view.ts)
-        if job.relearn:
+        if job.learning.again:
             self._warm(view.job, job, view.ranks)
-            job.warm.append((list(view.ranks), raw.copy(), additive, view.ts))
-            if len(job.warm) >= self.warm_steps:
+            job.learning.steps.append((list(view.ranks), raw.copy(), additive, view.ts))
+            if len(job.learning.steps) >= self.warm_steps:
                 self._split(view.job, job)
 
     def _warm(self, name: str, job: _Job, ranks: tuple[int, ...] | list[int]) -> None:
         """Note the ranks of a warm-up step whose GPU has a live hardware finding."""
         for r in ranks:
-            if r not in job.faulted and self.faults.on(self.steps.where(name, r)):
-                job.faulted.add(r)
+            if r not in job.learning.faulted and self.faults.on(self.steps.where(name, r)):
+                job.learning.faulted.add(r)
 
     def _healed(self, job: _Job) -> bool:
         """Has a slow speed group caught up with the fast one?"""
-        return bool(job.group_lag) and len(self._slow_groups(job)) < len(job.group_lag)
+        return bool(job.groups.lag) and len(self._slow_groups(job)) < len(job.groups.lag)
 
     def _slow_groups(self, job: _Job) -> dict[int, float]:
         """The slower speed groups that are still slow: group -> its lag behind the fast group.
@@ -274,30 +292,32 @@ class RankDetector(StepDetector):
         that caught up lags that pace behind its own reference: it is healed once the median of
         its ranks' lags is more than half its lag ahead of it."""
         lags: dict[int, list[float]] = {}
-        for r, g in (job.group or {}).items():
+        for r, g in (job.groups.of or {}).items():
             state = job.ranks.get(r)
-            if g and state is not None and math.isfinite(state.lag) and r not in job.held:
+            if g and state is not None and math.isfinite(state.lag) and r not in job.learning.held:
                 lags.setdefault(g, []).append(state.lag)
         out: dict[int, float] = {}
-        for g, lag in job.group_lag.items():
+        for g, lag in job.groups.lag.items():
             mine = lags.get(g)
             if mine is None:
                 out[g] = lag  # not judged yet: as learned
                 continue
             now = _median(mine)
-            healed = now <= -0.5 * lag if job.additive else (1.0 + now) * (1.0 + lag) <= 1.0 + 0.5 * lag
+            healed = (
+                now <= -0.5 * lag if job.groups.additive else (1.0 + now) * (1.0 + lag) <= 1.0 + 0.5 * lag
+            )
             if not healed:
                 out[g] = lag
         return out
 
     def _moved(self, name: str, job: _Job, ranks: list[int]) -> bool:
         """A rank the groups do not know, or one that now runs somewhere else."""
-        group = job.group or {}
+        group = job.groups.of or {}
         for r in ranks:
             if r not in group:
                 return True
             where = self.steps.where(name, r)
-            if "node" in where and job.place.get(r, (where["node"], where.get("gpu", ""))) != (
+            if "node" in where and job.groups.place.get(r, (where["node"], where.get("gpu", ""))) != (
                 where["node"],
                 where.get("gpu", ""),
             ):
@@ -315,9 +335,9 @@ class RankDetector(StepDetector):
         rank's pace over its own level, on the median level: fixed offsets, noisy ranks and ranks
         that changed speed for good do not move it, nor does a whole group or up to three quarters
         of the ranks slowing down. Before that, the ``ref_quantile`` of the paces themselves."""
-        pace = np.array([job.group_pace.get(r, 0.0) for r in rank_ids])
+        pace = np.array([job.groups.pace.get(r, 0.0) for r in rank_ids])
         if additive and job.step_time > 0:
-            pace *= np.array([job.pace_step.get(r, job.step_time) for r in rank_ids]) / job.step_time
+            pace *= np.array([job.groups.step.get(r, job.step_time) for r in rank_ids]) / job.step_time
         own = raw - pace if additive else raw / (1.0 + pace)
         if np.isfinite(own).sum() < 2:
             return own, np.full(len(raw), math.nan)
@@ -340,12 +360,17 @@ class RankDetector(StepDetector):
         """End of a warm-up: group the ranks by pace, then learn each one's normal in its group.
 
         After a change of membership, a rank that is slow now or got slower keeps its group."""
-        old, old_pace, old_group_pace, old_step = job.group or {}, job.pace, job.group_pace, job.pace_step
-        job.group, job.group_pace = {}, {}  # the paces are lags behind the whole job's reference
+        old, old_pace, old_group_pace, old_step = (
+            job.groups.of or {},
+            job.groups.own,
+            job.groups.pace,
+            job.groups.step,
+        )
+        job.groups.of, job.groups.pace = {}, {}  # the paces are lags behind the whole job's reference
         seen: dict[int, list[float]] = {}
         early: dict[int, list[float]] = {}  # the lags of the first ``onset`` steps of the warm-up
-        onset = max(3, len(job.warm) // 4)
-        for i, (rank_ids, raw, additive, _) in enumerate(job.warm):
+        onset = max(3, len(job.learning.steps) // 4)
+        for i, (rank_ids, raw, additive, _) in enumerate(job.learning.steps):
             _, lags = self._reference(job, rank_ids, raw, additive, levels=False)
             for r, x in zip(rank_ids, lags.tolist(), strict=True):
                 if math.isfinite(x):
@@ -354,9 +379,11 @@ class RankDetector(StepDetector):
                         early.setdefault(r, []).append(x)
         # a rank whose GPU had a hardware fault during the warm-up has a cause, not a placement:
         # it is held out until the fault has cleared (its pace now says nothing about its normal)
-        job.held |= {r for r in seen if r in job.faulted or self.faults.on(self.steps.where(name, r))}
-        job.faulted = set()
-        for r in job.held:
+        job.learning.held |= {
+            r for r in seen if r in job.learning.faulted or self.faults.on(self.steps.where(name, r))
+        }
+        job.learning.faulted = set()
+        for r in job.learning.held:
             seen.pop(r, None)
         paces = {r: float(np.median(xs)) for r, xs in seen.items()}
         noise = [float(np.median(np.abs(np.array(xs) - paces[r]))) for r, xs in seen.items()]
@@ -389,47 +416,49 @@ class RankDetector(StepDetector):
         for r in cut:
             learn[r], group[r] = _median(early[r]), 0
         group.update({r: old.get(r, 0) for r in kept})
-        group.update(dict.fromkeys(job.held - set(group), 0))
-        job.group = group
-        job.gap = gap
-        job.group_lag = {}
+        group.update(dict.fromkeys(job.learning.held - set(group), 0))
+        job.groups.of = group
+        job.groups.gap = gap
+        job.groups.lag = {}
         fast = [p for r, p in learn.items() if group[r] == 0]
         for g in set(group.values()):
             mine = [p for r, p in learn.items() if group[r] == g]
             if mine:
-                job.group_pace.update(
+                job.groups.pace.update(
                     dict.fromkeys((r for r in learn if group[r] == g), float(np.median(mine)))
                 )
             if g and mine:
-                job.group_lag[g] = float(np.median(mine)) - (float(np.median(fast)) if fast else 0.0)
-        job.group_pace.update({r: float(np.median(fast)) if fast else 0.0 for r in job.held})
-        job.pace_step = dict.fromkeys(job.group_pace, job.step_time)
-        job.group_pace.update({r: old_group_pace.get(r, 0.0) for r in kept})
-        job.pace_step.update({r: old_step.get(r, job.step_time) for r in kept})
-        job.additive = job.warm[-1][2]
-        job.pace = {**old_pace, **learn}
-        job.place = {}
+                job.groups.lag[g] = float(np.median(mine)) - (float(np.median(fast)) if fast else 0.0)
+        job.groups.pace.update({r: float(np.median(fast)) if fast else 0.0 for r in job.learning.held})
+        job.groups.step = dict.fromkeys(job.groups.pace, job.step_time)
+        job.groups.pace.update({r: old_group_pace.get(r, 0.0) for r in kept})
+        job.groups.step.update({r: old_step.get(r, job.step_time) for r in kept})
+        job.groups.additive = job.learning.steps[-1][2]
+        job.groups.own = {**old_pace, **learn}
+        job.groups.place = {}
         for r in group:
             where = self.steps.where(name, r)
             if "node" in where:
-                job.place[r] = (where["node"], where.get("gpu", ""))
+                job.groups.place[r] = (where["node"], where.get("gpu", ""))
         # a first warm-up replays every rank; a later one only those it moved (or that are new)
         fresh = set(group) if not old else {r for r in group if r not in old or group[r] != old[r]}
-        fresh |= job.released & set(group)
-        job.released = set()
+        fresh |= job.learning.released & set(group)
+        job.learning.released = set()
         for r in fresh & set(job.ranks):
             state = job.ranks[r]
             state.lags.clear()
             state.recent.clear()
-            state.lag, state.lag_base, state.lag_spread = math.nan, math.nan, 0.0
+            state.lag, state.lag_base, state.lag_spread, state.said = math.nan, math.nan, 0.0, math.nan
             state.lag_n = state.lag_hits = state.short_hits = 0
         # a rank whose group pace moved has its own pace on a new scale: it learns it again
-        moved = fresh | {r for r, p in old_group_pace.items() if job.group_pace.get(r) != p}
+        moved = fresh | {r for r, p in old_group_pace.items() if job.groups.pace.get(r) != p}
         for r in moved & set(job.ranks):
             job.ranks[r].level, job.ranks[r].level_n = math.nan, 0
-        warm, job.warm, job.relearn = job.warm, [], False
+        warm, job.learning.steps, job.learning.again = job.learning.steps, [], False
         for i, (rank_ids, raw, additive, ts) in enumerate(warm):
-            self._judge(job, rank_ids, raw, additive, ts, fresh - job.held - (cut if i >= onset else set()))
+            self._judge(
+                job, rank_ids, raw, additive, ts, fresh - job.learning.held - (cut if i >= onset else set())
+            )
         for r in cut & set(job.ranks):
             job.ranks[r].lag_n = max(job.ranks[r].lag_n, self.warm_steps)  # its normal is known
 
@@ -445,7 +474,12 @@ class RankDetector(StepDetector):
         own, lags = self._reference(job, rank_ids, raw, additive)
         for r, x, mine in zip(rank_ids, lags.tolist(), own.tolist(), strict=True):
             state = job.ranks.get(r)
-            if state is None or not math.isfinite(x) or (only is not None and r not in only) or r in job.held:
+            if (
+                state is None
+                or not math.isfinite(x)
+                or (only is not None and r not in only)
+                or r in job.learning.held
+            ):
                 continue
             state.recent.append(x)
             del state.recent[: -self.sustain]
@@ -467,7 +501,7 @@ class RankDetector(StepDetector):
                 # a running mean at first, so the normal does not hang on the first sample
                 alpha = max(self.base_alpha if additive else self.step_alpha, 1.0 / state.lag_n)
                 # within its speed group a rank may be slower by up to the gap that splits groups
-                learn = min(state.lag, max(self.normal_cap, job.gap))
+                learn = min(state.lag, max(self.normal_cap, job.groups.gap))
                 base = state.lag_base if math.isfinite(state.lag_base) else learn
                 state.lag_base = base + (self.step_learn_rate * alpha if rising else alpha) * (learn - base)
                 # a data-loader hiccup is an outlier, not the spread of the rank's pace
@@ -498,6 +532,17 @@ class RankDetector(StepDetector):
             if far and not state.short_hits:
                 state.short_since = ts
             state.short_hits = state.short_hits + 1 if far else 0
+            if not (state.lag_hits >= self.sustain or self._short_slow(state)):
+                state.said = math.nan
+                continue
+            # the recent median and this step's own lag both behind: a step that is back to normal
+            # pairs the slow steps' shares with its own (short) step time
+            now, bar = _median(state.recent), min(long_bar, short_bar)
+            if not math.isfinite(state.said) or all(
+                self._rise(v, ahead, additive) >= self.lag and self._rise(v, state.lag_base, additive) >= bar
+                for v in (now, x)
+            ):
+                state.said, state.said_step = now, job.step_time
 
     @staticmethod
     def _rise(lag: float, base: float, additive: bool) -> float:
@@ -574,14 +619,16 @@ class RankDetector(StepDetector):
         return max(0.0, state.retries[-1][1] - state.retries[0][1])
 
     def _placement(self, job_name: str, job: _Job) -> list[Finding]:
-        groups = self._slow_groups(job) if job.group_lag else {}
+        groups = self._slow_groups(job) if job.groups.lag else {}
         if not groups:
             return []
-        slow = sorted(r for r, g in (job.group or {}).items() if g in groups and r not in job.held)
+        slow = sorted(
+            r for r, g in (job.groups.of or {}).items() if g in groups and r not in job.learning.held
+        )
         # a synchronous job waits for its slowest group: that wait is lost on all of its GPUs; an
         # arrival lag is already a share of the (slow) step, a step-time ratio r loses (r - 1) / r
         worst = max(groups.values())
-        lost = worst if job.additive else worst / (1.0 + worst)
+        lost = worst if job.groups.additive else worst / (1.0 + worst)
         places = sorted({self.steps.where(job_name, r).get("node", "") for r in slow} - {""})
         on = f" on {', '.join(places)}" if places else ""
         world = len(job.ranks)
@@ -613,17 +660,18 @@ class RankDetector(StepDetector):
         where = f" on {place_text(entity['node'], entity.get('gpu', ''))}" if "node" in entity else ""
         if straggler:
             # the smoothed lag decides; the recent lags say how far behind it is now (the smoothed
-            # one still trails a lag that began mid-run)
-            now_lag = _median(state.recent) if state.recent else state.lag
+            # one still trails a lag that began mid-run), as at the last step they cleared the bars
+            now_lag = state.said if math.isfinite(state.said) else state.lag
+            step_time = state.said_step if math.isfinite(state.said) else job.step_time
             # it is judged behind its group's reference or behind its own normal where that is
             # ahead (a rank that got faster for good): its lag alone would read "-20 % behind"
             ahead = min(state.lag_base, 0.0) if math.isfinite(state.lag_base) else 0.0
-            behind = self._rise(now_lag, ahead, job.additive)
-            group = (job.group or {}).get(rank, 0)
-            peers = f"the ranks of its speed group {group}" if job.group_lag else "its peers"
-            late = behind * job.step_time if math.isfinite(job.step_time) else math.nan
-            if job.additive:
-                how = f"{behind:.0%} of a step ({late:.3f} s of {job.step_time:.3f} s) behind {peers}"
+            behind = self._rise(now_lag, ahead, job.groups.additive)
+            group = (job.groups.of or {}).get(rank, 0)
+            peers = f"the ranks of its speed group {group}" if job.groups.lag else "its peers"
+            late = behind * step_time if math.isfinite(step_time) else math.nan
+            if job.groups.additive:
+                how = f"{behind:.0%} of a step ({late:.3f} s of {step_time:.3f} s) behind {peers}"
             else:
                 how = f"its steps take {behind:.0%} longer than {'its own normal' if ahead < 0 else peers}"
             out.append(
@@ -638,7 +686,7 @@ class RankDetector(StepDetector):
                         "lag_seconds": late,
                         "smoothed_lag_share": state.lag,
                         "own_baseline": state.lag_base,
-                        "step_seconds": job.step_time,
+                        "step_seconds": step_time,
                         "speed_group": group,
                     },
                 )

@@ -87,14 +87,31 @@ class Cusum:
     The first ``warmup`` values estimate mean and spread (robustly: median and MAD); after that
     ``s = max(0, s + z - drift)`` accumulates evidence of an upward shift and :attr:`alarm` holds
     while ``s >= threshold``. Non-finite values are skipped.
+
+    Two options make it a test for a *material* shift from a *moving* level: ``min_shift`` (a
+    share of the level) raises the allowance to half of it (the optimal allowance for a shift of
+    that size) where that exceeds ``drift`` spreads, so a smaller shift adds nothing however long it
+    lasts; and :meth:`push` may take the level to measure from (a rolling baseline) instead of the
+    warm-up's mean. ``s`` is capped at ``cap`` times the threshold, so once the level has caught up
+    with a shift the alarm ends within a few values, however long the shift had lasted.
     """
 
-    __slots__ = ("_seed", "drift", "mean", "s", "spread", "threshold", "warmup")
+    __slots__ = ("_seed", "cap", "drift", "mean", "min_shift", "s", "spread", "threshold", "warmup")
 
-    def __init__(self, drift: float = 0.5, threshold: float = 8.0, warmup: int = 30) -> None:
+    def __init__(
+        self,
+        drift: float = 0.5,
+        threshold: float = 8.0,
+        warmup: int = 30,
+        min_shift: float = 0.0,
+        cap: float = math.inf,
+    ) -> None:
         if warmup < 3:
             raise ValueError(f"warm-up needs at least 3 values, got {warmup}")
+        if min_shift < 0 or not cap >= 1.0:
+            raise ValueError(f"min_shift must be at least 0 and cap at least 1, got {min_shift}, {cap}")
         self.drift, self.threshold, self.warmup = drift, threshold, warmup
+        self.min_shift, self.cap = min_shift, cap
         self._seed: list[float] = []
         self.mean = math.nan
         self.spread = math.nan
@@ -104,8 +121,13 @@ class Cusum:
     def warm(self) -> bool:
         return math.isfinite(self.mean)
 
-    def push(self, value: float) -> bool:
-        """Add a value; True while the test is in alarm."""
+    def allowance(self, level: float) -> float:
+        """How far above ``level`` a value must be to add evidence, in spreads."""
+        return max(self.drift, 0.5 * self.min_shift * abs(level) / self.spread)
+
+    def push(self, value: float, level: float = math.nan) -> bool:
+        """Add a value, measured from ``level`` (the warm-up's mean if not finite); True while the
+        test is in alarm."""
         if not math.isfinite(value):
             return self.alarm
         if not self.warm:
@@ -117,8 +139,9 @@ class Cusum:
                 self.spread = max(1.4826 * mad, 1e-6 * max(abs(self.mean), 1.0))
                 self._seed = []
             return False
-        z = (value - self.mean) / self.spread
-        self.s = max(0.0, float(self.s + z - self.drift))
+        level = level if math.isfinite(level) else self.mean
+        z = (value - level) / self.spread
+        self.s = min(max(0.0, float(self.s + z - self.allowance(level))), self.cap * self.threshold)
         return self.alarm
 
     @property
