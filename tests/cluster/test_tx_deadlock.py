@@ -111,6 +111,8 @@ def test_two_members_writing_the_same_alerts_in_opposite_orders_while_hubs_conne
 
     assert failed == []
     assert not any(t.is_alive() for t in threads)
+    # one row, then the version lock, in every write: no lock cycle among them, nothing ran twice
+    assert a.node.counters.get(COUNTER) == b.node.counters.get(COUNTER) == 0
     with connect(postgres_dsn) as con:
         told = dict(con.execute("SELECT alert_id, count(*) FROM cluster_told GROUP BY alert_id").fetchall())
         payloads = [r[0] for r in con.execute("SELECT payload FROM cluster_outbox").fetchall()]
@@ -149,15 +151,15 @@ def test_a_hub_connecting_does_not_wait_on_the_alert_rows_a_writer_holds(
     assert failed == []
 
 
-def _locker(dsn: str, first: str, then: str, met: threading.Barrier, counters: Counters) -> None:
+def _locker(
+    dsn: str, first: str, then: str, met: threading.Barrier, counters: Counters, runs: list[str]
+) -> None:
     """Lock ``first`` then ``then``; the first run meets the other locker between the two."""
-    runs = 0
 
     def work(con: psycopg.Connection[Any]) -> None:
-        nonlocal runs
-        runs += 1
+        runs.append(first)
         con.execute("UPDATE cluster_members SET url = url WHERE hub_id = %s", (first,))
-        if runs == 1:
+        if runs.count(first) == 1:
             met.wait()
         con.execute("UPDATE cluster_members SET url = url WHERE hub_id = %s", (then,))
         con.execute(
@@ -183,12 +185,16 @@ def test_a_transaction_aborted_by_a_deadlock_runs_again_and_is_counted(postgres_
     threads: list[threading.Thread] = []
     failed: list[BaseException] = []
     start = _running(threads, failed)
-    start(_locker, postgres_dsn, "x", "y", met, counters)
-    start(_locker, postgres_dsn, "y", "x", met, counters)
+    runs: list[str] = []
+    start(_locker, postgres_dsn, "x", "y", met, counters, runs)
+    start(_locker, postgres_dsn, "y", "x", met, counters, runs)
     for thread in threads:
         thread.join(timeout=30)
     assert failed == []
-    assert counters.get(COUNTER) == 1  # PostgreSQL aborted one side of the cycle, once
+    # PostgreSQL aborted one side of the cycle (and, on a loaded machine, may do so again when the
+    # re-run takes its first row before the winner took it): every run after a first is counted
+    assert len(runs) > 2
+    assert counters.get(COUNTER) == len(runs) - 2
     with connect(postgres_dsn) as con:
         rows = sorted(r[0] for r in con.execute("SELECT alert_id FROM cluster_told").fetchall())
     assert rows == ["x", "y"]  # both transactions committed, each once
