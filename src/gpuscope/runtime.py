@@ -204,7 +204,7 @@ def assemble(
     alerting = _alerting(hub, cluster, cfg)
     server = None
     # sharded hubs share one lineage registry in PostgreSQL; a single hub keeps it beside its store
-    lineage = for_hub(hub, PgSql(cluster.cfg.postgres_dsn) if cluster is not None else None)
+    lineage = for_hub(hub, PgSql(cluster.cfg.postgres_dsn, cluster.counters) if cluster is not None else None)
     if serve:
         try:
             server = _server(hub, cluster, lineage, cfg, alerting, cfg.port)

@@ -52,7 +52,7 @@ class ClusterMember:
         #: batch reaching a hub that does not own its shard yet is routed again after a renewal
         self.failover_grace = 2 * cfg.renew_s + FAILOVER_S
         #: where notifications wait, delivered by any member, and the ledger of what was sent
-        self.outbox = PgOutbox(cfg.postgres_dsn, cfg.hub_id)
+        self.outbox = PgOutbox(cfg.postgres_dsn, cfg.hub_id, counters)
         self.alerting: AlertingService | None = None
         self._hub: Hub | None = None
         self._state_db: PgSql | None = None
@@ -75,7 +75,7 @@ class ClusterMember:
     def state_db(self) -> PgSql:
         """The alert layer's state (silences, acknowledgements, history) in the cluster's database."""
         if self._state_db is None:
-            self._state_db = PgSql(self.cfg.postgres_dsn)
+            self._state_db = PgSql(self.cfg.postgres_dsn, self.counters)
         return self._state_db
 
     # -- life ---------------------------------------------------------------------------------

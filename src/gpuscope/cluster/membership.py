@@ -84,7 +84,7 @@ class ClusterNode:
     def join(self) -> None:
         """Register, take the member lock, announce, take shards, and keep all of it current."""
         with self.lock:
-            create_schema(self.con)
+            create_schema(self.con, self.counters)
             self._register()
             self.rebalance()
         self._listen_con = connect(self.cfg.postgres_dsn)

@@ -27,6 +27,8 @@ from gpuscope.alert.ledger import Told
 from gpuscope.alert.outbox import About, Attempt, Pending, pending_row
 from gpuscope.cluster.membership import connect
 from gpuscope.cluster.schema import NS_OUTBOX, create_schema
+from gpuscope.cluster.txretry import in_tx
+from gpuscope.counters import Counters
 
 _COLUMNS = "id, receiver, kind, payload, created_at, attempts, next_attempt_at"
 _LIVE = "delivered_at IS NULL AND dead_at IS NULL"
@@ -35,9 +37,10 @@ _LIVE = "delivered_at IS NULL AND dead_at IS NULL"
 class PgOutbox:
     """Rows of ``cluster_outbox``; one connection sends (held across a send), one queues and reads."""
 
-    def __init__(self, dsn: str, hub_id: str) -> None:
+    def __init__(self, dsn: str, hub_id: str, counters: Counters | None = None) -> None:
         self.dsn = dsn
         self.hub_id = hub_id
+        self.counters = counters if counters is not None else Counters()
         self._send: psycopg.Connection[tuple[Any, ...]] | None = None
         self._rw: psycopg.Connection[tuple[Any, ...]] | None = None
         self._send_lock = threading.Lock()
@@ -49,7 +52,7 @@ class PgOutbox:
         if con is None or con.closed:
             con = connect(self.dsn)
             if not self._schema:
-                create_schema(con)
+                create_schema(con, self.counters)
                 self._schema = True
             if which == "send":
                 self._send = con
@@ -60,29 +63,31 @@ class PgOutbox:
     # -- OutboxBackend ------------------------------------------------------------------------
 
     def add(self, receiver: str, kind: str, payloads: list[str], now: float, about: About) -> list[int]:
-        ids: list[int] = []
+        def queue(con: psycopg.Connection[Any]) -> list[int]:
+            ids: list[int] = []
+            for doc in payloads:
+                row = con.execute(
+                    "INSERT INTO cluster_outbox "
+                    "(dedup, receiver, kind, payload, created_at, next_attempt_at) "
+                    "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
+                    (f"{self.hub_id}/{uuid.uuid4().hex}", receiver, kind, doc, now, now),
+                ).fetchone()
+                ids.append(int(row[0]) if row else 0)
+            for alert_id, status in about.alerts:
+                con.execute(
+                    "INSERT INTO cluster_told (alert_id, receiver, status, escalation, sent_at) "
+                    "VALUES (%s, %s, %s, %s, %s)",
+                    (alert_id, receiver, status, about.escalation, now),
+                )
+            return ids
+
         with self._rw_lock:
             con = self._conn("rw")
             try:
-                with con.transaction():
-                    for doc in payloads:
-                        row = con.execute(
-                            "INSERT INTO cluster_outbox "
-                            "(dedup, receiver, kind, payload, created_at, next_attempt_at) "
-                            "VALUES (%s, %s, %s, %s, %s, %s) RETURNING id",
-                            (f"{self.hub_id}/{uuid.uuid4().hex}", receiver, kind, doc, now, now),
-                        ).fetchone()
-                        ids.append(int(row[0]) if row else 0)
-                    for alert_id, status in about.alerts:
-                        con.execute(
-                            "INSERT INTO cluster_told (alert_id, receiver, status, escalation, sent_at) "
-                            "VALUES (%s, %s, %s, %s, %s)",
-                            (alert_id, receiver, status, about.escalation, now),
-                        )
+                return in_tx(con, queue, self.counters)
             except psycopg.OperationalError:
                 con.close()
                 raise
-        return ids
 
     def receivers(self) -> list[str]:
         rows = self._read(f"SELECT DISTINCT receiver FROM cluster_outbox WHERE {_LIVE}", ())
@@ -92,6 +97,7 @@ class PgOutbox:
         with self._send_lock:
             con = self._conn("send")
             try:
+                # not re-run on a deadlock (txretry.in_tx): the send happens inside the transaction
                 with con.transaction():
                     got = con.execute(
                         "SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))", (NS_OUTBOX, receiver)

@@ -7,7 +7,13 @@ different databases of one server never collide.
 
 from __future__ import annotations
 
+import hashlib
+from typing import Any
+
 import psycopg
+
+from gpuscope.cluster.txretry import in_tx
+from gpuscope.counters import Counters
 
 NS_SCHEMA = 0x6770_0001
 NS_MEMBER = 0x6770_0002
@@ -50,6 +56,7 @@ CREATE TABLE IF NOT EXISTS lineage_deployments (service TEXT, model TEXT, versio
 
 _DDL = (
     """
+CREATE TABLE IF NOT EXISTS cluster_schema (ddl TEXT PRIMARY KEY);
 CREATE SEQUENCE IF NOT EXISTS cluster_member_seq;
 CREATE TABLE IF NOT EXISTS cluster_members (
     hub_id TEXT PRIMARY KEY,
@@ -107,8 +114,31 @@ CREATE INDEX IF NOT EXISTS cluster_alerts_version ON cluster_alerts (version);
 )
 
 
-def create_schema(con: psycopg.Connection[tuple[object, ...]]) -> None:
-    """Create the tables once; concurrent hubs starting together wait for each other."""
-    with con.transaction():
-        con.execute("SELECT pg_advisory_xact_lock(%s, 0)", (NS_SCHEMA,))
-        con.execute(_DDL)
+#: which DDL made the schema: a hub finding its own DDL's mark there runs none of it
+DDL_MARK = hashlib.sha256(_DDL.encode()).hexdigest()[:16]
+
+
+def _made(con: psycopg.Connection[Any]) -> bool:
+    (table,) = con.execute("SELECT to_regclass('cluster_schema') IS NOT NULL").fetchone() or (False,)
+    if not table:
+        return False
+    return con.execute("SELECT 1 FROM cluster_schema WHERE ddl = %s", (DDL_MARK,)).fetchone() is not None
+
+
+def _create(con: psycopg.Connection[Any]) -> None:
+    con.execute("SELECT pg_advisory_xact_lock(%s, 0)", (NS_SCHEMA,))
+    if _made(con):
+        return
+    con.execute(_DDL)
+    con.execute("INSERT INTO cluster_schema (ddl) VALUES (%s) ON CONFLICT DO NOTHING", (DDL_MARK,))
+
+
+def create_schema(con: psycopg.Connection[Any], counters: Counters | None = None) -> None:
+    """Create the tables once; concurrent hubs starting together wait for each other.
+
+    A schema already made by this DDL is left alone: ``ALTER TABLE .. IF NOT EXISTS`` takes an
+    ACCESS EXCLUSIVE lock and ``CREATE INDEX IF NOT EXISTS`` a SHARE lock on their table before
+    they find there is nothing to do, and a connection opened while another member's transaction
+    held a row of ``cluster_alerts`` (``SELECT .. FOR UPDATE``, then ``UPDATE``) closed a lock
+    cycle with it: a deadlock, one side aborted."""
+    in_tx(con, _create, counters if counters is not None else Counters())

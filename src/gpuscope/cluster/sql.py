@@ -21,6 +21,7 @@ import psycopg
 
 from gpuscope.cluster.membership import connect
 from gpuscope.cluster.schema import create_schema
+from gpuscope.counters import Counters
 
 #: table -> (key columns, the other columns in table order): what ``INSERT OR REPLACE`` upserts
 UPSERTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -78,14 +79,15 @@ class PgSql:
 
     shared = True
 
-    def __init__(self, dsn: str) -> None:
+    def __init__(self, dsn: str, counters: Counters | None = None) -> None:
         self.dsn = dsn
+        self.counters = counters if counters is not None else Counters()
         self._lock = threading.RLock()
         self._con = self._open()
 
     def _open(self) -> psycopg.Connection[tuple[Any, ...]]:
         con = connect(self.dsn)
-        create_schema(con)  # this may be the first hub of the cluster, before it joins
+        create_schema(con, self.counters)  # this may be the first hub of the cluster, before it joins
         return con
 
     def _live(self) -> psycopg.Connection[tuple[Any, ...]]:

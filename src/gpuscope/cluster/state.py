@@ -27,6 +27,7 @@ from gpuscope.alert.incidents import Incident, IncidentTracker
 from gpuscope.cluster.membership import ClusterNode, connect
 from gpuscope.cluster.ring import entity_shard
 from gpuscope.cluster.schema import NS_ALERT_VERSION
+from gpuscope.cluster.txretry import in_tx
 from gpuscope.model import Alert, Labels
 
 
@@ -102,8 +103,8 @@ class PgAlertState:
     def write_fired(self, alert: Alert, now: float, places: list[Labels] | None = None) -> Alert | None:
         """Record a fired alert (with where it runs, for incidents); returns the alert already
         firing on the same rule and entity instead when there is one."""
-        con = self.node.con
-        with self.node.lock, con.transaction():
+
+        def write(con: psycopg.Connection[Any]) -> Alert | None:
             cur = con.execute(
                 "INSERT INTO cluster_alerts (id, shard, rule, entity_key, started_at, doc, hub_id, places) "
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) "
@@ -127,12 +128,15 @@ class PgAlertState:
                 ).fetchone()
                 return Alert(**orjson.loads(row[0])) if row else None
             _stamp(con, alert.id)
-        return None
+            return None
+
+        with self.node.lock:
+            return in_tx(self.node.con, write, self.node.counters)
 
     def write_resolved(self, alert: Alert, now: float) -> bool:
         """Record a resolution; False when it was already resolved."""
-        con = self.node.con
-        with self.node.lock, con.transaction():
+
+        def write(con: psycopg.Connection[Any]) -> bool:
             row = con.execute(
                 "SELECT doc FROM cluster_alerts WHERE id = %s AND resolved_at IS NULL FOR UPDATE", (alert.id,)
             ).fetchone()
@@ -147,13 +151,17 @@ class PgAlertState:
             if cur.rowcount == 0:
                 return False
             _stamp(con, alert.id)
-        return True
+            return True
+
+        with self.node.lock:
+            return in_tx(self.node.con, write, self.node.counters)
 
     def save(self, alert: Alert) -> None:
         """Attach what the alert layer added to an alert (playbook results, acknowledgement) to its
         stored document; the rest of the document (its state) is the owner's and stays."""
-        with self._read_lock, self._read.transaction():
-            row = self._read.execute(
+
+        def write(con: psycopg.Connection[Any]) -> None:
+            row = con.execute(
                 "SELECT doc FROM cluster_alerts WHERE id = %s FOR UPDATE", (alert.id,)
             ).fetchone()
             if row is None:
@@ -163,11 +171,14 @@ class PgAlertState:
                 **(doc.get("details") or {}),
                 **{k: alert.details[k] for k in KEPT_DETAILS if k in alert.details},
             }
-            self._read.execute(
+            con.execute(
                 "UPDATE cluster_alerts SET doc = %s WHERE id = %s",
                 (orjson.dumps(doc, default=str).decode(), alert.id),
             )
-            _stamp(self._read, alert.id)
+            _stamp(con, alert.id)
+
+        with self._read_lock:
+            in_tx(self._read, write, self.node.counters)
 
     def firing_in(self, shards: set[int]) -> list[Alert]:
         """The alerts firing on these shards: what a hub taking them over continues."""
