@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -149,3 +150,16 @@ def test_the_installer_the_tests_use_is_the_one_the_makefile_pins() -> None:
     done = subprocess.run(uv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[:2] == ["uv", UV_VERSION]
+
+
+def test_make_runs_its_commands_with_bytecode_written_whatever_the_environment_says() -> None:
+    """uv installs no bytecode: under an inherited PYTHONDONTWRITEBYTECODE every process of the
+    suite (hubs, agents, torch ranks) would compile what it imports again."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    probe = ["--no-print-directory", "--eval", 'probe: ; @echo "[$$PYTHONDONTWRITEBYTECODE]"', "probe"]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([make, *probe], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
