@@ -1,5 +1,5 @@
 """Building the project's wheel for install tests, offline (no build isolation, from a copy), and
-installing into fresh venvs."""
+installing into fresh venvs with uv, the installer ``make demo`` and ``make test`` use."""
 
 from __future__ import annotations
 
@@ -27,16 +27,19 @@ def build_wheel(root: Path, tmp: Path) -> Path:
 
 
 def fresh_venv(path: Path) -> Path:
-    """A new venv without a pip of its own (ensurepip alone takes seconds of CPU): :func:`pip`
+    """A new venv without a pip of its own (ensurepip alone takes seconds of CPU): :func:`uv_pip`
     installs into it from outside. Returns its python."""
     venv.create(path, with_pip=False)
     return path / "bin" / "python"
 
 
-def pip(python: Path, args: list[str | Path], env: dict[str, str], timeout: float = 120) -> str:
-    """This process's pip run on the venv of ``python`` (``pip --python``); its output."""
+def uv_pip(
+    python: Path, command: str, args: list[str | Path], env: dict[str, str], timeout: float = 120
+) -> str:
+    """``uv pip <command>`` (the uv of this process's venv) on the venv of ``python``; its output.
+    uv, unlike pip, writes no bytecode at install: the first import does, for the modules that run."""
     done = subprocess.run(
-        [sys.executable, "-m", "pip", "--python", python, "--disable-pip-version-check", *args],
+        [sys.executable, "-m", "uv", "pip", command, "--python", python, *args],
         capture_output=True,
         text=True,
         timeout=timeout,

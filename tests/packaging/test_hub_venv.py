@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from packaging_support import build_wheel, fresh_venv, pip
+from packaging_support import build_wheel, fresh_venv, uv_pip
 from support import free_port, wait_until
 
 pytestmark = pytest.mark.integration
@@ -24,14 +24,8 @@ def test_hub_extra_alone_in_a_fresh_venv_starts_a_hub(tmp_path: Path) -> None:
     python = fresh_venv(env_dir)
     bin_dir = env_dir / "bin"
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "GPUSCOPE_TOKEN")}
-    # --no-compile: bytecode is written at first import instead, for the modules the hub imports
-    pip(
-        python,
-        ["install", "-q", "--no-compile", "--constraint", ROOT / "constraints.txt", f"{wheel}[hub]"],
-        clean,
-        900,
-    )
-    installed = pip(python, ["list", "--format=freeze"], clean).lower()
+    uv_pip(python, "install", ["-q", "--constraint", ROOT / "constraints.txt", f"{wheel}[hub]"], clean, 900)
+    installed = uv_pip(python, "freeze", [], clean).lower()
     for dev_only in ("torch", "transformers", "playwright", "pytest", "mypy"):
         assert f"\n{dev_only}==" not in f"\n{installed}", f"the hub install pulled in {dev_only}"
     config = tmp_path / "hub.yaml"

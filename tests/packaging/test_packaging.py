@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -20,6 +21,8 @@ from gpuscope.entry import HUB_EXTRA_MODULES
 ROOT = Path(__file__).resolve().parents[2]
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 SDK_MODULES = ["gpuscope", "gpuscope.sdk", "gpuscope.sdk.inference", "gpuscope.sdk.verify"]
+#: the installer's version has its home in the Makefile, which installs it before anything else
+UV_VERSION = re.findall(r"^UV_VERSION := (\S+)$", (ROOT / "Makefile").read_text(), re.MULTILINE)[0]
 
 # refuses every module of the hub extra, as a training environment without it would
 BLOCKER = """
@@ -129,8 +132,34 @@ def test_make_demo_installs_the_hub_extra_only_with_progress() -> None:
         pytest.skip("make is not installed")
     demo = subprocess.run([make, "-n", "-B", "demo"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert demo.returncode == 0, demo.stderr
-    installs = [line for line in demo.stdout.splitlines() if "pip install" in line]
-    assert installs == [".venv/bin/pip install --constraint constraints.txt --progress-bar on -e '.[hub]'"]
-    assert "about 250 MB" in demo.stdout  # says what is coming before pip starts
+    installs = [line for line in demo.stdout.splitlines() if " install " in line]
+    assert installs[0] == f".venv/bin/pip install --quiet uv=={UV_VERSION}"  # the installer, from pip
+    assert re.fullmatch(
+        r"\.venv/bin/uv pip install --python \.venv/bin/python --constraint constraints\.txt"
+        r"( --find-links \S+)* -e '\.\[hub\]'",
+        installs[1],
+    ), installs
+    assert len(installs) == 2
+    assert "about 250 MB" in demo.stdout  # says what is coming before the installer starts
     test = subprocess.run([make, "-n", "-B", "unit"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert "-e '.[hub,dev]'" in test.stdout  # make test still installs everything
+
+
+def test_the_installer_the_tests_use_is_the_one_the_makefile_pins() -> None:
+    uv = [sys.executable, "-m", "uv", "--version"]
+    done = subprocess.run(uv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[:2] == ["uv", UV_VERSION]
+
+
+def test_make_runs_its_commands_with_bytecode_written_whatever_the_environment_says() -> None:
+    """uv installs no bytecode: under an inherited PYTHONDONTWRITEBYTECODE every process of the
+    suite (hubs, agents, torch ranks) would compile what it imports again."""
+    make = shutil.which("make")
+    if make is None:
+        pytest.skip("make is not installed")
+    probe = ["--no-print-directory", "--eval", 'probe: ; @echo "[$$PYTHONDONTWRITEBYTECODE]"', "probe"]
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    done = subprocess.run([make, *probe], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

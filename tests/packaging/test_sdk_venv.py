@@ -16,7 +16,7 @@ import numpy
 import pytest
 from packaging.requirements import Requirement
 
-from packaging_support import build_wheel, fresh_venv, pip
+from packaging_support import build_wheel, fresh_venv, uv_pip
 from sdk.hubquery import events, records
 from support import HubProcess, free_port
 
@@ -59,9 +59,8 @@ def test_sdk_alone_in_a_fresh_venv_trains_against_a_hub(tmp_path: Path) -> None:
     env_dir = tmp_path / "venv"
     py = fresh_venv(env_dir)
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
-    # --no-compile: bytecode is written at first import instead, for the few modules that run
-    pip(py, ["install", "-q", "--no-compile", wheel, *lowest], clean, timeout=600)
-    installed = pip(py, ["list", "--format=freeze"], clean).lower()
+    uv_pip(py, "install", ["-q", wheel, *lowest], clean, timeout=600)
+    installed = uv_pip(py, "freeze", [], clean).lower()
     for hub_only in ("duckdb", "uvicorn", "starlette", "psycopg", "protobuf", "pyyaml", "psutil"):
         assert f"\n{hub_only}==" not in f"\n{installed}", f"the SDK install pulled in {hub_only}"
 
