@@ -8,6 +8,7 @@ clean finish raises nothing; a slow rank is named a straggler with no ``track_co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -51,14 +52,17 @@ class Torchrun:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3"]
         cmd += ["--monitor-interval", "0.1", str(WORKER)]
         with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+            # its own process group: the ranks it starts are ended with it, whatever state the test left
+            self.proc = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+            )
 
     def __enter__(self) -> Torchrun:
         return self
 
     def __exit__(self, *_: object) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait(30)
 
     def output(self) -> str:
