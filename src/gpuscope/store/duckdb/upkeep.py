@@ -29,6 +29,9 @@ from gpuscope.store.duckdb.watermarks import HOUR_MS, MINUTE_MS, Watermarks, lat
 #: retention checkpointed after each run. The seal checkpoints after each swap of the hot table,
 #: when it holds one seal interval at most; this is for stores that seal seldom or never.
 COMPACT_CHECKPOINT_WAL_BYTES = 32 * 2**20
+#: Cached table blocks are shed only when this much more than the cache bound is held: each shed
+#: sets DuckDB's limit twice, which is cheap, but not worth it for a few blocks.
+SHED_SLACK_BYTES = 4 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +42,15 @@ class Retention:
     records_s: float
     batch_ids: int
     batch_id_ttl_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class CacheBound:
+    """How much of DuckDB's buffer pool cached table blocks may keep between upkeeps
+    (``storage.cache_limit``), and the pool's limit to restore after shedding the rest."""
+
+    cache_bytes: int
+    memory_limit: str
 
 
 @contextlib.contextmanager
@@ -68,6 +80,7 @@ class Upkeep:
         seal_interval_ms: int,
         lag_ms: int,
         retention: Retention,
+        cache: CacheBound | None = None,
     ) -> None:
         self.con = con
         self.chunks = chunks
@@ -81,6 +94,7 @@ class Upkeep:
         self.seal_interval_ms = seal_interval_ms
         self.lag_ms = lag_ms
         self.retention = retention
+        self.cache = cache
         self.checkpoint_due = False  # a checkpoint DuckDB refused, to retry on the next call
 
     def rollup(self, now_ms: int) -> dict[str, int]:
@@ -252,4 +266,31 @@ class Upkeep:
             raise
         if self.checkpoint_due or self.wal_bytes() >= self.wal_checkpoint_bytes:
             self.checkpoint_due = not self.checkpoint(con)
+        report["cache_shed_bytes"] = self.shed_cache()
         return report
+
+    def shed_cache(self) -> int:
+        """Evict cached table blocks beyond the cache bound; the bytes DuckDB's pool gave up.
+
+        DuckDB has no call to drop its cache, and it evicts only to stay under ``memory_limit``:
+        so the limit is lowered to what the pool holds less the excess (it evicts the unpinned
+        table blocks first: re-readable from disk, unlike the hot table's unwritten rows, which it
+        would spill) and set back at once. The writer is held out meanwhile; a query that needs
+        memory in between evicts from the ``cache_bytes`` of blocks left rather than failing."""
+        if self.cache is None:
+            return 0
+        con = self.con
+        held = dict(con.execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall())
+        excess = int(held.get("BASE_TABLE", 0)) - self.cache.cache_bytes
+        if excess < SHED_SLACK_BYTES:
+            return 0
+        total = sum(int(v) for v in held.values())
+        with self.commit_lock:
+            try:
+                con.execute(f"SET memory_limit = '{total - excess}B'")
+            except duckdb.Error:
+                pass  # could not evict that far (pinned): what it did evict is still shed
+            finally:
+                con.execute(f"SET memory_limit = '{self.cache.memory_limit}'")
+        after = one(con, "SELECT sum(memory_usage_bytes) FROM duckdb_memory()")
+        return max(0, total - int(after[0])) if after and after[0] is not None else 0
