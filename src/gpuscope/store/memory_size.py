@@ -17,7 +17,7 @@ MEMORY_SIZE = re.compile(r"[0-9]{1,6}(\.[0-9]{1,3})? ?(B|KB|MB|GB|KiB|MiB|GiB)")
 #: wrote (each checkpoint's rollups, events, training records) or read until the pool reaches
 #: ``memory_limit``: a 64-node hub's cache grew by ~1.2 MiB a minute, for hours. A hub reads few of
 #: them again (its detectors hold their own state); evicted blocks are read back from disk.
-DEFAULT_CACHE_LIMIT = "32MB"
+DEFAULT_CACHE_LIMIT = "16MB"
 _UNITS = {"B": 1, "KB": 1000, "MB": 1000**2, "GB": 1000**3, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
 
 

@@ -14,7 +14,7 @@ storage:
   postgres_dsn: postgresql://hub@db/gpuscope # shared by several hubs
   flush_interval_s: 5                        # duckdb: acknowledged rows reach the tables this often
   memory_limit: 256MB                        # duckdb: the most its buffer pool and queries may hold
-  cache_limit: 32MB                          # duckdb: cached table blocks kept after each upkeep
+  cache_limit: 16MB                          # duckdb: cached table blocks kept after each upkeep
   seal_interval_s: 60                        # duckdb: hot rows are sealed into Parquet this often
 ```
 """

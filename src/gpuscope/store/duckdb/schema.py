@@ -50,23 +50,6 @@ DDL = (
 )
 
 
-def hot_table_swap(cols: list[int]) -> list[str]:
-    """Statements replacing the hot table by a copy of its live rows.
-
-    Sealing deletes most of the hot table's rows; DuckDB would still write the row groups holding
-    those deleted rows at the next checkpoint (and keep rewriting them), so the few remaining rows
-    are copied into a fresh table and the old one is dropped, freeing all its blocks.
-    """
-    metric_ddl = "".join(f", m{c} FLOAT" for c in cols)
-    names = ", ".join(["ts", "entity", *ATTR_COLUMNS, *(f"m{c}" for c in cols)])
-    return [
-        f"CREATE TABLE samples_next (ts BIGINT NOT NULL, entity INTEGER NOT NULL, {_ATTR_DDL}{metric_ddl})",
-        f"INSERT INTO samples_next ({names}) SELECT {names} FROM samples",
-        "DROP TABLE samples",
-        "ALTER TABLE samples_next RENAME TO samples",
-    ]
-
-
 def metric_column_ddl(col: int) -> list[str]:
     """Statements adding metric column ``col`` to every telemetry and rollup table."""
     out = [f"ALTER TABLE samples ADD COLUMN m{col} FLOAT"]

@@ -575,9 +575,9 @@ class DuckDBStore:
         return os.path.getsize(wal) if self.path != ":memory:" and os.path.exists(wal) else 0
 
     def _upkeep_checkpoint(self, con: duckdb.DuckDBPyConnection) -> bool:
-        """Checkpoint after upkeep. DuckDB refuses while a query that started before the last
-        table swap is still running; such queries are short, so retry for a while, then leave it
-        to the next upkeep (counted) rather than fail."""
+        """Checkpoint after upkeep. DuckDB may refuse while a query that started before the
+        upkeep's changes is still running; such queries are short, so retry for a while, then
+        leave it to the next upkeep (counted) rather than fail."""
         for attempt in range(CHECKPOINT_TRIES):
             try:
                 self._checkpoint(con)
