@@ -193,7 +193,9 @@ def _prometheus(s: StorageSettings, limits: StoreLimits) -> Store:
         assert s.postgres_dsn is not None
         meta = PostgresMeta(s.postgres_dsn, max_metrics=limits.max_metrics)
     else:
-        meta = DuckDBStore(s.path, max_metrics=limits.max_metrics, memory_limit=s.memory_limit)
+        meta = DuckDBStore(
+            s.path, max_metrics=limits.max_metrics, memory_limit=s.memory_limit, cache_limit=s.cache_limit
+        )
     assert s.remote_write_url is not None and s.query_url is not None
     return PromStore(
         s.remote_write_url,
