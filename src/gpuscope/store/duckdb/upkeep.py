@@ -262,10 +262,11 @@ class Upkeep:
         """Evict cached table blocks beyond the cache bound; the bytes DuckDB's pool gave up.
 
         DuckDB has no call to drop its cache, and it evicts only to stay under ``memory_limit``:
-        so the limit is lowered to what the pool holds less the excess (it evicts the unpinned
-        table blocks first: re-readable from disk, unlike the hot table's unwritten rows, which it
-        would spill) and set back at once. The writer is held out meanwhile; a query that needs
-        memory in between evicts from the ``cache_bytes`` of blocks left rather than failing."""
+        so the limit is lowered to what the pool holds less the excess and set back at once. Only
+        BASE_TABLE's excess is asked for: those blocks are on disk and are dropped (measured: the
+        pool gave them up, not the hot table's unwritten rows, which it would spill to its temp
+        directory). The writer is held out meanwhile; a query that needs memory in between
+        evicts from the ``cache_bytes`` of blocks left rather than failing."""
         if self.cache is None:
             return 0
         con = self.con
