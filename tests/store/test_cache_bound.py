@@ -75,3 +75,11 @@ def test_an_in_memory_store_has_no_disk_to_shed_to() -> None:
 def test_a_bad_cache_limit_is_refused_by_name(bad: object) -> None:
     with pytest.raises(StorageConfigError, match=r"storage\.cache_limit"):
         parse_storage({"cache_limit": bad})
+
+
+def test_duckdbs_allocator_returns_freed_pages_in_the_background(tmp_path: Path) -> None:
+    """DuckDB's own jemalloc purges freed pages only from background threads (glibc's malloc_trim
+    cannot reach it); without them a seal's pages stayed resident until the next allocation."""
+    with DuckDBStore(str(tmp_path / "c.duckdb"), durable=False) as store:
+        row = store._cursor().execute("SELECT current_setting('allocator_background_threads')").fetchone()
+        assert row is not None and row[0] is True
