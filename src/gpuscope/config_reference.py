@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpuscope.store.memory_size import DEFAULT_MEMORY_LIMIT
+from gpuscope.store.memory_size import DEFAULT_CACHE_LIMIT, DEFAULT_MEMORY_LIMIT
 from gpuscope.store.sealing import DEFAULT_SEAL_INTERVAL_S
 
 
@@ -63,6 +63,13 @@ SECTIONS: tuple[Section, ...] = (
                 DEFAULT_MEMORY_LIMIT,
                 "duckdb: the most its buffer pool and queries (a seal's sort) hold; RSS peaks "
                 "this far above the working set",
+            ),
+            Key(
+                "cache_limit",
+                DEFAULT_CACHE_LIMIT,
+                "duckdb: cached table blocks DuckDB's buffer pool keeps after each minute's upkeep "
+                "(it would keep every block it wrote or read up to `memory_limit`); the rest is "
+                "read back from disk when needed",
             ),
             Key(
                 "seal_interval_s",

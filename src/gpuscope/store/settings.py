@@ -14,6 +14,7 @@ storage:
   postgres_dsn: postgresql://hub@db/gpuscope # shared by several hubs
   flush_interval_s: 5                        # duckdb: acknowledged rows reach the tables this often
   memory_limit: 256MB                        # duckdb: the most its buffer pool and queries may hold
+  cache_limit: 16MB                          # duckdb: cached table blocks kept after each upkeep
   seal_interval_s: 60                        # duckdb: hot rows are sealed into Parquet this often
 ```
 """
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscope.store.base import Store
-from gpuscope.store.memory_size import DEFAULT_MEMORY_LIMIT, MEMORY_SIZE
+from gpuscope.store.memory_size import DEFAULT_CACHE_LIMIT, DEFAULT_MEMORY_LIMIT, MEMORY_SIZE
 from gpuscope.store.sealing import DEFAULT_SEAL_INTERVAL_S, seal_interval_error
 
 METAS = ("duckdb", "postgres")
@@ -44,6 +45,7 @@ KEYS = {
     "postgres_dsn",
     "flush_interval_s",
     "memory_limit",
+    "cache_limit",
     "seal_interval_s",
 }
 
@@ -67,6 +69,7 @@ class StorageSettings:
     postgres_dsn: str | None = field(default=None, repr=False)  # may carry a password
     flush_interval_s: float = 5.0
     memory_limit: str = DEFAULT_MEMORY_LIMIT
+    cache_limit: str = DEFAULT_CACHE_LIMIT
     seal_interval_s: float = DEFAULT_SEAL_INTERVAL_S
 
 
@@ -134,6 +137,9 @@ def parse_storage(section: dict[str, Any]) -> StorageSettings:
     s.memory_limit = _str(section, "memory_limit") or s.memory_limit
     if not MEMORY_SIZE.fullmatch(s.memory_limit):
         raise StorageConfigError(f"storage.memory_limit: {s.memory_limit!r} is not a size such as '512MB'")
+    s.cache_limit = _str(section, "cache_limit") or s.cache_limit
+    if not MEMORY_SIZE.fullmatch(s.cache_limit):
+        raise StorageConfigError(f"storage.cache_limit: {s.cache_limit!r} is not a size such as '32MB'")
     s.seal_interval_s = _seconds(section, "seal_interval_s", s.seal_interval_s)
     why = seal_interval_error(s.seal_interval_s)
     if why is not None:
@@ -168,6 +174,7 @@ def _duckdb(s: StorageSettings, limits: StoreLimits) -> Store:
         raw_retention_s=limits.raw_retention_s,
         flush_interval_s=s.flush_interval_s,
         memory_limit=s.memory_limit,
+        cache_limit=s.cache_limit,
         seal_interval_s=s.seal_interval_s,
     )
 
@@ -186,7 +193,9 @@ def _prometheus(s: StorageSettings, limits: StoreLimits) -> Store:
         assert s.postgres_dsn is not None
         meta = PostgresMeta(s.postgres_dsn, max_metrics=limits.max_metrics)
     else:
-        meta = DuckDBStore(s.path, max_metrics=limits.max_metrics, memory_limit=s.memory_limit)
+        meta = DuckDBStore(
+            s.path, max_metrics=limits.max_metrics, memory_limit=s.memory_limit, cache_limit=s.cache_limit
+        )
     assert s.remote_write_url is not None and s.query_url is not None
     return PromStore(
         s.remote_write_url,

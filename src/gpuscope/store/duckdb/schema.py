@@ -50,23 +50,6 @@ DDL = (
 )
 
 
-def hot_table_swap(cols: list[int]) -> list[str]:
-    """Statements replacing the hot table by a copy of its live rows.
-
-    Sealing deletes most of the hot table's rows; DuckDB would still write the row groups holding
-    those deleted rows at the next checkpoint (and keep rewriting them), so the few remaining rows
-    are copied into a fresh table and the old one is dropped, freeing all its blocks.
-    """
-    metric_ddl = "".join(f", m{c} FLOAT" for c in cols)
-    names = ", ".join(["ts", "entity", *ATTR_COLUMNS, *(f"m{c}" for c in cols)])
-    return [
-        f"CREATE TABLE samples_next (ts BIGINT NOT NULL, entity INTEGER NOT NULL, {_ATTR_DDL}{metric_ddl})",
-        f"INSERT INTO samples_next ({names}) SELECT {names} FROM samples",
-        "DROP TABLE samples",
-        "ALTER TABLE samples_next RENAME TO samples",
-    ]
-
-
 def metric_column_ddl(col: int) -> list[str]:
     """Statements adding metric column ``col`` to every telemetry and rollup table."""
     out = [f"ALTER TABLE samples ADD COLUMN m{col} FLOAT"]
@@ -174,6 +157,10 @@ def open_database(
         raise StoreError(f"cannot open {path} as a DuckDB database: {exc}") from None
     try:
         con.execute(f"SET checkpoint_threshold = '{int(checkpoint_bytes)}B'")
+        # DuckDB allocates with a jemalloc of its own (not glibc's: malloc_trim cannot reach it),
+        # which without its background threads keeps freed pages until that arena allocates
+        # again: each minute's seal left a hub 15-30 MiB above its level, by chance how much.
+        con.execute("SET allocator_background_threads = true")
         if memory_limit is not None:
             con.execute(f"SET memory_limit = '{_size(memory_limit)}'")
         tables = _table_names(con)

@@ -55,12 +55,12 @@ from gpuscope.store.duckdb.schema import (
     set_meta,
     training_column_ddl,
 )
-from gpuscope.store.duckdb.upkeep import COMPACT_CHECKPOINT_WAL_BYTES, Retention, Upkeep
+from gpuscope.store.duckdb.upkeep import COMPACT_CHECKPOINT_WAL_BYTES, CacheBound, Retention, Upkeep
 from gpuscope.store.duckdb.watermarks import Watermarks
 from gpuscope.store.errors import StoreError, StoreFull, disk_full, write_error
 from gpuscope.store.ingest_log import IngestLog
 from gpuscope.store.log_codec import decode, encode
-from gpuscope.store.memory_size import DEFAULT_MEMORY_LIMIT
+from gpuscope.store.memory_size import DEFAULT_CACHE_LIMIT, DEFAULT_MEMORY_LIMIT, size_bytes
 from gpuscope.store.prepare import Prepared, Preparer, RowBlock, to_ms
 from gpuscope.store.registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
 from gpuscope.store.replay import Scope, check_window
@@ -82,7 +82,8 @@ class DuckDBStore:
     """:class:`gpuscope.store.base.Store` on an embedded DuckDB file (or ``:memory:``).
 
     An in-memory store keeps all raw rows in its hot table (there is no directory for chunks).
-    ``memory_limit`` bounds DuckDB's buffer pool of a file store (``None``: DuckDB's default).
+    ``memory_limit`` bounds DuckDB's buffer pool of a file store (``None``: DuckDB's default);
+    ``cache_limit`` the cached table blocks it keeps after each upkeep (with a ``memory_limit``).
     """
 
     def __init__(
@@ -108,6 +109,7 @@ class DuckDBStore:
         batch_id_ttl_s: float = DAY,
         latest_window_s: float = 600.0,
         memory_limit: str | None = DEFAULT_MEMORY_LIMIT,
+        cache_limit: str = DEFAULT_CACHE_LIMIT,
     ) -> None:
         if max_entities < 1 or max_metrics < 1:
             raise ValueError("max_entities and max_metrics must be at least 1")
@@ -186,6 +188,10 @@ class DuckDBStore:
             int(seal_interval_s * 1000),
             int(rollup_lag_s * 1000),
             retention,
+            # a file store's cached blocks are shed each upkeep; an in-memory store has no disk
+            CacheBound(size_bytes(cache_limit), memory_limit)
+            if memory_limit is not None and path != ":memory:"
+            else None,
         )
         self.flush_interval_s = flush_interval_s
         self._log: IngestLog | None = None
@@ -628,9 +634,9 @@ class DuckDBStore:
         return os.path.getsize(wal) if self.path != ":memory:" and os.path.exists(wal) else 0
 
     def _upkeep_checkpoint(self, con: duckdb.DuckDBPyConnection) -> bool:
-        """Checkpoint after upkeep. DuckDB refuses while a query that started before the last
-        table swap is still running; such queries are short, so retry for a while, then leave it
-        to the next upkeep (counted) rather than fail."""
+        """Checkpoint after upkeep. DuckDB may refuse while a query that started before the
+        upkeep's changes is still running; such queries are short, so retry for a while, then
+        leave it to the next upkeep (counted) rather than fail."""
         for attempt in range(CHECKPOINT_TRIES):
             try:
                 self._checkpoint(con)

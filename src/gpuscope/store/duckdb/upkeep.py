@@ -3,9 +3,9 @@ each closed hour), rollups, retention.
 
 All of it runs on its own cursor, concurrently with appends and queries. Three locks keep it
 safe: the caller holds the DDL lock throughout (a new metric column must not be added to a table
-this transaction writes: DuckDB would abort one of them); the commit lock is taken only to swap
-the hot table and to checkpoint (DuckDB refuses to checkpoint while a write transaction is open);
-the view lock makes committing a chunk change and publishing it to queries one step.
+this transaction writes: DuckDB would abort one of them); the commit lock is taken only to
+checkpoint (DuckDB refuses to checkpoint while a write transaction is open) and to shed cached
+blocks; the view lock makes committing a chunk change and publishing it to queries one step.
 """
 
 from __future__ import annotations
@@ -13,22 +13,25 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import duckdb
 
 from gpuscope.store.duckdb import maintenance as sql
 from gpuscope.store.duckdb.chunks import Chunk, ChunkSet
-from gpuscope.store.duckdb.schema import hot_table_swap, one
+from gpuscope.store.duckdb.schema import one
 from gpuscope.store.duckdb.watermarks import HOUR_MS, MINUTE_MS, Watermarks, later
 
 #: Retention checkpoints only once the WAL holds this much (by default). A checkpoint rewrites every row group
 #: that changed since the last, whole: the hot table's last, partly filled one (up to 122,880 rows
 #: of every metric) each time, which lifted a 64-node hub's RSS by 12-98 MiB every minute when
-#: retention checkpointed after each run. The seal checkpoints after each swap of the hot table,
-#: when it holds one seal interval at most; this is for stores that seal seldom or never.
+#: retention checkpointed after each run. The seal checkpoints after each of its deletes, when the
+#: hot table holds one or two seal intervals; this is for stores that seal seldom or never.
 COMPACT_CHECKPOINT_WAL_BYTES = 32 * 2**20
+#: Cached table blocks are shed only when this much more than the cache bound is held: each shed
+#: sets DuckDB's limit twice, which is cheap, but not worth it for a few blocks.
+SHED_SLACK_BYTES = 4 * 2**20
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,16 +44,13 @@ class Retention:
     batch_id_ttl_s: float
 
 
-@contextlib.contextmanager
-def _transaction(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    con.execute("BEGIN")
-    try:
-        yield
-    except BaseException:
-        with contextlib.suppress(duckdb.Error):
-            con.execute("ROLLBACK")
-        raise
-    con.execute("COMMIT")
+@dataclass(frozen=True, slots=True)
+class CacheBound:
+    """How much of DuckDB's buffer pool cached table blocks may keep between upkeeps
+    (``storage.cache_limit``), and the pool's limit to restore after shedding the rest."""
+
+    cache_bytes: int
+    memory_limit: str
 
 
 class Upkeep:
@@ -68,6 +68,7 @@ class Upkeep:
         seal_interval_ms: int,
         lag_ms: int,
         retention: Retention,
+        cache: CacheBound | None = None,
     ) -> None:
         self.con = con
         self.chunks = chunks
@@ -81,6 +82,7 @@ class Upkeep:
         self.seal_interval_ms = seal_interval_ms
         self.lag_ms = lag_ms
         self.retention = retention
+        self.cache = cache
         self.checkpoint_due = False  # a checkpoint DuckDB refused, to retry on the next call
 
     def rollup(self, now_ms: int) -> dict[str, int]:
@@ -142,8 +144,12 @@ class Upkeep:
     def seal(self, cut: int, cols: list[int]) -> list[Chunk]:
         """Move hot rows older than ``cut`` into Parquet pieces, one per hour they fall in (a hot
         table that holds hours, after downtime, is sorted an hour at a time, and retention drops
-        whole hours), then give the hot table a fresh start (see :func:`hot_table_swap`) and
-        checkpoint."""
+        whole hours), then checkpoint.
+
+        The checkpoint drops the sealed rows from the hot table's row groups (DuckDB vacuums
+        deleted rows as it writes a row group). The table is not copied afresh as it once was: that
+        copy held the live rows (1-2 minutes of every metric) twice, lifting a 64-node hub's RSS by
+        up to ~20 MiB each minute, with the writer held out."""
         con = self.con
         row = one(con, "SELECT min(ts) FROM samples WHERE ts < ?", [cut])
         if row is None or row[0] is None:
@@ -168,9 +174,6 @@ class Upkeep:
             raise
         if not pieces:
             return []
-        with self.commit_lock, _transaction(con):  # the writer appends to `samples`: keep it out
-            for stmt in hot_table_swap(cols):
-                con.execute(stmt)
         self.checkpoint_due = not self.checkpoint(con)
         return pieces
 
@@ -252,4 +255,32 @@ class Upkeep:
             raise
         if self.checkpoint_due or self.wal_bytes() >= self.wal_checkpoint_bytes:
             self.checkpoint_due = not self.checkpoint(con)
+        report["cache_shed_bytes"] = self.shed_cache()
         return report
+
+    def shed_cache(self) -> int:
+        """Evict cached table blocks beyond the cache bound; the bytes DuckDB's pool gave up.
+
+        DuckDB has no call to drop its cache, and it evicts only to stay under ``memory_limit``:
+        so the limit is lowered to what the pool holds less the excess and set back at once. Only
+        BASE_TABLE's excess is asked for: those blocks are on disk and are dropped (measured: the
+        pool gave them up, not the hot table's unwritten rows, which it would spill to its temp
+        directory). The writer is held out meanwhile; a query that needs memory in between
+        evicts from the ``cache_bytes`` of blocks left rather than failing."""
+        if self.cache is None:
+            return 0
+        con = self.con
+        held = dict(con.execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall())
+        excess = int(held.get("BASE_TABLE", 0)) - self.cache.cache_bytes
+        if excess < SHED_SLACK_BYTES:
+            return 0
+        total = sum(int(v) for v in held.values())
+        with self.commit_lock:
+            try:
+                con.execute(f"SET memory_limit = '{total - excess}B'")
+            except duckdb.Error:
+                pass  # could not evict that far (pinned): what it did evict is still shed
+            finally:
+                con.execute(f"SET memory_limit = '{self.cache.memory_limit}'")
+        after = one(con, "SELECT sum(memory_usage_bytes) FROM duckdb_memory()")
+        return max(0, total - int(after[0])) if after and after[0] is not None else 0
