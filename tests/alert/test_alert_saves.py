@@ -96,3 +96,16 @@ def test_a_save_from_another_thread_during_an_evaluation_is_not_held_for_its_wri
         assert seen == [True]
     finally:
         rig.close()
+
+
+def test_acknowledging_an_incident_saves_its_alerts_in_one_store_write(sink: Sink, clock: Clock) -> None:
+    rig = Rig({"receivers": [{"name": "hook", "webhook": {"url": f"{sink.url}/hook"}}]}, clock)
+    try:
+        rig.step(0, [lost(str(g), "node-1") for g in range(4)])  # one node's GPUs: one incident
+        (incident,) = rig.hub.alerts.incidents()
+        before = writes(rig)
+        assert len(rig.service.ack(incident.id, "alice")) == 4
+        assert writes(rig) == before + 1
+        assert all(a.details["ack"]["by"] == "alice" for a in rig.store.alerts(firing_only=True))
+    finally:
+        rig.close()
