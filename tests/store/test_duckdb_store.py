@@ -287,3 +287,27 @@ def test_closed_store_refuses_work(tmp_path) -> None:
     store.close()
     with pytest.raises(Exception, match="closed"):
         store.append(Batch("s"))
+
+
+def test_alerts_saved_together_are_one_write_and_a_repeated_alert_is_saved_as_listed_last() -> None:
+    store = DuckDBStore(":memory:", durable=False)
+    try:
+        alerts = [
+            Alert(f"al-{i}", "gpu_lost", "P1", "infra", {"node": f"n{i}", "gpu": "0"}, 10.0 + i, "lost", 1.0)
+            for i in range(300)
+        ]
+        store.save_alerts(alerts[:200])
+        again = Alert("al-7", "gpu_lost", "P1", "infra", {"node": "n7", "gpu": "0"}, 17.0, "lost", 1.0)
+        again.resolved_at = 30.0
+        store.save_alerts([*alerts[150:], again])  # al-7 updated, 150..199 written again
+        store.save_alerts([])
+        assert store.counters.get("store.alert_writes") == 2
+        back = {a.id: a for a in store.alerts(limit=1000)}
+        assert len(back) == 300 and back["al-7"].resolved_at == 30.0
+        assert [a.id for a in store.alerts(firing_only=True, limit=1000)] == [
+            f"al-{i}" for i in range(299, -1, -1) if i != 7
+        ]
+        store.save_alert(alerts[0])
+        assert store.counters.get("store.alert_writes") == 3
+    finally:
+        store.close()

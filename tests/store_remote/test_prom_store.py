@@ -204,6 +204,24 @@ def test_postgres_meta_shared_by_two_hubs(postgres_dsn: str) -> None:
     b.close()
 
 
+def test_postgres_meta_saves_many_alerts_at_once_a_repeated_one_as_listed_last(postgres_dsn: str) -> None:
+    a, b = PostgresMeta(postgres_dsn), PostgresMeta(postgres_dsn)
+    alerts = [
+        Alert(f"al-{i}", "gpu_lost", "P1", "infra", {"node": f"n{i}"}, NOW + i, "lost", 1.0)
+        for i in range(50)
+    ]
+    a.save_alerts(alerts)
+    again = Alert("al-3", "gpu_lost", "P1", "infra", {"node": "n3"}, NOW + 3, "lost", 1.0)
+    again.resolved_at = NOW + 60
+    a.save_alerts([alerts[3], *alerts[40:], again])
+    a.save_alerts([])
+    back = {x.id: x for x in b.alerts()}
+    assert len(back) == 50 and back["al-3"].resolved_at == NOW + 60
+    assert len(b.alerts(firing_only=True)) == 49
+    a.close()
+    b.close()
+
+
 def test_postgres_meta_gpu_time_shared_and_folded_once_by_two_hubs(postgres_dsn: str) -> None:
     a, b = PostgresMeta(postgres_dsn), PostgresMeta(postgres_dsn)
     h = 3600.0 * 1000

@@ -91,7 +91,13 @@ class AlertEngine:
         self.continue_grace = 0.0
 
     def update(self, now: float, findings: list[Finding]) -> list[AlertChange]:
-        """Apply the findings of the evaluation at ``now``; returns what fired and what resolved."""
+        """Apply the findings of the evaluation at ``now``; returns what fired and what resolved.
+        Every transition is recorded (on a single hub: saved, in one store write) before it
+        returns, so an alert is kept before anyone is told of it."""
+        with self.state.batch():
+            return self._update(now, findings)
+
+    def _update(self, now: float, findings: list[Finding]) -> list[AlertChange]:
         if not math.isfinite(now):
             raise ValueError(f"evaluation time must be finite, got {now!r}")
         changes: list[AlertChange] = []

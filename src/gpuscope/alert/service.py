@@ -254,8 +254,9 @@ class AlertingService:
                 con.execute("INSERT OR REPLACE INTO acks VALUES (?, ?)", (fp, orjson.dumps(doc).decode()))
                 alert.details["ack"] = doc
                 self._history(con, now, alert.id, "acknowledged", f"by {by}: {comment}".rstrip(": "))
-        for alert in alerts:
-            self.hub.save_alert(alert)
+        with self.hub.alerts.state.batch():  # an incident's alerts in one store write
+            for alert in alerts:
+                self.hub.save_alert(alert)
         return alerts
 
     def _resolve_target(self, target: str) -> list[Alert]:

@@ -10,6 +10,8 @@ acknowledgements and playbooks see. One hub keeps them in memory and its store
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager
 from typing import Protocol
 
 from gpuscope.alert.incidents import Incident, IncidentTracker
@@ -47,6 +49,12 @@ class AlertState(Protocol):
         """Keep what the alert layer attached to an alert (playbook results, acknowledgement)."""
         ...
 
+    def batch(self) -> AbstractContextManager[None]:
+        """Record the transitions of one evaluation together: what this thread records inside the
+        block is kept, in one write where the backend allows, by the time the block ends (before
+        anyone is told of them)."""
+        ...
+
     def resumed(self) -> list[Alert]:
         """At start: the alerts that were firing when the hub stopped, to continue (new ids follow
         the stored ones)."""
@@ -59,6 +67,12 @@ class AlertState(Protocol):
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
         """Stored alerts, newest start first (also those of earlier runs of the hub)."""
         ...
+
+
+class _Held(threading.local):
+    """The alerts a thread's open :meth:`LocalAlertState.batch` will save (None: no batch)."""
+
+    alerts: list[Alert] | None = None
 
 
 class LocalAlertState:
@@ -89,6 +103,8 @@ class LocalAlertState:
         #: the number of the last alert id handed out (a restarted hub continues after its stored ones)
         self.last = 0
         self._lock = threading.Lock()
+        #: per thread: an acknowledgement saved from an API thread during an evaluation is not held
+        self._held = _Held()
 
     def next_id(self) -> str:
         self.last += 1
@@ -123,8 +139,27 @@ class LocalAlertState:
                 self._incidents.add(alert, None)
 
     def save(self, alert: Alert) -> None:
-        if self.store is not None:
+        held = self._held.alerts
+        if held is not None:
+            held.append(alert)
+        elif self.store is not None:
             self.store.save_alert(alert)
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """Save what is recorded inside the block in one store write when it ends, also when it
+        ends by an exception (what fired before it is in memory, so it is kept)."""
+        if self._held.alerts is not None:  # nested: the outer block saves
+            yield
+            return
+        held: list[Alert] = []
+        self._held.alerts = held
+        try:
+            yield
+        finally:
+            self._held.alerts = None
+            if held and self.store is not None:
+                self.store.save_alerts(held)
 
     def resumed(self) -> list[Alert]:
         if self.store is None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import orjson
@@ -86,6 +87,11 @@ class PgAlertState:
 
     def continued(self, alerts: list[Alert]) -> None:
         """Continued alerts are in PostgreSQL already."""
+
+    def batch(self) -> AbstractContextManager[None]:
+        """Each transition stays its own transaction: a fired alert must learn at once whether
+        another hub already fires it."""
+        return nullcontext()
 
     def resumed(self) -> list[Alert]:
         """A member continues the firing alerts of the shards it takes, as it takes them."""

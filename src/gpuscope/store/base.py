@@ -6,7 +6,7 @@ interface, so a remote TSDB backend can stand in without changing them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -69,6 +69,11 @@ class RecordStore(Protocol):
 
     def save_alert(self, alert: Alert) -> None:
         """Insert or update an alert (keyed by its id)."""
+        ...
+
+    def save_alerts(self, alerts: Sequence[Alert]) -> None:
+        """Insert or update several alerts (keyed by id) in one write: one transaction, all or
+        none. An alert listed twice is saved as listed last."""
         ...
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]: ...

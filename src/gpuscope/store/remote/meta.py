@@ -12,13 +12,14 @@ import queue
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import orjson
 import psycopg
 
 from gpuscope.model import Alert, Batch, Event, Labels, TrainingRecord
+from gpuscope.store.alert_docs import alert_doc, latest
 from gpuscope.store.base import AppendResult, GpuTime, RecordStore
 from gpuscope.store.errors import StoreError
 from gpuscope.store.event_filter import event_filter
@@ -263,14 +264,18 @@ class PostgresMeta:
         ]
 
     def save_alert(self, alert: Alert) -> None:
-        doc = orjson.dumps(
-            alert.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS, default=str
-        ).decode()
-        with self._conn() as con:
-            con.execute(
+        self.save_alerts([alert])
+
+    def save_alerts(self, alerts: Sequence[Alert]) -> None:
+        rows = [(a.id, a.started_at, a.resolved_at, alert_doc(a)) for a in latest(alerts)]
+        if not rows:
+            return
+        # one transaction, its statements pipelined by psycopg into one round trip
+        with self._conn() as con, con.transaction(), con.cursor() as cur:
+            cur.executemany(
                 "INSERT INTO gpuscope_alerts VALUES (%s, %s, %s, %s) ON CONFLICT (id) DO UPDATE SET "
                 "started_at = EXCLUDED.started_at, resolved_at = EXCLUDED.resolved_at, doc = EXCLUDED.doc",
-                [alert.id, alert.started_at, alert.resolved_at, doc],
+                rows,
             )
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:

@@ -9,6 +9,7 @@ itself is still open (the meta store may be shared and outlive it).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 from gpuscope.model import Alert, Event, Labels, TrainingRecord
 from gpuscope.store.base import GpuTime
@@ -44,6 +45,10 @@ class MetaRecords(ABC):
     def save_alert(self, alert: Alert) -> None:
         self._check_open()
         self.meta.save_alert(alert)
+
+    def save_alerts(self, alerts: Sequence[Alert]) -> None:
+        self._check_open()
+        self.meta.save_alerts(alerts)
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
         self._check_open()
