@@ -30,6 +30,7 @@ from gpuscope.cluster.ring import entity_shard
 from gpuscope.cluster.schema import NS_ALERT_VERSION
 from gpuscope.cluster.txretry import in_tx
 from gpuscope.model import Alert, Labels
+from gpuscope.store.alert_docs import alert_doc
 
 
 def entity_key(entity: dict[str, str]) -> str:
@@ -51,12 +52,6 @@ def _stamp(con: psycopg.Connection[Any], alert_id: str) -> None:
     con.execute(
         "UPDATE cluster_alerts SET version = nextval('cluster_alert_version_seq') WHERE id = %s", (alert_id,)
     )
-
-
-def _doc(alert: Alert) -> str:
-    return orjson.dumps(
-        alert.to_dict(), option=orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_NON_STR_KEYS, default=str
-    ).decode()
 
 
 class PgAlertState:
@@ -121,7 +116,7 @@ class PgAlertState:
                     alert.rule,
                     entity_key(alert.entity),
                     alert.started_at,
-                    _doc(alert),
+                    alert_doc(alert),
                     self.node.hub_id,
                     None if places is None else orjson.dumps(places).decode(),
                 ),
@@ -152,7 +147,7 @@ class PgAlertState:
             cur = con.execute(
                 "UPDATE cluster_alerts SET resolved_at = %s, doc = %s, hub_id = %s "
                 "WHERE id = %s AND resolved_at IS NULL",
-                (alert.resolved_at, _doc(alert), self.node.hub_id, alert.id),
+                (alert.resolved_at, alert_doc(alert), self.node.hub_id, alert.id),
             )
             if cur.rowcount == 0:
                 return False
