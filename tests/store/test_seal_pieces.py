@@ -72,6 +72,41 @@ def test_a_closed_hour_becomes_one_file_ordered_by_entity_in_each_piece(tmp_path
         exact(again, 0, HOUR + 14 * 60 - 1)
 
 
+def test_a_merge_joins_the_pieces_row_groups_without_decoding_them(tmp_path: Path) -> None:
+    path = tmp_path / "p.duckdb"
+    with DuckDBStore(str(path), seal_interval_s=PIECE, durable=False) as store:
+        upkeep_until(store, 0, HOUR + 60)
+        pieces = store.chunks.all()
+        assert len(pieces) == HOUR // PIECE - 1
+        store.rollup(HOUR + 130)  # seals the sixth piece, merges the hour
+        merged = next(c for c in store.chunks.all() if c.merged)
+        con = duckdb.connect()
+        groups = con.execute(
+            "SELECT row_group_id, row_group_num_rows, stats_min FROM parquet_metadata(?) "
+            "WHERE path_in_schema = 'ts' ORDER BY row_group_id",
+            [f"{path}.chunks/{merged.file}"],
+        ).fetchall()
+        con.close()
+        # one row group per piece, as each piece wrote it (a re-encoded hour would be one group)
+        assert [(g[0], g[1], int(g[2])) for g in groups] == [
+            (k, 2 * PIECE, k * PIECE * 1000) for k in range(6)
+        ]
+        exact(store, 0, HOUR + 59)
+
+
+def test_pieces_with_different_metrics_are_merged_by_decoding_them(tmp_path: Path) -> None:
+    with DuckDBStore(str(tmp_path / "p.duckdb"), seal_interval_s=PIECE, durable=False) as store:
+        upkeep_until(store, 0, 30 * 60)
+        power = [frame(float(t), ["power"], [gpu("n0", 0)], [[float(t)]]) for t in range(1800, HOUR)]
+        store.append(Batch("test", frames=power))  # a metric that appears halfway through the hour
+        upkeep_until(store, 30 * 60, HOUR + 12 * 60)
+        merged = next(c for c in store.chunks.all() if c.merged)
+        assert merged.rows == 2 * HOUR + 1800  # the power rows are rows of their own
+        exact(store, 0, HOUR + 12 * 60 - 1)
+        points = store.series("power", {"gpu": "0"}, 0, HOUR - 1, points=HOUR)
+        assert [(p.ts, p.value) for p in points] == [(float(t), float(t)) for t in range(1800, HOUR)]
+
+
 def test_a_hot_table_holding_hours_is_sealed_an_hour_at_a_time(tmp_path: Path) -> None:
     with DuckDBStore(str(tmp_path / "p.duckdb"), seal_interval_s=PIECE, durable=False) as store:
         fill(store, 0, 2 * HOUR + 700)  # a hub that was down: the first upkeep finds hours of rows
@@ -105,10 +140,22 @@ CRASH = textwrap.dedent(
     """
     import os, sys
     from gpuscope.store.duckdb import DuckDBStore
+    from gpuscope.store.duckdb import parquet_concat
     from gpuscope.store.duckdb.chunks import ChunkSet
 
     where = sys.argv[2]
     real_merge, real_replaced = ChunkSet.merge, ChunkSet.replaced
+
+    real_concat = parquet_concat.concat
+
+    def concat(sources, target):  # dies with half of the hour's bytes written, not fsynced
+        rows = real_concat(sources, target)
+        target.flush()
+        target.truncate(target.tell() // 2)
+        os._exit(9)
+
+    if where == "mid-write":
+        parquet_concat.concat = concat
 
     def merge(self, con, pieces):
         chunk = real_merge(self, con, pieces)
@@ -128,7 +175,7 @@ CRASH = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("where", ["before-commit", "after-commit"])
+@pytest.mark.parametrize("where", ["mid-write", "before-commit", "after-commit"])
 def test_a_crash_mid_merge_loses_and_duplicates_nothing(tmp_path: Path, where: str) -> None:
     path = tmp_path / "p.duckdb"
     with DuckDBStore(str(path), seal_interval_s=PIECE) as store:
@@ -139,7 +186,7 @@ def test_a_crash_mid_merge_loses_and_duplicates_nothing(tmp_path: Path, where: s
     on_disk = sorted(p.name.split("-")[0] for p in (tmp_path / "p.duckdb.chunks").iterdir())
     assert on_disk == ["chunk"] * 6 + ["hour"]
     with DuckDBStore(str(path), seal_interval_s=PIECE) as again:
-        kept = ["chunk"] * 6 if where == "before-commit" else ["hour"]
+        kept = ["hour"] if where == "after-commit" else ["chunk"] * 6
         assert files(again) == kept
         assert len(list((tmp_path / "p.duckdb.chunks").iterdir())) == len(kept)  # leftovers deleted
         exact(again, 0, HOUR + 59)

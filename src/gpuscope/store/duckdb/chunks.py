@@ -12,10 +12,10 @@ the next open deletes. Recent data stays in the hot table, where appends are WAL
 
 Pieces: the hot rows are sealed every few minutes (``seal_interval_s``), so that neither the hot
 table nor a seal's sort ever holds more than a piece; once an hour is closed its pieces are merged
-into one file (:meth:`ChunkSet.merge`: the pieces' rows concatenated, each piece already ordered by
-entity, so no sort), which keeps the number of files one per hour. The merged file is registered
-and the pieces unregistered in one transaction; a crash before it leaves the new file
-unregistered, after it the pieces, and the next open deletes whichever.
+into one file (:meth:`ChunkSet.merge`: the pieces' row groups joined as they are, each piece already
+ordered by entity, so nothing is sorted or decoded), which keeps the number of files one per hour.
+The merged file is registered and the pieces unregistered in one transaction; a crash before it
+leaves the new file unregistered, after it the pieces, and the next open deletes whichever.
 """
 
 from __future__ import annotations
@@ -25,20 +25,23 @@ import os
 import re
 import threading
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import duckdb
 
+from gpuscope.store.duckdb import parquet_concat
 from gpuscope.store.duckdb.schema import one
 from gpuscope.store.errors import StoreError
 from gpuscope.store.registry import ATTR_COLUMNS
 
 PARQUET_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP_SIZE 122880"
-#: A merge holds about four copies of a row group. Merging an hour of 64 nodes' one-minute pieces
-#: (2.0 M rows) lifted RSS by 169 MiB at 122,880 rows per group and 106 MiB at 61,440, and the
-#: file was 22.9 and 20.5 MiB (30,720: 93 MiB, but 33.5 MiB; bench/bench_seal_memory.py pieces).
+#: For the merge of pieces with different columns only (the others are joined undecoded): a
+#: decoding merge holds about four copies of a row group. Merging an hour of 64 nodes' one-minute
+#: pieces (2.0 M rows) lifted RSS by 169 MiB at 122,880 rows per group and 106 MiB at 61,440, and
+#: the file was 22.9 and 20.5 MiB (30,720: 93 MiB, but 33.5 MiB; bench/bench_seal_memory.py pieces).
 MERGE_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP_SIZE 61440"
 FILE_RE = re.compile(r"^(chunk|hour)-\d+-\d+-\d+\.parquet$")
 MERGED = "hour"  # the name of a file merged from an hour's pieces starts so; a piece's with "chunk"
@@ -97,6 +100,28 @@ def _check_chunk_file(path: Path, size: int) -> None:
             f"gpuscope store is damaged: chunk file {path} is {why}. Nothing was changed; restore "
             f"the store and its chunk directory from a backup"
         )
+
+
+def _copy(con: duckdb.DuckDBPyConnection, query: str, target: Path, options: str = PARQUET_OPTIONS) -> int:
+    """``query``'s rows written by DuckDB to the Parquet file ``target``; their count."""
+    written = one(con, f"COPY ({query}) TO {_sql_str(str(target))} ({options})")
+    return int(written[0]) if written else 0
+
+
+def _join(sources: list[Path], target: Path) -> int:
+    with target.open("wb") as out:
+        return parquet_concat.concat(sources, out)
+
+
+def _recode(sources: list[Path], cols: frozenset[int], target: Path) -> int:
+    """Files with different columns read and written again (missing metrics as NULL)."""
+    names = ", ".join([*BASE_COLUMNS, *(f"m{c}" for c in sorted(cols))])
+    files = ", ".join(_sql_str(str(p)) for p in sources)
+    query = f"SELECT {names} FROM read_parquet([{files}], union_by_name = true)"
+    # The copy runs in a DuckDB of its own with one thread: the store's threads would read
+    # row groups ahead of the writer and hold them (kept in order) for the store's whole limit.
+    with contextlib.closing(duckdb.connect(":memory:", config={"threads": 1})) as copier:
+        return _copy(copier, query, target, MERGE_OPTIONS)
 
 
 class _ReadsChunks(ABC):
@@ -225,7 +250,9 @@ class ChunkSet(_ReadsChunks):
         lo = int(row[0])
         names = ", ".join([*BASE_COLUMNS, *(f"m{c}" for c in cols)])
         query = f"SELECT {names} FROM samples WHERE ts < {int(cut)} ORDER BY entity, ts"
-        path, chunk = self._write(con, "chunk", query, lo, cut, frozenset(cols))
+        path, chunk = self._write(
+            con, "chunk", lo, cut, frozenset(cols), lambda target: _copy(con, query, target)
+        )
         try:
             con.execute("DELETE FROM samples WHERE ts < ?", [cut])
         except BaseException:
@@ -235,19 +262,28 @@ class ChunkSet(_ReadsChunks):
 
     def merge(self, con: duckdb.DuckDBPyConnection, pieces: list[Chunk]) -> Chunk:
         """Write ``pieces`` (in time order) as one chunk file, register it and unregister them, in
-        the caller's open transaction. Each piece is ordered by entity already: the rows are
-        concatenated, not sorted again, so a merge holds a row group at a time, not an hour."""
+        the caller's open transaction. Each piece is ordered by entity already: their row groups
+        are joined as they are, not decoded (:mod:`parquet_concat`), so a merge holds a 1 MiB
+        copy buffer and the pieces' footers. Pieces with different columns (a metric appeared in
+        the hour) are read and written again instead, a row group at a time."""
         assert self.directory is not None and len(pieces) > 1
         pieces = sorted(pieces, key=lambda c: (c.lo, c.file))
         cols = frozenset().union(*(c.cols for c in pieces))
-        names = ", ".join([*BASE_COLUMNS, *(f"m{c}" for c in sorted(cols))])
-        files = ", ".join(_sql_str(str(self.directory / c.file)) for c in pieces)
-        query = f"SELECT {names} FROM read_parquet([{files}], union_by_name = true)"
         lo, hi = min(c.lo for c in pieces), max(c.hi for c in pieces)
-        # The copy runs in a DuckDB of its own with one thread: the store's threads would read
-        # row groups ahead of the writer and hold them (kept in order) for the store's whole limit.
-        with contextlib.closing(duckdb.connect(":memory:", config={"threads": 1})) as copier:
-            path, chunk = self._write(con, MERGED, query, lo, hi, cols, copier, MERGE_OPTIONS)
+        paths = [self.directory / c.file for c in pieces]
+        if all(c.cols == cols for c in pieces):
+            try:
+                path, chunk = self._write(con, MERGED, lo, hi, cols, lambda target: _join(paths, target))
+            except parquet_concat.NotJoinable:
+                pass
+            else:
+                return self._check_merge(con, pieces, path, chunk)
+        path, chunk = self._write(con, MERGED, lo, hi, cols, lambda target: _recode(paths, cols, target))
+        return self._check_merge(con, pieces, path, chunk)
+
+    def _check_merge(
+        self, con: duckdb.DuckDBPyConnection, pieces: list[Chunk], path: Path, chunk: Chunk
+    ) -> Chunk:
         try:
             if chunk.rows != sum(c.rows for c in pieces):
                 raise StoreError(
@@ -264,14 +300,12 @@ class ChunkSet(_ReadsChunks):
         self,
         con: duckdb.DuckDBPyConnection,
         kind: str,
-        query: str,
         lo: int,
         hi: int,
         cols: frozenset[int],
-        copier: duckdb.DuckDBPyConnection | None = None,
-        options: str = PARQUET_OPTIONS,
+        produce: Callable[[Path], int],
     ) -> tuple[Path, Chunk]:
-        """``query``'s rows (run by ``copier``, else by ``con``) as a new, fsynced chunk file,
+        """A new, fsynced chunk file written by ``produce`` (which returns its row count),
         registered in ``con``'s open transaction."""
         assert self.directory is not None
         with self._lock:
@@ -280,11 +314,10 @@ class ChunkSet(_ReadsChunks):
         self.directory.mkdir(parents=True, exist_ok=True)
         path = self.directory / name
         try:
-            copy = f"COPY ({query}) TO {_sql_str(str(path))} ({options})"
-            written = one(copier if copier is not None else con, copy)
+            rows = produce(path)
             _fsync(path)
             _fsync(self.directory)
-            chunk = Chunk(name, lo, hi, int(written[0]) if written else 0, path.stat().st_size, cols)
+            chunk = Chunk(name, lo, hi, rows, path.stat().st_size, cols)
             con.execute(
                 "INSERT INTO chunks VALUES (?, ?, ?, ?, ?, ?)",
                 [chunk.file, chunk.lo, chunk.hi, chunk.rows, chunk.bytes, ",".join(map(str, sorted(cols)))],
