@@ -14,6 +14,7 @@ import pytest
 
 from gpuscope.model import Batch
 from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.store.duckdb.chunks import JOIN_ROWS
 from gpuscope.store.settings import StorageConfigError, parse_storage
 from store.store_helpers import fill, frame, gpu
 
@@ -72,26 +73,43 @@ def test_a_closed_hour_becomes_one_file_ordered_by_entity_in_each_piece(tmp_path
         exact(again, 0, HOUR + 14 * 60 - 1)
 
 
-def test_a_merge_joins_the_pieces_row_groups_without_decoding_them(tmp_path: Path) -> None:
+def row_groups(path: Path) -> list[tuple[int, int]]:
+    """(rows, first ts) of each row group of a Parquet file."""
+    con = duckdb.connect()
+    groups = con.execute(
+        "SELECT row_group_num_rows, stats_min FROM parquet_metadata(?) "
+        "WHERE path_in_schema = 'ts' ORDER BY row_group_id",
+        [str(path)],
+    ).fetchall()
+    con.close()
+    return [(int(n), int(lo)) for n, lo in groups]
+
+
+def test_a_merge_joins_large_pieces_row_groups_without_decoding_them(tmp_path: Path) -> None:
+    path = tmp_path / "p.duckdb"
+    n_gpus = JOIN_ROWS // PIECE + 1  # each piece holds just over JOIN_ROWS rows
+    with DuckDBStore(str(path), seal_interval_s=PIECE, durable=False) as store:
+        for minute in range(0, HOUR + 120, 60):
+            fill(store, minute, minute + 60, n_gpus=n_gpus)
+            store.rollup(minute + 70)
+        merged = next(c for c in store.chunks.all() if c.merged)
+        # one row group per piece, as each piece wrote it (a re-encoded hour would be 61,440-row groups)
+        assert row_groups(tmp_path / "p.duckdb.chunks" / merged.file) == [
+            (n_gpus * PIECE, k * PIECE * 1000) for k in range(6)
+        ]
+        assert merged.rows == n_gpus * HOUR
+        exact(store, 0, HOUR + 59)
+
+
+def test_small_pieces_are_merged_into_row_groups_of_a_run_of_them(tmp_path: Path) -> None:
     path = tmp_path / "p.duckdb"
     with DuckDBStore(str(path), seal_interval_s=PIECE, durable=False) as store:
-        upkeep_until(store, 0, HOUR + 60)
-        pieces = store.chunks.all()
-        assert len(pieces) == HOUR // PIECE - 1
-        store.rollup(HOUR + 130)  # seals the sixth piece, merges the hour
+        upkeep_until(store, 0, HOUR + 12 * 60)
         merged = next(c for c in store.chunks.all() if c.merged)
-        con = duckdb.connect()
-        groups = con.execute(
-            "SELECT row_group_id, row_group_num_rows, stats_min FROM parquet_metadata(?) "
-            "WHERE path_in_schema = 'ts' ORDER BY row_group_id",
-            [f"{path}.chunks/{merged.file}"],
-        ).fetchall()
-        con.close()
-        # one row group per piece, as each piece wrote it (a re-encoded hour would be one group)
-        assert [(g[0], g[1], int(g[2])) for g in groups] == [
-            (k, 2 * PIECE, k * PIECE * 1000) for k in range(6)
-        ]
-        exact(store, 0, HOUR + 59)
+        # six pieces of 1,200 rows: too small to compress well alone, so one row group of all six
+        assert row_groups(tmp_path / "p.duckdb.chunks" / merged.file) == [(2 * HOUR, 0)]
+        assert len(list((tmp_path / "p.duckdb.chunks").iterdir())) == 2  # no run's file is left
+        exact(store, 0, HOUR + 12 * 60 - 1)
 
 
 def test_pieces_with_different_metrics_are_merged_by_decoding_them(tmp_path: Path) -> None:
@@ -149,7 +167,7 @@ CRASH = textwrap.dedent(
     real_concat = parquet_concat.concat
 
     def concat(sources, target):  # dies with half of the hour's bytes written, not fsynced
-        rows = real_concat(sources, target)
+        real_concat(sources, target)
         target.flush()
         target.truncate(target.tell() // 2)
         os._exit(9)
@@ -184,7 +202,8 @@ def test_a_crash_mid_merge_loses_and_duplicates_nothing(tmp_path: Path, where: s
     run = subprocess.run([sys.executable, "-c", CRASH, str(path), where], capture_output=True, text=True)
     assert run.returncode == 9, run.stderr  # it sealed the sixth piece, then died merging the hour
     on_disk = sorted(p.name.split("-")[0] for p in (tmp_path / "p.duckdb.chunks").iterdir())
-    assert on_disk == ["chunk"] * 6 + ["hour"]
+    run = ["chunk"] if where == "mid-write" else []  # the six small pieces rewritten as one run
+    assert on_disk == ["chunk"] * 6 + run + ["hour"]
     with DuckDBStore(str(path), seal_interval_s=PIECE) as again:
         kept = ["hour"] if where == "after-commit" else ["chunk"] * 6
         assert files(again) == kept

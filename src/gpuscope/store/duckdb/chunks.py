@@ -43,6 +43,11 @@ PARQUET_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GRO
 #: pieces (2.0 M rows) lifted RSS by 169 MiB at 122,880 rows per group and 106 MiB at 61,440, and
 #: the file was 22.9 and 20.5 MiB (30,720: 93 MiB, but 33.5 MiB; bench/bench_seal_memory.py pieces).
 MERGE_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP_SIZE 61440"
+#: A piece of this many rows or more keeps its row groups in the merged hour (joined undecoded);
+#: smaller pieces are written again together, one row group per run of this many rows. Realistic
+#: telemetry (bench/bench_storage.py, 64 GPUs) cost 0.705 bytes/sample in row groups of 57,600 or
+#: more rows, 0.735 at 19,200 and 0.796 at 3,840; see docs/scaling.md (d).
+JOIN_ROWS = 30_720
 FILE_RE = re.compile(r"^(chunk|hour)-\d+-\d+-\d+\.parquet$")
 MERGED = "hour"  # the name of a file merged from an hour's pieces starts so; a piece's with "chunk"
 METRIC_RE = re.compile(r"^m(\d+)$")
@@ -113,7 +118,28 @@ def _join(sources: list[Path], target: Path) -> int:
         return parquet_concat.concat(sources, out)
 
 
-def _recode(sources: list[Path], cols: frozenset[int], target: Path) -> int:
+def _runs(pieces: list[Chunk]) -> list[list[Chunk]]:
+    """``pieces`` in order, in runs: a piece of :data:`JOIN_ROWS` rows or more alone, smaller
+    neighbours together until they hold that many."""
+    runs: list[list[Chunk]] = []
+    run: list[Chunk] = []
+    for piece in pieces:
+        if piece.rows >= JOIN_ROWS:
+            if run:
+                runs.append(run)
+                run = []
+            runs.append([piece])
+            continue
+        run.append(piece)
+        if sum(c.rows for c in run) >= JOIN_ROWS:
+            runs.append(run)
+            run = []
+    if run:
+        runs.append(run)
+    return runs
+
+
+def _recode(sources: list[Path], cols: frozenset[int], target: Path, options: str = MERGE_OPTIONS) -> int:
     """Files with different columns read and written again (missing metrics as NULL)."""
     names = ", ".join([*BASE_COLUMNS, *(f"m{c}" for c in sorted(cols))])
     files = ", ".join(_sql_str(str(p)) for p in sources)
@@ -121,7 +147,7 @@ def _recode(sources: list[Path], cols: frozenset[int], target: Path) -> int:
     # The copy runs in a DuckDB of its own with one thread: the store's threads would read
     # row groups ahead of the writer and hold them (kept in order) for the store's whole limit.
     with contextlib.closing(duckdb.connect(":memory:", config={"threads": 1})) as copier:
-        return _copy(copier, query, target, MERGE_OPTIONS)
+        return _copy(copier, query, target, options)
 
 
 class _ReadsChunks(ABC):
@@ -262,22 +288,41 @@ class ChunkSet(_ReadsChunks):
 
     def merge(self, con: duckdb.DuckDBPyConnection, pieces: list[Chunk]) -> Chunk:
         """Write ``pieces`` (in time order) as one chunk file, register it and unregister them, in
-        the caller's open transaction. Each piece is ordered by entity already: their row groups
-        are joined as they are, not decoded (:mod:`parquet_concat`), so a merge holds a 1 MiB
-        copy buffer and the pieces' footers. Pieces with different columns (a metric appeared in
-        the hour) are read and written again instead, a row group at a time."""
+        the caller's open transaction. Each piece is ordered by entity already, so nothing is
+        sorted: a piece of at least :data:`JOIN_ROWS` rows keeps its row groups as they are (joined
+        undecoded, :mod:`parquet_concat`); smaller ones are first read and written again as one
+        row group per run of them (zstd needs rows to compress well), a run at a time. Pieces with
+        different columns (a metric appeared in the hour) are read and written again instead."""
         assert self.directory is not None and len(pieces) > 1
         pieces = sorted(pieces, key=lambda c: (c.lo, c.file))
         cols = frozenset().union(*(c.cols for c in pieces))
         lo, hi = min(c.lo for c in pieces), max(c.hi for c in pieces)
-        paths = [self.directory / c.file for c in pieces]
+        directory = self.directory
         if all(c.cols == cols for c in pieces):
+            parts: list[Path] = []
+            runs: list[
+                Path
+            ] = []  # written for this merge only; unregistered, so a crash leaves them to the next open
             try:
-                path, chunk = self._write(con, MERGED, lo, hi, cols, lambda target: _join(paths, target))
+                for run in _runs(pieces):
+                    if len(run) == 1:
+                        parts.append(directory / run[0].file)
+                        continue
+                    with self._lock:
+                        self._seq += 1
+                        tmp = directory / f"chunk-{run[0].lo}-{run[-1].hi}-{self._seq}.parquet"
+                    runs.append(tmp)
+                    _recode([directory / c.file for c in run], cols, tmp, PARQUET_OPTIONS)
+                    parts.append(tmp)
+                path, chunk = self._write(con, MERGED, lo, hi, cols, lambda target: _join(parts, target))
             except parquet_concat.NotJoinable:
                 pass
             else:
                 return self._check_merge(con, pieces, path, chunk)
+            finally:
+                for tmp in runs:
+                    tmp.unlink(missing_ok=True)
+        paths = [directory / c.file for c in pieces]
         path, chunk = self._write(con, MERGED, lo, hi, cols, lambda target: _recode(paths, cols, target))
         return self._check_merge(con, pieces, path, chunk)
 
