@@ -2,11 +2,12 @@
 
 Every ``seal_interval_s`` the DuckDB store moves the hot table's closed rows into a Parquet piece,
 sorted by GPU and time (``COPY ... ORDER BY entity, ts``), and once an hour is closed it merges
-the hour's pieces into one file (concatenated, not sorted again). For 64 nodes an hour is about
-2 million rows of ~50 metrics. The sort is the largest allocation a hub makes (DuckDB's
-``memory_limit`` caps it, the rest spills), and the hot table it sorts is what DuckDB's buffer pool
-holds between seals; both scale with the interval. ``--intervals 3600`` is the hourly seal of
-before (one sort of the whole hour, nothing to merge).
+the hour's pieces into one file (their row groups joined undecoded, or small pieces written again
+in runs; not sorted again). For 64 nodes an hour is about 2 million rows of ~50 metrics. The
+sort is the largest allocation a hub makes (DuckDB's ``memory_limit`` caps it, the rest spills),
+and the hot table it sorts is what DuckDB's buffer pool holds between seals; both scale with the
+interval. ``--intervals 3600`` is the hourly seal of before (one sort of the whole hour, nothing
+to merge).
 
 This bench fills a durable store one interval at a time with the load generator's fleet (a 60-s
 window ingested through the store, then copied forward by SQL, as ``bench_store_age`` does), with
