@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -54,6 +55,13 @@ def _stamp(con: psycopg.Connection[Any], alert_id: str) -> None:
     )
 
 
+class _Held(threading.local):
+    """The alerts fired inside a thread's open :meth:`PgAlertState.batch`, joined to their
+    incidents when it ends (None: no batch open)."""
+
+    alerts: list[Alert] | None = None
+
+
 class PgAlertState:
     """The cluster's alerts and outbox; writes on the owner's locked session, reads on their own."""
 
@@ -69,12 +77,20 @@ class PgAlertState:
         self._version = -1  # rows written before versions existed have version 0
         #: rows read by :meth:`view` since start (the incremental reads' measure)
         self.rows_read = 0
+        #: incident regroupings (:meth:`view`) since start: one per evaluation that fired, not per alert
+        self.views = 0
+        self._held = _Held()
 
     # -- AlertState ---------------------------------------------------------------------------
 
     def fired(self, alert: Alert, places: list[Labels] | None, now: float) -> Alert | None:
         theirs = self.write_fired(alert, now, places)
-        self._join_incidents([alert if theirs is None else theirs])
+        joined = alert if theirs is None else theirs
+        held = self._held.alerts
+        if held is not None:
+            held.append(joined)
+        else:
+            self._join_incidents([joined])
         return theirs
 
     def resolved(self, alert: Alert, now: float) -> bool:
@@ -83,10 +99,22 @@ class PgAlertState:
     def continued(self, alerts: list[Alert]) -> None:
         """Continued alerts are in PostgreSQL already."""
 
-    def batch(self) -> AbstractContextManager[None]:
+    @contextmanager
+    def batch(self) -> Iterator[None]:
         """Each transition stays its own transaction: a fired alert must learn at once whether
-        another hub already fires it."""
-        return nullcontext()
+        another hub already fires it. What fired inside the block joins its incidents once, when
+        the block ends (before anyone is told of it): a regrouping per alert made an evaluation
+        that fires N alerts cost N passes over every alert of the cluster."""
+        if self._held.alerts is not None:  # nested: the outer block joins
+            yield
+            return
+        held: list[Alert] = []
+        self._held.alerts = held
+        try:
+            yield
+        finally:
+            self._held.alerts = None
+            self._join_incidents(held)
 
     def resumed(self) -> list[Alert]:
         """A member continues the firing alerts of the shards it takes, as it takes them."""
@@ -213,6 +241,7 @@ class PgAlertState:
                 "SELECT seq, doc, places, version FROM cluster_alerts WHERE version > %s ORDER BY version",
                 (self._version,),
             ).fetchall()
+            self.views += 1
             self.rows_read += len(rows)
             for seq, doc, places, version in rows:
                 alert = Alert(**orjson.loads(doc))
