@@ -37,7 +37,7 @@ from gpuscope.alert.outbox import Outbox, OutboxBackend, Sender
 from gpuscope.alert.playbooks import PLAYBOOKS
 from gpuscope.alert.settings import AlertingSettings
 from gpuscope.alert.silences import Silence, Silences, new_silence, parse_config_silences
-from gpuscope.alert.statedb import StateBackend, StateDB
+from gpuscope.alert.statedb import Connection, StateBackend, StateDB
 from gpuscope.alert.triage import run_playbook
 from gpuscope.alert.triagequeue import BUDGET_S, QUEUE_SIZE, Job, TriageQueue
 from gpuscope.counters import Counters
@@ -244,16 +244,23 @@ class AlertingService:
 
     def ack(self, target: str, by: str, comment: str = "") -> list[Alert]:
         """Acknowledge an alert (``al-N``) or every firing alert of an incident (``inc-N``)."""
-        alerts = self._resolve_target(target)
+        # rows are taken in one order (their key's) by every hub: two acknowledgements of
+        # overlapping incidents cannot lock each other's rows in opposite orders
+        alerts = sorted(self._resolve_target(target), key=fingerprint)
         now = self.clock()
         doc = {"by": by, "comment": comment, "at": now}
-        with self._lock, self.db.tx() as con:
+        text = orjson.dumps(doc).decode()
+
+        def write(con: Connection) -> None:
             for alert in alerts:
-                fp = fingerprint(alert)
-                self._acks[fp] = doc
-                con.execute("INSERT OR REPLACE INTO acks VALUES (?, ?)", (fp, orjson.dumps(doc).decode()))
-                alert.details["ack"] = doc
+                con.execute("INSERT OR REPLACE INTO acks VALUES (?, ?)", (fingerprint(alert), text))
                 self._history(con, now, alert.id, "acknowledged", f"by {by}: {comment}".rstrip(": "))
+
+        with self._lock:
+            self.db.transact(write)
+            for alert in alerts:
+                self._acks[fingerprint(alert)] = doc
+                alert.details["ack"] = doc
         with self.hub.alerts.state.batch():  # an incident's alerts in one store write
             for alert in alerts:
                 self.hub.save_alert(alert)
