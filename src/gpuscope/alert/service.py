@@ -4,9 +4,9 @@ It listens to the hub's alert changes (fired, escalated, resolved) and only queu
 the time they happened (:mod:`.triagequeue`): the evaluation that produced them goes on at once.
 Its threads:
 
-- the triage worker takes the changes in order: a fired alert gets its playbook run and attached
-  (and saved), then is recorded in the history and routed to receivers; a resolution or
-  escalation is recorded and routed in its turn;
+- the triage worker takes the changes in order, a pass at a time: a fired alert gets its playbook
+  run and attached (the pass's playbooks saved in one store write), then is recorded in the
+  history and routed to receivers; a resolution or escalation is recorded and routed in its turn;
 - the clock, every second, re-evaluates timing, mutes and escalation, and dispatches without
   their playbooks the alerts that waited past the triage budget;
 - the outbox thread delivers.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -86,7 +86,7 @@ class AlertSource(Protocol):
 
     def save_alert(self, alert: Alert) -> None: ...
 
-    def attach(self, alert: Alert, key: str, value: Any) -> None: ...
+    def attach_all(self, attached: Sequence[tuple[Alert, str, Any]]) -> None: ...
 
     def add_listener(self, listener: Callable[[AlertChange], None]) -> None: ...
 
@@ -151,7 +151,12 @@ class AlertingService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.queue = TriageQueue(
-            self._triage, self._dispatch, size=triage_queue, budget=triage_budget, counters=self.counters
+            self._triage,
+            self._attach,
+            self._dispatch,
+            size=triage_queue,
+            budget=triage_budget,
+            counters=self.counters,
         )
         self._reads: Reads | None = None  # the store's answers the playbooks of a burst share
         self._firing: list[Alert] = []
@@ -165,7 +170,7 @@ class AlertingService:
         happen off the evaluation (a history row is a write to the state database)."""
         self.queue.put(change, self.clock())
 
-    def _triage(self, job: Job) -> None:
+    def _triage(self, job: Job) -> dict[str, Any]:
         alert = job.change.alert
         if self._reads is None or not self._reads.fresh():
             self._reads = Reads(self.hub.store)
@@ -173,8 +178,11 @@ class AlertingService:
         if alert.id not in self._firing_ids:  # fired after the list was read
             self._firing = self.hub.firing()
             self._firing_ids = {a.id for a in self._firing}
-        book = run_playbook(alert, self._reads, alert.started_at, self._firing, self.counters)
-        self.hub.attach(alert, "playbook", book)
+        return run_playbook(alert, self._reads, alert.started_at, self._firing, self.counters)
+
+    def _attach(self, found: list[tuple[Job, Any]]) -> None:
+        """The playbooks of one pass of the triage worker, attached and saved in one store write."""
+        self.hub.attach_all([(job.change.alert, "playbook", book) for job, book in found])
 
     def _dispatch(self, job: Job, skipped: str) -> None:
         alert, kind = job.change.alert, job.change.kind

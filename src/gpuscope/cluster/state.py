@@ -56,10 +56,11 @@ def _stamp(con: psycopg.Connection[Any], alert_id: str) -> None:
 
 
 class _Held(threading.local):
-    """The alerts fired inside a thread's open :meth:`PgAlertState.batch`, joined to their
-    incidents when it ends (None: no batch open)."""
+    """What a thread's open :meth:`PgAlertState.batch` holds until it ends (None: no batch open):
+    the alerts fired, joined to their incidents then, and the alerts saved, written then."""
 
     alerts: list[Alert] | None = None
+    saves: list[Alert] | None = None
 
 
 class PgAlertState:
@@ -104,17 +105,22 @@ class PgAlertState:
         """Each transition stays its own transaction: a fired alert must learn at once whether
         another hub already fires it. What fired inside the block joins its incidents once, when
         the block ends (before anyone is told of it): a regrouping per alert made an evaluation
-        that fires N alerts cost N passes over every alert of the cluster."""
-        if self._held.alerts is not None:  # nested: the outer block joins
+        that fires N alerts cost N passes over every alert of the cluster. What was saved inside
+        the block (playbooks of a triage pass, escalations) is written in one transaction then."""
+        if self._held.alerts is not None:  # nested: the outer block joins and writes
             yield
             return
-        held: list[Alert] = []
-        self._held.alerts = held
+        fired: list[Alert] = []
+        saves: list[Alert] = []
+        self._held.alerts, self._held.saves = fired, saves
         try:
             yield
         finally:
-            self._held.alerts = None
-            self._join_incidents(held)
+            self._held.alerts = self._held.saves = None
+            try:
+                self.save_all(saves)
+            finally:
+                self._join_incidents(fired)
 
     def resumed(self) -> list[Alert]:
         """A member continues the firing alerts of the shards it takes, as it takes them."""
@@ -188,23 +194,37 @@ class PgAlertState:
     def save(self, alert: Alert) -> None:
         """Attach what the alert layer added to an alert (playbook results, acknowledgement) to its
         stored document; the rest of the document (its state) is the owner's and stays."""
+        held = self._held.saves
+        if held is not None:
+            held.append(alert)
+        else:
+            self.save_all([alert])
+
+    def save_all(self, alerts: list[Alert]) -> None:
+        """:meth:`save` for each alert, in one transaction; rows are locked in id order (an alert
+        listed twice is saved as listed last)."""
+        if not alerts:
+            return
+        last = {alert.id: alert for alert in alerts}
 
         def write(con: psycopg.Connection[Any]) -> None:
-            row = con.execute(
-                "SELECT doc FROM cluster_alerts WHERE id = %s FOR UPDATE", (alert.id,)
-            ).fetchone()
-            if row is None:
-                return
-            doc = orjson.loads(row[0])
-            doc["details"] = {
-                **(doc.get("details") or {}),
-                **{k: alert.details[k] for k in KEPT_DETAILS if k in alert.details},
-            }
-            con.execute(
-                "UPDATE cluster_alerts SET doc = %s WHERE id = %s",
-                (orjson.dumps(doc, default=str).decode(), alert.id),
-            )
-            _stamp(con, alert.id)
+            for alert_id in sorted(last):
+                alert = last[alert_id]
+                row = con.execute(
+                    "SELECT doc FROM cluster_alerts WHERE id = %s FOR UPDATE", (alert_id,)
+                ).fetchone()
+                if row is None:
+                    continue
+                doc = orjson.loads(row[0])
+                doc["details"] = {
+                    **(doc.get("details") or {}),
+                    **{k: alert.details[k] for k in KEPT_DETAILS if k in alert.details},
+                }
+                con.execute(
+                    "UPDATE cluster_alerts SET doc = %s WHERE id = %s",
+                    (orjson.dumps(doc, default=str).decode(), alert_id),
+                )
+                _stamp(con, alert_id)
 
         with self._read_lock:
             in_tx(self._read, write, self.node.counters)
