@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from gpuscope.alert.engine import AlertChange, AlertEngine
@@ -267,12 +267,17 @@ class Hub:
         self.alerts.state.save(alert)
 
     def attach(self, alert: Alert, key: str, value: Any) -> None:
-        """Attach what the alert layer found out (a playbook's answers) to an alert, and keep it.
-        Between evaluations: an evaluation rebuilds a firing alert's details and saves a
+        """Attach what the alert layer found out (a playbook's answers) to an alert, and keep it."""
+        self.attach_all([(alert, key, value)])
+
+    def attach_all(self, attached: Sequence[tuple[Alert, str, Any]]) -> None:
+        """Attach (alert, key, value) for each, and keep them in one write where the alert state
+        allows. Between evaluations: an evaluation rebuilds a firing alert's details and saves a
         resolution, and neither may cross this."""
-        with self._detect_lock:
-            alert.details[key] = value
-            self.alerts.state.save(alert)
+        with self._detect_lock, self.alerts.state.batch():
+            for alert, key, value in attached:
+                alert.details[key] = value
+                self.alerts.state.save(alert)
 
     def alert_view(self) -> tuple[list[Alert], list[Incident]]:
         """Every alert in the order they fired, and their incidents (a cluster's: all members')."""

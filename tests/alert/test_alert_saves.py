@@ -1,5 +1,6 @@
 """An evaluation's alert transitions reach the store in one write, before anyone hears of them;
-the triage worker's later save of an alert (its playbook) lands after that write and is what stays."""
+the triage worker's later save of an alert (its playbook) lands after that write and is what stays,
+the playbooks of one pass of the worker in one write."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def test_an_evaluation_firing_many_alerts_saves_them_in_one_store_write_before_t
         assert heard_stored == [True] * N
         assert all(alert[0].firing and "playbook" not in alert[0].details for alert in stored(rig).values())
 
+        before = writes(rig)
         assert rig.service.drain(10.0)  # triage: each alert saved again, with its playbook
+        assert writes(rig) == before + 1  # one pass of the worker: its playbooks in one write
         saved = stored(rig)
         assert sorted(saved) == sorted(c.alert.id for c in fired)
         assert all(len(copies) == 1 and "playbook" in copies[0].details for copies in saved.values())

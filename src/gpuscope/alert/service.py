@@ -4,9 +4,9 @@ It listens to the hub's alert changes (fired, escalated, resolved) and only queu
 the time they happened (:mod:`.triagequeue`): the evaluation that produced them goes on at once.
 Its threads:
 
-- the triage worker takes the changes in order: a fired alert gets its playbook run and attached
-  (and saved), then is recorded in the history and routed to receivers; a resolution or
-  escalation is recorded and routed in its turn;
+- the triage worker takes the changes in order, a pass at a time: a fired alert gets its playbook
+  run and attached (the pass's playbooks saved in one store write), then is recorded in the
+  history and routed to receivers; a resolution or escalation is recorded and routed in its turn;
 - the clock, every second, re-evaluates timing, mutes and escalation, and dispatches without
   their playbooks the alerts that waited past the triage budget;
 - the outbox thread delivers.
@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -37,7 +37,7 @@ from gpuscope.alert.outbox import Outbox, OutboxBackend, Sender
 from gpuscope.alert.playbooks import PLAYBOOKS
 from gpuscope.alert.settings import AlertingSettings
 from gpuscope.alert.silences import Silence, Silences, new_silence, parse_config_silences
-from gpuscope.alert.statedb import StateBackend, StateDB
+from gpuscope.alert.statedb import Connection, StateBackend, StateDB
 from gpuscope.alert.triage import run_playbook
 from gpuscope.alert.triagequeue import BUDGET_S, QUEUE_SIZE, Job, TriageQueue
 from gpuscope.counters import Counters
@@ -86,7 +86,7 @@ class AlertSource(Protocol):
 
     def save_alert(self, alert: Alert) -> None: ...
 
-    def attach(self, alert: Alert, key: str, value: Any) -> None: ...
+    def attach_all(self, attached: Sequence[tuple[Alert, str, Any]]) -> None: ...
 
     def add_listener(self, listener: Callable[[AlertChange], None]) -> None: ...
 
@@ -151,7 +151,12 @@ class AlertingService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.queue = TriageQueue(
-            self._triage, self._dispatch, size=triage_queue, budget=triage_budget, counters=self.counters
+            self._triage,
+            self._attach,
+            self._dispatch,
+            size=triage_queue,
+            budget=triage_budget,
+            counters=self.counters,
         )
         self._reads: Reads | None = None  # the store's answers the playbooks of a burst share
         self._firing: list[Alert] = []
@@ -165,7 +170,7 @@ class AlertingService:
         happen off the evaluation (a history row is a write to the state database)."""
         self.queue.put(change, self.clock())
 
-    def _triage(self, job: Job) -> None:
+    def _triage(self, job: Job) -> dict[str, Any]:
         alert = job.change.alert
         if self._reads is None or not self._reads.fresh():
             self._reads = Reads(self.hub.store)
@@ -173,8 +178,11 @@ class AlertingService:
         if alert.id not in self._firing_ids:  # fired after the list was read
             self._firing = self.hub.firing()
             self._firing_ids = {a.id for a in self._firing}
-        book = run_playbook(alert, self._reads, alert.started_at, self._firing, self.counters)
-        self.hub.attach(alert, "playbook", book)
+        return run_playbook(alert, self._reads, alert.started_at, self._firing, self.counters)
+
+    def _attach(self, found: list[tuple[Job, Any]]) -> None:
+        """The playbooks of one pass of the triage worker, attached and saved in one store write."""
+        self.hub.attach_all([(job.change.alert, "playbook", book) for job, book in found])
 
     def _dispatch(self, job: Job, skipped: str) -> None:
         alert, kind = job.change.alert, job.change.kind
@@ -244,16 +252,23 @@ class AlertingService:
 
     def ack(self, target: str, by: str, comment: str = "") -> list[Alert]:
         """Acknowledge an alert (``al-N``) or every firing alert of an incident (``inc-N``)."""
-        alerts = self._resolve_target(target)
+        # rows are taken in one order (their key's) by every hub: two acknowledgements of
+        # overlapping incidents cannot lock each other's rows in opposite orders
+        alerts = sorted(self._resolve_target(target), key=fingerprint)
         now = self.clock()
         doc = {"by": by, "comment": comment, "at": now}
-        with self._lock, self.db.tx() as con:
+        text = orjson.dumps(doc).decode()
+
+        def write(con: Connection) -> None:
             for alert in alerts:
-                fp = fingerprint(alert)
-                self._acks[fp] = doc
-                con.execute("INSERT OR REPLACE INTO acks VALUES (?, ?)", (fp, orjson.dumps(doc).decode()))
-                alert.details["ack"] = doc
+                con.execute("INSERT OR REPLACE INTO acks VALUES (?, ?)", (fingerprint(alert), text))
                 self._history(con, now, alert.id, "acknowledged", f"by {by}: {comment}".rstrip(": "))
+
+        with self._lock:
+            self.db.transact(write)
+            for alert in alerts:
+                self._acks[fingerprint(alert)] = doc
+                alert.details["ack"] = doc
         with self.hub.alerts.state.batch():  # an incident's alerts in one store write
             for alert in alerts:
                 self.hub.save_alert(alert)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
+
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS outbox (
@@ -72,6 +74,11 @@ class StateBackend(Protocol):
     shared: bool
 
     def tx(self) -> AbstractContextManager[Connection]: ...
+    def transact(self, work: Callable[[Connection], T]) -> T:
+        """``work`` in one transaction, committed on return; a shared backend runs it again when
+        the server aborted it to break a deadlock (``work`` must have no other effect)."""
+        ...
+
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]: ...
     def close(self) -> None: ...
 
@@ -104,6 +111,11 @@ class StateDB:
                 self._con.execute("ROLLBACK")
                 raise
             self._con.execute("COMMIT")
+
+    def transact(self, work: Callable[[Connection], T]) -> T:
+        """One transaction (one writer at a time: nothing to run again)."""
+        with self.tx() as con:
+            return work(con)
 
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         with self._lock:

@@ -1,10 +1,12 @@
 """Alert changes on their way to dispatch, off the evaluator's thread: an ordered, bounded queue.
 
 The hub's listener (the evaluation's thread) only puts a change here. One worker takes the changes
-in the order they happened: a fired alert's playbook is run and attached (the slow part: it reads
-the store), then the change is dispatched; a resolution or an escalation is dispatched in its
-turn. Whatever dispatches, dispatches in queue order, so a resolution never overtakes its alert's
-own fired notification, even when both happened inside one burst.
+in the order they happened, a pass at a time (at most ``PASS_JOBS`` changes or ``PASS_S`` seconds
+of playbooks): each fired alert's playbook is run (the slow part: it reads the store), the pass's
+playbooks are attached and saved together (one store write), then its changes are dispatched in
+order; a resolution or an escalation is dispatched in its turn. Whatever dispatches, dispatches
+in queue order, so a resolution never overtakes its alert's own fired notification, even when
+both happened inside one burst.
 
 Bounds, so that triage never stops detection nor holds a notification back without limit:
 
@@ -12,8 +14,8 @@ Bounds, so that triage never stops detection nor holds a notification back witho
   dispatched at once, in the listener's thread, without its playbook (``triage_skipped_queue_full``);
 - a fired alert that waited more than ``budget`` seconds is dispatched without its playbook
   (``triage_skipped_over_budget``), by the worker when it reaches it or by :meth:`shed_late`
-  (the alerting clock, every second) while the worker is still inside a slow playbook. The job
-  in the worker's hand is shed first, so the order holds.
+  (the alerting clock, every second) while the worker is still inside a slow playbook. The jobs
+  of the worker's pass are shed first, so the order holds.
 
 An alert dispatched without its playbook still carries the playbook's fixed parts (meaning,
 impact, mitigation: :func:`gpuscope.alert.service.alert_annotations`); its checks are not run
@@ -33,6 +35,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from gpuscope.alert.engine import AlertChange
 from gpuscope.counters import Counters
@@ -46,6 +49,10 @@ QUEUE_SIZE = 4096
 BUDGET_S = 30.0
 #: how long a stopping service triages what is queued before it dispatches the rest without
 STOP_DRAIN_S = 10.0
+#: the most changes one pass of the worker triages before it saves their playbooks and dispatches
+PASS_JOBS = 256
+#: a pass takes no further change once its playbooks ran this long (the first waits for the last)
+PASS_S = 0.5
 
 
 @dataclass(slots=True)
@@ -66,8 +73,10 @@ class Job:
         return self.change.kind == "fired"
 
 
-#: the playbook's part: run it and attach the result to the alert (no lock of the queue is held)
-Triage = Callable[[Job], None]
+#: the playbook's part: run it and return what to attach to the alert (no lock of the queue is held)
+Triage = Callable[[Job], Any]
+#: attach (and save, together) what the playbooks of one pass returned, before they are dispatched
+Attach = Callable[[list[tuple[Job, Any]]], None]
 #: dispatch a change; ``skipped`` says why a fired alert goes without its playbook ("" when it has it)
 Dispatch = Callable[[Job, str], None]
 
@@ -76,6 +85,7 @@ class TriageQueue:
     def __init__(
         self,
         triage: Triage,
+        attach: Attach,
         dispatch: Dispatch,
         *,
         size: int = QUEUE_SIZE,
@@ -86,13 +96,14 @@ class TriageQueue:
         if size < 1 or not budget > 0:
             raise ValueError("triage queue: need size >= 1 and budget > 0")
         self.triage = triage
+        self.attach = attach
         self.dispatch = dispatch
         self.size = size
         self.budget = budget
         self.counters = counters or Counters()
         self.clock = clock
         self._jobs: deque[Job] = deque()
-        self._hand: Job | None = None  # the job the worker triages now
+        self._hands: list[Job] = []  # the worker's pass: taken from the queue, not yet all dispatched
         self._cond = threading.Condition()
         #: held by whoever dispatches, so that jobs are dispatched in the order they were queued
         self._order = threading.Lock()
@@ -129,36 +140,52 @@ class TriageQueue:
                     self._cond.wait()
                 if not self._jobs:
                     return
-            self._work_one()
+            self._work_pass()
 
-    def _work_one(self) -> bool:
-        """Triage and dispatch the oldest job; False when there was none."""
-        with self._cond:
-            if not self._jobs:
-                return False
-            job = self._hand = self._jobs.popleft()
+    def _work_pass(self, most: int = PASS_JOBS) -> int:
+        """Take the oldest jobs (at most ``most``, or until their playbooks ran ``PASS_S``),
+        triage them, attach their playbooks in one go, then dispatch them in order; returns how
+        many were taken (0: none was queued)."""
+        taken: list[tuple[Job, bool]] = []  # (job, late: past the budget when taken)
+        found: list[tuple[Job, Any]] = []
+        started = time.monotonic()
         try:
-            late = self.clock() - job.queued > self.budget
-            if job.triaged and not late:
+            while len(taken) < most and time.monotonic() - started <= PASS_S:
+                with self._cond:
+                    if not self._jobs:
+                        break
+                    job = self._jobs.popleft()
+                    self._hands.append(job)
+                late = self.clock() - job.queued > self.budget
+                taken.append((job, late))
+                if job.triaged and not late and not job.done:
+                    try:
+                        found.append((job, self.triage(job)))
+                    except Exception:  # triage is help, not a gate: the alert still goes out
+                        self.counters.inc("playbook_errors")
+                        log.exception("playbook for %s failed", job.change.alert.id)
+            if found:
                 try:
-                    self.triage(job)
-                except Exception:  # triage is help, not a gate: the alert still goes out
-                    self.counters.inc("playbook_errors")
-                    log.exception("playbook for %s failed", job.change.alert.id)
+                    self.attach(found)
+                except Exception:  # the alerts still go out, with what their playbooks found
+                    self.counters.inc("playbook_errors", len(found))
+                    log.exception("attaching %d playbooks failed", len(found))
+            attached = {id(job) for job, _ in found}
             with self._order:
-                if job.done:  # shed while its playbook ran: attached late, receivers were told
-                    if job.skipped and not late:
-                        self.counters.inc("playbooks_attached_late")
-                else:
-                    skipped = "over budget" if job.triaged and late else ""
-                    if skipped:
-                        self.counters.inc("triage_skipped_over_budget")
-                    self._dispatch(job, skipped)
+                for job, late in taken:
+                    if job.done:  # shed while its playbook ran: attached late, receivers were told
+                        if job.skipped and id(job) in attached:
+                            self.counters.inc("playbooks_attached_late")
+                    else:
+                        skipped = "over budget" if job.triaged and late else ""
+                        if skipped:
+                            self.counters.inc("triage_skipped_over_budget")
+                        self._dispatch(job, skipped)
         finally:
             with self._cond:
-                self._hand = None
+                self._hands = []
                 self._cond.notify_all()
-        return True
+        return len(taken)
 
     def _dispatch(self, job: Job, skipped: str) -> None:
         """Dispatch one job; the caller holds the order lock."""
@@ -183,14 +210,14 @@ class TriageQueue:
 
     def _shed(self, due: Callable[[Job], bool], keep: int, why: str, counter: str) -> int:
         """Dispatch the oldest jobs while ``due`` holds of them, until ``keep`` remain queued:
-        the worker's job in hand first, as it is older than any queued."""
+        the jobs of the worker's pass first, as they are older than any queued."""
         shed = skipped = 0
         with self._order:
             with self._cond:
-                hand = self._hand
-            if hand is not None and not hand.done:
+                hands = [job for job in self._hands if not job.done]
+            for hand in hands:
                 if not due(hand):
-                    return 0
+                    return shed
                 skipped += hand.triaged
                 self._dispatch(hand, why if hand.triaged else "")
                 shed += 1
@@ -215,9 +242,10 @@ class TriageQueue:
             kept = [j for j in self._jobs if not gone(j.change.alert.entity)]
             dropped = len(self._jobs) - len(kept)
             self._jobs = deque(kept)
-            if self._hand is not None and not self._hand.done and gone(self._hand.change.alert.entity):
-                self._hand.done = True
-                dropped += 1
+            for hand in self._hands:
+                if not hand.done and gone(hand.change.alert.entity):
+                    hand.done = True
+                    dropped += 1
             self._cond.notify_all()
         return dropped
 
@@ -228,12 +256,12 @@ class TriageQueue:
         and the worker is idle (a playbook that ended late is attached); without a running
         worker, do its work in this thread. False if ``timeout`` ran out."""
         if not self.running():
-            while self._work_one():
+            while self._work_pass():
                 pass
             return True
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
-            while self._jobs or self._hand is not None:
+            while self._jobs or self._hands:
                 left = None if deadline is None else deadline - time.monotonic()
                 if left is not None and left <= 0:
                     return False
@@ -257,8 +285,8 @@ class TriageQueue:
         them has waited (0 when none)."""
         now = self.clock()
         with self._cond:
-            hand = self._hand if self._hand is not None and not self._hand.done else None
-            oldest = hand or (self._jobs[0] if self._jobs else None)
-            depth = len(self._jobs) + (hand is not None)
+            hands = [job for job in self._hands if not job.done]
+            oldest = hands[0] if hands else (self._jobs[0] if self._jobs else None)
+            depth = len(self._jobs) + len(hands)
         wait = 0.0 if oldest is None else max(0.0, now - oldest.queued)
         return {"depth": depth, "oldest_wait_seconds": wait}

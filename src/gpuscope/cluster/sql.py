@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import lru_cache
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 
 from gpuscope.cluster.membership import connect
 from gpuscope.cluster.schema import create_schema
+from gpuscope.cluster.txretry import in_tx
 from gpuscope.counters import Counters
+
+T = TypeVar("T")
 
 #: table -> (key columns, the other columns in table order): what ``INSERT OR REPLACE`` upserts
 UPSERTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
@@ -106,6 +109,12 @@ class PgSql:
         """One transaction, committed on exit (rolled back on error)."""
         with self._lock, self._live().transaction():
             yield self
+
+    def transact(self, work: Callable[[PgSql], T]) -> T:
+        """``work`` in one transaction, run again when PostgreSQL aborted it for a deadlock or a
+        serialization failure (:func:`gpuscope.cluster.txretry.in_tx`)."""
+        with self._lock:
+            return in_tx(self._live(), lambda _con: work(self), self.counters)
 
     def query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         return self.execute(sql, params).fetchall()

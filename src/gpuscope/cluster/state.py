@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
@@ -54,6 +55,14 @@ def _stamp(con: psycopg.Connection[Any], alert_id: str) -> None:
     )
 
 
+class _Held(threading.local):
+    """What a thread's open :meth:`PgAlertState.batch` holds until it ends (None: no batch open):
+    the alerts fired, joined to their incidents then, and the alerts saved, written then."""
+
+    alerts: list[Alert] | None = None
+    saves: list[Alert] | None = None
+
+
 class PgAlertState:
     """The cluster's alerts and outbox; writes on the owner's locked session, reads on their own."""
 
@@ -69,12 +78,20 @@ class PgAlertState:
         self._version = -1  # rows written before versions existed have version 0
         #: rows read by :meth:`view` since start (the incremental reads' measure)
         self.rows_read = 0
+        #: incident regroupings (:meth:`view`) since start: one per evaluation that fired, not per alert
+        self.views = 0
+        self._held = _Held()
 
     # -- AlertState ---------------------------------------------------------------------------
 
     def fired(self, alert: Alert, places: list[Labels] | None, now: float) -> Alert | None:
         theirs = self.write_fired(alert, now, places)
-        self._join_incidents([alert if theirs is None else theirs])
+        joined = alert if theirs is None else theirs
+        held = self._held.alerts
+        if held is not None:
+            held.append(joined)
+        else:
+            self._join_incidents([joined])
         return theirs
 
     def resolved(self, alert: Alert, now: float) -> bool:
@@ -83,10 +100,27 @@ class PgAlertState:
     def continued(self, alerts: list[Alert]) -> None:
         """Continued alerts are in PostgreSQL already."""
 
-    def batch(self) -> AbstractContextManager[None]:
+    @contextmanager
+    def batch(self) -> Iterator[None]:
         """Each transition stays its own transaction: a fired alert must learn at once whether
-        another hub already fires it."""
-        return nullcontext()
+        another hub already fires it. What fired inside the block joins its incidents once, when
+        the block ends (before anyone is told of it): a regrouping per alert made an evaluation
+        that fires N alerts cost N passes over every alert of the cluster. What was saved inside
+        the block (playbooks of a triage pass, escalations) is written in one transaction then."""
+        if self._held.alerts is not None:  # nested: the outer block joins and writes
+            yield
+            return
+        fired: list[Alert] = []
+        saves: list[Alert] = []
+        self._held.alerts, self._held.saves = fired, saves
+        try:
+            yield
+        finally:
+            self._held.alerts = self._held.saves = None
+            try:
+                self.save_all(saves)
+            finally:
+                self._join_incidents(fired)
 
     def resumed(self) -> list[Alert]:
         """A member continues the firing alerts of the shards it takes, as it takes them."""
@@ -160,23 +194,37 @@ class PgAlertState:
     def save(self, alert: Alert) -> None:
         """Attach what the alert layer added to an alert (playbook results, acknowledgement) to its
         stored document; the rest of the document (its state) is the owner's and stays."""
+        held = self._held.saves
+        if held is not None:
+            held.append(alert)
+        else:
+            self.save_all([alert])
+
+    def save_all(self, alerts: list[Alert]) -> None:
+        """:meth:`save` for each alert, in one transaction; rows are locked in id order (an alert
+        listed twice is saved as listed last)."""
+        if not alerts:
+            return
+        last = {alert.id: alert for alert in alerts}
 
         def write(con: psycopg.Connection[Any]) -> None:
-            row = con.execute(
-                "SELECT doc FROM cluster_alerts WHERE id = %s FOR UPDATE", (alert.id,)
-            ).fetchone()
-            if row is None:
-                return
-            doc = orjson.loads(row[0])
-            doc["details"] = {
-                **(doc.get("details") or {}),
-                **{k: alert.details[k] for k in KEPT_DETAILS if k in alert.details},
-            }
-            con.execute(
-                "UPDATE cluster_alerts SET doc = %s WHERE id = %s",
-                (orjson.dumps(doc, default=str).decode(), alert.id),
-            )
-            _stamp(con, alert.id)
+            for alert_id in sorted(last):
+                alert = last[alert_id]
+                row = con.execute(
+                    "SELECT doc FROM cluster_alerts WHERE id = %s FOR UPDATE", (alert_id,)
+                ).fetchone()
+                if row is None:
+                    continue
+                doc = orjson.loads(row[0])
+                doc["details"] = {
+                    **(doc.get("details") or {}),
+                    **{k: alert.details[k] for k in KEPT_DETAILS if k in alert.details},
+                }
+                con.execute(
+                    "UPDATE cluster_alerts SET doc = %s WHERE id = %s",
+                    (orjson.dumps(doc, default=str).decode(), alert_id),
+                )
+                _stamp(con, alert_id)
 
         with self._read_lock:
             in_tx(self._read, write, self.node.counters)
@@ -213,6 +261,7 @@ class PgAlertState:
                 "SELECT seq, doc, places, version FROM cluster_alerts WHERE version > %s ORDER BY version",
                 (self._version,),
             ).fetchall()
+            self.views += 1
             self.rows_read += len(rows)
             for seq, doc, places, version in rows:
                 alert = Alert(**orjson.loads(doc))

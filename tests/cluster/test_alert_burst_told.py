@@ -1,0 +1,186 @@
+"""A burst of alerts fired in one evaluation on a cluster member is told, every alert once: by the
+member itself, and by the member that takes its shards over when it is killed right after the
+evaluation (issue 13, the (c) run's "never notified" alerts). The evaluation joins the burst to
+its incidents in one pass over the cluster's alerts: one per alert made it quadratic (200 alerts
+beside 800 older ones: 17 s in the evaluator, nobody told meanwhile).
+
+Two in-process members share a real PostgreSQL; notifications go to a real webhook receiver, one
+group per alert (``group_wait`` 0, ``repeat_interval`` 24 h: any second notification of an alert
+is a duplicate)."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from alert.sink import Sink
+from gpuscope.cluster.member import ClusterMember
+from gpuscope.cluster.ring import shard_of
+from gpuscope.config import load_config
+from gpuscope.ingest.payload import parse_batch
+from gpuscope.runtime import Runtime, assemble
+from gpuscope.store.duckdb import DuckDBStore
+from support import wait_until
+
+SHARDS = 8
+BURST = 200
+RULE = "gpu_ecc_uncorrectable"
+
+
+def _member(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Runtime:
+    config = {
+        "cluster": {
+            "hub_id": f"hub-{name}",
+            "peer_token": "peer-token-for-the-test-0123",
+            "shards": SHARDS,
+            "lease_s": 1,
+        },
+        "state": {"postgres_dsn": dsn},
+        "receivers": [{"name": "hook", "webhook": {"url": f"{sink.url}/hook"}}],
+        "routes": [
+            {
+                "receiver": "hook",
+                "group_by": ["..."],
+                "group_wait": "0s",
+                "group_interval": "1s",
+                "repeat_interval": "24h",
+            }
+        ],
+    }
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    runtime = assemble(
+        load_config(path), store=DuckDBStore(":memory:", durable=False), serve=False, evaluate_interval=None
+    )
+    assert runtime.cluster is not None
+    runtime.cluster.join()
+    return runtime
+
+
+@pytest.fixture
+def members(postgres_dsn: str, tmp_path: Path) -> Iterator[tuple[Runtime, Runtime, Sink]]:
+    sink = Sink()
+    runtimes = [_member(tmp_path, name, postgres_dsn, sink) for name in "ab"]
+    try:
+        wait_until(
+            lambda: (
+                all(r.cluster is not None and r.cluster.node.owned for r in runtimes)
+                and sum(len(r.cluster.node.owned) for r in runtimes if r.cluster is not None) == SHARDS
+            ),
+            15,
+            "both members to own shards",
+        )
+        yield runtimes[0], runtimes[1], sink
+    finally:
+        for runtime in runtimes:
+            runtime.alerting.stop()
+            if runtime.cluster is not None:
+                runtime.cluster.leave()
+            runtime.hub.store.close()
+        sink.down()
+
+
+def _burst(runtime: Runtime, n: int, ts: float) -> list[str]:
+    """``n`` nodes of the member's shards, each with an uncorrectable ECC error, in one batch."""
+    assert runtime.cluster is not None
+    owned = runtime.cluster.node.owned
+    nodes = [f"node-{i}" for i in range(50 * n) if shard_of("node", f"node-{i}", SHARDS) in owned][:n]
+    assert len(nodes) == n
+    frames = [
+        {
+            "ts": at,
+            "metrics": ["gpu_ecc_dbe_volatile_total", "gpu_temp_celsius"],
+            "entities": [{"node": node, "gpu": "0"} for node in nodes],
+            "values": [[dbe, 60.0] for _ in nodes],
+        }
+        for at, dbe in ((ts - 1, 0.0), (ts, 2.0))
+    ]
+    runtime.hub.ingest(parse_batch({"source": "agent-burst", "frames": frames}))
+    return nodes
+
+
+def _told(sink: Sink) -> Counter[str]:
+    """node -> how many firing notifications of its ECC alert the receiver got."""
+    seen: Counter[str] = Counter()
+    for body in sink.bodies("/hook"):
+        for alert in body["alerts"]:
+            if alert["labels"].get("alertname") == RULE and alert["status"] == "firing":
+                seen[alert["labels"]["node"]] += 1
+    return seen
+
+
+def _kill(member: ClusterMember) -> None:
+    """What SIGKILL does to a member: its sessions close without a word, nothing is handed over,
+    nothing more is dispatched or delivered by it."""
+    node = member.node
+    node._stop.set()
+    node.con.close()
+    if node._listen_con is not None:
+        node._listen_con.close()
+    member._joined = False  # its threads and connections are gone with it; leave() must not run
+    member.forwarder.stop()
+    member.outbox.close()
+    member.state.close()
+
+
+def test_a_burst_fired_in_one_evaluation_is_told_once_per_alert(
+    members: tuple[Runtime, Runtime, Sink],
+) -> None:
+    a, b, sink = members
+    for runtime in (a, b):
+        runtime.alerting.start()
+    t0 = time.time()
+    nodes = _burst(b, BURST, t0)
+    assert b.cluster is not None
+    views = b.cluster.state.views
+    started = time.monotonic()
+    fired = [c for c in b.hub.evaluate(t0) if c.alert.rule == RULE and c.kind == "fired"]
+    evaluated = time.monotonic()
+    assert sorted(c.alert.entity["node"] for c in fired) == sorted(nodes)
+    # the burst joined its incidents in one pass over the cluster's alerts, not one per alert
+    assert b.cluster.state.views == views + 1
+    incidents = {i.id: set(i.members) for i in b.hub.alert_view()[1]}
+    assert all(c.alert.id in incidents.get(c.alert.incident or "", ()) for c in fired)
+    wait_until(lambda: set(_told(sink)) == set(nodes), 300, f"all {BURST} alerts told")
+    told_at = time.monotonic()
+    time.sleep(2.0)  # a second notification of any alert would be here by now
+    assert _told(sink) == Counter({node: 1 for node in nodes})
+    assert b.alerting.drain(30.0)
+    ids = {c.alert.id for c in fired}  # their playbooks, saved by passes of the triage worker
+    assert sum(1 for x in a.hub.alert_view()[0] if x.id in ids and "playbook" in x.details) == BURST
+    print(
+        f"{BURST} alerts: evaluation {evaluated - started:.1f} s, "
+        f"all told {told_at - evaluated:.1f} s after it"
+    )
+
+
+@pytest.mark.parametrize("dispatched", [0, BURST // 2])
+def test_a_burst_of_a_member_killed_after_its_evaluation_is_told_once_by_the_survivor(
+    members: tuple[Runtime, Runtime, Sink], dispatched: int
+) -> None:
+    """The member that fired the burst dispatches ``dispatched`` of its alerts into the cluster's
+    outbox (delivers none) and is killed; the survivor takes its shards and tells the rest."""
+    a, b, sink = members
+    assert a.cluster is not None and b.cluster is not None
+    a.alerting.start()
+    t0 = time.time()
+    nodes = _burst(b, BURST, t0)
+    fired = [c for c in b.hub.evaluate(t0) if c.alert.rule == RULE and c.kind == "fired"]
+    assert len(fired) == BURST
+    for _ in range(dispatched):  # what its triage worker got through before the kill
+        assert b.alerting.queue._work_pass(most=1) == 1
+    _kill(b.cluster)
+    killed = time.monotonic()
+    wait_until(lambda: a.cluster is not None and len(a.cluster.node.owned) == SHARDS, 30, "the takeover")
+    wait_until(lambda: set(_told(sink)) == set(nodes), 300, f"all {BURST} alerts told by the survivor")
+    told_at = time.monotonic()
+    time.sleep(2.0)
+    assert _told(sink) == Counter({node: 1 for node in nodes})
+    print(
+        f"{BURST} alerts, {dispatched} dispatched before the kill: all told {told_at - killed:.1f} s after it"
+    )
