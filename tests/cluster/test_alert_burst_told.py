@@ -202,12 +202,14 @@ def _statuses(sink: Sink) -> Counter[tuple[str, str]]:
 
 
 @pytest.mark.parametrize("members", ["3s"], indirect=True)
+@pytest.mark.parametrize("end", ["killed", "stopped"])
 def test_what_a_killed_member_resolved_and_had_not_told_is_told_by_the_survivor(
-    members: tuple[Runtime, Runtime, Sink],
+    members: tuple[Runtime, Runtime, Sink], end: str
 ) -> None:
-    """The member dies with a resolution waiting for its group's ``group_interval`` (told firing,
-    not resolved) and an alert that fired and resolved while its changes were still queued (told
-    nothing): the survivor tells both, once."""
+    """The member dies (or stops, as ``Runtime.stop`` does: alerting first, then it leaves) with
+    a resolution waiting for its group's ``group_interval`` (told firing, not resolved) and an
+    alert that fired and resolved while its changes were still queued (told nothing): the
+    survivor tells what is left, each once."""
     a, b, sink = members
     assert a.cluster is not None and b.cluster is not None
     owned = b.cluster.node.owned
@@ -231,7 +233,11 @@ def test_what_a_killed_member_resolved_and_had_not_told_is_told_by_the_survivor(
     b.hub.evaluate(t0 + 2)
     script.findings = [lost("0", told)]
     b.hub.evaluate(t0 + 3)  # `queued` fired and resolved: both changes still in b's queue
-    _kill(b.cluster)
+    if end == "killed":
+        _kill(b.cluster)
+    else:  # its queue is dispatched on the way out; what waits in its groups is left
+        b.alerting.stop()
+        b.cluster.leave()
     wait_until(lambda: a.cluster is not None and len(a.cluster.node.owned) == SHARDS, 30, "the takeover")
     wait_until(
         lambda: _statuses(sink)[(waiting, "resolved")] and _statuses(sink)[(queued, "resolved")],
