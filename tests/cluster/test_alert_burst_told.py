@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from alert.rig import Scripted, lost
 from alert.sink import Sink
 from gpuscope.cluster.member import ClusterMember
 from gpuscope.cluster.ring import shard_of
 from gpuscope.config import load_config
+from gpuscope.detect.engine import DetectionEngine
 from gpuscope.ingest.payload import parse_batch
 from gpuscope.runtime import Runtime, assemble
 from gpuscope.store.duckdb import DuckDBStore
@@ -32,7 +34,7 @@ BURST = 200
 RULE = "gpu_ecc_uncorrectable"
 
 
-def _member(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Runtime:
+def _member(tmp_path: Path, name: str, dsn: str, sink: Sink, group_interval: str = "1s") -> Runtime:
     config = {
         "cluster": {
             "hub_id": f"hub-{name}",
@@ -47,7 +49,7 @@ def _member(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Runtime:
                 "receiver": "hook",
                 "group_by": ["..."],
                 "group_wait": "0s",
-                "group_interval": "1s",
+                "group_interval": group_interval,
                 "repeat_interval": "24h",
             }
         ],
@@ -63,9 +65,12 @@ def _member(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Runtime:
 
 
 @pytest.fixture
-def members(postgres_dsn: str, tmp_path: Path) -> Iterator[tuple[Runtime, Runtime, Sink]]:
+def members(
+    postgres_dsn: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[Runtime, Runtime, Sink]]:
     sink = Sink()
-    runtimes = [_member(tmp_path, name, postgres_dsn, sink) for name in "ab"]
+    interval = getattr(request, "param", "1s")
+    runtimes = [_member(tmp_path, name, postgres_dsn, sink, interval) for name in "ab"]
     try:
         wait_until(
             lambda: (
@@ -184,3 +189,63 @@ def test_a_burst_of_a_member_killed_after_its_evaluation_is_told_once_by_the_sur
     print(
         f"{BURST} alerts, {dispatched} dispatched before the kill: all told {told_at - killed:.1f} s after it"
     )
+
+
+def _statuses(sink: Sink) -> Counter[tuple[str, str]]:
+    """(node, status) -> how many times the receiver was told it, of ``gpu_lost`` alerts."""
+    seen: Counter[tuple[str, str]] = Counter()
+    for body in sink.bodies("/hook"):
+        for alert in body["alerts"]:
+            if alert["labels"].get("alertname") == "gpu_lost":
+                seen[(alert["labels"]["node"], alert["status"])] += 1
+    return seen
+
+
+@pytest.mark.parametrize("members", ["3s"], indirect=True)
+@pytest.mark.parametrize("end", ["killed", "stopped"])
+def test_what_a_killed_member_resolved_and_had_not_told_is_told_by_the_survivor(
+    members: tuple[Runtime, Runtime, Sink], end: str
+) -> None:
+    """The member dies (or stops, as ``Runtime.stop`` does: alerting first, then it leaves) with
+    a resolution waiting for its group's ``group_interval`` (told firing, not resolved) and an
+    alert that fired and resolved while its changes were still queued (told nothing): the
+    survivor tells what is left, each once."""
+    a, b, sink = members
+    assert a.cluster is not None and b.cluster is not None
+    owned = b.cluster.node.owned
+    told, waiting, queued = [
+        n for n in (f"node-{i}" for i in range(200)) if shard_of("node", n, SHARDS) in owned
+    ][:3]
+    script = Scripted()
+    b.hub.detection = DetectionEngine([script])
+    b.hub.alerts.resolve_after = 0.0
+    b.alerting.outbox.start()  # b delivers; its triage worker and clock are the test's
+    a.alerting.start()
+    t0 = time.time()
+    script.findings = [lost("0", told), lost("0", waiting)]
+    b.hub.evaluate(t0)
+    assert b.alerting.drain(10.0)
+    wait_until(lambda: _statuses(sink)[(waiting, "firing")] == 1, 10, "the firing notifications")
+    script.findings = [lost("0", told)]
+    b.hub.evaluate(t0 + 1)  # `waiting` resolves: its group was sent just now, so it waits 3 s
+    assert b.alerting.drain(10.0)
+    script.findings = [lost("0", told), lost("0", queued)]
+    b.hub.evaluate(t0 + 2)
+    script.findings = [lost("0", told)]
+    b.hub.evaluate(t0 + 3)  # `queued` fired and resolved: both changes still in b's queue
+    if end == "killed":
+        _kill(b.cluster)
+    else:  # its queue is dispatched on the way out; what waits in its groups is left
+        b.alerting.stop()
+        b.cluster.leave()
+    wait_until(lambda: a.cluster is not None and len(a.cluster.node.owned) == SHARDS, 30, "the takeover")
+    wait_until(
+        lambda: _statuses(sink)[(waiting, "resolved")] and _statuses(sink)[(queued, "resolved")],
+        30,
+        "the resolutions the killed member owed",
+    )
+    time.sleep(4.0)  # a second notification would be here by now (group_interval 3 s)
+    seen = _statuses(sink)
+    assert seen[(waiting, "firing")] == seen[(waiting, "resolved")] == 1
+    assert seen[(queued, "firing")] == seen[(queued, "resolved")] == 1
+    assert seen[(told, "firing")] == 1  # still firing: continued, not told again

@@ -21,10 +21,20 @@ class Told:
     firing: dict[str, float] = field(default_factory=dict)
     #: escalation levels (0-based) already sent
     escalated: frozenset[int] = frozenset()
+    #: receiver -> the last time it was told the alert resolved
+    resolved: dict[str, float] = field(default_factory=dict)
+
+    def resolution_owed(self) -> list[str]:
+        """Receivers told the alert fires and not told since that it resolved."""
+        return [r for r, at in self.firing.items() if self.resolved.get(r, float("-inf")) < at]
 
 
 class DispatchLedger(Protocol):
     def told(self, alert_id: str) -> Told: ...
+
+    def told_many(self, alert_ids: list[str]) -> dict[str, Told]:
+        """:meth:`told` of each alert (those never told may be left out)."""
+        ...
 
 
 class MemoryLedger:
@@ -32,3 +42,6 @@ class MemoryLedger:
 
     def told(self, alert_id: str) -> Told:
         return Told()
+
+    def told_many(self, alert_ids: list[str]) -> dict[str, Told]:
+        return {}

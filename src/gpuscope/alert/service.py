@@ -32,7 +32,7 @@ from gpuscope.alert.dispatch import Dispatcher
 from gpuscope.alert.engine import AlertChange, AlertEngine
 from gpuscope.alert.flap import FlapDetector
 from gpuscope.alert.labels import Matcher, alert_labels, fingerprint
-from gpuscope.alert.ledger import DispatchLedger, MemoryLedger
+from gpuscope.alert.ledger import DispatchLedger, MemoryLedger, Told
 from gpuscope.alert.outbox import Outbox, OutboxBackend, Sender
 from gpuscope.alert.playbooks import PLAYBOOKS
 from gpuscope.alert.settings import AlertingSettings
@@ -220,6 +220,41 @@ class AlertingService:
         with self._lock:
             for alert in alerts:
                 self.dispatcher.continued(alert, now, self.ledger.told(alert.id))
+
+    def continued_resolved(self, alerts: list[Alert]) -> int:
+        """Alerts another hub resolved in the shards this hub takes over: tell what their last
+        owner had not told when it died or let the shard go (its queue and groups are gone with
+        it). An alert it never dispatched (no ``fired`` in its history) is dispatched as it fired,
+        then resolved, as a single hub tells an alert that resolved while it waited; a receiver
+        told it fires and not yet that it resolved is told so (after its group's
+        ``group_interval``). Returns how many alerts had something left to tell."""
+        now = self.clock()
+        resolved = [alert for alert in alerts if not alert.firing]
+        if not resolved:
+            return 0
+        ids = [alert.id for alert in resolved]
+        dispatched: set[str] = set()
+        for at in range(0, len(ids), 1000):  # bound the statement's parameters
+            chunk = tuple(ids[at : at + 1000])
+            marks = ", ".join("?" * len(chunk))
+            sql = f"SELECT DISTINCT alert_id FROM history WHERE what = 'fired' AND alert_id IN ({marks})"
+            dispatched.update(str(row[0]) for row in self.db.query(sql, chunk))
+        told_of = self.ledger.told_many([i for i in ids if i in dispatched])
+        owed = 0
+        for alert in resolved:
+            if alert.id not in dispatched:
+                for kind in ("fired", "resolved"):
+                    self._dispatch(Job(AlertChange(kind, alert), alert.started_at, 0.0), "")
+                owed += 1
+                continue
+            told = told_of.get(alert.id, Told())
+            if not told.resolution_owed():
+                continue
+            with self._lock:
+                self.dispatcher.continued(replace(alert, resolved_at=None), now, told)
+            self._dispatch(Job(AlertChange("resolved", alert), now, 0.0), "")
+            owed += 1
+        return owed
 
     def forget(self, gone: Callable[[Labels], bool]) -> int:
         """Stop dispatching the alerts of entities another hub now owns (it continues them, and

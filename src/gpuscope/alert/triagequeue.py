@@ -167,7 +167,7 @@ class TriageQueue:
             if found:
                 try:
                     self.attach(found)
-                except Exception:  # the alerts still go out, with what their playbooks found
+                except Exception:  # the alerts still go out, without their playbooks
                     self.counters.inc("playbook_errors", len(found))
                     log.exception("attaching %d playbooks failed", len(found))
             attached = {id(job) for job, _ in found}

@@ -31,6 +31,9 @@ from gpuscope.model import Batch, Labels
 
 log = logging.getLogger("gpuscope.cluster")
 _EVENTS = 1_000_000  # events of one warm-up window read for their node and job names
+#: how far back a hub taking shards over looks for resolved alerts whose changes their last owner
+#: had not told (its triage queue waits at most 30 s, a resolution its group's ``group_interval``)
+RESOLVED_OWED_S = 3600.0
 
 
 class ClusterMember:
@@ -106,6 +109,8 @@ class ClusterMember:
         self.counters.inc("cluster_alerts_adopted", n)
         if self.alerting is not None:
             self.alerting.continued(alerts)
+            resolved = self.state.resolved_in(shards, now - RESOLVED_OWED_S)
+            self.counters.inc("cluster_resolutions_continued", self.alerting.continued_resolved(resolved))
         window = self.placement.warmup_s
         nodes, jobs = self._keys_in(shards, now, window)
         replayed = hub.warm_up(now, window, nodes, jobs) if nodes or jobs else 0

@@ -153,14 +153,24 @@ class PgOutbox:
     # -- DispatchLedger -----------------------------------------------------------------------
 
     def told(self, alert_id: str) -> Told:
+        return self.told_many([alert_id]).get(alert_id, Told())
+
+    def told_many(self, alert_ids: list[str]) -> dict[str, Told]:
         rows = self._read(
-            "SELECT receiver, status, escalation, max(sent_at) FROM cluster_told WHERE alert_id = %s "
-            "GROUP BY receiver, status, escalation",
-            (alert_id,),
+            "SELECT alert_id, receiver, status, escalation, max(sent_at) FROM cluster_told "
+            "WHERE alert_id = ANY(%s) GROUP BY alert_id, receiver, status, escalation",
+            (list(alert_ids),),
         )
-        firing = {str(r): float(t) for r, st, esc, t in rows if st == "firing" and int(esc) == 0}
-        escalated = frozenset(int(esc) - 1 for _r, _st, esc, _t in rows if int(esc) > 0)
-        return Told(firing, escalated)
+        by_alert: dict[str, list[tuple[Any, ...]]] = {}
+        for alert_id, *row in rows:
+            by_alert.setdefault(str(alert_id), []).append(tuple(row))
+        out: dict[str, Told] = {}
+        for alert_id, told in by_alert.items():
+            firing = {str(r): float(t) for r, st, esc, t in told if st == "firing" and int(esc) == 0}
+            resolved = {str(r): float(t) for r, st, esc, t in told if st == "resolved" and int(esc) == 0}
+            escalated = frozenset(int(esc) - 1 for _r, _st, esc, _t in told if int(esc) > 0)
+            out[alert_id] = Told(firing, escalated, resolved)
+        return out
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
         with self._rw_lock:

@@ -240,6 +240,18 @@ class PgAlertState:
         self._join_incidents(alerts)
         return alerts
 
+    def resolved_in(self, shards: set[int], since: float) -> list[Alert]:
+        """The alerts of these shards resolved at ``since`` or later: what a hub taking them over
+        checks for changes their last owner had not told."""
+        with self.node.lock:
+            rows = self.node.con.execute(
+                "SELECT doc FROM cluster_alerts WHERE resolved_at >= %s AND shard = ANY(%s) ORDER BY seq",
+                (since, sorted(shards)),
+            ).fetchall()
+        alerts = [Alert(**orjson.loads(r[0])) for r in rows]
+        self._join_incidents(alerts)
+        return alerts
+
     def _join_incidents(self, alerts: list[Alert]) -> None:
         """Give each alert the incident every member derives for it. A stored document is written
         before its incident exists, and routes group by incident: an alert continued without it
