@@ -8,7 +8,11 @@ and a lone append (agents spread over the second rarely overlap) costs no hand-o
 thread and back. A background thread opens fresh segments, syncs what is left at close, and syncs
 for writers that do not wait (:meth:`IngestLog.write`, then :meth:`IngestLog.when_synced`: the
 hub's event loop writes a record and is called back once it is synced, with no thread of its own
-waiting).
+waiting). That thread starts such a sync at most once per ``sync_window_s`` (group commit): agents
+spread over the second rarely overlap a sync, so without the window each of their requests paid an
+``fdatasync`` of its own; with it, the records written within the window share one, and each
+writer still hears only once its record is on disk. A lone record after a quiet window is synced
+at once.
 
 Layout: a directory of segment files named by the sequence number of their first record. A
 record is ``<payload length u32><crc32 u32><seq u64><payload>``, the CRC over seq and payload. The
