@@ -208,5 +208,6 @@ def test_records_written_within_the_sync_window_share_one_sync_and_are_reported_
     assert [(seq, error) for seq, error, _ in reported] == [(1, None), (2, None), (3, None), (4, None)]
     assert all(synced >= seq for seq, _, synced in reported)  # each heard only once on disk
     assert len(threads) == 2  # one sync for the lone record, one for the three in the window
+    assert log.counters.get("store.log_syncs") == 2
     reopened = IngestLog(tmp_path / "log", Counters(), reserve_bytes=0)
     assert [seq for seq, _ in reopened.recover(0)] == [1, 2, 3, 4]

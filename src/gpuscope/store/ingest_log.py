@@ -276,6 +276,7 @@ class IngestLog:
             self.counters.inc("store.log_sync_failures")
         else:
             self._synced = max(self._synced, target)
+            self.counters.inc("store.log_syncs")
         self._settle_callbacks()
         self._cond.notify_all()
         if self._rotate or self._closing:
