@@ -168,6 +168,13 @@ def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
 
         with ThreadPoolExecutor(agents) as pool:
             result = steady(pool, [(t, list(enumerate(tick))) for t, tick in ticks], send, process_cpu(hub))
+        store = clients[0].get("/api/v1/health").json()["store"]
+        syncs = store["counters"].get("store.log_syncs")
+        sent = sum(len(tick) for _, tick in ticks)
+        if syncs is not None:  # the ingest log's group commit: how many requests share a sync
+            console.print(
+                f"hub: {syncs:,} ingest-log syncs for {sent:,} batches ({syncs / sent:.2f} a batch)"
+            )
         for c in clients:
             c.close()
         return result

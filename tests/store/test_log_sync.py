@@ -14,8 +14,8 @@ from gpuscope.counters import Counters
 from gpuscope.store.ingest_log import IngestLog, LogFailed
 
 
-def _log(directory: Path, **kw: int) -> IngestLog:
-    log = IngestLog(directory, Counters(), reserve_bytes=0, **kw)
+def _log(directory: Path, **kw: float) -> IngestLog:
+    log = IngestLog(directory, Counters(), reserve_bytes=0, **kw)  # type: ignore[arg-type]
     list(log.recover(0))
     log.start()
     return log
@@ -174,3 +174,40 @@ def test_a_callback_that_raises_is_counted_and_later_records_still_sync(tmp_path
     assert log.append(b"third", lambda _seq: None) == 3
     assert log.counters.get("store.log_callback_errors") == 1
     log.close()
+
+
+def test_records_written_within_the_sync_window_share_one_sync_and_are_reported_after_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = _log(tmp_path / "log", sync_window_s=60.0)
+    threads = _watch_syncs(monkeypatch)
+    reported: list[tuple[int, OSError | None, int]] = []
+    first, rest = threading.Event(), threading.Event()
+
+    def report(seq: int) -> Callable[[OSError | None], None]:
+        def heard(error: OSError | None) -> None:
+            reported.append((seq, error, log.synced))
+            if seq == 1:
+                first.set()
+            elif len(reported) == 4:
+                rest.set()
+
+        return heard
+
+    # a lone record after a quiet window is synced at once
+    log.when_synced(log.write(b"lone", lambda _seq: None), report(1))
+    assert first.wait(10) and len(threads) == 1
+    # the next ones wait for the window to end (here: the close), then share one sync
+    for k in range(3):
+        seq = log.write(b"record %d" % k, lambda _seq: None)
+        log.when_synced(seq, report(seq))
+    assert not rest.wait(0.5)
+    assert [seq for seq, _, _ in reported] == [1] and len(threads) == 1
+    log.close()
+    assert rest.is_set()
+    assert [(seq, error) for seq, error, _ in reported] == [(1, None), (2, None), (3, None), (4, None)]
+    assert all(synced >= seq for seq, _, synced in reported)  # each heard only once on disk
+    assert len(threads) == 2  # one sync for the lone record, one for the three in the window
+    assert log.counters.get("store.log_syncs") == 2
+    reopened = IngestLog(tmp_path / "log", Counters(), reserve_bytes=0)
+    assert [seq for seq, _ in reopened.recover(0)] == [1, 2, 3, 4]

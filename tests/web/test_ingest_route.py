@@ -18,6 +18,7 @@ from gpuscope.ingest.frame import encode_frame
 from gpuscope.ingest.payload import Limits, parse_batch
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.api import HubApi
+from gpuscope.web.auth import INGEST, READ, AuthSettings, RateLimit, Token, digest
 from gpuscope.web.guard import PRINCIPAL_KEY
 from gpuscope.web.ingest_route import IngestRoute
 
@@ -164,3 +165,47 @@ def test_on_the_ingest_log_a_batch_is_answered_durable_without_a_worker_thread(t
         50.0
     ]
     reopened.close()
+
+
+def test_the_served_app_takes_ingest_first_behind_the_same_front_door_and_rate_limits(hub: Hub) -> None:
+    agent, reader = "agent-token-" + "a" * 32, "reader-token-" + "r" * 32
+    auth = AuthSettings(
+        [
+            Token("agents", frozenset({INGEST}), digest(agent)),
+            Token("reader", frozenset({READ}), digest(reader)),
+        ],
+        token_limits={"agents": RateLimit(rate=0.001, burst=4)},
+    )
+    api = HubApi(hub, auth=auth, clock=lambda: NOW)
+    body = orjson.dumps(doc())
+    with TestClient(api.asgi) as served:  # the lifespan reaches the app behind it
+        full = TestClient(api.app)
+        for client in (served, full):
+            anonymous = client.post("/api/v1/ingest", content=body)
+            assert anonymous.status_code == 401 and anonymous.headers["www-authenticate"] == "Bearer"
+            scoped = client.post(
+                "/api/v1/ingest", content=body, headers={"Authorization": f"Bearer {reader}"}
+            )
+            assert scoped.status_code == 403 and "lacks the scope 'ingest'" in scoped.json()["error"]
+        assert hub.counters.get("auth_refused_401") == hub.counters.get("auth_refused_403") == 2
+
+        as_agent = {"Authorization": f"Bearer {agent}", "Content-Type": "application/json"}
+        first = served.post("/api/v1/ingest", content=body, headers=as_agent)
+        again = full.post("/api/v1/ingest", content=body, headers=as_agent)
+        assert first.status_code == again.status_code == 200
+        assert first.json()["accepted"]["samples"] == 1 and again.json()["duplicate"] is True
+        refusals = [c.post("/api/v1/ingest", content=body[:-2], headers=as_agent) for c in (served, full)]
+        assert [r.status_code for r in refusals] == [400, 400]
+        assert refusals[0].json() == refusals[1].json() and refusals[0].json()["field"]
+        assert hub.counters.get("api_refused_400") == 2
+        # one token bucket for both ways in: four requests spent the burst of four
+        limited = served.post("/api/v1/ingest", content=body, headers=as_agent)
+        assert limited.status_code == 429 and "rate limit of token 'agents'" in limited.json()["error"]
+        assert int(limited.headers["retry-after"]) >= 1
+
+        # everything else is the app's: other methods on the path, reads
+        assert (
+            served.get("/api/v1/ingest", headers={"Authorization": f"Bearer {reader}"}).json()["field"]
+            == "method"
+        )
+        assert served.get("/api/v1/health", headers={"Authorization": f"Bearer {reader}"}).status_code == 200

@@ -8,7 +8,11 @@ and a lone append (agents spread over the second rarely overlap) costs no hand-o
 thread and back. A background thread opens fresh segments, syncs what is left at close, and syncs
 for writers that do not wait (:meth:`IngestLog.write`, then :meth:`IngestLog.when_synced`: the
 hub's event loop writes a record and is called back once it is synced, with no thread of its own
-waiting).
+waiting). That thread starts such a sync at most once per ``sync_window_s`` (group commit): agents
+spread over the second rarely overlap a sync, so without the window each of their requests paid an
+``fdatasync`` of its own; with it, the records written within the window share one, and each
+writer still hears only once its record is on disk. A lone record after a quiet window is synced
+at once.
 
 Layout: a directory of segment files named by the sequence number of their first record. A
 record is ``<payload length u32><crc32 u32><seq u64><payload>``, the CRC over seq and payload. The
@@ -29,6 +33,7 @@ import logging
 import os
 import struct
 import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +44,11 @@ from gpuscope.counters import Counters
 Synced = Callable[[OSError | None], None]
 
 log = logging.getLogger(__name__)
+
+#: the log's thread starts a sync for waiting writers at most this often: records written within
+#: the window share one ``fdatasync`` (agents spread over the second rarely overlap a sync of their
+#: own, so without it each request paid one). A lone record after a quiet window syncs at once.
+SYNC_WINDOW_S = 0.050
 
 _HEAD = struct.Struct("<IIQ")
 _SEQ = struct.Struct("<Q")
@@ -69,11 +79,13 @@ class IngestLog:
         *,
         segment_bytes: int = 32 << 20,
         reserve_bytes: int = 1 << 20,
+        sync_window_s: float = SYNC_WINDOW_S,
     ) -> None:
         self.dir = directory
         self.counters = counters
         self.segment_bytes = segment_bytes
         self.reserve_bytes = reserve_bytes
+        self.sync_window_s = sync_window_s
         self.dir.mkdir(parents=True, exist_ok=True)
         lock = threading.Lock()
         self._cond = threading.Condition(lock)  # appenders wait on it for their record's sync
@@ -87,6 +99,8 @@ class IngestLog:
         self._closing = False
         self._rotate = False
         self._syncing = False  # an fdatasync runs (the lock is released meanwhile)
+        self._last_sync = 0.0  # monotonic start of the last sync
+        self._pacing = False  # the log's thread waits out the window before its next sync
         self._thread: threading.Thread | None = None
         #: (sequence number, callback) of records whose writers are called back once synced
         self._callbacks: list[tuple[int, Synced]] = []
@@ -186,7 +200,8 @@ class IngestLog:
                 self._due.append((done, None if self._synced >= seq else self._error()))
             else:
                 self._callbacks.append((seq, done))
-                self._work.notify()
+                if not self._pacing:  # a thread pacing its next sync covers this record anyway
+                    self._work.notify()
         self._fire()
 
     def _write(self, payload: bytes, written: Callable[[int], None]) -> int:
@@ -245,6 +260,7 @@ class IngestLog:
         """Sync every record written so far. Called with the lock held, which is released while
         ``fdatasync`` runs: records written meanwhile wait for the next sync."""
         self._syncing = True
+        self._last_sync = time.monotonic()
         target, fd = self._written, self._fd
         failed: OSError | None = None
         self._cond.release()
@@ -260,6 +276,7 @@ class IngestLog:
             self.counters.inc("store.log_sync_failures")
         else:
             self._synced = max(self._synced, target)
+            self.counters.inc("store.log_syncs")
         self._settle_callbacks()
         self._cond.notify_all()
         if self._rotate or self._closing:
@@ -267,7 +284,7 @@ class IngestLog:
 
     def _sync_loop(self) -> None:
         """Open a fresh segment when asked (:meth:`release`), sync for writers waiting to be called
-        back (:meth:`when_synced`), and sync the rest at close."""
+        back (:meth:`when_synced`), at most once per ``sync_window_s``, and sync the rest at close."""
         while True:
             with self._cond:
                 while not self._closing and not self._rotate and not self._callbacks:
@@ -275,6 +292,13 @@ class IngestLog:
                 if self._syncing:
                     self._cond.wait()  # an appender's sync runs: the segment stays until it ends
                     continue
+                if self._callbacks and not self._closing and self._failed is None:
+                    early = self._last_sync + self.sync_window_s - time.monotonic()
+                    if early > 0:  # records written until the window ends join this sync
+                        self._pacing = True
+                        self._work.wait(early)
+                        self._pacing = False
+                        continue
                 if self._synced < self._written and self._failed is None:
                     self._sync()
                 self._settle_callbacks()

@@ -28,12 +28,12 @@ from gpuscope.ingest.payload import Limits, training_to_json
 from gpuscope.lineage import LineageRegistry, for_hub
 from gpuscope.model import LABEL_KEY_RE, MAX_TIMESTAMP, Alert, Event
 from gpuscope.web.alerting_api import AlertingApi
-from gpuscope.web.auth import AuditLog, AuthSettings
+from gpuscope.web.auth import AuditLog, AuthSettings, RateLimiter
 from gpuscope.web.cluster_api import cluster_health, cluster_routes
 from gpuscope.web.dashboard_api import dashboard_routes
 from gpuscope.web.errors import ApiError, error_response, json_safe, refusal_counter
 from gpuscope.web.guard import AuthMiddleware, require_principal
-from gpuscope.web.ingest_route import IngestRoute, is_count, read_body
+from gpuscope.web.ingest_route import INGEST_PATH, IngestFirst, IngestRoute, is_count, read_body
 from gpuscope.web.lineage_api import LineageApi
 from gpuscope.web.openapi import openapi_document
 from gpuscope.web.otlp_api import OtlpApi
@@ -153,7 +153,7 @@ class HubApi:
         self.ingest = IngestRoute(hub, self.limits, clock)
         hub.add_observer(self.ingest_lag.observe)
         routes = [
-            Route("/api/v1/ingest", self.ingest, methods=["POST"]),
+            Route(INGEST_PATH, self.ingest, methods=["POST"]),
             Route("/api/v1/series", self._guard(self.series), methods=["GET"]),
             Route("/api/v1/snapshot", self._guard(self.snapshot), methods=["GET"]),
             Route("/api/v1/aggregate", self._guard(self.aggregate), methods=["GET"]),
@@ -182,6 +182,7 @@ class HubApi:
             lifespan=self._lifespan,
         )
         self.app.add_middleware(SettleReads, hub=hub)  # inside the auth check: authorised reads only
+        limiter = RateLimiter(self.auth)
         self.app.add_middleware(
             AuthMiddleware,
             settings=self.auth,
@@ -189,7 +190,22 @@ class HubApi:
             open_reads=open_reads,
             counters=hub.counters,
             audit=self.audit,
+            limiter=limiter,
         )
+        # the ingest route behind the same front door (its rate limits shared), dispatched before
+        # the rest of the app in what the server serves
+        guarded_ingest = AuthMiddleware(
+            self.ingest,
+            settings=self.auth,
+            routes=lambda: self.app.routes,
+            open_reads=open_reads,
+            counters=hub.counters,
+            audit=self.audit,
+            limiter=limiter,
+        )
+        #: what a server serves: ``app`` with agents' batches dispatched first
+        #: (:class:`~gpuscope.web.ingest_route.IngestFirst`)
+        self.asgi = IngestFirst(self.app, guarded_ingest)
 
     # -- plumbing -----------------------------------------------------------------------------
 

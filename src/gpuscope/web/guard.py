@@ -95,6 +95,7 @@ class AuthMiddleware:
         counters: Counters,
         audit: AuditLog,
         clock: Callable[[], float] = time.time,
+        limiter: RateLimiter | None = None,
     ) -> None:
         self.app = app
         self.settings = settings
@@ -103,7 +104,8 @@ class AuthMiddleware:
         self.counters = counters
         self.audit = audit
         self.clock = clock
-        self.limiter = RateLimiter(settings)
+        #: shared by the instances guarding one hub's routes (its ingest fast path and the rest)
+        self.limiter = limiter if limiter is not None else RateLimiter(settings)
         self._static: dict[tuple[str, str], tuple[str, dict[str, Any]]] = {}
 
     def _route(self, scope: Scope) -> tuple[str, dict[str, Any]]:

@@ -31,7 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuscope.agent.route import OWNER_HEADER
 from gpuscope.counters import Counters
@@ -48,6 +48,7 @@ from gpuscope.web.guard import require_principal
 #: worker threads for ingest requests to stores that cannot start an append (remote stores: each
 #: append waits for its round trips)
 INGEST_THREADS = 32
+INGEST_PATH = "/api/v1/ingest"
 RawHeaders = list[tuple[bytes, bytes]]
 
 _SENDER = SENDER_HEADER.lower().encode("latin-1")
@@ -109,6 +110,29 @@ async def answer(send: Send, status: int, doc: dict[str, Any], headers: RawHeade
 def _settle(stored: asyncio.Future[AppendResult | Exception], outcome: AppendResult | Exception) -> None:
     if not stored.done():  # a request cancelled meanwhile is answered by nobody
         stored.set_result(outcome)
+
+
+class IngestFirst:
+    """The served ASGI app: ``POST /api/v1/ingest`` goes straight to ``ingest`` (the route behind
+    its own :class:`~gpuscope.web.guard.AuthMiddleware`, which shares the rate limiter of the one
+    in ``rest``), every other request, and the lifespan, to ``rest``.
+
+    An agent's request then skips what it does not need: Starlette's error and exception
+    middlewares, the settle-reads check (GETs only), the router's matching and the route's
+    wrapper. What it answers and counts
+    is the same (the route raises nothing it does not answer; anything else reaches uvicorn, which
+    answers 500 as Starlette's error middleware would).
+    """
+
+    def __init__(self, rest: ASGIApp, ingest: ASGIApp) -> None:
+        self.rest = rest
+        self.ingest = ingest
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == INGEST_PATH and scope["method"] == "POST":
+            await self.ingest(scope, receive, send)
+        else:
+            await self.rest(scope, receive, send)
 
 
 class IngestRoute:

@@ -101,7 +101,7 @@ class HubServer:
         hub.overload.name = f"{socket.gethostname()}:{self.port}"  # names its hub_overloaded alert
         self.server = uvicorn.Server(
             uvicorn.Config(
-                self.api.app,
+                self.api.asgi,
                 log_level="warning",
                 access_log=False,
                 server_header=False,
