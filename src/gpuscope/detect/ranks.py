@@ -29,8 +29,9 @@ Slowdowns of a minute on a job that reports every 10 s are over before that medi
 median of the last ``short`` lags also decides, with the higher bar ``short_excess``, once it has
 held for ``short_sustain`` steps and ``short_seconds``: one or two slow readings are no straggler.
 Once flagged, a straggler stays flagged until its smoothed lag is back within half of both bars (its
-normal keeps learning meanwhile, so a lasting shift is not held for good): a slowdown near its bar
-is one alert for as long as it lasts, not a new one each time its median dips under the bar.
+normal keeps learning meanwhile, at ``step_learn_rate`` of its rate, so a lasting shift is not held
+for good): a slowdown near its bar is one alert for as long as it lasts, not a new one each time
+its median dips under the bar.
 
 Jobs with two or more stable speeds (mixed hardware, a slow placement): for the first
 ``warm_steps`` steps each rank's raw pace is only recorded. Then the ranks are clustered by their
@@ -510,7 +511,11 @@ class RankDetector(StepDetector):
                 # within its speed group a rank may be slower by up to the gap that splits groups
                 learn = min(state.lag, max(self.normal_cap, job.groups.gap))
                 base = state.lag_base if math.isfinite(state.lag_base) else learn
-                state.lag_base = base + (self.step_learn_rate * alpha if rising else alpha) * (learn - base)
+                # a straggler held under its bar (``_held``) is learned slowly too: a slowdown must
+                # not become the normal in the minute it takes to dip under the bar, a lasting shift
+                # still does
+                slowly = rising or state.flagged
+                state.lag_base = base + (self.step_learn_rate * alpha if slowly else alpha) * (learn - base)
                 # a data-loader hiccup is an outlier, not the spread of the rank's pace
                 spread = min(abs(self._rise(x, state.lag, additive)), 0.1)
                 state.lag_spread += alpha * (spread - state.lag_spread)
@@ -583,7 +588,7 @@ class RankDetector(StepDetector):
         """Is a flagged straggler still more than half way to its bars? A slowdown near its bar (a
         1.2x straggler on a worker with 5 % noise per reading) crosses it again and again; one
         alert that lasts as long as the slowdown, not a new one each time its median dips. The
-        normal keeps learning meanwhile, so a lasting shift is not held for good."""
+        normal keeps learning meanwhile (slowly), so a lasting shift is not held for good."""
         return (
             self._rise(state.lag, ahead, additive) >= 0.5 * self.lag
             and self._rise(state.lag, state.lag_base, additive) >= 0.5 * long_bar
