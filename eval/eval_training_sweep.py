@@ -150,6 +150,8 @@ class Score:
     alerts: int = 0
     most: int = 0  # the most alerts one slowdown raised
     step_false: int = 0
+    step_found: int = 0  # job-wide regressions found by step_time_regression
+    step_slowdowns: int = 0
     ttd: list[float] = field(default_factory=list)
 
     def add(self, other: Score) -> None:
@@ -159,6 +161,8 @@ class Score:
         self.alerts += other.alerts
         self.most = max(self.most, other.most)
         self.step_false += other.step_false
+        self.step_found += other.step_found
+        self.step_slowdowns += other.step_slowdowns
         self.ttd += other.ttd
 
 
@@ -179,6 +183,10 @@ def score(shape: Shape, alerts: list[dict[str, Any]]) -> Score:
     out.false = sum(id(x) not in explained for x in stragglers)
     if shape.healthy():
         out.step_false = sum(a["rule"] == "step_time_regression" for a in alerts)
+    regressions = [x for x in alerts if x["rule"] == "step_time_regression"]
+    for a, b, _ in shape.job_slow:
+        out.step_slowdowns += 1
+        out.step_found += any(a <= x["started_at"] <= b + GRACE for x in regressions)
     return out
 
 
@@ -200,14 +208,20 @@ def replay_sweep(seeds: list[int], only: list[str]) -> None:
                 print(
                     f"{name} seed {seed}: found {s.found}/{s.slowdowns}, straggler alerts {s.alerts}, "
                     f"false {s.false}, most alerts for one slowdown {s.most}, TTD p50 {ttd}, "
-                    f"false step-time alerts {s.step_false}",
+                    f"false step-time alerts {s.step_false}"
+                    + (
+                        f", job regressions found {s.step_found}/{s.step_slowdowns}"
+                        if s.step_slowdowns
+                        else ""
+                    ),
                     flush=True,
                 )
     ttd = f"{np.median(total.ttd):.0f} / {max(total.ttd):.0f} s" if total.ttd else "-"
     print(
         f"per-worker logs: found {total.found}/{total.slowdowns}, straggler alerts {total.alerts}, "
         f"false {total.false}, most alerts for one slowdown {total.most}, TTD p50 / max {ttd}, "
-        f"false step-time alerts on healthy shapes {total.step_false}"
+        f"false step-time alerts on healthy shapes {total.step_false}, "
+        f"job regressions found {total.step_found}/{total.step_slowdowns}"
     )
 
 
