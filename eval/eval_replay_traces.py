@@ -190,12 +190,14 @@ def score(runs: dict[str, list[Run]], alerts: Firing) -> dict[str, Any]:
     time to detect of 0); an alert is right when it starts inside, or up to ``GRACE`` after, any
     run of its entity, required or not."""
     episodes = [(k, r) for k, rs in runs.items() for r in rs if r.must]
-    detected, ttd = 0, []
+    detected, ttd, missed = 0, [], []
     for key, run in episodes:
         starts = [a for a, b in alerts.get(key, []) if a <= run.end + GRACE and b >= run.start]
         if starts:
             detected += 1
             ttd.append(max(0.0, min(starts) - run.start))
+        else:
+            missed.append(f"{key} {run.start:.0f}-{run.end:.0f} s")
     fired = [(k, t) for k, spans in alerts.items() for t, _ in spans]
     right = sum(any(r.start <= t <= r.end + GRACE for r in runs.get(k, [])) for k, t in fired)
     must = {k for k, r in episodes}
@@ -209,6 +211,7 @@ def score(runs: dict[str, list[Run]], alerts: Firing) -> dict[str, Any]:
         "ttd": f"{np.median(ttd):.0f} / {max(ttd):.0f} s" if ttd else "-",
         "workers": f"truth {sorted(must)}, flagged {sorted(flagged)}, "
         f"false {sorted(k for k in flagged if not any(True for _ in runs.get(k, [])))}",
+        "missed": missed,
     }
 
 
@@ -267,6 +270,8 @@ def evaluate(path: Path, workdir: Path, legacy: bool, totals: Totals) -> None:
             f"  {rule}: episodes {got['episodes']}, recall {got['recall']}, alerts {got['alerts']}, "
             f"precision {got['precision']}, TTD p50 / max {got['ttd']}; {got['workers']}"
         )
+        if got["missed"]:
+            print(f"    missed: {', '.join(got['missed'])}")
     if legacy:
         old = {str(w) for w in legacy_truth(times)}
         hit = len(old & set(stragglers))

@@ -28,6 +28,10 @@ judges it becomes the new normal as before.
 Slowdowns of a minute on a job that reports every 10 s are over before that median moves, so the
 median of the last ``short`` lags also decides, with the higher bar ``short_excess``, once it has
 held for ``short_sustain`` steps and ``short_seconds``: one or two slow readings are no straggler.
+Once flagged, a straggler stays flagged until its smoothed lag is back within half of both bars (its
+normal keeps learning meanwhile, at ``step_learn_rate`` of its rate, so a lasting shift is not held
+for good): a slowdown near its bar is one alert for as long as it lasts, not a new one each time
+its median dips under the bar.
 
 Jobs with two or more stable speeds (mixed hardware, a slow placement): for the first
 ``warm_steps`` steps each rank's raw pace is only recorded. Then the ranks are clustered by their
@@ -87,6 +91,8 @@ class _Rank:
     level_n: int = 0
     lag_n: int = 0
     lag_hits: int = 0
+    #: flagged a straggler: held until its smoothed lag is back within half its bars (``_held``)
+    flagged: bool = False
     short_hits: int = 0  # steps in a row the short window has been far behind
     short_since: float = math.nan  # when it began
     rising_n: int = 0  # steps in a row its step time has been more than half its bar above its normal
@@ -394,6 +400,7 @@ class RankDetector(StepDetector):
             if r in old
             and (
                 job.ranks[r].lag_hits > 0
+                or job.ranks[r].flagged
                 or job.ranks[r].short_hits > 0
                 or (r in old_pace and p - old_pace[r] >= gap)
             )
@@ -450,6 +457,7 @@ class RankDetector(StepDetector):
             state.recent.clear()
             state.lag, state.lag_base, state.lag_spread, state.said = math.nan, math.nan, 0.0, math.nan
             state.lag_n = state.lag_hits = state.short_hits = 0
+            state.flagged = False
         # a rank whose group pace moved has its own pace on a new scale: it learns it again
         moved = fresh | {r for r, p in old_group_pace.items() if job.groups.pace.get(r) != p}
         for r in moved & set(job.ranks):
@@ -503,7 +511,11 @@ class RankDetector(StepDetector):
                 # within its speed group a rank may be slower by up to the gap that splits groups
                 learn = min(state.lag, max(self.normal_cap, job.groups.gap))
                 base = state.lag_base if math.isfinite(state.lag_base) else learn
-                state.lag_base = base + (self.step_learn_rate * alpha if rising else alpha) * (learn - base)
+                # a straggler held under its bar (``_held``) is learned slowly too: a slowdown must
+                # not become the normal in the minute it takes to dip under the bar, a lasting shift
+                # still does
+                slowly = rising or state.flagged
+                state.lag_base = base + (self.step_learn_rate * alpha if slowly else alpha) * (learn - base)
                 # a data-loader hiccup is an outlier, not the spread of the rank's pace
                 spread = min(abs(self._rise(x, state.lag, additive)), 0.1)
                 state.lag_spread += alpha * (spread - state.lag_spread)
@@ -532,7 +544,12 @@ class RankDetector(StepDetector):
             if far and not state.short_hits:
                 state.short_since = ts
             state.short_hits = state.short_hits + 1 if far else 0
-            if not (state.lag_hits >= self.sustain or self._short_slow(state)):
+            state.flagged = (
+                state.lag_hits >= self.sustain
+                or self._short_slow(state)
+                or (state.flagged and self._held(state, ahead, long_bar, additive))
+            )
+            if not state.flagged:
                 state.said = math.nan
                 continue
             # the recent median and this step's own lag both behind: a step that is back to normal
@@ -566,6 +583,16 @@ class RankDetector(StepDetector):
         if additive:
             return excess, max(self.short_excess, excess)
         return max(self.step_excess, self.step_k * state.lag_spread), max(self.short_excess, excess)
+
+    def _held(self, state: _Rank, ahead: float, long_bar: float, additive: bool) -> bool:
+        """Is a flagged straggler still more than half way to its bars? A slowdown near its bar (a
+        1.2x straggler on a worker with 5 % noise per reading) crosses it again and again; one
+        alert that lasts as long as the slowdown, not a new one each time its median dips. The
+        normal keeps learning meanwhile (slowly), so a lasting shift is not held for good."""
+        return (
+            self._rise(state.lag, ahead, additive) >= 0.5 * self.lag
+            and self._rise(state.lag, state.lag_base, additive) >= 0.5 * long_bar
+        )
 
     def _short_slow(self, state: _Rank) -> bool:
         """Far behind over the short window for ``short_sustain`` steps and ``short_seconds``: a
@@ -652,7 +679,7 @@ class RankDetector(StepDetector):
         ]
 
     def _findings(self, job_name: str, job: _Job, rank: int, state: _Rank) -> list[Finding]:
-        straggler = state.lag_hits >= self.sustain or self._short_slow(state)
+        straggler = state.flagged
         if not (straggler or state.skew_hits >= self.sustain or state.frag_hits >= self.sustain):
             return []  # most ranks most seconds: no entity to build
         out: list[Finding] = []
