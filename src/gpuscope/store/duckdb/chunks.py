@@ -140,7 +140,7 @@ def _runs(pieces: list[Chunk]) -> list[list[Chunk]]:
 
 
 def _recode(sources: list[Path], cols: frozenset[int], target: Path, options: str = MERGE_OPTIONS) -> int:
-    """Files with different columns read and written again (missing metrics as NULL)."""
+    """``sources`` read and written again as one file (metrics a source lacks as NULL)."""
     names = ", ".join([*BASE_COLUMNS, *(f"m{c}" for c in sorted(cols))])
     files = ", ".join(_sql_str(str(p)) for p in sources)
     query = f"SELECT {names} FROM read_parquet([{files}], union_by_name = true)"
@@ -300,9 +300,8 @@ class ChunkSet(_ReadsChunks):
         directory = self.directory
         if all(c.cols == cols for c in pieces):
             parts: list[Path] = []
-            runs: list[
-                Path
-            ] = []  # written for this merge only; unregistered, so a crash leaves them to the next open
+            # the runs' files are for this merge only: unregistered, a crash leaves them to the next open
+            runs: list[Path] = []
             try:
                 for run in _runs(pieces):
                     if len(run) == 1:
