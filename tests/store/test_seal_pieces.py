@@ -14,7 +14,7 @@ import pytest
 
 from gpuscope.model import Batch
 from gpuscope.store.duckdb import DuckDBStore
-from gpuscope.store.duckdb.chunks import JOIN_ROWS
+from gpuscope.store.duckdb.chunks import JOIN_ROWS, SEAL_SORT_ROWS
 from gpuscope.store.settings import StorageConfigError, parse_storage
 from store.store_helpers import fill, frame, gpu
 
@@ -110,6 +110,25 @@ def test_small_pieces_are_merged_into_row_groups_of_a_run_of_them(tmp_path: Path
         assert row_groups(tmp_path / "p.duckdb.chunks" / merged.file) == [(2 * HOUR, 0)]
         assert len(list((tmp_path / "p.duckdb.chunks").iterdir())) == 2  # no run's file is left
         exact(store, 0, HOUR + 12 * 60 - 1)
+
+
+def test_a_large_seal_is_sorted_a_range_of_entities_at_a_time(tmp_path: Path) -> None:
+    path = tmp_path / "p.duckdb"
+    n_gpus = SEAL_SORT_ROWS // 60 + 100  # a minute of them: two ranges to sort
+    with DuckDBStore(str(path), seal_interval_s=60, durable=False) as store:
+        fill(store, 0, 120, n_gpus=n_gpus)
+        store.rollup(130)  # seals [0, 60)
+        (piece,) = store.chunks.all()
+        assert piece.rows == 60 * n_gpus
+        groups = row_groups(tmp_path / "p.duckdb.chunks" / piece.file)
+        assert len(groups) == 2 and sum(n for n, _ in groups) == 60 * n_gpus
+        assert len(list((tmp_path / "p.duckdb.chunks").iterdir())) == 1  # no range's file is left
+        con = duckdb.connect()
+        rows = con.execute(f"SELECT entity, ts FROM read_parquet('{path}.chunks/{piece.file}')").fetchall()
+        con.close()
+        assert rows == sorted(rows) and len(set(rows)) == len(rows)  # ordered by entity, each row once
+        exact(store, 0, 119)
+        assert store.aggregate("util", "node", 0, 119)[0]["count"] == 120 * n_gpus
 
 
 def test_pieces_with_different_metrics_are_merged_by_decoding_them(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ leaves the new file unregistered, after it the pieces, and the next open deletes
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import re
 import threading
@@ -48,6 +49,9 @@ MERGE_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP
 #: telemetry (bench/bench_storage.py, 64 GPUs) cost 0.705 bytes/sample in row groups of 57,600 or
 #: more rows, 0.735 at 19,200 and 0.796 at 3,840; see docs/scaling.md (d).
 JOIN_ROWS = 30_720
+#: A seal sorts the hot rows a range of entities of about this many rows at a time (one minute of
+#: 64 nodes is ~34,000 rows: one sort); see docs/scaling.md (d).
+SEAL_SORT_ROWS = 61_440
 FILE_RE = re.compile(r"^(chunk|hour)-\d+-\d+-\d+\.parquet$")
 MERGED = "hour"  # the name of a file merged from an hour's pieces starts so; a piece's with "chunk"
 METRIC_RE = re.compile(r"^m(\d+)$")
@@ -118,6 +122,25 @@ def _join(sources: list[Path], target: Path) -> int:
         return parquet_concat.concat(sources, out)
 
 
+def _entity_ranges(con: duckdb.DuckDBPyConnection, cut: int) -> list[str]:
+    """SQL conditions that split the hot rows older than ``cut`` into consecutive ranges of
+    entities of about :data:`SEAL_SORT_ROWS` rows each (an entity's rows stay in one range)."""
+    counts = con.execute(
+        "SELECT entity, count(*) FROM samples WHERE ts < ? GROUP BY entity ORDER BY entity", [cut]
+    ).fetchall()
+    starts: list[str] = []
+    held = 0
+    for entity, n in counts:
+        if held >= SEAL_SORT_ROWS:
+            starts.append(_sql_str(str(entity)))
+            held = 0
+        held += int(n)
+    if not starts:
+        return []
+    middle = [f"entity >= {a} AND entity < {b}" for a, b in itertools.pairwise(starts)]
+    return [f"entity < {starts[0]}", *middle, f"entity >= {starts[-1]}"]
+
+
 def _runs(pieces: list[Chunk]) -> list[list[Chunk]]:
     """``pieces`` in order, in runs: a piece of :data:`JOIN_ROWS` rows or more alone, smaller
     neighbours together until they hold that many."""
@@ -140,7 +163,7 @@ def _runs(pieces: list[Chunk]) -> list[list[Chunk]]:
 
 
 def _recode(sources: list[Path], cols: frozenset[int], target: Path, options: str = MERGE_OPTIONS) -> int:
-    """Files with different columns read and written again (missing metrics as NULL)."""
+    """``sources`` read and written again as one file (metrics a source lacks as NULL)."""
     names = ", ".join([*BASE_COLUMNS, *(f"m{c}" for c in sorted(cols))])
     files = ", ".join(_sql_str(str(p)) for p in sources)
     query = f"SELECT {names} FROM read_parquet([{files}], union_by_name = true)"
@@ -268,18 +291,45 @@ class ChunkSet(_ReadsChunks):
 
     def seal(self, con: duckdb.DuckDBPyConnection, cut: int, cols: list[int]) -> Chunk | None:
         """Write hot rows older than ``cut`` to a new chunk file and delete them from the hot
-        table, in the caller's open transaction (so exactly the rows written are deleted)."""
+        table, in the caller's open transaction (so exactly the rows written are deleted).
+
+        The rows are sorted by (entity, ts) a range of entities of about :data:`SEAL_SORT_ROWS`
+        rows at a time, each range written as its own row groups and the ranges joined in
+        entity order: a sort holds what it sorts, so a large fleet's minute would otherwise
+        lift the hub's memory in proportion to the fleet."""
         assert self.directory is not None
         row = one(con, "SELECT min(ts), count(*) FROM samples WHERE ts < ?", [cut])
         if row is None or not row[1]:
             return None
-        lo = int(row[0])
+        lo, count = int(row[0]), int(row[1])
         names = ", ".join([*BASE_COLUMNS, *(f"m{c}" for c in cols)])
-        query = f"SELECT {names} FROM samples WHERE ts < {int(cut)} ORDER BY entity, ts"
-        path, chunk = self._write(
-            con, "chunk", lo, cut, frozenset(cols), lambda target: _copy(con, query, target)
-        )
+        select = f"SELECT {names} FROM samples WHERE ts < {int(cut)}"
+        ranges = _entity_ranges(con, cut) if count > SEAL_SORT_ROWS else []
+        if len(ranges) < 2:
+            query = f"{select} ORDER BY entity, ts"
+            path, chunk = self._write(
+                con, "chunk", lo, cut, frozenset(cols), lambda target: _copy(con, query, target)
+            )
+        else:
+            directory = self.directory
+            directory.mkdir(parents=True, exist_ok=True)
+            parts: list[Path] = []
+            try:
+                for where in ranges:
+                    with self._lock:
+                        self._seq += 1
+                        part = directory / f"chunk-{lo}-{cut}-{self._seq}.parquet"
+                    parts.append(part)
+                    _copy(con, f"{select} AND {where} ORDER BY entity, ts", part)
+                path, chunk = self._write(
+                    con, "chunk", lo, cut, frozenset(cols), lambda target: _join(parts, target)
+                )
+            finally:
+                for part in parts:
+                    part.unlink(missing_ok=True)
         try:
+            if chunk.rows != count:
+                raise StoreError(f"sealing {count} hot rows wrote {chunk.rows} to chunk file {chunk.file}")
             con.execute("DELETE FROM samples WHERE ts < ?", [cut])
         except BaseException:
             path.unlink(missing_ok=True)
@@ -300,9 +350,8 @@ class ChunkSet(_ReadsChunks):
         directory = self.directory
         if all(c.cols == cols for c in pieces):
             parts: list[Path] = []
-            runs: list[
-                Path
-            ] = []  # written for this merge only; unregistered, so a crash leaves them to the next open
+            # the runs' files are for this merge only: unregistered, a crash leaves them to the next open
+            runs: list[Path] = []
             try:
                 for run in _runs(pieces):
                     if len(run) == 1:
