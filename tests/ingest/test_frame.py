@@ -31,7 +31,7 @@ from gpuscope.ingest.payload import (
     encode_batch,
     parse_batch,
 )
-from gpuscope.model import Batch, Event, Frame, TrainingRecord
+from gpuscope.model import MAX_TIMESTAMP, Batch, Event, Frame, TrainingRecord
 
 
 def agent_batches(tmp_path: Path, rounds: int = 3) -> list[Batch]:
@@ -119,6 +119,10 @@ def test_refusals_name_the_field() -> None:
     ts = n + enc.ts_offsets[0]
     assert refusal(patched(body, ts, struct.pack("<d", 1e13))).field == "frames[0].ts"
     assert refusal(patched(body, ts, struct.pack("<d", float("nan")))).field == "frames[0].ts"
+    assert refusal(patched(body, ts, struct.pack("<d", float("inf")))).field == "frames[0].ts"
+    assert "negative" in refusal(patched(body, ts, struct.pack("<d", -1.0))).message
+    for edge in (0.0, MAX_TIMESTAMP):  # the bounds themselves pass
+        assert decode_frame(patched(body, ts, struct.pack("<d", edge))).frames[0].ts == edge
     values = n + enc.value_offsets[0]
     assert np.isnan(decode_frame(body).frames[0].values[0, 1])  # not reported: NaN both ways
     inf = refusal(patched(body, values + 8, struct.pack("<d", float("inf"))))

@@ -48,7 +48,7 @@ from gpuscope.ingest.payload import (
     parse_batch,
     parse_labels,
 )
-from gpuscope.model import Batch, Event, Frame, Labels, TrainingRecord
+from gpuscope.model import MAX_TIMESTAMP, Batch, Event, Frame, Labels, TrainingRecord
 
 CONTENT_TYPE = "application/vnd.gpuscope.frame"
 JSON_CONTENT_TYPE = "application/json"
@@ -233,7 +233,7 @@ def _table(r: _Reader) -> bytes:
     if count > _MAX_STRINGS or 2 * count > len(r.view) - r.pos:
         raise PayloadError("strings", f"{count} strings cannot fit the {len(r.view) - r.pos} bytes left")
     lengths = r.array(_U16A, count, "strings")
-    r.take(int(lengths.sum(dtype=np.int64)), "strings")
+    r.take(int(np.add.reduce(lengths, dtype=np.int64)), "strings")  # without ndarray.sum's wrapper
     return bytes(r.view[start : r.pos])
 
 
@@ -323,7 +323,8 @@ def _strings_of(table: bytes) -> list[str]:
 
 def _frame(r: _Reader, table: bytes, strings: list[str], field: str, limits: Limits) -> Frame:
     ts_raw, n_metrics, n_entities, n_pairs = _FRAME_HEAD.unpack(r.take(_FRAME_HEAD.size, field))
-    ts = _timestamp(ts_raw, f"{field}.ts")
+    # the usual timestamp passes without the checks that name what is wrong (NaN fails both)
+    ts = ts_raw if 0.0 <= ts_raw <= MAX_TIMESTAMP else _timestamp(ts_raw, f"{field}.ts")
     if n_metrics > limits.max_metrics_per_frame:
         raise PayloadError(
             f"{field}.metrics", f"{n_metrics} items is over the limit of {limits.max_metrics_per_frame}"
@@ -349,7 +350,7 @@ def _frame(r: _Reader, table: bytes, strings: list[str], field: str, limits: Lim
     metrics, entities, number = layout
     values = r.array(_F64, n_entities * n_metrics, f"{field}.values").reshape(n_entities, n_metrics).copy()
     infinite = np.isinf(values)
-    if infinite.any():
+    if np.count_nonzero(infinite):  # ndarray.any's Python wrapper costs more than the count
         row, col = (int(x) for x in np.argwhere(infinite)[0])
         raise PayloadError(f"{field}.values[{row}][{col}]", "must be finite (NaN = not reported)")
     # fresh containers: whoever receives the batch owns them
