@@ -66,18 +66,27 @@ LATENCY, TTFT, ERRORS, QUEUE, KV = (
 
 
 class _Ewma:
-    __slots__ = ("mean", "tau")
+    """An exponential mean over ``tau`` seconds that, younger than ``tau``, is the mean of all it
+    has seen (bias-corrected: its weights are renormalised over the time seen). Seeded by its
+    first value instead, a long baseline stays near one sample for many minutes, so a young
+    service could not be judged; as the plain mean of its first minutes it can be after a few
+    ``tau`` of the short means that are compared with it."""
+
+    __slots__ = ("mean", "tau", "weight")
 
     def __init__(self, tau: float) -> None:
         self.tau = tau
         self.mean = math.nan
+        self.weight = 0.0
 
     def push(self, value: float, dt: float) -> float:
         if math.isfinite(value):
             if not math.isfinite(self.mean):
-                self.mean = value
+                self.mean, self.weight = value, 1.0 - math.exp(-max(dt, 1.0) / self.tau)
             else:
-                self.mean += (1.0 - math.exp(-dt / self.tau)) * (value - self.mean)
+                gain = 1.0 - math.exp(-dt / self.tau)
+                self.weight += gain * (1.0 - self.weight)
+                self.mean += gain / max(self.weight, 1e-12) * (value - self.mean)
         return self.mean
 
 
@@ -210,6 +219,9 @@ class _Svc:
     #: the lengths of the service's last demand bursts: queue episodes its own load drove
     bursts: deque[float] = field(default_factory=lambda: deque(maxlen=32))
     saturated: bool = False
+    #: per series, its fresh values (time, value) and how many were seen
+    fresh: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    seen: dict[str, int] = field(default_factory=dict)
 
     def burst(
         self,
@@ -268,6 +280,34 @@ class _Svc:
         if len(self.cum_ts) > 8192 and ts - self.cum_ts[0] > 3700.0:
             cut = bisect.bisect_left(self.cum_ts, ts - 3700.0)
             del self.cum_ts[:cut], self.cum_err[:cut], self.cum_req[:cut], self.cum_allowed[:cut]
+
+    def recent(self, name: str, ts: float, value: float, seconds: float, count: int) -> float:
+        """The median of the series' fresh values (a value equal to the one before is the same
+        sample scraped again) over the last ``seconds``, and at least its last ``count``."""
+        fresh = self.fresh.get(name)
+        if fresh is None:
+            fresh = self.fresh[name] = deque(maxlen=256)
+            self.seen[name] = 0
+        if math.isfinite(value) and (not fresh or fresh[-1][1] != value):
+            fresh.append((ts, value))
+            self.seen[name] += 1
+        if not fresh:
+            return math.nan
+        while len(fresh) > count and ts - fresh[0][0] > seconds:
+            fresh.popleft()
+        return float(np.median([v for _, v in fresh]))
+
+    def interval(self, name: str) -> float:
+        """The median time between the series' fresh values of :meth:`recent` (0 before two)."""
+        fresh = self.fresh.get(name)
+        if fresh is None or len(fresh) < 2:
+            return 0.0
+        times = [t for t, _ in fresh]
+        return float(np.median(np.diff(times)))
+
+    def updates(self, name: str) -> int:
+        """How many fresh values of the series :meth:`recent` has seen."""
+        return self.seen.get(name, 0)
 
     def ewma(self, name: str, tau: float, value: float, dt: float, frozen: bool = False) -> float:
         store = self.fast if tau < 200 else self.slow
@@ -335,7 +375,7 @@ class ServingDetector(ServiceDetector):
         sustain: float = 20.0,
         kv_sustain: float = 45.0,
         kv_impact: float = 1.2,
-        warmup: float = 300.0,
+        warmup: float = 60.0,
         season_bucket: float = 1800.0,
         season_alpha: float = 0.5,
         band: float = 1.1,
@@ -344,6 +384,10 @@ class ServingDetector(ServiceDetector):
         burst_default: float = 240.0,
         burst_longest: float = 600.0,
         clear_hold: float = 30.0,
+        min_updates: int = 5,
+        noise_z: float = 3.0,
+        noise_tau: float = 3600.0,
+        hold_updates: float = 2.0,
     ) -> None:
         self.tau, self.base_tau, self.ratio, self.ttft_ratio = tau, base_tau, ratio, ttft_ratio
         self.budget = 1.0 - slo
@@ -354,6 +398,8 @@ class ServingDetector(ServiceDetector):
         self.queue_sustain, self.kv_impact = queue_sustain, kv_impact
         self.buckets, self.season_alpha = max(1, round(86400.0 / season_bucket)), season_alpha
         self.band, self.surge, self.clear_hold = band, surge, clear_hold
+        self.min_updates, self.noise_z, self.noise_tau = min_updates, noise_z, noise_tau
+        self.hold_updates = hold_updates
         self.burst_factor, self.burst_default, self.burst_longest = burst_factor, burst_default, burst_longest
         super().__init__()
         self._svcs: dict[str, _Svc] = {}
@@ -402,16 +448,32 @@ class ServingDetector(ServiceDetector):
     ) -> None:
         state = svc.rule(rule)
         short = svc.ewma(rule, self.tau, value, dt)
+        # the median of the series' last fresh values: one odd sample, repeated by every scrape
+        # until the next update, is not a regression
+        recent = svc.recent(rule, s.ts, value, self.tau, self.min_updates)
         holding = state.since is not None
-        base = svc.ewma(rule, self.base_tau, value, dt, frozen=holding)
+        # the operating point of that median (of the raw values, a mix of light and heavy
+        # requests would put the mean above what the median usually is)
+        base = svc.ewma(rule, self.base_tau, recent, dt, frozen=holding)
         base, high = svc.reference(
             rule, s.ts, short, base, self.buckets, self.season_alpha, svc.normal(state)
         )
-        # above the operating point by ``ratio`` and above the top of its normal bursts at this hour
-        limit = max(ratio * base, self.band * high) if math.isfinite(high) else ratio * base
-        back = max(base * (1.0 + 0.5 * (ratio - 1.0)), high if math.isfinite(high) else 0.0)
+        # the series' own noise at this window: how far its recent median normally strays from
+        # the baseline (mean absolute log deviation, learned while the rule is quiet)
+        stray = abs(math.log(recent / base)) if recent > 0 and base > 0 else math.nan
+        noise = svc.ewma(f"{rule}:noise", self.noise_tau, stray, dt, frozen=not svc.normal(state))
+        spread = math.exp(self.noise_z * noise) if math.isfinite(noise) else 1.0
+        # above the operating point by ``ratio`` (or by its own noise, where that is wider) and
+        # above the top of its normal bursts at this hour
+        limit = max(ratio, spread) * base
+        limit = max(limit, self.band * high) if math.isfinite(high) else limit
+        back = max(base * (1.0 + 0.5 * (max(ratio, spread) - 1.0)), high if math.isfinite(high) else 0.0)
         r = short / base if base > 0 else math.nan
-        self._hold(svc, state, warm and short >= limit, short < back, s.ts, self.sustain)
+        fresh = svc.updates(rule) >= self.min_updates
+        level = min(short, recent)
+        # a minimum duration in the series' own samples too: two fresh values past the first
+        need = max(self.sustain, self.hold_updates * svc.interval(rule))
+        self._hold(svc, state, warm and fresh and level >= limit, level < back, s.ts, need)
         state.value = r
         state.text = f"{what} at {short:.3g} s, {r:.1f}x its baseline of {base:.3g} s" + (
             f" (normally up to {high:.3g} s at this hour)" if math.isfinite(high) else ""
