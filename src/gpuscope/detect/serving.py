@@ -10,7 +10,14 @@ out against the long EWMA. The long EWMA freezes while the rule is pending or fi
 regression is not learned as normal within the day.
 
 * ``inference_latency_regression`` / ``inference_ttft_regression``: p95 latency / TTFT ``ratio``
-  times its reference;
+  times its reference, judged on the lower of the short EWMA and the median of the series' fresh
+  values (a value equal to the one before is the same sample scraped again) over ``tau`` and at
+  least its last ``min_updates``; the reference is the long EWMA of that median. Where the series is
+  noisier than ``ratio`` allows (its median's mean absolute log deviation from the reference,
+  over ``noise_tau``, learned while the rule is quiet), the limit is ``noise_z`` times that
+  deviation instead; and the condition must hold for ``hold_updates`` of the series' own update
+  intervals as well as ``sustain``: a service that updates its latency once a minute is judged on
+  minutes, not on copies of one sample;
 * ``inference_error_rate``: multi-window burn rate of an error budget (``slo``), or of the
   service's own usual error ratio where that is higher (an EWMA over ``error_tau``, seeded by its
   first reports, or its level at this time of day where that is higher: a service that always
@@ -26,7 +33,8 @@ regression is not learned as normal within the day.
   users feel it and the alert is P2.
 
 Each must hold for ``sustain`` seconds (the KV cache ``kv_sustain``: a busy cache brushes full);
-the first ``warmup`` seconds of a service only learn. Three things keep a service's normal
+the first ``warmup`` seconds of a service only learn. Every EWMA is, younger than its time constant,
+the mean of all it has seen, so a young service has a usable baseline after its first minute. Three things keep a service's normal
 operation quiet at its daily peak:
 
 * the time-of-day band: per bucket, the level and how high the series normally reaches (its 99th
