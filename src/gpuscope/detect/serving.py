@@ -10,9 +10,10 @@ out against the long EWMA. The long EWMA freezes while the rule is pending or fi
 regression is not learned as normal within the day.
 
 * ``inference_latency_regression`` / ``inference_ttft_regression``: p95 latency / TTFT ``ratio``
-  times its reference, judged on the lower of the short EWMA and the median of the series' fresh
-  values (a value equal to the one before is the same sample scraped again) over ``tau`` and at
-  least its last ``min_updates``; the reference is the long EWMA of that median. Where the series is
+  times its reference, judged on the lower of the short EWMA and the median of the series over
+  ``tau``, or over ``min_updates`` of its own update intervals where that is longer (the usual
+  time between changes of its value: a value held by the scrapes until the next update is one
+  sample); the reference is the long EWMA of that median. Where the series is
   noisier than ``ratio`` allows (its median's mean absolute log deviation from the reference,
   over ``noise_tau``, learned while the rule is quiet), the limit is ``noise_z`` times that
   deviation instead; and the condition must hold for ``hold_updates`` of the series' own update
@@ -227,9 +228,10 @@ class _Svc:
     #: the lengths of the service's last demand bursts: queue episodes its own load drove
     bursts: deque[float] = field(default_factory=lambda: deque(maxlen=32))
     saturated: bool = False
-    #: per series, its fresh values (time, value) and how many were seen
-    fresh: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
-    seen: dict[str, int] = field(default_factory=dict)
+    #: per series: its recent (time, value) reports, the times its value changed, its first report
+    reports: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    changes: dict[str, deque[float]] = field(default_factory=dict)
+    began: dict[str, float] = field(default_factory=dict)
 
     def burst(
         self,
@@ -290,32 +292,35 @@ class _Svc:
             del self.cum_ts[:cut], self.cum_err[:cut], self.cum_req[:cut], self.cum_allowed[:cut]
 
     def recent(self, name: str, ts: float, value: float, seconds: float, count: int) -> float:
-        """The median of the series' fresh values (a value equal to the one before is the same
-        sample scraped again) over the last ``seconds``, and at least its last ``count``."""
-        fresh = self.fresh.get(name)
-        if fresh is None:
-            fresh = self.fresh[name] = deque(maxlen=256)
-            self.seen[name] = 0
-        if math.isfinite(value) and (not fresh or fresh[-1][1] != value):
-            fresh.append((ts, value))
-            self.seen[name] += 1
-        if not fresh:
-            return math.nan
-        while len(fresh) > count and ts - fresh[0][0] > seconds:
-            fresh.popleft()
-        return float(np.median([v for _, v in fresh]))
+        """The median of the series over its recent window: ``seconds``, or ``count`` of its own
+        update intervals where that is longer (a value held by the scrapes until the next
+        update is one sample, not many: the window must hold ``count`` of them)."""
+        window = self.reports.get(name)
+        if window is None:
+            window = self.reports[name] = deque()
+            self.changes[name] = deque(maxlen=16)
+            self.began[name] = ts
+        if math.isfinite(value):
+            if not window or window[-1][1] != value:
+                self.changes[name].append(ts)
+            window.append((ts, value))
+        span = max(seconds, count * self.interval(name))
+        while len(window) > 1 and ts - window[0][0] > span:
+            window.popleft()
+        return float(np.median([v for _, v in window])) if window else math.nan
 
     def interval(self, name: str) -> float:
-        """The median time between the series' fresh values of :meth:`recent` (0 before two)."""
-        fresh = self.fresh.get(name)
-        if fresh is None or len(fresh) < 2:
+        """The series' usual time between changes of its value (0 until four were seen: a steady
+        series is taken as updated at every report)."""
+        changes = self.changes.get(name)
+        if changes is None or len(changes) < 4:
             return 0.0
-        times = [t for t, _ in fresh]
-        return float(np.median(np.diff(times)))
+        return float(np.median(np.diff(np.fromiter(changes, float))))
 
-    def updates(self, name: str) -> int:
-        """How many fresh values of the series :meth:`recent` has seen."""
-        return self.seen.get(name, 0)
+    def filled(self, name: str, ts: float, seconds: float, count: int) -> bool:
+        """Whether the series has been reporting for its whole window (see :meth:`recent`)."""
+        began = self.began.get(name)
+        return began is not None and ts - began >= max(seconds, count * self.interval(name))
 
     def ewma(self, name: str, tau: float, value: float, dt: float, frozen: bool = False) -> float:
         store = self.fast if tau < 200 else self.slow
@@ -456,8 +461,8 @@ class ServingDetector(ServiceDetector):
     ) -> None:
         state = svc.rule(rule)
         short = svc.ewma(rule, self.tau, value, dt)
-        # the median of the series' last fresh values: one odd sample, repeated by every scrape
-        # until the next update, is not a regression
+        # the median of the series over at least its last few updates: one odd sample, repeated
+        # by every scrape until the next update, is not a regression
         recent = svc.recent(rule, s.ts, value, self.tau, self.min_updates)
         holding = state.since is not None
         # the operating point of that median (of the raw values, a mix of light and heavy
@@ -477,7 +482,7 @@ class ServingDetector(ServiceDetector):
         limit = max(limit, self.band * high) if math.isfinite(high) else limit
         back = max(base * (1.0 + 0.5 * (max(ratio, spread) - 1.0)), high if math.isfinite(high) else 0.0)
         r = short / base if base > 0 else math.nan
-        fresh = svc.updates(rule) >= self.min_updates
+        fresh = svc.filled(rule, s.ts, self.tau, self.min_updates)
         level = min(short, recent)
         # a minimum duration in the series' own samples too: two fresh values past the first
         need = max(self.sustain, self.hold_updates * svc.interval(rule))
