@@ -9,8 +9,8 @@ import math
 
 import numpy as np
 
-from gpuscope.detect.serving import LATENCY
 from gpuscope.detect.services import Snapshot
+from gpuscope.detect.serving import LATENCY
 from support import chat_snapshot, judge_chat, onsets_of
 
 UPDATE, SCRAPE = 60.0, 10.0

@@ -34,9 +34,9 @@ regression is not learned as normal within the day.
   users feel it and the alert is P2.
 
 Each must hold for ``sustain`` seconds (the KV cache ``kv_sustain``: a busy cache brushes full);
-the first ``warmup`` seconds of a service only learn. Every EWMA is, younger than its time constant,
-the mean of all it has seen, so a young service has a usable baseline after its first minute. Three things keep a service's normal
-operation quiet at its daily peak:
+the first ``warmup`` seconds of a service only learn. Every EWMA is, younger than its time
+constant, the mean of all it has seen, so a young service has a usable baseline after its first
+minute. Three things keep a service's normal operation quiet at its daily peak:
 
 * the time-of-day band: per bucket, the level and how high the series normally reaches (its 99th
   percentile over the bucket, learned only from samples its rule did not fire or wait on); once
