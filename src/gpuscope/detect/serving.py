@@ -293,8 +293,9 @@ class _Svc:
 
     def recent(self, name: str, ts: float, value: float, seconds: float, count: int) -> float:
         """The median of the series over its recent window: ``seconds``, or ``count`` of its own
-        update intervals where that is longer (a value held by the scrapes until the next
-        update is one sample, not many: the window must hold ``count`` of them)."""
+        update intervals where that is longer, and back to its ``count``-th last change of value
+        (a value held by the scrapes until the next update is one sample, not many: the window
+        must hold ``count`` of them)."""
         window = self.reports.get(name)
         if window is None:
             window = self.reports[name] = deque()
@@ -304,8 +305,13 @@ class _Svc:
             if not window or window[-1][1] != value:
                 self.changes[name].append(ts)
             window.append((ts, value))
-        span = max(seconds, count * self.interval(name))
-        while len(window) > 1 and ts - window[0][0] > span:
+        start = ts - max(seconds, count * self.interval(name))
+        changes = self.changes[name]
+        if len(changes) >= count:
+            # and its last ``count`` values, however old: after a silence the first new sample
+            # is judged with the ones before it, not alone
+            start = min(start, changes[-count])
+        while len(window) > 1 and window[0][0] < start:
             window.popleft()
         return float(np.median([v for _, v in window])) if window else math.nan
 
