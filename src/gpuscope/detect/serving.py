@@ -10,7 +10,15 @@ out against the long EWMA. The long EWMA freezes while the rule is pending or fi
 regression is not learned as normal within the day.
 
 * ``inference_latency_regression`` / ``inference_ttft_regression``: p95 latency / TTFT ``ratio``
-  times its reference;
+  times its reference, judged on the lower of the short EWMA and the median of the series over
+  ``tau``, or over ``min_updates`` of its own update intervals where that is longer (the usual
+  time between changes of its value: a value held by the scrapes until the next update is one
+  sample); the reference is the long EWMA of that median. Where the series is
+  noisier than ``ratio`` allows (its median's mean absolute log deviation from the reference,
+  over ``noise_tau``, learned while the rule is quiet), the limit is ``noise_z`` times that
+  deviation instead; and the condition must hold for ``hold_updates`` of the series' own update
+  intervals as well as ``sustain``: a service that updates its latency once a minute is judged on
+  minutes, not on copies of one sample;
 * ``inference_error_rate``: multi-window burn rate of an error budget (``slo``), or of the
   service's own usual error ratio where that is higher (an EWMA over ``error_tau``, seeded by its
   first reports, or its level at this time of day where that is higher: a service that always
@@ -26,8 +34,9 @@ regression is not learned as normal within the day.
   users feel it and the alert is P2.
 
 Each must hold for ``sustain`` seconds (the KV cache ``kv_sustain``: a busy cache brushes full);
-the first ``warmup`` seconds of a service only learn. Three things keep a service's normal
-operation quiet at its daily peak:
+the first ``warmup`` seconds of a service only learn. Every EWMA is, younger than its time
+constant, the mean of all it has seen, so a young service has a usable baseline after its first
+minute. Three things keep a service's normal operation quiet at its daily peak:
 
 * the time-of-day band: per bucket, the level and how high the series normally reaches (its 99th
   percentile over the bucket, learned only from samples its rule did not fire or wait on); once
@@ -66,18 +75,27 @@ LATENCY, TTFT, ERRORS, QUEUE, KV = (
 
 
 class _Ewma:
-    __slots__ = ("mean", "tau")
+    """An exponential mean over ``tau`` seconds that, younger than ``tau``, is the mean of all it
+    has seen (bias-corrected: its weights are renormalised over the time seen). Seeded by its
+    first value instead, a long baseline stays near one sample for many minutes, so a young
+    service could not be judged; as the plain mean of its first minutes it can be after a few
+    ``tau`` of the short means that are compared with it."""
+
+    __slots__ = ("mean", "tau", "weight")
 
     def __init__(self, tau: float) -> None:
         self.tau = tau
         self.mean = math.nan
+        self.weight = 0.0
 
     def push(self, value: float, dt: float) -> float:
         if math.isfinite(value):
             if not math.isfinite(self.mean):
-                self.mean = value
+                self.mean, self.weight = value, 1.0 - math.exp(-max(dt, 1.0) / self.tau)
             else:
-                self.mean += (1.0 - math.exp(-dt / self.tau)) * (value - self.mean)
+                gain = 1.0 - math.exp(-dt / self.tau)
+                self.weight += gain * (1.0 - self.weight)
+                self.mean += gain / max(self.weight, 1e-12) * (value - self.mean)
         return self.mean
 
 
@@ -210,6 +228,10 @@ class _Svc:
     #: the lengths of the service's last demand bursts: queue episodes its own load drove
     bursts: deque[float] = field(default_factory=lambda: deque(maxlen=32))
     saturated: bool = False
+    #: per series: its recent (time, value) reports, the times its value changed, its first report
+    reports: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
+    changes: dict[str, deque[float]] = field(default_factory=dict)
+    began: dict[str, float] = field(default_factory=dict)
 
     def burst(
         self,
@@ -268,6 +290,43 @@ class _Svc:
         if len(self.cum_ts) > 8192 and ts - self.cum_ts[0] > 3700.0:
             cut = bisect.bisect_left(self.cum_ts, ts - 3700.0)
             del self.cum_ts[:cut], self.cum_err[:cut], self.cum_req[:cut], self.cum_allowed[:cut]
+
+    def recent(self, name: str, ts: float, value: float, seconds: float, count: int) -> float:
+        """The median of the series over its recent window: ``seconds``, or ``count`` of its own
+        update intervals where that is longer, and back to its ``count``-th last change of value
+        (a value held by the scrapes until the next update is one sample, not many: the window
+        must hold ``count`` of them)."""
+        window = self.reports.get(name)
+        if window is None:
+            window = self.reports[name] = deque()
+            self.changes[name] = deque(maxlen=16)
+            self.began[name] = ts
+        if math.isfinite(value):
+            if not window or window[-1][1] != value:
+                self.changes[name].append(ts)
+            window.append((ts, value))
+        start = ts - max(seconds, count * self.interval(name))
+        changes = self.changes[name]
+        if len(changes) >= count:
+            # and its last ``count`` values, however old: after a silence the first new sample
+            # is judged with the ones before it, not alone
+            start = min(start, changes[-count])
+        while len(window) > 1 and window[0][0] < start:
+            window.popleft()
+        return float(np.median([v for _, v in window])) if window else math.nan
+
+    def interval(self, name: str) -> float:
+        """The series' usual time between changes of its value (0 until four were seen: a steady
+        series is taken as updated at every report)."""
+        changes = self.changes.get(name)
+        if changes is None or len(changes) < 4:
+            return 0.0
+        return float(np.median(np.diff(np.fromiter(changes, float))))
+
+    def filled(self, name: str, ts: float, seconds: float, count: int) -> bool:
+        """Whether the series has been reporting for its whole window (see :meth:`recent`)."""
+        began = self.began.get(name)
+        return began is not None and ts - began >= max(seconds, count * self.interval(name))
 
     def ewma(self, name: str, tau: float, value: float, dt: float, frozen: bool = False) -> float:
         store = self.fast if tau < 200 else self.slow
@@ -335,7 +394,7 @@ class ServingDetector(ServiceDetector):
         sustain: float = 20.0,
         kv_sustain: float = 45.0,
         kv_impact: float = 1.2,
-        warmup: float = 300.0,
+        warmup: float = 60.0,
         season_bucket: float = 1800.0,
         season_alpha: float = 0.5,
         band: float = 1.1,
@@ -344,6 +403,10 @@ class ServingDetector(ServiceDetector):
         burst_default: float = 240.0,
         burst_longest: float = 600.0,
         clear_hold: float = 30.0,
+        min_updates: int = 5,
+        noise_z: float = 3.0,
+        noise_tau: float = 3600.0,
+        hold_updates: float = 2.0,
     ) -> None:
         self.tau, self.base_tau, self.ratio, self.ttft_ratio = tau, base_tau, ratio, ttft_ratio
         self.budget = 1.0 - slo
@@ -354,6 +417,8 @@ class ServingDetector(ServiceDetector):
         self.queue_sustain, self.kv_impact = queue_sustain, kv_impact
         self.buckets, self.season_alpha = max(1, round(86400.0 / season_bucket)), season_alpha
         self.band, self.surge, self.clear_hold = band, surge, clear_hold
+        self.min_updates, self.noise_z, self.noise_tau = min_updates, noise_z, noise_tau
+        self.hold_updates = hold_updates
         self.burst_factor, self.burst_default, self.burst_longest = burst_factor, burst_default, burst_longest
         super().__init__()
         self._svcs: dict[str, _Svc] = {}
@@ -402,16 +467,32 @@ class ServingDetector(ServiceDetector):
     ) -> None:
         state = svc.rule(rule)
         short = svc.ewma(rule, self.tau, value, dt)
+        # the median of the series over at least its last few updates: one odd sample, repeated
+        # by every scrape until the next update, is not a regression
+        recent = svc.recent(rule, s.ts, value, self.tau, self.min_updates)
         holding = state.since is not None
-        base = svc.ewma(rule, self.base_tau, value, dt, frozen=holding)
+        # the operating point of that median (of the raw values, a mix of light and heavy
+        # requests would put the mean above what the median usually is)
+        base = svc.ewma(rule, self.base_tau, recent, dt, frozen=holding)
         base, high = svc.reference(
             rule, s.ts, short, base, self.buckets, self.season_alpha, svc.normal(state)
         )
-        # above the operating point by ``ratio`` and above the top of its normal bursts at this hour
-        limit = max(ratio * base, self.band * high) if math.isfinite(high) else ratio * base
-        back = max(base * (1.0 + 0.5 * (ratio - 1.0)), high if math.isfinite(high) else 0.0)
+        # the series' own noise at this window: how far its recent median normally strays from
+        # the baseline (mean absolute log deviation, learned while the rule is quiet)
+        stray = abs(math.log(recent / base)) if recent > 0 and base > 0 else math.nan
+        noise = svc.ewma(f"{rule}:noise", self.noise_tau, stray, dt, frozen=not svc.normal(state))
+        spread = math.exp(self.noise_z * noise) if math.isfinite(noise) else 1.0
+        # above the operating point by ``ratio`` (or by its own noise, where that is wider) and
+        # above the top of its normal bursts at this hour
+        limit = max(ratio, spread) * base
+        limit = max(limit, self.band * high) if math.isfinite(high) else limit
+        back = max(base * (1.0 + 0.5 * (max(ratio, spread) - 1.0)), high if math.isfinite(high) else 0.0)
         r = short / base if base > 0 else math.nan
-        self._hold(svc, state, warm and short >= limit, short < back, s.ts, self.sustain)
+        fresh = svc.filled(rule, s.ts, self.tau, self.min_updates)
+        level = min(short, recent)
+        # a minimum duration in the series' own samples too: two fresh values past the first
+        need = max(self.sustain, self.hold_updates * svc.interval(rule))
+        self._hold(svc, state, warm and fresh and level >= limit, level < back, s.ts, need)
         state.value = r
         state.text = f"{what} at {short:.3g} s, {r:.1f}x its baseline of {base:.3g} s" + (
             f" (normally up to {high:.3g} s at this hour)" if math.isfinite(high) else ""
