@@ -18,10 +18,7 @@ regression is not learned as normal within the day.
   over ``noise_tau``, learned while the rule is quiet), the limit is ``noise_z`` times that
   deviation instead; and the condition must hold for ``hold_updates`` of the series' own update
   intervals as well as ``sustain``: a service that updates its latency once a minute is judged on
-  minutes, not on copies of one sample; a slower tier finds a shift below that bar: the median
-  over ``slow_tau`` (or ``slow_updates`` updates) ``slow_ratio`` times the reference and beyond
-  ``slow_z`` times that longer median's own noise, for ``slow_sustain`` seconds and
-  ``slow_updates`` updates, judged only while the fast tier is quiet (the same rule and tier);
+  minutes, not on copies of one sample;
 * ``inference_error_rate``: multi-window burn rate of an error budget (``slo``), or of the
   service's own usual error ratio where that is higher (an EWMA over ``error_tau``, seeded by its
   first reports, or its level at this time of day where that is higher: a service that always
@@ -534,7 +531,7 @@ class ServingDetector(ServiceDetector):
         ref: tuple[float, float, bool, bool],
     ) -> None:
         """The slower tier of a latency/TTFT rule: the median over ``slow_tau`` (or ``slow_updates``
-        of the series' own updates) ``slow_ratio`` times the baseline, and beyond ``slow_z`` times
+        of the series' own updates) ``slow_ratio`` times the baseline, and beyond ``noise_z`` times
         that longer median's own usual deviation, for ``slow_sustain`` seconds (and as many
         updates): a sustained shift too small for the fast tier's bar, which the noise of a short
         median hides, stands out of the steadier long one."""
