@@ -419,7 +419,6 @@ class ServingDetector(ServiceDetector):
         slow_tau: float = 120.0,
         slow_updates: int = 12,
         slow_sustain: float = 90.0,
-        slow_z: float = 4.0,
     ) -> None:
         self.tau, self.base_tau, self.ratio, self.ttft_ratio = tau, base_tau, ratio, ttft_ratio
         self.budget = 1.0 - slo
@@ -433,7 +432,7 @@ class ServingDetector(ServiceDetector):
         self.min_updates, self.noise_z, self.noise_tau = min_updates, noise_z, noise_tau
         self.hold_updates = hold_updates
         self.slow_ratio, self.slow_tau = slow_ratio, slow_tau
-        self.slow_updates, self.slow_sustain, self.slow_z = slow_updates, slow_sustain, slow_z
+        self.slow_updates, self.slow_sustain = slow_updates, slow_sustain
         self.burst_factor, self.burst_default, self.burst_longest = burst_factor, burst_default, burst_longest
         super().__init__()
         self._svcs: dict[str, _Svc] = {}
@@ -515,10 +514,7 @@ class ServingDetector(ServiceDetector):
         state.text = f"{what} at {short:.3g} s, {r:.1f}x its baseline of {base:.3g} s" + (
             f" (normally up to {high:.3g} s at this hour)" if math.isfinite(high) else ""
         )
-        # the slow tier judges only what the fast one does not: a fault it found is one alert, and
-        # the long median's memory of it does not fire again once the fast tier resolved
-        fast = state.since is not None or state.firing
-        self._slow_tier(svc, s, dt, rule, what, value, (base, high, warm and not fast, quiet))
+        self._slow_tier(svc, s, dt, rule, what, value, (base, high, warm, quiet))
 
     def _slow_tier(
         self,
@@ -540,7 +536,7 @@ class ServingDetector(ServiceDetector):
         longer = svc.recent(key, s.ts, value, self.slow_tau, self.slow_updates)
         stray = abs(math.log(longer / base)) if longer > 0 and base > 0 else math.nan
         noise = svc.ewma(f"{key}:noise", self.noise_tau, stray, dt, frozen=not quiet)
-        bar = max(self.slow_ratio, math.exp(self.slow_z * noise) if math.isfinite(noise) else 1.0)
+        bar = max(self.slow_ratio, math.exp(self.noise_z * noise) if math.isfinite(noise) else 1.0)
         limit = max(bar * base, self.band * high) if math.isfinite(high) else bar * base
         back = max(base * (1.0 + 0.5 * (bar - 1.0)), high if math.isfinite(high) else 0.0)
         fresh = svc.filled(key, s.ts, self.slow_tau, self.slow_updates)
