@@ -213,8 +213,6 @@ class _Svc:
     fast: dict[str, _Ewma] = field(default_factory=dict)
     slow: dict[str, _Ewma] = field(default_factory=dict)
     rules: dict[str, _Rule] = field(default_factory=dict)
-    #: per latency/TTFT rule, its slower tier: a smaller shift held longer (see ``slow_ratio``)
-    tiers: dict[str, _Rule] = field(default_factory=dict)
     snap: Snapshot | None = None
     cum_ts: list[float] = field(default_factory=list)  # cumulative errors and requests, for true windows
     cum_err: list[float] = field(default_factory=list)
@@ -371,12 +369,6 @@ class _Svc:
             r = self.rules[name] = _Rule()
         return r
 
-    def tier(self, name: str) -> _Rule:
-        r = self.tiers.get(name)
-        if r is None:
-            r = self.tiers[name] = _Rule()
-        return r
-
 
 @register
 class ServingDetector(ServiceDetector):
@@ -415,10 +407,6 @@ class ServingDetector(ServiceDetector):
         noise_z: float = 3.0,
         noise_tau: float = 3600.0,
         hold_updates: float = 2.0,
-        slow_ratio: float = 1.15,
-        slow_tau: float = 120.0,
-        slow_updates: int = 12,
-        slow_sustain: float = 90.0,
     ) -> None:
         self.tau, self.base_tau, self.ratio, self.ttft_ratio = tau, base_tau, ratio, ttft_ratio
         self.budget = 1.0 - slo
@@ -431,8 +419,6 @@ class ServingDetector(ServiceDetector):
         self.band, self.surge, self.clear_hold = band, surge, clear_hold
         self.min_updates, self.noise_z, self.noise_tau = min_updates, noise_z, noise_tau
         self.hold_updates = hold_updates
-        self.slow_ratio, self.slow_tau = slow_ratio, slow_tau
-        self.slow_updates, self.slow_sustain = slow_updates, slow_sustain
         self.burst_factor, self.burst_default, self.burst_longest = burst_factor, burst_default, burst_longest
         super().__init__()
         self._svcs: dict[str, _Svc] = {}
@@ -452,11 +438,8 @@ class ServingDetector(ServiceDetector):
             if svc.snap is None or now - svc.last > 30.0:
                 continue
             for rule, state in svc.rules.items():
-                tier = svc.tiers.get(rule)
                 if state.firing:
                     out.append(self._finding(name, svc.snap, rule, state))
-                elif tier is not None and tier.firing:
-                    out.append(self._finding(name, svc.snap, rule, tier))
         return out
 
     def _judge(self, svc: _Svc, s: Snapshot, dt: float) -> None:
@@ -487,17 +470,17 @@ class ServingDetector(ServiceDetector):
         # the median of the series over at least its last few updates: one odd sample, repeated
         # by every scrape until the next update, is not a regression
         recent = svc.recent(rule, s.ts, value, self.tau, self.min_updates)
-        slow = svc.tier(rule)
-        holding = state.since is not None or slow.since is not None
-        quiet = svc.normal(state) and svc.normal(slow)
+        holding = state.since is not None
         # the operating point of that median (of the raw values, a mix of light and heavy
         # requests would put the mean above what the median usually is)
         base = svc.ewma(rule, self.base_tau, recent, dt, frozen=holding)
-        base, high = svc.reference(rule, s.ts, short, base, self.buckets, self.season_alpha, quiet)
+        base, high = svc.reference(
+            rule, s.ts, short, base, self.buckets, self.season_alpha, svc.normal(state)
+        )
         # the series' own noise at this window: how far its recent median normally strays from
         # the baseline (mean absolute log deviation, learned while the rule is quiet)
         stray = abs(math.log(recent / base)) if recent > 0 and base > 0 else math.nan
-        noise = svc.ewma(f"{rule}:noise", self.noise_tau, stray, dt, frozen=not quiet)
+        noise = svc.ewma(f"{rule}:noise", self.noise_tau, stray, dt, frozen=not svc.normal(state))
         spread = math.exp(self.noise_z * noise) if math.isfinite(noise) else 1.0
         # above the operating point by ``ratio`` (or by its own noise, where that is wider) and
         # above the top of its normal bursts at this hour
@@ -514,40 +497,6 @@ class ServingDetector(ServiceDetector):
         state.text = f"{what} at {short:.3g} s, {r:.1f}x its baseline of {base:.3g} s" + (
             f" (normally up to {high:.3g} s at this hour)" if math.isfinite(high) else ""
         )
-        self._slow_tier(svc, s, dt, rule, what, value, (base, high, warm, quiet))
-
-    def _slow_tier(
-        self,
-        svc: _Svc,
-        s: Snapshot,
-        dt: float,
-        rule: str,
-        what: str,
-        value: float,
-        ref: tuple[float, float, bool, bool],
-    ) -> None:
-        """The slower tier of a latency/TTFT rule: the median over ``slow_tau`` (or ``slow_updates``
-        of the series' own updates) ``slow_ratio`` times the baseline, and beyond ``noise_z`` times
-        that longer median's own usual deviation, for ``slow_sustain`` seconds (and as many
-        updates): a sustained shift too small for the fast tier's bar, which the noise of a short
-        median hides, stands out of the steadier long one."""
-        base, high, warm, quiet = ref
-        state, key = svc.tier(rule), f"{rule}:slow"
-        longer = svc.recent(key, s.ts, value, self.slow_tau, self.slow_updates)
-        stray = abs(math.log(longer / base)) if longer > 0 and base > 0 else math.nan
-        noise = svc.ewma(f"{key}:noise", self.noise_tau, stray, dt, frozen=not quiet)
-        bar = max(self.slow_ratio, math.exp(self.noise_z * noise) if math.isfinite(noise) else 1.0)
-        limit = max(bar * base, self.band * high) if math.isfinite(high) else bar * base
-        back = max(base * (1.0 + 0.5 * (bar - 1.0)), high if math.isfinite(high) else 0.0)
-        fresh = svc.filled(key, s.ts, self.slow_tau, self.slow_updates)
-        need = max(self.slow_sustain, self.slow_updates * svc.interval(key))
-        self._hold(svc, state, warm and fresh and longer >= limit, longer < back, s.ts, need)
-        r = longer / base if base > 0 else math.nan
-        state.value = r
-        state.text = (
-            f"{what} at {longer:.3g} s (median of the last {self.slow_tau:.0f} s), {r:.2f}x its "
-            f"baseline of {base:.3g} s, held {need:.0f} s"
-        ) + (f" (normally up to {high:.3g} s at this hour)" if math.isfinite(high) else "")
 
     def _errors(self, svc: _Svc, s: Snapshot, dt: float, warm: bool) -> None:
         state = svc.rule(ERRORS)
