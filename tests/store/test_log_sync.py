@@ -211,3 +211,39 @@ def test_records_written_within_the_sync_window_share_one_sync_and_are_reported_
     assert log.counters.get("store.log_syncs") == 2
     reopened = IngestLog(tmp_path / "log", Counters(), reserve_bytes=0)
     assert [seq for seq, _ in reopened.recover(0)] == [1, 2, 3, 4]
+
+
+def _one_at_a_time(log: IngestLog, n: int) -> None:
+    """One writer: each record written once the last was reported synced (a spool's replay)."""
+    for k in range(n):
+        heard = threading.Event()
+        log.when_synced(log.write(b"batch %d" % k, lambda _seq: None), lambda _e, h=heard: h.set())
+        assert heard.wait(10)
+
+
+def test_one_writer_at_a_time_is_not_held_to_a_batch_a_window(tmp_path: Path) -> None:
+    log = _log(tmp_path / "log", sync_window_s=0.2, sync_probe_s=60.0)
+    _one_at_a_time(log, 10)
+    # the first record synced at once, the second waited out one window that held it alone, and
+    # the other eight synced at once
+    assert log.counters.get("store.log_windows") == 1
+    assert log.counters.get("store.log_windows_ungrouped") == 1
+    assert log.counters.get("store.log_syncs") == 10
+    log.close()
+
+
+def test_a_window_that_grouped_is_kept_through_a_lone_record_or_two(tmp_path: Path) -> None:
+    log = _log(tmp_path / "log", sync_window_s=0.2, sync_probe_s=60.0)
+    _one_at_a_time(log, 1)
+    done = threading.Event()
+    seqs = [log.write(b"together %d" % k, lambda _seq: None) for k in range(3)]
+    for seq in seqs:
+        log.when_synced(seq, lambda error, last=seq == seqs[-1]: last and done.set())
+    assert done.wait(10)
+    assert log.counters.get("store.log_windows") == 1  # the three shared one window's sync
+    # agents at random times leave a window with one record now and then: two in a row keep the
+    # window, the third stops it, and later records sync at once
+    _one_at_a_time(log, 6)
+    assert log.counters.get("store.log_windows") == 4
+    assert log.counters.get("store.log_windows_ungrouped") == 1
+    log.close()
