@@ -37,7 +37,9 @@ def test_tuning_freezes_what_is_alive_and_still_collects_later_cycles(collector:
     alive = [Node() for _ in range(1000)]
     frozen = gcpolicy.tune_for_serving()
     assert frozen >= len(alive)
-    assert gc.get_freeze_count() == frozen
+    # frozen objects that die later leave the count (another test's thread in this worker can drop
+    # some between the two readings); none is added
+    assert len(alive) <= gc.get_freeze_count() <= frozen
     assert gc.get_threshold()[0] == gcpolicy.YOUNG_THRESHOLD
     # what start-up left alive is not scanned by a full collection any more
     tracked = {id(o) for o in gc.get_objects()}
