@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -182,27 +183,19 @@ class HubApi:
             lifespan=self._lifespan,
         )
         self.app.add_middleware(SettleReads, hub=hub)  # inside the auth check: authorised reads only
-        limiter = RateLimiter(self.auth)
-        self.app.add_middleware(
+        front_door = functools.partial(
             AuthMiddleware,
             settings=self.auth,
             routes=lambda: self.app.routes,
             open_reads=open_reads,
             counters=hub.counters,
             audit=self.audit,
-            limiter=limiter,
+            limiter=RateLimiter(self.auth),
         )
+        self.app.add_middleware(front_door)
         # the ingest route behind the same front door (its rate limits shared), dispatched before
         # the rest of the app in what the server serves
-        guarded_ingest = AuthMiddleware(
-            self.ingest,
-            settings=self.auth,
-            routes=lambda: self.app.routes,
-            open_reads=open_reads,
-            counters=hub.counters,
-            audit=self.audit,
-            limiter=limiter,
-        )
+        guarded_ingest = front_door(self.ingest)
         #: what a server serves: ``app`` with agents' batches dispatched first
         #: (:class:`~gpuscope.web.ingest_route.IngestFirst`)
         self.asgi = IngestFirst(self.app, guarded_ingest)
