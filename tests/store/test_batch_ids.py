@@ -56,6 +56,20 @@ def test_a_failed_store_is_not_remembered_and_a_concurrent_retry_waits_for_the_o
     assert ids.claim("x") is Claim.DUPLICATE
 
 
+def test_retries_waiting_on_an_id_being_stored_are_duplicates_once_it_is_stored() -> None:
+    ids = BatchIds(capacity=100, ttl_s=60.0)
+    assert ids.claim("x") is Claim.NEW
+    outcome: list[Claim] = []
+    waiters = [threading.Thread(target=lambda: outcome.append(ids.claim("x"))) for _ in range(3)]
+    for waiter in waiters:
+        waiter.start()
+    ids.finish("x", True, 1.0)  # whether or not the retries were already waiting
+    for waiter in waiters:
+        waiter.join(5)
+    assert outcome == [Claim.DUPLICATE] * 3
+    assert ids.claim("y") is Claim.NEW  # other ids are not held up meanwhile
+
+
 def test_loading_stored_ids_makes_their_retries_duplicates() -> None:
     ids = BatchIds(capacity=100, ttl_s=60.0, seal_every=7)
     ids.load((f"s{i}", 5.0) for i in range(50))
