@@ -209,15 +209,15 @@ class Pacer(threading.Thread):
 
 @contextmanager
 def gpuscope_hub(
-    db: Path, extra: list[str] | None = None, ready_s: float = 30
+    db: Path, extra: list[str] | None = None, ready_s: float = 30, entry: list[str] | None = None
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A real hub process (``gpuscope hub``) on a loopback port, answering within ``ready_s``."""
+    """A real hub process (``gpuscope hub``) on a loopback port, answering within ``ready_s``;
+    ``entry``: what runs the command line instead of ``-m gpuscope.cli`` (a profiling wrapper)."""
     port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
-            "-m",
-            "gpuscope.cli",
+            *(entry or ["-m", "gpuscope.cli"]),
             "hub",
             "--listen",
             f"127.0.0.1:{port}",
