@@ -29,7 +29,7 @@ import orjson
 
 from gpuscope.alert.checks import Reads
 from gpuscope.alert.dispatch import Dispatcher
-from gpuscope.alert.engine import AlertChange, AlertEngine
+from gpuscope.alert.engine import ESCALATED_FROM, AlertChange, AlertEngine
 from gpuscope.alert.flap import FlapDetector
 from gpuscope.alert.labels import Matcher, alert_labels, fingerprint
 from gpuscope.alert.ledger import DispatchLedger, MemoryLedger, Told
@@ -187,7 +187,7 @@ class AlertingService:
     def _dispatch(self, job: Job, skipped: str) -> None:
         alert, kind = job.change.alert, job.change.kind
         if kind == "escalated":
-            detail = f"{alert.details.get('escalated_from')} -> {alert.severity}"
+            detail = f"{alert.details.get(ESCALATED_FROM)} -> {alert.severity}"
         else:
             detail = alert.summary
         self.record(alert.id, kind, detail, job.heard_at)
