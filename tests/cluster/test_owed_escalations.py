@@ -4,8 +4,9 @@ graver tier (P2 -> P1) while its change waited in the owner's triage queue or gr
 gone. The member taking its shards over tells each once, when it is due: not earlier, not twice.
 
 Two in-process members share a real PostgreSQL; notifications go to a real webhook receiver, one
-group per alert (``group_interval`` 10 s, ``repeat_interval`` 100 s, escalation to a pager after
-60 s). The test drives the alerting clocks; the outbox delivers."""
+group per node, one alert each (``group_interval`` 10 s, ``repeat_interval`` 100 s, escalation to
+a pager after 60 s; not ``group_by: [...]``, whose groups split by severity). The test drives the
+alerting clocks; the outbox delivers."""
 
 from __future__ import annotations
 
