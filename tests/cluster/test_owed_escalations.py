@@ -23,6 +23,7 @@ from cluster.rig import cluster_of, kill, nodes_of, two_members, wait_for_shards
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.model import Finding
 from gpuscope.runtime import Runtime
+from support import wait_until
 
 SHARDS = 8
 
@@ -86,7 +87,8 @@ def test_an_escalation_a_repeat_and_a_page_the_dead_owner_owed_are_told_once_whe
         runtime.alerting.tick(at)
 
     def settled(path: str, count: int) -> list[tuple[str, str, str]]:
-        time.sleep(1.5)  # the outbox polls at least every second: anything queued would be here
+        wait_until(lambda: len(_told(sink, path)) >= count, 15, f"{count} alerts told to {path}")
+        time.sleep(1.5)  # the outbox polls at least every second: anything more queued would be here
         told = _told(sink, path)
         assert len(told) == count, told
         return told
