@@ -270,3 +270,25 @@ def test_a_hub_continuing_another_hubs_alert_tells_only_what_the_ledger_says_was
     assert untold.service.dispatcher.forget(lambda entity: entity.get("gpu") == "5") == 1
     untold.step(31, [])
     assert len(sink.bodies()) == 4  # a forgotten alert is its new owner's to resolve
+
+
+def test_an_alert_that_escalates_then_resolves_within_group_interval_is_told_resolved(
+    sink: Sink, clock: Clock, rigs: list[Rig]
+) -> None:
+    """The receiver told it fires is owed its resolution, escalated or not (it was left firing)."""
+    rig = Rig(hook_cfg(sink, group_interval="30s"), clock)
+    rigs.append(rig)
+    rig.step(1, [hot()])
+    sink.wait_for(1)
+    graver = hot()
+    graver.severity = "P1"
+    rig.step(5, [graver])  # escalated: told with the group's next changes, after group_interval
+    rig.step(5, [])  # resolved first
+    rig.step(30)
+    bodies = sink.wait_for(2)
+    assert [(x["status"], x["labels"]["severity"]) for b in bodies for x in b["alerts"]] == [
+        ("firing", "P2"),
+        ("resolved", "P1"),
+    ]
+    rig.step(60)
+    assert len(sink.bodies()) == 2

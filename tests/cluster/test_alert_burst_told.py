@@ -14,19 +14,16 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-import yaml
 
 from alert.rig import Scripted, lost
 from alert.sink import Sink
-from gpuscope.cluster.member import ClusterMember
-from gpuscope.cluster.ring import shard_of
-from gpuscope.config import load_config
+from cluster.rig import cluster_of, kill, nodes_of, two_members, wait_for_shards
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.ingest.payload import parse_batch
-from gpuscope.runtime import Runtime, assemble
-from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.runtime import Runtime
 from support import wait_until
 
 SHARDS = 8
@@ -34,15 +31,8 @@ BURST = 200
 RULE = "gpu_ecc_uncorrectable"
 
 
-def _member(tmp_path: Path, name: str, dsn: str, sink: Sink, group_interval: str = "1s") -> Runtime:
-    config = {
-        "cluster": {
-            "hub_id": f"hub-{name}",
-            "peer_token": "peer-token-for-the-test-0123",
-            "shards": SHARDS,
-            "lease_s": 1,
-        },
-        "state": {"postgres_dsn": dsn},
+def _sections(sink: Sink, group_interval: str) -> dict[str, Any]:
+    return {
         "receivers": [{"name": "hook", "webhook": {"url": f"{sink.url}/hook"}}],
         "routes": [
             {
@@ -54,48 +44,20 @@ def _member(tmp_path: Path, name: str, dsn: str, sink: Sink, group_interval: str
             }
         ],
     }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    runtime = assemble(
-        load_config(path), store=DuckDBStore(":memory:", durable=False), serve=False, evaluate_interval=None
-    )
-    assert runtime.cluster is not None
-    runtime.cluster.join()
-    return runtime
 
 
 @pytest.fixture
 def members(
     postgres_dsn: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> Iterator[tuple[Runtime, Runtime, Sink]]:
-    sink = Sink()
     interval = getattr(request, "param", "1s")
-    runtimes = [_member(tmp_path, name, postgres_dsn, sink, interval) for name in "ab"]
-    try:
-        wait_until(
-            lambda: (
-                all(r.cluster is not None and r.cluster.node.owned for r in runtimes)
-                and sum(len(r.cluster.node.owned) for r in runtimes if r.cluster is not None) == SHARDS
-            ),
-            15,
-            "both members to own shards",
-        )
-        yield runtimes[0], runtimes[1], sink
-    finally:
-        for runtime in runtimes:
-            runtime.alerting.stop()
-            if runtime.cluster is not None:
-                runtime.cluster.leave()
-            runtime.hub.store.close()
-        sink.down()
+    with two_members(tmp_path, postgres_dsn, SHARDS, lambda sink: _sections(sink, interval), 1) as pair:
+        yield pair
 
 
 def _burst(runtime: Runtime, n: int, ts: float) -> list[str]:
     """``n`` nodes of the member's shards, each with an uncorrectable ECC error, in one batch."""
-    assert runtime.cluster is not None
-    owned = runtime.cluster.node.owned
-    nodes = [f"node-{i}" for i in range(50 * n) if shard_of("node", f"node-{i}", SHARDS) in owned][:n]
-    assert len(nodes) == n
+    nodes = nodes_of(cluster_of(runtime), n, SHARDS)
     frames = [
         {
             "ts": at,
@@ -117,20 +79,6 @@ def _told(sink: Sink) -> Counter[str]:
             if alert["labels"].get("alertname") == RULE and alert["status"] == "firing":
                 seen[alert["labels"]["node"]] += 1
     return seen
-
-
-def _kill(member: ClusterMember) -> None:
-    """What SIGKILL does to a member: its sessions close without a word, nothing is handed over,
-    nothing more is dispatched or delivered by it."""
-    node = member.node
-    node._stop.set()
-    node.con.close()
-    if node._listen_con is not None:
-        node._listen_con.close()
-    member._joined = False  # its threads and connections are gone with it; leave() must not run
-    member.forwarder.stop()
-    member.outbox.close()
-    member.state.close()
 
 
 def test_a_burst_fired_in_one_evaluation_is_told_once_per_alert(
@@ -179,9 +127,9 @@ def test_a_burst_of_a_member_killed_after_its_evaluation_is_told_once_by_the_sur
     assert len(fired) == BURST
     for _ in range(dispatched):  # what its triage worker got through before the kill
         assert b.alerting.queue._work_pass(most=1) == 1
-    _kill(b.cluster)
+    kill(b.cluster)
     killed = time.monotonic()
-    wait_until(lambda: a.cluster is not None and len(a.cluster.node.owned) == SHARDS, 30, "the takeover")
+    wait_for_shards([a.cluster], SHARDS, 30)  # the takeover
     wait_until(lambda: set(_told(sink)) == set(nodes), 300, f"all {BURST} alerts told by the survivor")
     told_at = time.monotonic()
     time.sleep(2.0)
@@ -212,10 +160,7 @@ def test_what_a_killed_member_resolved_and_had_not_told_is_told_by_the_survivor(
     survivor tells what is left, each once."""
     a, b, sink = members
     assert a.cluster is not None and b.cluster is not None
-    owned = b.cluster.node.owned
-    told, waiting, queued = [
-        n for n in (f"node-{i}" for i in range(200)) if shard_of("node", n, SHARDS) in owned
-    ][:3]
+    told, waiting, queued = nodes_of(b.cluster, 3, SHARDS)
     script = Scripted()
     b.hub.detection = DetectionEngine([script])
     b.hub.alerts.resolve_after = 0.0
@@ -234,11 +179,11 @@ def test_what_a_killed_member_resolved_and_had_not_told_is_told_by_the_survivor(
     script.findings = [lost("0", told)]
     b.hub.evaluate(t0 + 3)  # `queued` fired and resolved: both changes still in b's queue
     if end == "killed":
-        _kill(b.cluster)
+        kill(b.cluster)
     else:  # its queue is dispatched on the way out; what waits in its groups is left
         b.alerting.stop()
         b.cluster.leave()
-    wait_until(lambda: a.cluster is not None and len(a.cluster.node.owned) == SHARDS, 30, "the takeover")
+    wait_for_shards([a.cluster], SHARDS, 30)  # the takeover
     wait_until(
         lambda: _statuses(sink)[(waiting, "resolved")] and _statuses(sink)[(queued, "resolved")],
         30,

@@ -10,58 +10,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from alert.sink import Sink
-from gpuscope.cluster.ring import shard_of
-from gpuscope.config import load_config
+from cluster.rig import cluster_of, nodes_of, two_members
 from gpuscope.ingest.payload import parse_batch
-from gpuscope.runtime import Runtime, assemble
-from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.runtime import Runtime
 from support import wait_until
 
 SHARDS = 8
 
 
-def _member(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Runtime:
-    config = {
-        "cluster": {"hub_id": f"hub-{name}", "peer_token": "peer-token-for-the-test-0123", "shards": SHARDS},
-        "state": {"postgres_dsn": dsn},
+def _sections(sink: Sink) -> dict[str, Any]:
+    return {
         "receivers": [{"name": "hook", "webhook": {"url": f"{sink.url}/hook"}}],
         "routes": [{"receiver": "hook", "group_by": ["rule"], "group_wait": "30s", "group_interval": "60s"}],
     }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    runtime = assemble(
-        load_config(path), store=DuckDBStore(":memory:", durable=False), serve=False, evaluate_interval=None
-    )
-    assert runtime.cluster is not None
-    runtime.cluster.join()
-    runtime.alerting.outbox.start()  # delivery runs; evaluation and the alerting clock are the test's
-    return runtime
 
 
 @pytest.fixture
 def members(postgres_dsn: str, tmp_path: Path) -> Iterator[tuple[Runtime, Runtime, Sink]]:
-    sink = Sink()
-    runtimes = [_member(tmp_path, name, postgres_dsn, sink) for name in "ab"]
-    try:
-        wait_until(
-            lambda: (
-                all(r.cluster is not None and r.cluster.node.owned for r in runtimes)
-                and sum(len(r.cluster.node.owned) for r in runtimes if r.cluster is not None) == SHARDS
-            ),
-            15,
-            "both members to own shards",
-        )
-        yield runtimes[0], runtimes[1], sink
-    finally:
-        for runtime in runtimes:
-            runtime.alerting.stop()
-            if runtime.cluster is not None:
-                runtime.cluster.leave()
-            runtime.hub.store.close()
-        sink.down()
+    with two_members(tmp_path, postgres_dsn, SHARDS, _sections) as (a, b, sink):
+        for runtime in (a, b):
+            runtime.alerting.outbox.start()  # delivery runs; evaluation and the alerting clock are the test's
+        yield a, b, sink
 
 
 def _faulty(runtime: Runtime, node: str, ts: float) -> None:
@@ -90,9 +61,7 @@ def test_a_member_batches_a_group_for_group_wait_then_group_interval(
     members: tuple[Runtime, Runtime, Sink],
 ) -> None:
     a, b, sink = members
-    assert b.cluster is not None
-    owned = b.cluster.node.owned
-    nodes = [f"node-{i}" for i in range(200) if shard_of("node", f"node-{i}", SHARDS) in owned][:4]
+    nodes = nodes_of(cluster_of(b), 4, SHARDS)
     t0 = time.time()
     clock = [t0]
     for runtime in (a, b):

@@ -12,22 +12,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 with warnings.catch_warnings():  # starlette prefers httpx2 for its test client; httpx works as well
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
 from alert.sink import Sink
+from cluster.rig import cluster_of, nodes_of, two_members
 from gpuscope.alert.service import AlertingService
 from gpuscope.cluster.member import ClusterMember
 from gpuscope.cluster.ring import shard_of
-from gpuscope.config import load_config
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import parse_batch
 from gpuscope.model import Alert
-from gpuscope.runtime import assemble
-from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.runtime import Runtime
 from gpuscope.web.api import HubApi
 from gpuscope.web.dashboard.reports import reports_view
 from support import wait_until
@@ -56,10 +54,8 @@ class Member:
         return reply.json()
 
 
-def _start(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Member:
-    config = {
-        "cluster": {"hub_id": f"hub-{name}", "peer_token": "peer-token-for-the-test-0123", "shards": SHARDS},
-        "state": {"postgres_dsn": dsn},  # DESIGN's key for the same database
+def _sections(sink: Sink) -> dict[str, Any]:
+    return {
         "receivers": [
             {"name": "hook", "webhook": {"url": f"{sink.url}/hook"}},
             {"name": "pager", "webhook": {"url": f"{sink.url}/pager"}},
@@ -67,44 +63,25 @@ def _start(tmp_path: Path, name: str, dsn: str, sink: Sink) -> Member:
         "routes": [{"receiver": "hook", "group_wait": "0s", "repeat_interval": "100s"}],
         "alerting": {"escalation": [{"after": "60s", "receiver": "pager"}]},
     }
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    cfg = load_config(path)
-    runtime = assemble(cfg, store=DuckDBStore(":memory:", durable=False), serve=False, evaluate_interval=None)
-    member = runtime.cluster
-    assert member is not None
-    member.join()  # the test drives evaluation and the alerting clock itself: only delivery runs
-    runtime.alerting.outbox.start()
-    hub = runtime.hub
-    api = HubApi(hub, tokens=[TOKEN], alerting=runtime.alerting, lineage=runtime.lineage, cluster=member)
-    return Member(hub, member, runtime.alerting, TestClient(api.app))
+
+
+def _with_api(runtime: Runtime) -> Member:
+    runtime.alerting.outbox.start()  # only delivery runs: the test drives evaluation and the clock
+    member = cluster_of(runtime)
+    api = HubApi(
+        runtime.hub, tokens=[TOKEN], alerting=runtime.alerting, lineage=runtime.lineage, cluster=member
+    )
+    return Member(runtime.hub, member, runtime.alerting, TestClient(api.app))
 
 
 @pytest.fixture
 def pair(postgres_dsn: str, tmp_path: Path) -> Iterator[tuple[Member, Member, Sink]]:
-    sink = Sink()
-    members = [_start(tmp_path, name, postgres_dsn, sink) for name in "ab"]
-    try:
-        wait_until(
-            lambda: (
-                sum(len(m.member.node.owned) for m in members) == SHARDS
-                and all(m.member.node.owned for m in members)
-            ),
-            15,
-            "both hubs to own shards",
-        )
-        yield members[0], members[1], sink
-    finally:
-        for m in members:
-            m.alerting.stop()  # its outbox too
-            m.member.leave()
-            m.hub.store.close()
-        sink.down()
+    with two_members(tmp_path, postgres_dsn, SHARDS, _sections) as (a, b, sink):
+        yield _with_api(a), _with_api(b), sink
 
 
 def _nodes_of(member: Member, count: int) -> list[str]:
-    owned = member.member.node.owned
-    return [f"node-{i}" for i in range(500) if shard_of("node", f"node-{i}", SHARDS) in owned][:count]
+    return nodes_of(member.member, count, SHARDS)
 
 
 def _report(member: Member, node: str, ts: float, dbe: float) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from cluster.rig import kill, wait_for_shards
 from detect.rig import FakeCluster
 from gpuscope.alert.engine import AlertChange
 from gpuscope.cluster.config import ClusterConfig
@@ -42,28 +43,11 @@ def _member(dsn: str, name: str) -> ClusterMember:
     return member
 
 
-def _kill(hub: ClusterMember) -> None:
-    """What SIGKILL does to a member: its sessions close without a word, nothing is handed over."""
-    node = hub.node
-    node._stop.set()
-    node.con.close()
-    if node._listen_con is not None:
-        node._listen_con.close()
-    hub._joined = False  # its threads and connections are gone with it; leave() must not run
-    hub.forwarder.stop()
-    hub.outbox.close()
-    hub.state.close()
-
-
 @pytest.fixture
 def pair(postgres_dsn: str) -> Iterator[tuple[ClusterMember, ClusterMember]]:
     hubs = [_member(postgres_dsn, name) for name in "ab"]
     try:
-        wait_until(
-            lambda: sum(len(h.node.owned) for h in hubs) == SHARDS and all(h.node.owned for h in hubs),
-            10,
-            "both hubs to own shards",
-        )
+        wait_for_shards(hubs, SHARDS, 10)
         yield hubs[0], hubs[1]
     finally:
         for hub in hubs:
@@ -145,7 +129,7 @@ def _kill_and_take_over(pair: tuple[ClusterMember, ClusterMember]) -> tuple[Agen
     t0 = math.floor(time.time()) - 40
     died_at = SILENT_AT + 2
     agents.run(t0, 0, died_at)
-    _kill(a)
+    kill(a)
     agents.hubs = [b]
     wait_until(lambda: _owns_all(b), 10, "hub b to take every shard")
     return agents, t0, died_at
@@ -167,7 +151,7 @@ def test_survivor_raises_node_unreachable_for_the_dead_hubs_silent_node_once(
     ]
 
     orphaned = set(a.node.owned)
-    _kill(a)
+    kill(a)
     agents.hubs = [b]  # the agents move on to the hub that answers
     wait_until(lambda: _owns_all(b), 10, "hub b to take every shard")
     assert b.counters.get("warmup_batches") > 0 and orphaned <= b.node.owned

@@ -94,7 +94,11 @@ def test_two_members_writing_the_same_alerts_in_opposite_orders_while_hubs_conne
                 mine = dataclasses.replace(alert, details={"playbook": {"by": w.node.hub_id, "round": r}})
                 w.state.save(mine)  # the triage worker's attach: SELECT .. FOR UPDATE, UPDATE
                 w.outbox.add(
-                    "hook", "firing", [f"{w.node.hub_id}/{alert.id}/{r}"], now, About(((alert.id, "firing"),))
+                    "hook",
+                    "firing",
+                    [f"{w.node.hub_id}/{alert.id}/{r}"],
+                    now,
+                    About(((alert.id, "firing", alert.severity),)),
                 )
 
     def connecting() -> None:  # hubs starting or reconnecting: each new connection makes sure of the schema

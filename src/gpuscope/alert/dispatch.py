@@ -44,6 +44,8 @@ class _Group:
     created_at: float
     members: dict[str, Alert] = field(default_factory=dict)
     notified: set[str] = field(default_factory=set)  # ids the receiver was last told are firing
+    #: notified ids that reached a graver tier since: told again with the group's next changes
+    regraded: set[str] = field(default_factory=set)
     last_sent: float | None = None
 
 
@@ -123,7 +125,9 @@ class Dispatcher:
     def continued(self, alert: Alert, now: float, told: Told) -> None:
         """Take over a firing alert another hub dispatched: receivers it told are not told again
         (their repeat is timed from then), those it did not tell are told after ``group_wait``,
-        and escalation levels it sent are not sent again."""
+        those it told at a lesser tier than the alert's are told the graver one after
+        ``group_interval`` (as :meth:`escalated` tells them), and escalation levels it sent are
+        not sent again."""
         if alert.id in self._firing:
             return
         self._firing[alert.id] = alert
@@ -133,6 +137,8 @@ class Dispatcher:
             when = told.firing.get(group.receiver)
             if when is not None:
                 group.notified.add(alert.id)
+                if told.escalation_owed(group.receiver, alert.severity):
+                    group.regraded.add(alert.id)
                 group.last_sent = when if group.last_sent is None else max(group.last_sent, when)
 
     def forget(self, gone: Callable[[Labels], bool]) -> int:
@@ -145,15 +151,18 @@ class Dispatcher:
             for alert_id in ids & group.members.keys():
                 del group.members[alert_id]
                 group.notified.discard(alert_id)
+                group.regraded.discard(alert_id)
             if not group.members:
                 del self._groups[gid]
         return len(ids)
 
     def escalated(self, alert: Alert, now: float, heard_at: float | None = None) -> None:
         """The alert reached a graver tier: route it again (a graver tier may reach other
-        receivers) and tell every group it is in, as if it were new."""
+        receivers) and tell every group it is in, as if it were new. Receivers told it fires
+        still count as told (it is theirs to be told resolved, should it resolve first)."""
         for group in self._groups.values():
-            group.notified.discard(alert.id)
+            if alert.id in group.notified:
+                group.regraded.add(alert.id)
         self._route(alert, now, heard_at)
 
     def resolved(self, alert: Alert, now: float) -> None:
@@ -204,7 +213,7 @@ class Dispatcher:
             elif alert.id not in group.notified:
                 self.counters.inc("notifications_muted")
         resolved = [a for a in group.members.values() if not a.firing and a.id in group.notified]
-        new = [a for a in visible if a.id not in group.notified]
+        new = [a for a in visible if a.id not in group.notified or a.id in group.regraded]
         t = group.timing
         if group.last_sent is None:
             due = now >= group.created_at + t.group_wait
@@ -224,6 +233,7 @@ class Dispatcher:
                 group.notified = {a.id for a in visible} | {
                     i for i in group.notified if i in group.members and group.members[i].firing
                 }
+                group.regraded -= {a.id for a in visible}
         for alert_id, alert in list(group.members.items()):
             if alert.firing:
                 continue
@@ -231,6 +241,7 @@ class Dispatcher:
                 group.notified.discard(alert_id)
             if alert.id not in group.notified:
                 del group.members[alert_id]
+                group.regraded.discard(alert_id)
 
     def _escalate(self, now: float) -> None:
         if not self.escalation:
@@ -276,7 +287,7 @@ class Dispatcher:
             self.counters.inc("notifications_render_failed")
             self.record(views[0].id, "render_failed", f"{receiver}: {exc}")
             return
-        about = About(tuple((v.id, v.status) for v in views), escalation)
+        about = About(tuple((v.id, v.status, v.labels["severity"]) for v in views), escalation)
         self.outbox.enqueue(receiver, notifier.kind, requests, now, about)
         for v in views:
             self.record(

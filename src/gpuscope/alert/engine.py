@@ -32,6 +32,8 @@ Places = Callable[[Labels], list[Labels]]
 
 #: ``details`` keys the alert layer attaches itself; a detector's refresh must not wipe them.
 KEPT_DETAILS = ("playbook", "ack", "pending_since")
+#: the ``details`` key of the tier an escalated alert had before (kept by refreshes as well)
+ESCALATED_FROM = "escalated_from"
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +130,7 @@ class AlertEngine:
                 was = alert.severity
                 self._refresh(alert, now, finding)
                 if alert.severity != was:
-                    alert.details["escalated_from"] = was
+                    alert.details[ESCALATED_FROM] = was
                     self.state.save(alert)  # the graver tier is what every page shows from now on
                     changes.append(AlertChange("escalated", alert))
         for key in [k for k in self._pending if k not in current]:
@@ -199,7 +201,7 @@ class AlertEngine:
         alert.severity = graver(alert.severity, finding.severity)
         alert.summary = finding.summary
         alert.value = finding.value if finding.value is not None and math.isfinite(finding.value) else None
-        kept = {k: alert.details[k] for k in (*KEPT_DETAILS, "escalated_from") if k in alert.details}
+        kept = {k: alert.details[k] for k in (*KEPT_DETAILS, ESCALATED_FROM) if k in alert.details}
         alert.details = {**finding.details, **kept}
         alert.cost_per_hour = self.cost_per_hour(finding)
 

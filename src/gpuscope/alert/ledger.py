@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from gpuscope.rules import TIERS
+
 
 @dataclass(frozen=True, slots=True)
 class Told:
@@ -23,10 +25,20 @@ class Told:
     escalated: frozenset[int] = frozenset()
     #: receiver -> the last time it was told the alert resolved
     resolved: dict[str, float] = field(default_factory=dict)
+    #: receiver -> the gravest tier it was told the alert fires at (absent: not known)
+    severity: dict[str, str] = field(default_factory=dict)
 
     def resolution_owed(self) -> list[str]:
         """Receivers told the alert fires and not told since that it resolved."""
         return [r for r, at in self.firing.items() if self.resolved.get(r, float("-inf")) < at]
+
+    def escalation_owed(self, receiver: str, severity: str) -> bool:
+        """Whether ``receiver`` was told the alert fires at a lesser tier than ``severity`` (it
+        reached the graver tier after that, and its last owner had not told it yet)."""
+        told = self.severity.get(receiver)
+        if told not in TIERS or severity not in TIERS:
+            return False
+        return TIERS.index(severity) < TIERS.index(told)
 
 
 class DispatchLedger(Protocol):

@@ -62,10 +62,10 @@ Attempt = Callable[[Pending, float], Outcome]
 
 @dataclass(frozen=True, slots=True)
 class About:
-    """What a notification tells: (alert id, "firing" | "resolved") pairs, at an escalation level
-    (0: the routes' receivers)."""
+    """What a notification tells: (alert id, "firing" | "resolved", the alert's tier) of each
+    alert, at an escalation level (0: the routes' receivers)."""
 
-    alerts: tuple[tuple[str, str], ...] = ()
+    alerts: tuple[tuple[str, str, str], ...] = ()
     escalation: int = 0
 
 

@@ -29,7 +29,7 @@ import orjson
 
 from gpuscope.alert.checks import Reads
 from gpuscope.alert.dispatch import Dispatcher
-from gpuscope.alert.engine import AlertChange, AlertEngine
+from gpuscope.alert.engine import ESCALATED_FROM, AlertChange, AlertEngine
 from gpuscope.alert.flap import FlapDetector
 from gpuscope.alert.labels import Matcher, alert_labels, fingerprint
 from gpuscope.alert.ledger import DispatchLedger, MemoryLedger, Told
@@ -89,6 +89,8 @@ class AlertSource(Protocol):
     def attach_all(self, attached: Sequence[tuple[Alert, str, Any]]) -> None: ...
 
     def add_listener(self, listener: Callable[[AlertChange], None]) -> None: ...
+
+    def wait_evaluated(self, timeout: float) -> bool: ...
 
 
 class AlertingService:
@@ -157,6 +159,7 @@ class AlertingService:
             size=triage_queue,
             budget=triage_budget,
             counters=self.counters,
+            pause=hub.wait_evaluated,
         )
         self._reads: Reads | None = None  # the store's answers the playbooks of a burst share
         self._firing: list[Alert] = []
@@ -187,7 +190,7 @@ class AlertingService:
     def _dispatch(self, job: Job, skipped: str) -> None:
         alert, kind = job.change.alert, job.change.kind
         if kind == "escalated":
-            detail = f"{alert.details.get('escalated_from')} -> {alert.severity}"
+            detail = f"{alert.details.get(ESCALATED_FROM)} -> {alert.severity}"
         else:
             detail = alert.summary
         self.record(alert.id, kind, detail, job.heard_at)

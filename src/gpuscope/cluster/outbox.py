@@ -11,8 +11,8 @@ Delivery is at least once: a hub killed after the receiver accepted a request bu
 commit leaves the row undelivered, and another hub sends it again. That window is one HTTP
 round trip plus one commit; receivers de-duplicate on the alert's fingerprint and status.
 
-Each queued notification writes, in the same transaction, which alerts it tells of
-(``cluster_told``): the ledger a member reads when it takes over a shard.
+Each queued notification writes, in the same transaction, which alerts it tells of, with their
+status and tier (``cluster_told``): the ledger a member reads when it takes over a shard.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from typing import Any
 
 import psycopg
 
+from gpuscope.alert.engine import graver
 from gpuscope.alert.ledger import Told
 from gpuscope.alert.outbox import About, Attempt, Pending, pending_row
 from gpuscope.cluster.membership import connect
@@ -73,11 +74,11 @@ class PgOutbox:
                     (f"{self.hub_id}/{uuid.uuid4().hex}", receiver, kind, doc, now, now),
                 ).fetchone()
                 ids.append(int(row[0]) if row else 0)
-            for alert_id, status in about.alerts:
+            for alert_id, status, severity in about.alerts:
                 con.execute(
-                    "INSERT INTO cluster_told (alert_id, receiver, status, escalation, sent_at) "
-                    "VALUES (%s, %s, %s, %s, %s)",
-                    (alert_id, receiver, status, about.escalation, now),
+                    "INSERT INTO cluster_told (alert_id, receiver, status, escalation, sent_at, severity) "
+                    "VALUES (%s, %s, %s, %s, %s, %s)",
+                    (alert_id, receiver, status, about.escalation, now, severity),
                 )
             return ids
 
@@ -157,8 +158,8 @@ class PgOutbox:
 
     def told_many(self, alert_ids: list[str]) -> dict[str, Told]:
         rows = self._read(
-            "SELECT alert_id, receiver, status, escalation, max(sent_at) FROM cluster_told "
-            "WHERE alert_id = ANY(%s) GROUP BY alert_id, receiver, status, escalation",
+            "SELECT alert_id, receiver, status, escalation, severity, max(sent_at) FROM cluster_told "
+            "WHERE alert_id = ANY(%s) GROUP BY alert_id, receiver, status, escalation, severity",
             (list(alert_ids),),
         )
         by_alert: dict[str, list[tuple[Any, ...]]] = {}
@@ -166,10 +167,18 @@ class PgOutbox:
             by_alert.setdefault(str(alert_id), []).append(tuple(row))
         out: dict[str, Told] = {}
         for alert_id, told in by_alert.items():
-            firing = {str(r): float(t) for r, st, esc, t in told if st == "firing" and int(esc) == 0}
-            resolved = {str(r): float(t) for r, st, esc, t in told if st == "resolved" and int(esc) == 0}
-            escalated = frozenset(int(esc) - 1 for _r, _st, esc, _t in told if int(esc) > 0)
-            out[alert_id] = Told(firing, escalated, resolved)
+            firing: dict[str, float] = {}
+            resolved: dict[str, float] = {}
+            severity: dict[str, str] = {}
+            for receiver, status, esc, tier, at in told:
+                if int(esc) > 0:
+                    continue
+                seen = firing if status == "firing" else resolved
+                seen[str(receiver)] = max(float(at), seen.get(str(receiver), float("-inf")))
+                if status == "firing" and tier:  # "": told before tiers were kept
+                    severity[str(receiver)] = graver(severity.get(str(receiver), str(tier)), str(tier))
+            escalated = frozenset(int(esc) - 1 for _r, _st, esc, _sev, _t in told if int(esc) > 0)
+            out[alert_id] = Told(firing, escalated, resolved, severity)
         return out
 
     def _read(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:

@@ -105,6 +105,7 @@ CREATE TABLE IF NOT EXISTS cluster_told (
     sent_at DOUBLE PRECISION NOT NULL
 );
 CREATE INDEX IF NOT EXISTS cluster_told_alert ON cluster_told (alert_id);
+ALTER TABLE cluster_told ADD COLUMN IF NOT EXISTS severity TEXT NOT NULL DEFAULT '';
 CREATE SEQUENCE IF NOT EXISTS cluster_alert_version_seq;
 ALTER TABLE cluster_alerts ADD COLUMN IF NOT EXISTS version BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS cluster_alerts_version ON cluster_alerts (version);

@@ -24,7 +24,7 @@ from typing import Any
 import orjson
 import psycopg
 
-from gpuscope.alert.engine import KEPT_DETAILS
+from gpuscope.alert.engine import ESCALATED_FROM, KEPT_DETAILS, graver
 from gpuscope.alert.incidents import Incident, IncidentTracker
 from gpuscope.cluster.membership import ClusterNode, connect
 from gpuscope.cluster.ring import entity_shard
@@ -193,7 +193,9 @@ class PgAlertState:
 
     def save(self, alert: Alert) -> None:
         """Attach what the alert layer added to an alert (playbook results, acknowledgement) to its
-        stored document; the rest of the document (its state) is the owner's and stays."""
+        stored document, and the graver tier the owner's evaluation escalated it to (what every
+        member shows, and what a member taking it over continues); the rest of the document (its
+        state) is the owner's and stays."""
         held = self._held.saves
         if held is not None:
             held.append(alert)
@@ -218,8 +220,9 @@ class PgAlertState:
                 doc = orjson.loads(row[0])
                 doc["details"] = {
                     **(doc.get("details") or {}),
-                    **{k: alert.details[k] for k in KEPT_DETAILS if k in alert.details},
+                    **{k: alert.details[k] for k in (*KEPT_DETAILS, ESCALATED_FROM) if k in alert.details},
                 }
+                doc["severity"] = graver(str(doc["severity"]), alert.severity)
                 con.execute(
                     "UPDATE cluster_alerts SET doc = %s WHERE id = %s",
                     (orjson.dumps(doc, default=str).decode(), alert_id),
