@@ -538,7 +538,7 @@ class RankDetector(StepDetector):
                 # worker sits under the bar where ``rising`` applies, and must not be learned
                 # before the evidence can tell it (a drift moves the recent level that the
                 # evidence is measured from, so it is learned as before)
-                slowly = rising or state.flagged or state.evidence >= 0.5 * self._evidence_bar(state)
+                slowly = rising or state.flagged or state.evidence > 0.5 * self._evidence_bar(state)
                 state.lag_base = base + (self.step_learn_rate * alpha if slowly else alpha) * (learn - base)
                 # a data-loader hiccup is an outlier, not the spread of the rank's pace
                 spread = min(abs(self._rise(x, state.lag, additive)), 0.1)
