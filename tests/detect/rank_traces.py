@@ -11,13 +11,16 @@ from gpuscope.model import TrainingRecord
 EVERY = 10.0  # seconds between samples
 
 
-def trace(levels: list[float], samples: int, seed: int = 1, noise: float | np.ndarray = 0.025) -> np.ndarray:
+def trace(
+    levels: list[float], samples: int, seed: int = 1, noise: float | np.ndarray = 0.025, repeat: float = 0.4
+) -> np.ndarray:
     """samples x workers of mini-batch times around ``levels`` (``noise``: per reading, one for all
-    workers or one per worker); 40 % of the readings repeat the previous one, as in the real logs."""
+    workers or one per worker); a share ``repeat`` of the readings repeat the previous one (40 %, as
+    in the real logs)."""
     rng = np.random.default_rng(seed)
     out = np.array(levels) * (1.0 + noise * rng.standard_normal((samples, len(levels))))
     for k in range(1, samples):
-        same = rng.random(len(levels)) < 0.4
+        same = rng.random(len(levels)) < repeat
         out[k, same] = out[k - 1, same]
     return out
 

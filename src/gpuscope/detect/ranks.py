@@ -24,7 +24,13 @@ by several per cent for minutes. While that median is more than ``step_learn`` o
 normal, for at most one ``window`` of steps in a row, the normal follows at ``step_learn_rate`` of
 its rate: a slowdown building up towards the bar does not teach the normal that it is normal (on a
 noisy worker a 1.2x minute sits near its bar), and a shift that lasts longer than the window that
-judges it becomes the new normal as before.
+judges it becomes the new normal as before. A noisy worker's small lasting lag (1.15-1.2x on 10 %
+noise per reading, under three spreads) stands out by evidence that grows with time instead: a
+one-sided CUSUM of each reading's rise over the rank's recent level (the median of its last
+``level_window`` readings, or its normal where that is higher), each adding what it is above half
+of ``step_shift`` and at most four spreads, holds at ``step_h`` spreads; then the floor
+``step_excess`` is bar enough. A worker whose pace drifts up by small steps sets a new recent level
+each time, so the trailing normal does not make a straggler of it; an alert spends its evidence.
 Slowdowns of a minute on a job that reports every 10 s are over before that median moves, so the
 median of the last ``short`` lags also decides, with the higher bar ``short_excess``, once it has
 held for ``short_sustain`` steps and ``short_seconds``: one or two slow readings are no straggler.
@@ -91,6 +97,12 @@ class _Rank:
     level_n: int = 0
     lag_n: int = 0
     lag_hits: int = 0
+    #: per-worker step times: a one-sided CUSUM of its readings over its level (``_evidence``)
+    evidence: float = 0.0
+    #: slow last step by that evidence alone, its smoothed lag under its noise bar
+    evident: bool = False
+    #: its last raw lags (``level_window`` of them): the level that evidence is measured from
+    history: deque[float] = field(default_factory=deque)
     #: flagged a straggler: held until its smoothed lag is back within half its bars (``_held``)
     flagged: bool = False
     short_hits: int = 0  # steps in a row the short window has been far behind
@@ -195,9 +207,13 @@ class RankDetector(StepDetector):
         step_alpha: float = 0.05,
         step_learn: float = 0.5,
         step_learn_rate: float = 0.25,
+        step_shift: float = 0.15,
+        step_h: float = 8.0,
+        level_window: int = 30,
     ) -> None:
         self.step_excess, self.step_k, self.step_alpha = step_excess, step_k, step_alpha
         self.step_learn, self.step_learn_rate = step_learn, step_learn_rate
+        self.step_shift, self.step_h, self.level_window = step_shift, step_h, level_window
         self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
         self.ref_quantile, self.noise_k = ref_quantile, noise_k
         self.normal_cap = normal_cap
@@ -457,7 +473,9 @@ class RankDetector(StepDetector):
             state.recent.clear()
             state.lag, state.lag_base, state.lag_spread, state.said = math.nan, math.nan, 0.0, math.nan
             state.lag_n = state.lag_hits = state.short_hits = 0
-            state.flagged = False
+            state.flagged = state.evident = False
+            state.evidence = 0.0
+            state.history.clear()
         # a rank whose group pace moved has its own pace on a new scale: it learns it again
         moved = fresh | {r for r, p in old_group_pace.items() if job.groups.pace.get(r) != p}
         for r in moved & set(job.ranks):
@@ -505,7 +523,9 @@ class RankDetector(StepDetector):
             rising = judged and not additive and rise >= self.step_learn * bar
             state.rising_n = state.rising_n + 1 if rising else 0
             rising = rising and state.rising_n <= self.window
-            if state.lag_hits == state.short_hits == 0 and not beyond:
+            # a rank slow by its evidence alone is under its noise bar: a lasting shift that size
+            # becomes its normal, slowly, as a held straggler's does
+            if (state.lag_hits == 0 or state.evident) and state.short_hits == 0 and not beyond:
                 # a running mean at first, so the normal does not hang on the first sample
                 alpha = max(self.base_alpha if additive else self.step_alpha, 1.0 / state.lag_n)
                 # within its speed group a rank may be slower by up to the gap that splits groups
@@ -514,7 +534,11 @@ class RankDetector(StepDetector):
                 # a straggler held under its bar (``_held``) is learned slowly too: a slowdown must
                 # not become the normal in the minute it takes to dip under the bar, a lasting shift
                 # still does
-                slowly = rising or state.flagged
+                # and so is a rank whose evidence is half way to its bar: a small lag on a noisy
+                # worker sits under the bar where ``rising`` applies, and must not be learned
+                # before the evidence can tell it (a drift moves the recent level that the
+                # evidence is measured from, so it is learned as before)
+                slowly = rising or state.flagged or state.evidence > 0.5 * self._evidence_bar(state)
                 state.lag_base = base + (self.step_learn_rate * alpha if slowly else alpha) * (learn - base)
                 # a data-loader hiccup is an outlier, not the spread of the rank's pace
                 spread = min(abs(self._rise(x, state.lag, additive)), 0.1)
@@ -526,11 +550,13 @@ class RankDetector(StepDetector):
             # behind its group's reference, or behind its own normal where that is ahead of the
             # group's (a rank that got faster for good is judged on its own pace)
             ahead = min(state.lag_base, 0.0)
-            slow = (
-                judged
-                and self._rise(state.lag, ahead, additive) >= self.lag
-                and self._rise(state.lag, state.lag_base, additive) >= long_bar
-            )
+            behind = judged and self._rise(state.lag, ahead, additive) >= self.lag
+            rise = self._rise(state.lag, state.lag_base, additive)
+            evident = not additive and judged and self._evidence(state, x)
+            # a noisy worker's small lasting lag stands out of its noise by evidence that grows
+            # with time, not by one window's median: then the floor that real wander asks is enough
+            state.evident = behind and self.step_excess <= rise < long_bar and evident
+            slow = behind and (rise >= long_bar or state.evident)
             state.lag_hits = state.lag_hits + 1 if slow else 0
             # a short, large slowdown (a minute on a trace sampled every 10 s) is over before the
             # long window's median moves: the median of the last few lags, with a higher bar
@@ -544,12 +570,15 @@ class RankDetector(StepDetector):
             if far and not state.short_hits:
                 state.short_since = ts
             state.short_hits = state.short_hits + 1 if far else 0
+            was = state.flagged
             state.flagged = (
                 state.lag_hits >= self.sustain
                 or self._short_slow(state)
                 or (state.flagged and self._held(state, ahead, long_bar, additive))
             )
             if not state.flagged:
+                if was:
+                    state.evidence = 0.0  # an alert spends its evidence: the next one needs its own
                 state.said = math.nan
                 continue
             # the recent median and this step's own lag both behind: a step that is back to normal
@@ -583,6 +612,33 @@ class RankDetector(StepDetector):
         if additive:
             return excess, max(self.short_excess, excess)
         return max(self.step_excess, self.step_k * state.lag_spread), max(self.short_excess, excess)
+
+    def _evidence(self, state: _Rank, x: float) -> bool:
+        """Has the rank's step time been slower than its normal long enough to stand out of its own
+        noise? A one-sided CUSUM of its readings' rises over its level: each adds what it is above
+        half of ``step_shift`` (the smallest slowdown the rule must find; a smaller lag, or the
+        wander of a healthy worker, adds nothing on average), at most four of its spreads (one slow
+        reading is not a slowdown), and it holds at ``step_h`` spreads. On a worker with 10 % noise
+        per reading a 1.15x lag holds within about a dozen readings, where a median of nine would
+        need a bar of three spreads (30 %); its evidence, capped at twice the bar, is gone within a
+        few readings of the lag's end."""
+        sigma = 1.25 * state.lag_spread
+        allowance, bar = 0.5 * self.step_shift, self._evidence_bar(state)
+        # measured from the rank's recent level where that is above its normal: a worker whose
+        # pace drifts up by steps smaller than ``step_shift`` sets a new level (the normal trails
+        # it), a step up stands out for the readings the median takes to follow it
+        level = max(state.lag_base, _median(state.history)) if state.history else state.lag_base
+        state.history.append(x)
+        if len(state.history) > self.level_window:
+            state.history.popleft()
+        rise = min(self._rise(x, level, False), allowance + 4.0 * sigma)
+        state.evidence = min(2.0 * bar, max(0.0, state.evidence + rise - allowance))
+        return bar > 0 and state.evidence >= bar
+
+    def _evidence_bar(self, state: _Rank) -> float:
+        """``step_h`` of the rank's spreads (sigmas: the mean absolute deviation of a normal reading
+        is 0.8 sigma)."""
+        return self.step_h * 1.25 * state.lag_spread
 
     def _held(self, state: _Rank, ahead: float, long_bar: float, additive: bool) -> bool:
         """Is a flagged straggler still more than half way to its bars? A slowdown near its bar (a
