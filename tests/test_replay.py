@@ -84,6 +84,17 @@ def test_bad_rows_are_refused_with_file_line_and_field_and_the_rest_kept(tmp_pat
     ]
 
 
+def test_a_row_with_more_cells_than_the_header_is_refused(tmp_path: Path) -> None:
+    """Seen: ``6,llm,0,6,n0,0,1.0,2.9,7`` was kept with its extra cell dropped; a row short of
+    cells keeps what it has (the missing metrics were not reported)."""
+    data = rows(steps=5)
+    path = write_csv(tmp_path / "wide.csv", data, "5,llm,0,5,n0,0,1.0,2.9,7\n6,llm,0,6,n0,0,1.0\n")
+    loaded = load_records(path)
+    assert loaded.refused == [f"{path}:{5 * WORLD + 2}: row: 9 cells, the header names 8 columns"]
+    assert len(loaded.records) == 5 * WORLD + 1
+    assert loaded.records[-1].metrics == {"step_seconds": 1.0}
+
+
 def test_a_header_without_a_required_column_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "nohead.csv"
     path.write_text("time,job,rank,step_seconds\n1,llm,0,1.0\n")

@@ -67,6 +67,10 @@ def _csv(path: Path, lines: Iterator[str], out: Records) -> None:
     metrics = [c for c in header if c not in REQUIRED and c not in PLACEMENT]
     for row in reader:
         line = reader.line_num
+        if None in row:  # more cells than the header names: which column a value belongs to is a guess
+            cells = len(header) + len(row[None])
+            _refuse(out, path, line, "row", f"{cells} cells, the header names {len(header)} columns")
+            continue
         try:
             ts = _number(row["ts"] or "")
         except ValueError:
