@@ -117,14 +117,14 @@ def _bucketed(
 
 
 def _stragglers(hub: Hub, job: str, records: list[TrainingRecord]) -> list[dict[str, Any]]:
-    """Ranks a straggler alert names (firing first, then by start), else the one arriving last."""
+    """Ranks a straggler alert names (firing first, then the latest), else the one arriving last."""
     named = [
         a
         for a in hub.stored_alerts(False, 2000)
         if a.rule == "training_straggler" and a.entity.get("job") == job
     ]
     if named:
-        named.sort(key=lambda a: (not a.firing, a.started_at))
+        named.sort(key=lambda a: (not a.firing, -a.started_at))
         seen: dict[int, dict[str, Any]] = {}
         for alert in named:
             rank = int(alert.entity["rank"])

@@ -74,10 +74,12 @@
     },
   };
 
+  // firing first, then the most recent; a resolved alert says so and costs nothing any more
   GS.alertRows = (alerts) =>
     alerts.length
-      ? `<table><tr><th>sev</th><th>rule</th><th>where</th><th>since</th><th>summary</th></tr>${alerts
-          .map((a) => `<tr><td>${sev(a.severity)}</td><td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a></td><td>${GS.entityLinks(a.entity)}</td><td>${GS.ago(a.started_at)}</td><td>${esc(a.summary)}</td></tr>`)
+      ? `<table><tr><th>sev</th><th>rule</th><th>where</th><th>state</th><th>cost</th><th>summary</th></tr>${[...alerts]
+          .sort((a, b) => !!a.resolved_at - !!b.resolved_at || b.started_at - a.started_at)
+          .map((a) => `<tr data-alert="${esc(a.id)}" data-state="${a.resolved_at ? "resolved" : "firing"}"><td>${sev(a.severity)}</td><td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a></td><td>${GS.entityLinks(a.entity)}</td><td>${a.resolved_at ? `resolved <span class="muted">${GS.ago(a.resolved_at)} ago</span>` : `firing <span class="muted">for ${GS.ago(a.started_at)}</span>`}</td><td>${a.resolved_at ? "–" : `$${fmt(a.cost_per_hour, 2)}/h`}</td><td>${esc(a.summary)}</td></tr>`)
           .join("")}</table>`
       : '<p class="muted">no firing alerts</p>';
 

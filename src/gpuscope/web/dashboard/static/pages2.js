@@ -34,13 +34,15 @@
     async update(root, [job, rank]) {
       const { start, end } = GS.window();
       const d = await GS.api("/api/v1/ui/job", { job, start, end, points: 300 });
-      const strags = d.stragglers.map((s) => String(s.rank));
+      // a rank whose straggler alert resolved is no straggler now: named apart, not marked
+      const strags = d.stragglers.filter((s) => s.firing !== false).map((s) => String(s.rank));
+      const earlier = d.stragglers.filter((s) => s.firing === false && !strags.includes(String(s.rank)));
       const focus = rank !== undefined ? String(rank) : null;
       root.querySelector("#jb-hours").innerHTML = GS.hours(d.productivity, "jb-hoursbar");
       root.querySelector("#jb-cards").innerHTML = `<div class="card">status<b id="jb-status" data-status="${esc(d.status)}"><span class="jst ${esc(d.status)}">${esc(d.status)}</span></b></div>
         <div class="card">last step<b>${d.last_step ?? "–"}</b></div>
         <div class="card">ranks<b>${d.ranks.length}</b></div>
-        <div class="card">straggler<b id="jb-strag">${strags.length ? strags.map((r) => `rank <a href="#/job/${encodeURIComponent(job)}/${r}">${r}</a>`).join(", ") : "none"}</b><span class="muted">${d.stragglers.map((s) => esc(s.source)).join(", ")}</span></div>
+        <div class="card">straggler<b id="jb-strag">${strags.length ? strags.map((r) => `rank <a href="#/job/${encodeURIComponent(job)}/${r}">${r}</a>`).join(", ") : "none"}</b><span class="muted">${d.stragglers.filter((s) => s.firing !== false).map((s) => esc(s.source)).join(", ")}</span>${earlier.length ? `<span class="muted" id="jb-strag-earlier">earlier: ${earlier.map((s) => `rank <a href="#/job/${encodeURIComponent(job)}/${s.rank}">${s.rank}</a> (${esc(s.source)}, resolved)`).join(", ")}</span>` : ""}</div>
         <div class="card">checkpoints<b>${d.checkpoints.filter((c) => c.completed).length}</b><span class="muted">${d.checkpoints.filter((c) => c.failed).length} failed</span></div>
         <div class="card">lifecycle<b style="font-size:12px">${d.lifecycle.slice(-3).map((e) => `${esc(e.kind)} ${GS.ago(e.ts)} ago`).join("<br>") || "–"}</b></div>`;
       const g = d.goodput;
