@@ -103,6 +103,23 @@ def test_a_header_without_a_required_column_is_refused(tmp_path: Path) -> None:
     assert main(["replay", str(path), "--json"]) == 2
 
 
+def test_a_spreadsheet_s_byte_order_mark_is_no_part_of_the_header(tmp_path: Path) -> None:
+    """Seen: a CSV saved by a spreadsheet as UTF-8 was refused for lacking the column ts."""
+    path = tmp_path / "excel.csv"
+    path.write_bytes("ts,job,rank,step,loss\r\n1,llm,0,1,2.5\r\n".encode("utf-8-sig"))
+    loaded = load_records(path)
+    assert loaded.refused == [] and [(r.ts, r.job, r.metrics) for r in loaded.records] == [
+        (1.0, "llm", {"loss": 2.5})
+    ]
+
+
+def test_a_header_in_another_separator_is_shown_as_read(tmp_path: Path) -> None:
+    path = tmp_path / "semi.csv"
+    path.write_text("ts;job;rank;step;loss\n1;llm;0;1;2.5\n")
+    with pytest.raises(ReplayError, match=r"comma-separated; read 'ts;job;rank;step;loss'\)$"):
+        load_records(path)
+
+
 def test_json_lines_of_ingest_records_replay_the_same_and_the_cli_prints_json(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

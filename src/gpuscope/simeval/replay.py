@@ -63,7 +63,10 @@ def _csv(path: Path, lines: Iterator[str], out: Records) -> None:
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         needs = ",".join(REQUIRED)
-        raise ReplayError(f"{path}:1: the header lacks the column(s) {', '.join(missing)} (needs {needs})")
+        raise ReplayError(
+            f"{path}:1: the header lacks the column(s) {', '.join(missing)} (needs {needs}, "
+            f"comma-separated; read {','.join(header)!r})"
+        )
     metrics = [c for c in header if c not in REQUIRED and c not in PLACEMENT]
     for row in reader:
         line = reader.line_num
@@ -124,7 +127,7 @@ def _jsonl(path: Path, lines: Iterator[str], out: Records) -> None:
 def load_records(path: Path) -> Records:
     """Every record of a CSV or JSON Lines file, and every row refused with its place and field."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # spreadsheets write a byte-order mark first
     except (OSError, UnicodeDecodeError) as exc:
         raise ReplayError(f"{path}: cannot be read ({exc})") from exc
     out = Records()
