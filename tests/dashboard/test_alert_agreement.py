@@ -13,6 +13,7 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from dashboard.conftest import Served, replay
@@ -179,3 +180,8 @@ def test_tiers_and_owners_on_the_alerts_page_are_the_rule_table_s(served: Served
         assert row.locator(".sev").inner_text() == alert.severity
         assert row.locator("td:nth-child(2) .muted").inner_text() == f"{alert.id} · {rule.owner}"
         assert row.get_attribute("data-state") == ("firing" if alert.firing else "resolved")
+    incidents = httpx.get(f"{served.url}/api/v1/alerting/incidents", params={"state": "all"}).json()
+    assert any(i["resolved_at"] for i in incidents["incidents"])
+    for incident in incidents["incidents"]:
+        state = page.get_attribute(f'#a-inc tr[data-incident="{incident["id"]}"]', "data-state")
+        assert state == ("resolved" if incident["resolved_at"] else "open")
