@@ -99,6 +99,11 @@ def test_a_slow_placement_reads_as_a_p3_with_its_cost_on_a_running_job(served: S
     assert row.locator(".sev").inner_text() == "P3"
     assert dollars(row.inner_text()) == pytest.approx(placed.cost_per_hour, rel=0.01)
     assert placed.cost_per_hour > 0
+    # the ranks the alert names are shown as the job's slower group, not as stragglers
+    assert page.inner_text("#jb-placement").startswith("P3")
+    assert "not a live fault" in page.inner_text("#jb-cards")
+    marked = [int(r.get_attribute("data-rank") or -1) for r in page.locator("tr.slowgroup").all()]
+    assert marked == sorted(placed.details["slow_ranks"]) == [4, 5, 6, 7]
 
     # its GPUs work at the job's pace: productive, no GPU fault
     open_page(page, served, "#/fleet")
