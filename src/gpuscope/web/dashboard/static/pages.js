@@ -254,7 +254,7 @@
             .map((i) => {
               const rootAlert = byId.get(i.root);
               return `<tr data-incident="${esc(i.id)}" data-state="${i.resolved_at ? "resolved" : "open"}"><td><b>${esc(i.id)}</b> ${esc(i.title || "")}</td>
-                <td>${rootAlert ? `${sev(rootAlert.severity)} <a href="#/alert/${esc(i.root)}">${esc(rootAlert.rule)}</a> ${GS.entityLinks(rootAlert.entity)}` : esc(i.root)}</td>
+                <td>${rootAlert ? `${sev(rootAlert.severity)} <a href="#/alert/${esc(i.root)}">${esc(rootAlert.rule)}</a> ${GS.entityLinks(rootAlert.entity)}` : `<a href="#/alert/${esc(i.root)}">${esc(i.root)}</a>${this.state === "firing" ? ' <span class="muted">resolved</span>' : ""}`}</td>
                 <td>${(i.members || []).map((m) => `<a href="#/alert/${esc(m)}">${esc(m)}</a>`).join(" ")}</td><td>${i.resolved_at ? `resolved <span class="muted">${GS.ago(i.resolved_at)} ago</span>` : GS.ago(i.started_at)}</td>
                 <td>${d.alerting && !i.resolved_at ? `<button data-ack="${esc(i.id)}">ack incident</button>` : ""}</td></tr>`;
             })
