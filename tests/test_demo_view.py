@@ -12,7 +12,7 @@ with warnings.catch_warnings():  # starlette prefers httpx2 for its test client;
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
-from gpuscope.demo import DemoView
+from gpuscope.demo import DemoView, faults_played
 from gpuscope.hub import Hub
 from gpuscope.model import Batch, Event, Frame, TrainingRecord
 from gpuscope.sim.scenario import builtin_scenario, load_scenario
@@ -67,3 +67,10 @@ def test_the_default_make_demo_plays_every_fault_it_announces() -> None:
     assert len(scenario.faults) == 8
     for fault in scenario.faults:
         assert fault.at + (fault.duration or 0) <= end, fault.label()
+
+
+def test_a_shortened_run_announces_the_faults_it_plays() -> None:
+    """Seen: ``--duration 30`` announced "8 faults", played one, and scored it MISSED."""
+    scenario = load_scenario(builtin_scenario("demo"))
+    assert faults_played(scenario, scenario.duration) == "8 faults"
+    assert faults_played(scenario, 30.0) == "1 of its 8 faults"

@@ -84,12 +84,40 @@ def test_bad_rows_are_refused_with_file_line_and_field_and_the_rest_kept(tmp_pat
     ]
 
 
+def test_a_row_with_more_cells_than_the_header_is_refused(tmp_path: Path) -> None:
+    """Seen: ``6,llm,0,6,n0,0,1.0,2.9,7`` was kept with its extra cell dropped; a row short of
+    cells keeps what it has (the missing metrics were not reported)."""
+    data = rows(steps=5)
+    path = write_csv(tmp_path / "wide.csv", data, "5,llm,0,5,n0,0,1.0,2.9,7\n6,llm,0,6,n0,0,1.0\n")
+    loaded = load_records(path)
+    assert loaded.refused == [f"{path}:{5 * WORLD + 2}: row: 9 cells, the header names 8 columns"]
+    assert len(loaded.records) == 5 * WORLD + 1
+    assert loaded.records[-1].metrics == {"step_seconds": 1.0}
+
+
 def test_a_header_without_a_required_column_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "nohead.csv"
     path.write_text("time,job,rank,step_seconds\n1,llm,0,1.0\n")
     with pytest.raises(ReplayError, match=r"nohead.csv:1: the header lacks the column\(s\) ts, step"):
         load_records(path)
     assert main(["replay", str(path), "--json"]) == 2
+
+
+def test_a_spreadsheet_s_byte_order_mark_is_no_part_of_the_header(tmp_path: Path) -> None:
+    """Seen: a CSV saved by a spreadsheet as UTF-8 was refused for lacking the column ts."""
+    path = tmp_path / "excel.csv"
+    path.write_bytes("ts,job,rank,step,loss\r\n1,llm,0,1,2.5\r\n".encode("utf-8-sig"))
+    loaded = load_records(path)
+    assert loaded.refused == [] and [(r.ts, r.job, r.metrics) for r in loaded.records] == [
+        (1.0, "llm", {"loss": 2.5})
+    ]
+
+
+def test_a_header_in_another_separator_is_shown_as_read(tmp_path: Path) -> None:
+    path = tmp_path / "semi.csv"
+    path.write_text("ts;job;rank;step;loss\n1;llm;0;1;2.5\n")
+    with pytest.raises(ReplayError, match=r"comma-separated; read 'ts;job;rank;step;loss'\)$"):
+        load_records(path)
 
 
 def test_json_lines_of_ingest_records_replay_the_same_and_the_cli_prints_json(

@@ -223,7 +223,7 @@ def run_demo(
     console.print(
         f"[bold]gpuscope demo[/bold]: hub API at {server.url} (health: {server.url}/api/v1/health), "
         f"store {store_label(cfg.storage_settings())}; scenario {scenario.name}, {end:.0f} s, "
-        f"{len(scenario.faults)} faults"
+        f"{faults_played(scenario, end)}"
     )
     t0 = time.time()
     sim = Simulator(scenario, t0=t0)
@@ -298,6 +298,12 @@ def run_demo(
     finally:
         runtime.stop()
     return 0
+
+
+def faults_played(scenario: Scenario, end: float) -> str:
+    """The faults a run to ``end`` plays, for its first line (a shortened run plays fewer)."""
+    played, total = sum(1 for f in scenario.faults if f.at < end), len(scenario.faults)
+    return f"{total} faults" if played == total else f"{played} of its {total} faults"
 
 
 def _report(console: Console, hub: Hub, scenario: Scenario, end: float, t0: float) -> None:

@@ -165,12 +165,14 @@ RULES: dict[str, RuleSpec] = _table(
     ),
     RuleSpec(
         GPU_FAILURE_RISK,
+        # P2 (the finding escalates) once the score is imminent: the GPU is about to fail under its job
         "P3",
         "platform",
         0.1,
         "hardware",
         False,
-        "A composite failure-risk score (ECC trend, throttling, peer lag, XIDs) is high.",
+        "A composite failure-risk score (ECC trend, throttling, peer lag, XIDs) is high; P2 when it "
+        "reaches the imminent level (the GPU is about to take its work down with it).",
     ),
     RuleSpec(
         NVLINK_ERRORS,

@@ -59,7 +59,10 @@ def test_node_view_and_unknown_node(client: httpx.Client) -> None:
     assert [g["gpu"] for g in body["gpus"]] == [str(i) for i in range(8)]
     assert body["host"]["values"]["node_cpu_percent"] >= 0
     assert any(a["rule"] == "gpu_thermal_throttle" for a in body["alerts"])
-    assert client.get("/api/v1/ui/node", params={"node": "node-99"}).status_code == 404
+    res = client.get("/api/v1/ui/node", params={"node": "node-99"})
+    assert (res.status_code, res.json()["field"]) == (404, "node")  # the parameter named, not "name"
+    res = client.get("/api/v1/ui/service", params={"service": "nope"})
+    assert (res.status_code, res.json()) == (404, {"error": "nothing known about 'nope'", "field": "service"})
 
 
 def test_job_view_curves_straggler_checkpoints_goodput(client: httpx.Client, served: Served) -> None:

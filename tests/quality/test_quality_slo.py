@@ -42,8 +42,39 @@ def test_slo_config() -> None:
     ]
     with pytest.raises(ValueError, match=r"slos\[0\].*unknown"):
         slos_from_config([{"service": "x", "availabilty": 0.9}])
-    with pytest.raises(ValueError, match="objective"):
+    with pytest.raises(ValueError, match=r"slos\[0\]\.availability: must be a number within \(0, 1\)"):
         slos_from_config([{"service": "x", "availability": 1.5}])
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        (5, "slos[0]: must be a mapping"),
+        ({"availability": 0.9}, "slos[0].service: needs the service's name"),
+        ({"service": "x"}, "slos[0]: needs availability, latency or both"),
+        ({"service": "x", "availability": "abc"}, "slos[0].availability: must be a number within (0, 1)"),
+        ({"service": "x", "latency": 0.5}, "slos[0].latency: must be a mapping"),
+        ({"service": "x", "latency": {"objective": 0.99}}, "slos[0].latency.threshold_seconds: is required"),
+        (
+            {"service": "x", "latency": {"objective": 0.99, "threshold": 0.5}},
+            "slos[0].latency.threshold: unknown key (known: objective, threshold_seconds)",
+        ),
+        (
+            {"service": "x", "latency": {"objective": 0.99, "threshold_seconds": -1}},
+            "slos[0].latency.threshold_seconds: must be a positive number of seconds",
+        ),
+        (
+            {"service": "x", "latency": {"objective": True, "threshold_seconds": 0.5}},
+            "slos[0].latency.objective: must be a number within (0, 1)",
+        ),
+    ],
+)
+def test_a_bad_slo_entry_names_its_key(entry: object, message: str) -> None:
+    """Seen: ``'float' object is not subscriptable``, ``slos[0]: 'threshold_seconds'`` and a typo
+    inside ``latency:`` accepted; an entry with neither objective was kept as no SLO at all."""
+    with pytest.raises(ValueError) as exc:
+        slos_from_config([entry])
+    assert str(exc.value).startswith(message)
 
 
 def test_monitor_latency_burn_and_business_baseline() -> None:

@@ -144,6 +144,14 @@ BASE = (
 
 # (text appended to BASE or replacing it, expected message); line numbers are 1-based
 BROKEN = [
+    (  # seen: accepted, and the run injected nothing (ranks past the world are dropped)
+        "  - {at: 0, kind: slow_placement, target: {job: train}, params: {first_rank: 8, ranks: 8}}\n",
+        "bad.yaml:8: faults[0].params.first_rank: 8 is beyond the world size of 'train' (ranks 0..7)",
+    ),
+    (
+        "  - {at: 0, kind: slow_placement, target: {job: train}, params: {ranks: 8, slowdown: 1.3}}\n",
+        "bad.yaml:8: faults[0].params.ranks: ranks 0..7 are the whole of 'train': no rank is left",
+    ),
     (
         "  - {at: 10, kind: xid, target: {node: node-1, gpu: 9}}\n",
         "bad.yaml:8: faults[0].target.gpu: 9 is out of range 0..7",

@@ -48,29 +48,53 @@ class Slo:
 
 
 SLO_KEYS = frozenset({"service", "availability", "latency"})
+LATENCY_KEYS = frozenset({"objective", "threshold_seconds"})
+
+
+def _share(value: Any, where: str) -> float:
+    """An objective: a number strictly between 0 and 1."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 < value < 1.0:
+        raise ValueError(f"{where}: must be a number within (0, 1) such as 0.999, got {value!r}")
+    return float(value)
 
 
 def slos_from_config(raw: Any) -> list[Slo]:
-    """Parse the ``slos`` list of the config; errors name the entry."""
+    """Parse the ``slos`` list of the config; errors name the entry and its key."""
     if raw is None:
         return []
     if not isinstance(raw, list):
         raise ValueError("slos: must be a list")
     out = []
     for i, entry in enumerate(raw):
-        if not isinstance(entry, dict) or not isinstance(entry.get("service"), str):
-            raise ValueError(f"slos[{i}]: needs a 'service' name")
-        check_keys(entry, f"slos[{i}]", SLO_KEYS)
-        try:
-            if "availability" in entry:
-                out.append(Slo(entry["service"], "availability", float(entry["availability"])))
-            if "latency" in entry:
-                lat = entry["latency"]
-                out.append(
-                    Slo(entry["service"], "latency", float(lat["objective"]), float(lat["threshold_seconds"]))
+        where = f"slos[{i}]"
+        if not isinstance(entry, dict):
+            raise ValueError(f"{where}: must be a mapping such as {{service: chat, availability: 0.999}}")
+        if not isinstance(entry.get("service"), str) or not entry["service"]:
+            raise ValueError(f"{where}.service: needs the service's name")
+        check_keys(entry, where, SLO_KEYS)
+        if "availability" not in entry and "latency" not in entry:
+            raise ValueError(f"{where}: needs availability, latency or both")
+        service = entry["service"]
+        if "availability" in entry:
+            out.append(Slo(service, "availability", _share(entry["availability"], f"{where}.availability")))
+        if "latency" in entry:
+            lat, at = entry["latency"], f"{where}.latency"
+            if not isinstance(lat, dict):
+                raise ValueError(f"{at}: must be a mapping {{threshold_seconds: S, objective: 0.99}}")
+            check_keys(lat, at, LATENCY_KEYS)
+            missing = sorted(LATENCY_KEYS - lat.keys())
+            if missing:
+                raise ValueError(f"{at}.{missing[0]}: is required")
+            threshold = lat["threshold_seconds"]
+            if (
+                isinstance(threshold, bool)
+                or not isinstance(threshold, int | float)
+                or not 0 < threshold < math.inf
+            ):
+                raise ValueError(
+                    f"{at}.threshold_seconds: must be a positive number of seconds, got {threshold!r}"
                 )
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ValueError(f"slos[{i}]: {exc}") from None
+            out.append(Slo(service, "latency", _share(lat["objective"], f"{at}.objective"), float(threshold)))
     return out
 
 

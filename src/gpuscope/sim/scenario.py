@@ -412,6 +412,9 @@ class _Parser:
         target = self.target(m["target"], kind, cluster, jobs, at, m["at"])
         params = self.params(m["params"], kind) if "params" in m and not m["params"].is_null() else {}
         merged = {k: p.default for k, p in kind.params.items()} | params
+        if "first_rank" in merged and "job" in target:
+            job = next(j for j in jobs if j.name == target["job"])
+            self.rank_group(m.get("params", src), f"{src.path}.params", merged, job)
         if not kind.simulated:
             msg = f"{self.file}:{src.line}: faults[{index}]: {kind.name!r} is accepted but not simulated yet"
             self.warnings.append(msg)
@@ -458,6 +461,22 @@ class _Parser:
                     )
                 out["rank"] = rank
         return {k: out[k] for k in kind.target}
+
+    def rank_group(self, src: Src, path: str, params: dict[str, Any], job: JobSpec) -> None:
+        """A group of ranks (``first_rank``, ``ranks``) must start inside the job and leave a rank at
+        the job's own pace: a group past the world injects nothing, one spanning it is no placement."""
+        first, count, world = int(params["first_rank"]), int(params["ranks"]), job.world_size
+        if first >= world:
+            src.fail(
+                f"{first} is beyond the world size of {job.name!r} (ranks 0..{world - 1})",
+                f"{path}.first_rank",
+            )
+        if first == 0 and count >= world:
+            src.fail(
+                f"ranks 0..{min(count, world) - 1} are the whole of {job.name!r}: no rank is left at the "
+                "normal pace to compare with",
+                f"{path}.ranks",
+            )
 
     def params(self, src: Src, kind: FaultKind) -> dict[str, Any]:
         out: dict[str, Any] = {}

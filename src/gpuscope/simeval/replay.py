@@ -63,10 +63,17 @@ def _csv(path: Path, lines: Iterator[str], out: Records) -> None:
     missing = [c for c in REQUIRED if c not in header]
     if missing:
         needs = ",".join(REQUIRED)
-        raise ReplayError(f"{path}:1: the header lacks the column(s) {', '.join(missing)} (needs {needs})")
+        raise ReplayError(
+            f"{path}:1: the header lacks the column(s) {', '.join(missing)} (needs {needs}, "
+            f"comma-separated; read {','.join(header)!r})"
+        )
     metrics = [c for c in header if c not in REQUIRED and c not in PLACEMENT]
     for row in reader:
         line = reader.line_num
+        if None in row:  # more cells than the header names: which column a value belongs to is a guess
+            cells = len(header) + len(row[None])
+            _refuse(out, path, line, "row", f"{cells} cells, the header names {len(header)} columns")
+            continue
         try:
             ts = _number(row["ts"] or "")
         except ValueError:
@@ -120,7 +127,7 @@ def _jsonl(path: Path, lines: Iterator[str], out: Records) -> None:
 def load_records(path: Path) -> Records:
     """Every record of a CSV or JSON Lines file, and every row refused with its place and field."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8-sig")  # spreadsheets write a byte-order mark first
     except (OSError, UnicodeDecodeError) as exc:
         raise ReplayError(f"{path}: cannot be read ({exc})") from exc
     out = Records()

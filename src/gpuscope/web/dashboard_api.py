@@ -81,7 +81,9 @@ class DashboardApi:
                 return _json({"error": exc.message, "field": exc.field}, 400)
             except KeyError as exc:
                 self.hub.counters.inc("dashboard_refused_404")
-                return _json({"error": f"nothing known about {exc.args[0]!r}", "field": "name"}, 404)
+                unknown = exc.args[0]
+                field = next((k for k, v in request.query_params.items() if v == unknown), "name")
+                return _json({"error": f"nothing known about {unknown!r}", "field": field}, 404)
 
         return wrapped
 

@@ -13,6 +13,7 @@ from typing import Any
 from gpuscope.detect.jobs import gpu_of, place_labels
 from gpuscope.hub import Hub
 from gpuscope.model import Alert, Event, TrainingRecord
+from gpuscope.rules import SLOW_PLACEMENT
 from gpuscope.web.dashboard.common import AlertIndex, alert_brief, finite, natural_key, worst
 
 JOB_EVENTS = ("job_started", "job_ended", "job_failed")
@@ -117,14 +118,14 @@ def _bucketed(
 
 
 def _stragglers(hub: Hub, job: str, records: list[TrainingRecord]) -> list[dict[str, Any]]:
-    """Ranks a straggler alert names (firing first, then by start), else the one arriving last."""
+    """Ranks a straggler alert names (firing first, then the latest), else the one arriving last."""
     named = [
         a
         for a in hub.stored_alerts(False, 2000)
         if a.rule == "training_straggler" and a.entity.get("job") == job
     ]
     if named:
-        named.sort(key=lambda a: (not a.firing, a.started_at))
+        named.sort(key=lambda a: (not a.firing, -a.started_at))
         seen: dict[int, dict[str, Any]] = {}
         for alert in named:
             rank = int(alert.entity["rank"])
@@ -152,6 +153,20 @@ def _rank_medians(records: list[TrainingRecord], metric: str) -> dict[int, float
         if v is not None:
             values.setdefault(rec.rank, []).append(v)
     return {rank: statistics.median(vs) for rank, vs in values.items()}
+
+
+def _slow_group(alerts: list[Alert]) -> dict[str, Any] | None:
+    """The ranks a firing slow_placement alert names: the job's pace, not a live fault."""
+    for alert in alerts:
+        if alert.rule == SLOW_PLACEMENT:
+            return {
+                "id": alert.id,
+                "severity": alert.severity,
+                "ranks": [int(r) for r in alert.details.get("slow_ranks", [])],
+                "lost_share": finite(alert.details.get("lost_share")),
+                "cost_per_hour": finite(alert.cost_per_hour),
+            }
+    return None
 
 
 def _checkpoints(events: list[Event]) -> list[dict[str, Any]]:
@@ -250,6 +265,7 @@ def job_view(hub: Hub, job: str, start: float, end: float, points: int) -> dict[
         "ranks": ranks,
         "curves": {c: {str(r): v for r, v in per.items()} for c, per in curves.items()},
         "stragglers": _stragglers(hub, job, records),
+        "slow_group": _slow_group(alerts),
         "checkpoints": checkpoints,
         "goodput": goodput(records, checkpoints, start, end),
         "placement": {str(r): p for r, p in sorted(placement.items())},

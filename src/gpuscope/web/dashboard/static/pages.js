@@ -74,10 +74,12 @@
     },
   };
 
+  // firing first, then the most recent; a resolved alert says so and costs nothing any more
   GS.alertRows = (alerts) =>
     alerts.length
-      ? `<table><tr><th>sev</th><th>rule</th><th>where</th><th>since</th><th>summary</th></tr>${alerts
-          .map((a) => `<tr><td>${sev(a.severity)}</td><td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a></td><td>${GS.entityLinks(a.entity)}</td><td>${GS.ago(a.started_at)}</td><td>${esc(a.summary)}</td></tr>`)
+      ? `<table><tr><th>sev</th><th>rule</th><th>where</th><th>state</th><th>cost</th><th>summary</th></tr>${[...alerts]
+          .sort((a, b) => !!a.resolved_at - !!b.resolved_at || b.started_at - a.started_at)
+          .map((a) => `<tr data-alert="${esc(a.id)}" data-state="${a.resolved_at ? "resolved" : "firing"}"><td>${sev(a.severity)}</td><td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a></td><td>${GS.entityLinks(a.entity)}</td><td>${a.resolved_at ? `resolved <span class="muted">${GS.ago(a.resolved_at)} ago</span>` : `firing <span class="muted">for ${GS.ago(a.started_at)}</span>`}</td><td>${a.resolved_at ? "–" : `$${fmt(a.cost_per_hour, 2)}/h`}</td><td>${esc(a.summary)}</td></tr>`)
           .join("")}</table>`
       : '<p class="muted">no firing alerts</p>';
 
@@ -251,9 +253,9 @@
         ? `<table><tr><th>incident</th><th>root cause</th><th>members</th><th>since</th><th></th></tr>${d.incidents
             .map((i) => {
               const rootAlert = byId.get(i.root);
-              return `<tr data-incident="${esc(i.id)}"><td><b>${esc(i.id)}</b> ${esc(i.title || "")}</td>
-                <td>${rootAlert ? `${sev(rootAlert.severity)} <a href="#/alert/${esc(i.root)}">${esc(rootAlert.rule)}</a> ${GS.entityLinks(rootAlert.entity)}` : esc(i.root)}</td>
-                <td>${(i.members || []).map((m) => `<a href="#/alert/${esc(m)}">${esc(m)}</a>`).join(" ")}</td><td>${GS.ago(i.started_at)}</td>
+              return `<tr data-incident="${esc(i.id)}" data-state="${i.resolved_at ? "resolved" : "open"}"><td><b>${esc(i.id)}</b> ${esc(i.title || "")}</td>
+                <td>${rootAlert ? `${sev(rootAlert.severity)} <a href="#/alert/${esc(i.root)}">${esc(rootAlert.rule)}</a> ${GS.entityLinks(rootAlert.entity)}` : `<a href="#/alert/${esc(i.root)}">${esc(i.root)}</a>${this.state === "firing" ? ' <span class="muted">resolved</span>' : ""}`}</td>
+                <td>${(i.members || []).map((m) => `<a href="#/alert/${esc(m)}">${esc(m)}</a>`).join(" ")}</td><td>${i.resolved_at ? `resolved <span class="muted">${GS.ago(i.resolved_at)} ago</span>` : GS.ago(i.started_at)}</td>
                 <td>${d.alerting && !i.resolved_at ? `<button data-ack="${esc(i.id)}">ack incident</button>` : ""}</td></tr>`;
             })
             .join("")}</table>`

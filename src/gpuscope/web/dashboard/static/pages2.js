@@ -34,13 +34,17 @@
     async update(root, [job, rank]) {
       const { start, end } = GS.window();
       const d = await GS.api("/api/v1/ui/job", { job, start, end, points: 300 });
-      const strags = d.stragglers.map((s) => String(s.rank));
+      // a rank whose straggler alert resolved is no straggler now: named apart, not marked
+      const strags = d.stragglers.filter((s) => s.firing !== false).map((s) => String(s.rank));
+      const earlier = d.stragglers.filter((s) => s.firing === false && !strags.includes(String(s.rank)));
       const focus = rank !== undefined ? String(rank) : null;
+      const slow = d.slow_group ? d.slow_group.ranks.map(String) : [];
       root.querySelector("#jb-hours").innerHTML = GS.hours(d.productivity, "jb-hoursbar");
       root.querySelector("#jb-cards").innerHTML = `<div class="card">status<b id="jb-status" data-status="${esc(d.status)}"><span class="jst ${esc(d.status)}">${esc(d.status)}</span></b></div>
         <div class="card">last step<b>${d.last_step ?? "–"}</b></div>
         <div class="card">ranks<b>${d.ranks.length}</b></div>
-        <div class="card">straggler<b id="jb-strag">${strags.length ? strags.map((r) => `rank <a href="#/job/${encodeURIComponent(job)}/${r}">${r}</a>`).join(", ") : "none"}</b><span class="muted">${d.stragglers.map((s) => esc(s.source)).join(", ")}</span></div>
+        <div class="card">straggler<b id="jb-strag">${strags.length ? strags.map((r) => `rank <a href="#/job/${encodeURIComponent(job)}/${r}">${r}</a>`).join(", ") : "none"}</b><span class="muted">${d.stragglers.filter((s) => s.firing !== false).map((s) => esc(s.source)).join(", ")}</span>${earlier.length ? `<span class="muted" id="jb-strag-earlier">earlier: ${earlier.map((s) => `rank <a href="#/job/${encodeURIComponent(job)}/${s.rank}">${s.rank}</a> (${esc(s.source)}, resolved)`).join(", ")}</span>` : ""}</div>
+        ${d.slow_group ? `<div class="card">placement<b id="jb-placement">${sev(d.slow_group.severity)} ranks ${esc(slow.join(", "))} slower</b><span class="muted">the job's pace since it started, not a live fault: ${fmt(100 * d.slow_group.lost_share)} % of its GPU time, $${fmt(d.slow_group.cost_per_hour, 2)}/h (<a href="#/alert/${esc(d.slow_group.id)}">${esc(d.slow_group.id)}</a>)</span></div>` : ""}
         <div class="card">checkpoints<b>${d.checkpoints.filter((c) => c.completed).length}</b><span class="muted">${d.checkpoints.filter((c) => c.failed).length} failed</span></div>
         <div class="card">lifecycle<b style="font-size:12px">${d.lifecycle.slice(-3).map((e) => `${esc(e.kind)} ${GS.ago(e.ts)} ago`).join("<br>") || "–"}</b></div>`;
       const g = d.goodput;
@@ -73,7 +77,7 @@
           .join("")}</table>`;
       root.querySelector("#jb-alerts").innerHTML = GS.alertRows(d.alerts);
       root.querySelector("#jb-ranks").innerHTML = `<table><tr><th>rank</th><th>node</th><th>GPU</th></tr>${Object.entries(d.placement)
-        .map(([r, p]) => `<tr class="${strags.includes(r) ? "straggler" : ""}" data-rank="${r}"><td>${r}${strags.includes(r) ? " straggler" : ""}</td><td><a href="#/node/${encodeURIComponent(p.node)}">${esc(p.node)}</a></td><td>${p.gpu ? `<a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">GPU ${esc(p.gpu)}</a>` : "CPU"}</td></tr>`)
+        .map(([r, p]) => `<tr class="${strags.includes(r) ? "straggler" : slow.includes(r) ? "slowgroup" : ""}" data-rank="${r}"><td>${r}${strags.includes(r) ? " straggler" : ""}${slow.includes(r) ? ' <span class="muted">slow placement</span>' : ""}</td><td><a href="#/node/${encodeURIComponent(p.node)}">${esc(p.node)}</a></td><td>${p.gpu ? `<a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">GPU ${esc(p.gpu)}</a>` : "CPU"}</td></tr>`)
         .join("")}</table>`;
     },
   };
