@@ -272,11 +272,13 @@ def test_a_hub_continuing_another_hubs_alert_tells_only_what_the_ledger_says_was
     assert len(sink.bodies()) == 4  # a forgotten alert is its new owner's to resolve
 
 
+@pytest.mark.parametrize("group_by", [["incident"], ["..."]])
 def test_an_alert_that_escalates_then_resolves_within_group_interval_is_told_resolved(
-    sink: Sink, clock: Clock, rigs: list[Rig]
+    sink: Sink, clock: Clock, rigs: list[Rig], group_by: list[str]
 ) -> None:
-    """The receiver told it fires is owed its resolution, escalated or not (it was left firing)."""
-    rig = Rig(hook_cfg(sink, group_interval="30s"), clock)
+    """The receiver told it fires is owed its resolution, escalated or not (it was left firing),
+    by one group, whether or not the escalation moved the alert to another group."""
+    rig = Rig(hook_cfg(sink, group_by=group_by, group_interval="30s"), clock)
     rigs.append(rig)
     rig.step(1, [hot()])
     sink.wait_for(1)
