@@ -167,7 +167,11 @@ SECTIONS: tuple[Section, ...] = (
         "The route tree, with Alertmanager's semantics: the first matching route takes an alert "
         "(unless `continue: true`); children refine their parent and inherit its receiver and timings. "
         "Alerts carry `alertname` (= `rule`), `severity` (= `tier`: P1, P2, P3), `owner` (platform, "
-        "model, serving, product), `incident` and their entity's labels (`node`, `gpu`, `job`, `service`).",
+        "model, serving, product), `incident` and their entity's labels (`node`, `gpu`, `job`, `service`). "
+        '`group_by: ["..."]` groups by every label. An alert that reaches a graver tier (P2 → P1) stays '
+        "one alert: a group that told it fires tells the graver tier with its next changes "
+        "(`group_interval`); where a route groups by the tier (`...`, `severity` or `tier`), the alert "
+        "moves to its new tier's group, which alone tells the graver tier and later the resolution.",
         (
             Key("receiver", "parent's", "a name from `receivers`"),
             Key("match", "{}", "label equality, e.g. `{severity: P1}`"),

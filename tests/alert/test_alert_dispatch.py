@@ -272,11 +272,13 @@ def test_a_hub_continuing_another_hubs_alert_tells_only_what_the_ledger_says_was
     assert len(sink.bodies()) == 4  # a forgotten alert is its new owner's to resolve
 
 
+@pytest.mark.parametrize("group_by", [["incident"], ["..."]])
 def test_an_alert_that_escalates_then_resolves_within_group_interval_is_told_resolved(
-    sink: Sink, clock: Clock, rigs: list[Rig]
+    sink: Sink, clock: Clock, rigs: list[Rig], group_by: list[str]
 ) -> None:
-    """The receiver told it fires is owed its resolution, escalated or not (it was left firing)."""
-    rig = Rig(hook_cfg(sink, group_interval="30s"), clock)
+    """The receiver told it fires is owed its resolution, escalated or not (it was left firing),
+    by one group, whether or not the escalation moved the alert to another group."""
+    rig = Rig(hook_cfg(sink, group_by=group_by, group_interval="30s"), clock)
     rigs.append(rig)
     rig.step(1, [hot()])
     sink.wait_for(1)
@@ -292,3 +294,56 @@ def test_an_alert_that_escalates_then_resolves_within_group_interval_is_told_res
     ]
     rig.step(60)
     assert len(sink.bodies()) == 2
+
+
+@pytest.mark.parametrize("group_by", [["..."], ["severity"], ["node", "tier"], ["incident"]])
+def test_an_escalated_alert_is_told_once_by_one_group_whatever_the_route_groups_by(
+    sink: Sink, clock: Clock, rigs: list[Rig], group_by: list[str]
+) -> None:
+    """Grouped by a label the escalation changes (every label, or the tier named), the alert moves
+    to its new group: told the graver tier once, by that group, with what its old group would have
+    sent next (``group_interval`` after the receiver was told it fires), and resolved once."""
+    rig = Rig(hook_cfg(sink, group_by=group_by, group_interval="30s"), clock)
+    rigs.append(rig)
+    rig.step(1, [hot()])
+    (first,) = sink.wait_for(1)
+    graver = hot()
+    graver.severity = "P1"
+    rig.step(5, [graver])
+    assert len(sink.bodies()) == 1  # not at once: the receiver was told it fires 5 s ago
+    rig.step(24, [graver])
+    assert len(sink.bodies()) == 1
+    rig.step(2, [graver])  # group_interval after the first notification
+    second = sink.wait_for(2)[1]
+    rig.step(60, [graver])
+    rig.step(1, [])
+    rig.step(30)
+    rig.step(60)
+    bodies = sink.bodies()
+    told = [(b["groupKey"], x["status"], x["labels"]["severity"]) for b in bodies for x in b["alerts"]]
+    assert told == [
+        (first["groupKey"], "firing", "P2"),
+        (second["groupKey"], "firing", "P1"),
+        (second["groupKey"], "resolved", "P1"),
+    ]
+    history = [h["what"] for h in rig.service.history("al-1")]
+    assert history.count("notified_firing") == 2 and history.count("notified_resolved") == 1
+
+
+def test_an_alert_that_escalates_before_its_group_is_sent_is_told_once_no_later_than_it_would_have_been(
+    sink: Sink, clock: Clock, rigs: list[Rig]
+) -> None:
+    rig = Rig(hook_cfg(sink, group_by=["..."], group_wait="30s"), clock)
+    rigs.append(rig)
+    rig.step(1, [hot()])
+    graver = hot()
+    graver.severity = "P1"
+    rig.step(10, [graver])  # escalated within group_wait: nothing was told yet
+    rig.step(19, [graver])
+    assert sink.bodies() == []
+    rig.step(1, [graver])  # the old group's group_wait is over: the new group tells it
+    (told,) = sink.wait_for(1)
+    assert [x["labels"]["severity"] for x in told["alerts"]] == ["P1"]
+    assert told["groupKey"].endswith("severity=P1,tier=P1}")
+    rig.step(60, [graver])
+    assert len(sink.bodies()) == 1

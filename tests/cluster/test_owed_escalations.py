@@ -5,7 +5,8 @@ gone. The member taking its shards over tells each once, when it is due: not ear
 
 Two in-process members share a real PostgreSQL; notifications go to a real webhook receiver, one
 group per node, one alert each (``group_interval`` 10 s, ``repeat_interval`` 100 s, escalation to
-a pager after 60 s; not ``group_by: [...]``, whose groups split by severity). The test drives the
+a pager after 60 s), grouped by node or by every label (``group_by: [...]``, whose groups split by
+severity: the escalated alert moves to its P1 group, which alone tells it). The test drives the
 alerting clocks; the outbox delivers."""
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from support import wait_until
 SHARDS = 8
 
 
-def _sections(sink: Sink) -> dict[str, Any]:
+def _sections(sink: Sink, group_by: list[str]) -> dict[str, Any]:
     return {
         "receivers": [
             {"name": "hook", "webhook": {"url": f"{sink.url}/hook"}},
@@ -37,7 +38,7 @@ def _sections(sink: Sink) -> dict[str, Any]:
         "routes": [
             {
                 "receiver": "hook",
-                "group_by": ["node"],
+                "group_by": group_by,
                 "group_wait": "0s",
                 "group_interval": "10s",
                 "repeat_interval": "100s",
@@ -47,9 +48,14 @@ def _sections(sink: Sink) -> dict[str, Any]:
     }
 
 
-@pytest.fixture
-def members(postgres_dsn: str, tmp_path: Path) -> Iterator[tuple[Runtime, Runtime, Sink]]:
-    with two_members(tmp_path, postgres_dsn, SHARDS, _sections, lease_s=1) as pair:
+@pytest.fixture(params=[["node"], ["..."]], ids=["by-node", "by-every-label"])
+def members(
+    postgres_dsn: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> Iterator[tuple[Runtime, Runtime, Sink]]:
+    def sections(sink: Sink) -> dict[str, Any]:
+        return _sections(sink, request.param)
+
+    with two_members(tmp_path, postgres_dsn, SHARDS, sections, lease_s=1) as pair:
         yield pair
 
 

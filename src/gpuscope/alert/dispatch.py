@@ -39,6 +39,7 @@ def default_annotations(alert: Alert) -> dict[str, str]:
 class _Group:
     key: str
     receiver: str
+    route: str  # the path of the route that made it: an alert is in one group per route
     labels: dict[str, str]
     timing: Timing
     created_at: float
@@ -90,15 +91,19 @@ class Dispatcher:
         self.flap.fired(alert)
         self._route(alert, now, heard_at)
 
-    def _route(self, alert: Alert, now: float, heard_at: float | None = None) -> None:
+    def _route(
+        self, alert: Alert, now: float, heard_at: float | None = None, was: dict[str, _Group] | None = None
+    ) -> None:
+        """``was``: an escalated alert's groups before, by route (see :meth:`escalated`)."""
         self._firing[alert.id] = alert
         groups = self._join(alert, now if heard_at is None else min(heard_at, now))
         if not groups:
             self.counters.inc("alerts_unrouted")
             self.record(alert.id, "unrouted", "no route matches its labels")
+        left = self._regrade(alert.id, groups, was) if was else []
         # only the alert's own groups: the others are the clock's, flushed every second (all of
         # them per alert made a burst of N alerts cost N x N group flushes)
-        self._flush_groups(groups, now)
+        self._flush_groups(groups + left, now)
 
     def _join(self, alert: Alert, now: float) -> list[_Group]:
         """Put an alert into the group of each route it matches; returns those groups."""
@@ -113,6 +118,7 @@ class Dispatcher:
                 group = _Group(
                     gkey,
                     route.receiver,
+                    route.path,
                     {n: labels.get(n, "") for n in names},
                     notifier.timing(route.timing),
                     now,
@@ -158,12 +164,52 @@ class Dispatcher:
 
     def escalated(self, alert: Alert, now: float, heard_at: float | None = None) -> None:
         """The alert reached a graver tier: route it again (a graver tier may reach other
-        receivers) and tell every group it is in, as if it were new. Receivers told it fires
-        still count as told (it is theirs to be told resolved, should it resolve first)."""
-        for group in self._groups.values():
-            if alert.id in group.notified:
-                group.regraded.add(alert.id)
-        self._route(alert, now, heard_at)
+        receivers). A group that told it fires owes the graver tier and tells it with its next
+        changes (``group_interval`` after its last send); a group that did not tell it yet tells
+        it as new. Receivers told it fires still count as told (it is theirs to be told
+        resolved, should it resolve first).
+
+        A route that groups by a label the tier changed (``group_by: ["..."]``, or ``severity``
+        or ``tier`` named) moves the alert to its new group rather than have both groups tell
+        it: the escalation keeps the alert's identity, so one group per route tells its graver
+        tier and, later, its resolution, and the old group forgets it untold. The new group
+        tells it when the old one would have (as :meth:`continued` tells an escalation a
+        departed owner owed), the receiver being told each tier once; a route that split by
+        tier on purpose sees the alert under its new tier from then on."""
+        was = {g.route: g for g in self._groups.values() if alert.id in g.members}
+        self._route(alert, now, heard_at, was)
+
+    def _regrade(self, alert_id: str, groups: list[_Group], was: dict[str, _Group]) -> list[_Group]:
+        """An escalated alert's groups now (``groups``) and before (``was``): those told it fires
+        owe the graver tier; a route's new group takes it from the old. Returns the old groups
+        of routes that no longer take it (they still owe it)."""
+        left = dict(was)
+        for group in groups:
+            old = left.pop(group.route, None)
+            if old is not None and old is not group:
+                self._move(alert_id, old, group)
+            elif old is not None and alert_id in group.notified:
+                group.regraded.add(alert_id)
+        for group in left.values():
+            if alert_id in group.notified:
+                group.regraded.add(alert_id)
+        return list(left.values())
+
+    def _move(self, alert_id: str, old: _Group, new: _Group) -> None:
+        """Take an escalated alert out of its route's old group, untold, into the new one."""
+        told = old.last_sent if alert_id in old.notified else None
+        del old.members[alert_id]
+        old.notified.discard(alert_id)
+        old.regraded.discard(alert_id)
+        if not old.members:
+            self._groups.pop((old.receiver, old.key), None)
+        if told is not None:
+            new.notified.add(alert_id)
+            new.regraded.add(alert_id)
+            if new.last_sent is None:
+                new.last_sent = told
+        elif new.last_sent is None:  # not told yet: no later than the old group's group_wait
+            new.created_at = min(new.created_at, old.created_at)
 
     def resolved(self, alert: Alert, now: float) -> None:
         self._firing.pop(alert.id, None)
