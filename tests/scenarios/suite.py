@@ -21,7 +21,7 @@ FAULTY = sorted(HERE.glob("*.yaml"))
 #: or more; test_scenario_suite checks that every scenario is in one family)
 FAMILIES = {
     "hardware": ("hardware-hard", "hardware-risk-short", "hardware-soft-short", "overlap"),
-    "serving": ("serving", "serving-steady-kv", "quality"),
+    "serving": ("serving", "serving-steady-kv", "serving-small-faults", "quality"),
     "training": ("training-run", "training-long"),
     "stragglers": ("training-many-stragglers", "training-worsening-straggler", "training-warmup-throttle"),
     "pace": ("training-small-faults", "training-two-speeds"),

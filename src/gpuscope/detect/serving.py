@@ -18,7 +18,10 @@ regression is not learned as normal within the day.
   over ``noise_tau``, learned while the rule is quiet), the limit is ``noise_z`` times that
   deviation instead; and the condition must hold for ``hold_updates`` of the series' own update
   intervals as well as ``sustain``: a service that updates its latency once a minute is judged on
-  minutes, not on copies of one sample;
+  minutes, not on copies of one sample. A slower tier of the same rules finds a smaller sustained
+  step (``step_ratio``, 1.15x: the median of the last two minutes against the operating point from
+  before them, held a minute) where the series' own sustained shifts while healthy are well below
+  it, its demand did not rise with it, and it updates often enough (see :meth:`ServingDetector._step`);
 * ``inference_error_rate``: multi-window burn rate of an error budget (``slo``), or of the
   service's own usual error ratio where that is higher (an EWMA over ``error_tau``, seeded by its
   first reports, or its level at this time of day where that is higher: a service that always
@@ -97,6 +100,30 @@ class _Ewma:
                 self.weight += gain * (1.0 - self.weight)
                 self.mean += gain / max(self.weight, 1e-12) * (value - self.mean)
         return self.mean
+
+
+class _Extreme:
+    """The largest (or, ``lowest``, the smallest) value pushed within the last ``seconds``: a
+    monotonic deque, so each push is amortised O(1) however long the window."""
+
+    __slots__ = ("_q", "lowest", "seconds")
+
+    def __init__(self, seconds: float, lowest: bool = False) -> None:
+        self.seconds, self.lowest = seconds, lowest
+        self._q: deque[tuple[float, float]] = deque()
+
+    def push(self, ts: float, value: float) -> None:
+        if math.isfinite(value):
+            sign = -1.0 if self.lowest else 1.0
+            while self._q and sign * self._q[-1][1] <= sign * value:
+                self._q.pop()
+            self._q.append((ts, value))
+        while self._q and self._q[0][0] < ts - self.seconds:
+            self._q.popleft()
+
+    @property
+    def value(self) -> float:
+        return self._q[0][1] if self._q else math.nan
 
 
 class _DayShape:
@@ -206,6 +233,42 @@ class _Rule:
         self.firing = held >= need * 2.0 ** max(0, recent - 1)
 
 
+class _Lagged:
+    """A value as it was ``lag`` seconds ago (the oldest kept, while younger): a step is measured
+    against the reference from before the window judged, not against one that has meanwhile
+    learned part of it."""
+
+    __slots__ = ("_q",)
+
+    def __init__(self) -> None:
+        self._q: deque[tuple[float, float]] = deque()
+
+    def push(self, ts: float, value: float, lag: float) -> float:
+        self._q.append((ts, value))
+        while len(self._q) > 1 and self._q[1][0] <= ts - lag:
+            self._q.popleft()
+        return self._q[0][1]
+
+
+@dataclass(slots=True)
+class _Step:
+    """The slower tier of a latency/TTFT rule (see ``ServingDetector._step``): its own hold state,
+    the lowest excess over the hold (a sustained shift), the largest such sustained shift seen while
+    the series was healthy, since when it learns, and when the fast tier last held."""
+
+    rule: _Rule = field(default_factory=_Rule)
+    held: _Extreme = field(default_factory=lambda: _Extreme(0.0, lowest=True))
+    usual: _Extreme = field(default_factory=lambda: _Extreme(0.0))
+    began: float = math.nan
+    learned: float = math.nan
+    busy: float = -math.inf
+    #: the operating point and the demand as they were before the window and hold judged
+    base: _Lagged = field(default_factory=_Lagged)
+    demand: _Lagged = field(default_factory=_Lagged)
+    #: sustained shifts not yet learned: (time, value), learned once a window and hold old
+    fresh: deque[tuple[float, float]] = field(default_factory=deque)
+
+
 @dataclass(slots=True)
 class _Svc:
     first: float
@@ -213,6 +276,8 @@ class _Svc:
     fast: dict[str, _Ewma] = field(default_factory=dict)
     slow: dict[str, _Ewma] = field(default_factory=dict)
     rules: dict[str, _Rule] = field(default_factory=dict)
+    #: per latency/TTFT rule, its slower tier: a smaller shift, held longer
+    steps: dict[str, _Step] = field(default_factory=dict)
     snap: Snapshot | None = None
     cum_ts: list[float] = field(default_factory=list)  # cumulative errors and requests, for true windows
     cum_err: list[float] = field(default_factory=list)
@@ -369,6 +434,12 @@ class _Svc:
             r = self.rules[name] = _Rule()
         return r
 
+    def step(self, name: str) -> _Step:
+        r = self.steps.get(name)
+        if r is None:
+            r = self.steps[name] = _Step()
+        return r
+
 
 @register
 class ServingDetector(ServiceDetector):
@@ -407,6 +478,17 @@ class ServingDetector(ServiceDetector):
         noise_z: float = 3.0,
         noise_tau: float = 3600.0,
         hold_updates: float = 2.0,
+        step_ratio: float = 1.15,
+        step_tau: float = 120.0,
+        step_updates: int = 10,
+        step_hold: float = 60.0,
+        step_hold_updates: float = 3.0,
+        step_margin: float = 1.5,
+        step_memory: float = 21600.0,
+        step_learn: float = 300.0,
+        step_learn_updates: int = 30,
+        step_longest: float = 300.0,
+        step_demand: float = 1.15,
     ) -> None:
         self.tau, self.base_tau, self.ratio, self.ttft_ratio = tau, base_tau, ratio, ttft_ratio
         self.budget = 1.0 - slo
@@ -419,6 +501,14 @@ class ServingDetector(ServiceDetector):
         self.band, self.surge, self.clear_hold = band, surge, clear_hold
         self.min_updates, self.noise_z, self.noise_tau = min_updates, noise_z, noise_tau
         self.hold_updates = hold_updates
+        self.step_longest, self.step_demand = step_longest, step_demand
+        self.step_ratio, self.step_tau, self.step_updates = step_ratio, step_tau, step_updates
+        self.step_hold, self.step_hold_updates, self.step_margin = step_hold, step_hold_updates, step_margin
+        self.step_memory, self.step_learn, self.step_learn_updates = (
+            step_memory,
+            step_learn,
+            step_learn_updates,
+        )
         self.burst_factor, self.burst_default, self.burst_longest = burst_factor, burst_default, burst_longest
         super().__init__()
         self._svcs: dict[str, _Svc] = {}
@@ -438,8 +528,11 @@ class ServingDetector(ServiceDetector):
             if svc.snap is None or now - svc.last > 30.0:
                 continue
             for rule, state in svc.rules.items():
+                step = svc.steps.get(rule)
                 if state.firing:
                     out.append(self._finding(name, svc.snap, rule, state))
+                elif step is not None and step.rule.firing:
+                    out.append(self._finding(name, svc.snap, rule, step.rule))
         return out
 
     def _judge(self, svc: _Svc, s: Snapshot, dt: float) -> None:
@@ -470,17 +563,17 @@ class ServingDetector(ServiceDetector):
         # the median of the series over at least its last few updates: one odd sample, repeated
         # by every scrape until the next update, is not a regression
         recent = svc.recent(rule, s.ts, value, self.tau, self.min_updates)
-        holding = state.since is not None
+        step = svc.step(rule)
+        holding = state.since is not None or step.rule.since is not None
+        quiet = svc.normal(state) and svc.normal(step.rule)
         # the operating point of that median (of the raw values, a mix of light and heavy
         # requests would put the mean above what the median usually is)
         base = svc.ewma(rule, self.base_tau, recent, dt, frozen=holding)
-        base, high = svc.reference(
-            rule, s.ts, short, base, self.buckets, self.season_alpha, svc.normal(state)
-        )
+        base, high = svc.reference(rule, s.ts, short, base, self.buckets, self.season_alpha, quiet)
         # the series' own noise at this window: how far its recent median normally strays from
         # the baseline (mean absolute log deviation, learned while the rule is quiet)
         stray = abs(math.log(recent / base)) if recent > 0 and base > 0 else math.nan
-        noise = svc.ewma(f"{rule}:noise", self.noise_tau, stray, dt, frozen=not svc.normal(state))
+        noise = svc.ewma(f"{rule}:noise", self.noise_tau, stray, dt, frozen=not quiet)
         spread = math.exp(self.noise_z * noise) if math.isfinite(noise) else 1.0
         # above the operating point by ``ratio`` (or by its own noise, where that is wider) and
         # above the top of its normal bursts at this hour
@@ -496,6 +589,80 @@ class ServingDetector(ServiceDetector):
         state.value = r
         state.text = f"{what} at {short:.3g} s, {r:.1f}x its baseline of {base:.3g} s" + (
             f" (normally up to {high:.3g} s at this hour)" if math.isfinite(high) else ""
+        )
+        if state.since is not None or state.firing:
+            step.busy = s.ts
+        self._step(svc, s, dt, step, (rule, what, value), base, warm and quiet)
+
+    def _step(
+        self,
+        svc: _Svc,
+        s: Snapshot,
+        dt: float,
+        step: _Step,
+        series: tuple[str, str, float],
+        base: float,
+        warm: bool,
+    ) -> None:
+        """The slower tier of a latency/TTFT rule (same rule name and tier): the series' median over
+        ``step_tau`` (or ``step_updates`` of its own updates) ``step_ratio`` times its operating point
+        as it was before that window, held ``step_hold`` (and ``step_hold_updates`` updates), and
+        beyond ``step_margin`` times the largest sustained shift (the lowest excess over a hold)
+        the series made while both tiers were quiet over the last ``step_memory`` seconds, after
+        ``step_learn`` seconds (and ``step_learn_updates`` updates) of learning. Not judged: while
+        the service's demand over the window is ``step_demand`` times its level before or a queue
+        episode is under way (its own load), within a window and hold of the fast tier's last
+        episode (a fault it judged is not found again from the longer median's memory), and on a
+        series whose window of updates spans more than ``step_longest`` seconds."""
+        rule, what, value = series
+        key = f"{rule}:step"
+        longer = svc.recent(key, s.ts, value, self.step_tau, self.step_updates)
+        interval = svc.interval(key)
+        window = max(self.step_tau, self.step_updates * interval)
+        hold = max(self.step_hold, self.step_hold_updates * interval)
+        base = step.base.push(s.ts, base, window + hold)
+        # the service's demand over the window against its level before: latency that rose with
+        # the service's own load is its queueing, not a regression (the fast tier and the queue
+        # rule judge saturation)
+        served = svc.recent(f"{key}:demand", s.ts, s.requests, self.step_tau, self.step_updates)
+        usual_rate = svc.ewma(f"{key}:demand", self.base_tau, s.requests, dt)
+        before = step.demand.push(s.ts, usual_rate, window + hold)
+        busier = (served > self.step_demand * before if before > 0 else False) or svc.burst_since is not None
+        excess = math.log(longer / base) if longer > 0 and base > 0 else math.nan
+        step.held.seconds, step.usual.seconds = hold, self.step_memory
+        step.held.push(s.ts, excess)
+        if not math.isfinite(step.began):
+            step.began = s.ts
+        judged = s.ts - step.began >= window + hold  # the lowest excess spans a whole hold
+        # learned a window and hold late, and not at all if the tier went pending meanwhile: the
+        # first minutes of a step are not learned as the series' normal
+        if step.rule.since is not None or step.rule.firing:
+            step.fresh.clear()
+        elif judged and warm and s.ts - step.busy >= window + hold:
+            step.fresh.append((s.ts, step.held.value))
+        while step.fresh and step.fresh[0][0] <= s.ts - (window + hold):
+            t, shift = step.fresh.popleft()
+            step.usual.push(t, shift)
+            step.learned = step.learned if math.isfinite(step.learned) else t
+        learn = max(self.step_learn, self.step_learn_updates * interval)
+        learnt = (
+            math.isfinite(step.learned) and s.ts - step.learned >= learn and math.isfinite(step.usual.value)
+        )
+        # judged on a step once its cadence is known (``step_updates`` changes seen) and its window
+        # spans ``step_longest`` at most: at one update a minute, ten updates are ten minutes of a
+        # wander that, on real series, moves further than a small step while healthy
+        known = len(svc.changes.get(key, ())) >= self.step_updates and window <= self.step_longest
+        armed = learnt and known
+        usual = max(step.usual.value, 0.0) if armed else 0.0
+        bar = max(math.log(self.step_ratio), self.step_margin * usual)
+        clean = s.ts - step.busy >= window + hold
+        cond = armed and clean and judged and not busier and excess >= bar
+        self._hold(svc, step.rule, cond, not excess >= 0.5 * bar, s.ts, hold)
+        r = longer / base if base > 0 else math.nan
+        step.rule.value = r
+        step.rule.text = (
+            f"{what} at {longer:.3g} s over its last {window:.0f} s, {r:.2f}x its baseline of "
+            f"{base:.3g} s for {hold:.0f} s (while healthy it held at most {math.exp(usual):.2f}x)"
         )
 
     def _errors(self, svc: _Svc, s: Snapshot, dt: float, warm: bool) -> None:
