@@ -38,8 +38,15 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-#: mallopt's parameter for the number of arenas (malloc/malloc.h)
+#: mallopt's parameters (malloc/malloc.h): the number of arenas, and the size from which a block
+#: is mapped on its own (and unmapped when freed)
 M_ARENA_MAX = -8
+M_MMAP_THRESHOLD = -3
+#: The hub's mmap threshold, fixed. glibc starts at 128 KiB but raises it to the size of each mapped
+#: block freed, up to 32 MiB: once numpy or the HTTP stack freed a 4 MiB buffer, later blocks up
+#: to 4 MiB came from the arenas and stayed there, free, after their own free, until a trim. Fixed,
+#: they go back to the system when freed (and glibc no longer moves its trim threshold either).
+MMAP_THRESHOLD_BYTES = 256 * 1024
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -112,6 +119,14 @@ def limit_arenas(arenas: int) -> bool:
     if _LIBC is None:
         return False
     return arenas <= 0 or bool(_LIBC.mallopt(M_ARENA_MAX, arenas))
+
+
+def fix_mmap_threshold(size: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Blocks of ``size`` bytes or more are mapped on their own from now on, whatever was freed
+    before (see :data:`MMAP_THRESHOLD_BYTES`); False where unsupported."""
+    if _LIBC is None:
+        return False
+    return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, size))
 
 
 def entries(obj: object) -> int:
