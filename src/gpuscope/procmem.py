@@ -38,14 +38,15 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-#: mallopt's parameters (malloc/malloc.h): the number of arenas, and the size from which a block
-#: is mapped on its own (and unmapped when freed)
+#: mallopt's parameters (malloc/malloc.h): the number of arenas, the size from which a block is
+#: mapped on its own (and unmapped when freed), and the free top of a heap that is given back
 M_ARENA_MAX = -8
 M_MMAP_THRESHOLD = -3
+M_TRIM_THRESHOLD = -1
 #: The hub's mmap threshold, fixed. glibc starts at 128 KiB but raises it to the size of each mapped
-#: block freed, up to 32 MiB: once numpy or the HTTP stack freed a 4 MiB buffer, later blocks up
-#: to 4 MiB came from the arenas and stayed there, free, after their own free, until a trim. Fixed,
-#: they go back to the system when freed (and glibc no longer moves its trim threshold either).
+#: block freed, up to 32 MiB (and its trim threshold to twice that): once any buffer of 4 MiB was
+#: freed, later blocks up to 4 MiB came from the arenas and stayed there, free,
+#: after their own free, until a trim. Fixed, they go back to the system when freed.
 MMAP_THRESHOLD_BYTES = 256 * 1024
 
 
@@ -126,7 +127,8 @@ def fix_mmap_threshold(size: int = MMAP_THRESHOLD_BYTES) -> bool:
     before (see :data:`MMAP_THRESHOLD_BYTES`); False where unsupported."""
     if _LIBC is None:
         return False
-    return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, size))
+    # the trim threshold as glibc pairs it, in case a freed block had raised it already
+    return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, size)) and bool(_LIBC.mallopt(M_TRIM_THRESHOLD, 2 * size))
 
 
 def entries(obj: object) -> int:
