@@ -11,9 +11,9 @@ to merge).
 
 This bench fills a durable store one interval at a time with the load generator's fleet (a 60-s
 window ingested through the store, then copied forward by SQL, as ``bench_store_age`` does), with
-the malloc arenas a hub has (``limits.malloc_arenas`` 2), and runs the upkeep after each interval
-(the seal; after the hour's last interval the seal and the merge) while a thread samples the
-process RSS every 5 ms. Each (interval, limit) runs in a fresh process.
+the malloc settings a hub has (``limits.malloc_arenas`` 2, the fixed mmap threshold), and runs
+the upkeep after each interval (the seal; after the hour's last interval the seal and the merge)
+while a thread samples the process RSS every 5 ms. Each (interval, limit) runs in a fresh process.
 
 The files' sizes printed beside are not a storage figure: the copied-forward window repeats
 exactly every 60 s, which a whole-hour sort turns into long repeats that zstd removes
@@ -109,6 +109,7 @@ def upkeep(store: DuckDBStore, now: float) -> dict[str, float]:
 def one_run(nodes: int, limit: str, interval: int) -> dict[str, float]:
     """One store with ``limit`` and ``interval``: an hour filled and sealed interval by interval."""
     procmem.limit_arenas(2)
+    procmem.fix_mmap_threshold()
     shape = FleetShape(nodes=nodes)
     hour = (int(time.time()) // HOUR_S - 3) * HOUR_S  # a whole hour, well in the past
     playback = Playback(scenario_doc(shape, WINDOW_S, faults=[]), 30, 60)

@@ -40,6 +40,8 @@ WARM_S = 600.0
 #: windows are full and DuckDB's cache has reached ``storage.cache_limit`` (the issue's figure,
 #: after ``WARM_S``, stays the one that counts)
 FULL_S = 1200.0
+#: the window of the per-window minimum and maximum RSS
+WINDOW_S = 300.0
 MIB = 2**20
 #: the hub's self-metrics (gpuscope.web.selfmetrics) the memory probe keeps: family -> label
 MEMORY_FAMILIES = {
@@ -50,6 +52,19 @@ MEMORY_FAMILIES = {
     "gpuscope_hub_structure_entries": "structure",
     "gpuscope_hub_store_batch_ids_remembered": "",
 }
+
+
+def smaps_rollup(pid: int) -> dict[str, float]:
+    """Anonymous and file-backed resident bytes of one process (``/proc/PID/smaps_rollup``): a
+    rise in file pages is code and libraries touched for the first time, not the heap."""
+    fields: dict[str, float] = {}
+    with open(f"/proc/{pid}/smaps_rollup") as f:
+        for line in f:
+            name, _, rest = line.partition(":")
+            if rest.strip().endswith("kB"):
+                fields[name] = float(rest.split()[0]) * 1024
+    anon = fields.get("Anonymous", 0.0)
+    return {"anon": anon, "file": fields.get("Rss", 0.0) - anon}
 
 
 def parse_memory(text: str) -> dict[str, float]:
@@ -162,7 +177,9 @@ class RssSeries(threading.Thread):
                     family = [proc, *proc.children(recursive=True)]
                     row[name] = float(sum(p.memory_info().rss for p in family))
                     row[f"{name}_cpu_s"] = sum(t.user + t.system for t in (p.cpu_times() for p in family))
-                except psutil.Error:
+                    split = smaps_rollup(pid)
+                    row[f"{name}_anon"], row[f"{name}_file"] = split["anon"], split["file"]
+                except (psutil.Error, OSError):
                     row[name] = float("nan")
                     row[f"{name}_cpu_s"] = float("nan")
             self.rows.append(row)
@@ -181,6 +198,27 @@ class RssSeries(threading.Thread):
                 cores.append((row[f"{name}_cpu_s"] - start[f"{name}_cpu_s"]) / (row["t"] - start["t"]))
                 start = row
         return cores
+
+    def windows(self, name: str, window_s: float = WINDOW_S) -> list[dict[str, float]]:
+        """Per ``window_s`` after warm-up: the lowest and highest RSS sampled, and the lowest
+        anonymous and file-backed parts. The minima are the level between the minute's seal
+        spikes: their rise is what a leak would show, the maxima are the spikes."""
+        out: list[dict[str, float]] = []
+        start = WARM_S
+        while True:
+            rows = [r for r in self.rows if start < r["t"] <= start + window_s and r[name] == r[name]]
+            if not rows:
+                return out
+            out.append(
+                {
+                    "from_min": start / 60,
+                    "min_mib": min(r[name] for r in rows) / MIB,
+                    "max_mib": max(r[name] for r in rows) / MIB,
+                    "anon_min_mib": min(r.get(f"{name}_anon", 0.0) for r in rows) / MIB,
+                    "file_min_mib": min(r.get(f"{name}_file", 0.0) for r in rows) / MIB,
+                }
+            )
+            start += window_s
 
     def growth(self, name: str, warm_s: float = WARM_S) -> dict[str, float]:
         """RSS at the end of warm-up, max afterwards, end; growth in % of the warm-up RSS; and the
@@ -273,6 +311,20 @@ def main() -> None:
         ["process", "cores per window"],
         [[name, "  ".join(f"{c:.3f}" for c in series.cpu_by_window(name))] for name in pids],
     )
+    windows = {name: series.windows(name) for name in pids}
+    print_table(
+        "RSS per 5 minutes after warm-up: lowest / highest (MiB); the hub's lowest anonymous and file-backed",
+        ["from min", *pids, "hub anon / file"],
+        [
+            [
+                f"{w['from_min']:.0f}",
+                *(f"{windows[n][i]['min_mib']:,.0f} / {windows[n][i]['max_mib']:,.0f}" for n in pids),
+                f"{w['anon_min_mib']:,.0f} / {w['file_min_mib']:,.0f}",
+            ]
+            for i, w in enumerate(windows["hub"])
+            if all(i < len(windows[n]) for n in pids)
+        ],
+    )
     columns, memory_rows = probe.table()
     title = f"where the hub's memory is, every 10 minutes (probe errors {probe.errors})"
     print_table(title, columns, memory_rows)
@@ -282,6 +334,7 @@ def main() -> None:
             "figures": figures,
             "figures_after_20_min": full,
             "cores_per_20_min": {name: series.cpu_by_window(name) for name in pids},
+            "windows_5_min": windows,
             "series": series.rows,
             "memory": probe.rows,
             "load": report.to_dict(),

@@ -84,6 +84,42 @@ def test_limits_malloc_arenas_bounds_glibc_arenas(tmp_path: Path) -> None:
     assert _arenas(tmp_path, "limits: {malloc_arenas: 0}\n") > 2  # glibc's own: 8 per core
 
 
+#: a fresh process: a 16 MiB block freed (glibc would raise its mmap threshold to 16 MiB), then an
+#: 8 MiB block: printed is whether that one was mapped on its own (malloc's mapped bytes grew)
+_MMAP = """
+import ctypes, sys
+from gpuscope import procmem
+from gpuscope.config import load_config
+from gpuscope.runtime import assemble
+runtime = assemble(load_config(sys.argv[1]), serve=False, evaluate_interval=None) if sys.argv[1] else None
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+libc.free(libc.malloc(16 << 20))
+before = procmem.snapshot().malloc_mmap_bytes
+block = libc.malloc(8 << 20)
+print(procmem.snapshot().malloc_mmap_bytes - before >= 8 << 20)
+libc.free(block)
+if runtime is not None:
+    runtime.stop()
+"""
+
+
+def _mapped_after_a_larger_free(config: str) -> bool:
+    out = subprocess.run([sys.executable, "-c", _MMAP, config], check=True, timeout=120, capture_output=True)
+    return out.stdout.decode().strip() == "True"
+
+
+def test_the_hub_keeps_large_blocks_out_of_the_arenas_after_larger_ones_were_freed(tmp_path: Path) -> None:
+    if procmem.snapshot().malloc_mmap_bytes is None:
+        pytest.skip("not glibc")
+    config = tmp_path / "hub.yaml"
+    config.write_text(f"storage: {{path: {tmp_path / 'a.duckdb'}}}\n")
+    assert not _mapped_after_a_larger_free("")  # glibc's own: the threshold followed the freed block
+    assert _mapped_after_a_larger_free(str(config))
+
+
 def test_the_clock_hands_freed_arena_memory_back_after_upkeep() -> None:
     # the hub is made first: what it allocates itself is not in the measured drop
     hub = Hub(DuckDBStore(":memory:", durable=False))

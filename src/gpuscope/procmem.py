@@ -38,8 +38,16 @@ class _MallInfo2(ctypes.Structure):
     ]
 
 
-#: mallopt's parameter for the number of arenas (malloc/malloc.h)
+#: mallopt's parameters (malloc/malloc.h): the number of arenas, the size from which a block is
+#: mapped on its own (and unmapped when freed), and the free top of a heap that is given back
 M_ARENA_MAX = -8
+M_MMAP_THRESHOLD = -3
+M_TRIM_THRESHOLD = -1
+#: The hub's mmap threshold, fixed. glibc starts at 128 KiB but raises it to the size of each mapped
+#: block freed, up to 32 MiB (and its trim threshold to twice that): once any buffer of 4 MiB was
+#: freed, later blocks up to 4 MiB came from the arenas and stayed there, free,
+#: after their own free, until a trim. Fixed, they go back to the system when freed.
+MMAP_THRESHOLD_BYTES = 256 * 1024
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -112,6 +120,15 @@ def limit_arenas(arenas: int) -> bool:
     if _LIBC is None:
         return False
     return arenas <= 0 or bool(_LIBC.mallopt(M_ARENA_MAX, arenas))
+
+
+def fix_mmap_threshold(size: int = MMAP_THRESHOLD_BYTES) -> bool:
+    """Blocks of ``size`` bytes or more are mapped on their own from now on, whatever was freed
+    before (see :data:`MMAP_THRESHOLD_BYTES`); False where unsupported."""
+    if _LIBC is None:
+        return False
+    # the trim threshold as glibc pairs it, in case a freed block had raised it already
+    return bool(_LIBC.mallopt(M_MMAP_THRESHOLD, size)) and bool(_LIBC.mallopt(M_TRIM_THRESHOLD, 2 * size))
 
 
 def entries(obj: object) -> int:

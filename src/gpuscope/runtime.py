@@ -184,6 +184,7 @@ def assemble(
     :class:`AssemblyError` (the cluster database) and ``ValueError``/``OSError`` (the listener);
     whatever was opened is closed again first."""
     procmem.limit_arenas(cfg.malloc_arenas)  # before the store's and the server's threads start
+    procmem.fix_mmap_threshold()
     store = store if store is not None else open_store(cfg.storage_settings(), cfg.store_limits())
     cluster: ClusterMember | None = None
     counters = Counters()

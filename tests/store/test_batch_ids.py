@@ -24,6 +24,15 @@ def test_every_retry_of_a_remembered_id_is_a_duplicate_across_seals() -> None:
     assert "node-0:5000" not in ids and _store(ids, "node-0:5000", 1100.0) is Claim.NEW
 
 
+def test_new_ids_wait_in_the_dict_at_most_seal_every_at_a_time() -> None:
+    ids = BatchIds(capacity=10_000, ttl_s=3600.0, seal_every=100)
+    held = []
+    for i in range(1_000):
+        _store(ids, f"b{i}", float(i))
+        held.append(len(ids._fresh))
+    assert max(held) == 99 and len(ids) == 1_000
+
+
 def test_the_count_bound_keeps_the_newest_ids() -> None:
     ids = BatchIds(capacity=1_000, ttl_s=1e9, seal_every=100)
     for i in range(5_000):
