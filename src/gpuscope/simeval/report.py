@@ -148,14 +148,14 @@ def _missed_because(
     """A fault its rule could not see: it began while the detectors still learned its service's
     baseline (``learns_first``, from the detectors themselves), or ended before they judged."""
     learning = learns_first.get(rule, 0.0)
-    name = fault.service
-    if learning <= 0 or name is None:
+    start = next((j.start for j in scenario.jobs if j.name == fault.service), None)
+    if learning <= 0 or start is None:
         return None
     # the service's first report is at its start or later: a fault before this is surely unjudged
-    judged_from = scenario.job(name).start + learning
+    judged_from = start + learning
     if fault.at >= judged_from:
         return None
-    first = f"service {name}'s first {learning:g} s only learn its baseline"
+    first = f"service {fault.service}'s first {learning:g} s only learn its baseline"
     if min(fault.end, scenario.duration) <= judged_from:
         return f"ended before any rule could judge it: {first}"
     return f"began while {first} (until {judged_from:g} s)"
