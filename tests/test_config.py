@@ -77,6 +77,37 @@ def test_bad_files_name_the_key(tmp_path: Path, text: str, key: str) -> None:
         load_config(path)
 
 
+@pytest.mark.parametrize(
+    ("text", "field"),
+    [
+        ("alerting: {pending: {loss_plateau: soon}}\n", "alerting.pending.loss_plateau"),
+        ("alerting: {pending: {no_such_rule: 1m}}\n", "alerting.pending.no_such_rule"),
+        ("alerting: {pending: {gpu_lost: 5m}}\n", "alerting.pending.gpu_lost"),
+        ("pricing: {price_per_gpu_hour: -1}\n", "pricing.price_per_gpu_hour"),
+        ("listen: nowhere\n", "listen"),
+        ("slos: [{service: chat, availability: 1.5}]\n", "slos[0]"),
+    ],
+)
+def test_each_error_names_the_file_and_the_field_once(tmp_path: Path, text: str, field: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: {field}")
+    assert message.count(str(path)) == 1 and message.count(field) == 1
+
+
+def test_a_yaml_error_names_the_file_and_the_line(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("listen: 127.0.0.1:7000\nalerting: {pending: [\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    message = str(caught.value)
+    assert message.startswith(f"{path}: not valid YAML at line 3, column 1: ")
+    assert "<unicode string>" not in message and message.count(str(path)) == 1
+
+
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(tmp_path / "absent.yaml")
@@ -119,5 +150,6 @@ def test_a_bad_section_is_a_config_error_with_exit_2_not_a_traceback(
     code = main(["hub", "--config", str(path), "--db", str(tmp_path / "h.duckdb")])
     err = capsys.readouterr().err
     assert code == 2
-    assert "config: slos[0].availabilty: unknown key" in err and "Traceback" not in err
+    assert f"config: {path}: slos[0].availabilty: unknown key" in err.replace("\n", "")
+    assert "Traceback" not in err
     assert not (tmp_path / "h.duckdb").exists()  # refused before anything was opened

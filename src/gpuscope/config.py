@@ -122,16 +122,17 @@ def load_config(path: str | os.PathLike[str] | None = None, *, listen: str | Non
     cfg.auth = parse_auth({}, env_token)
     raw = _read(path) if path else {}
     cfg.raw = raw
-    if "listen" in raw:
-        cfg.host, cfg.port = parse_listen(str(raw["listen"]))
+    try:
+        if "listen" in raw:
+            cfg.host, cfg.port = parse_listen(str(raw["listen"]))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     if listen:
-        cfg.host, cfg.port = parse_listen(listen)
+        cfg.host, cfg.port = parse_listen(listen)  # --listen: no file to name
     try:
         _parse_sections(cfg, raw, env_token)
-    except ConfigError:
-        raise
-    except ValueError as exc:  # each section's own error, naming its key
-        raise ConfigError(str(exc)) from None
+    except ValueError as exc:  # each section's own error (or a ConfigError), naming its key
+        raise ConfigError(f"{path}: {exc}" if path else str(exc)) from None
     return cfg
 
 
@@ -142,6 +143,10 @@ def _read(path: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise ConfigError(f"{path}: not UTF-8 text") from None
+    except yaml.MarkedYAMLError as exc:  # its own text names "<unicode string>", not the file
+        mark = exc.problem_mark or exc.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{at}: {exc.problem or exc.context}") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     except (ValueError, RecursionError) as exc:  # scalars the resolver accepts but cannot build (0b_)

@@ -27,7 +27,7 @@ def check_config(path: str | os.PathLike[str]) -> list[str]:
     try:
         silences = parse_config_silences(alerting.silences, time.time())
     except ValueError as exc:
-        raise ConfigError(str(exc)) from None
+        raise ConfigError(f"{path}: {exc}") from None
     slos = parse_slos(cfg)
     auth = cfg.auth
     where = cfg.storage.path if cfg.storage.backend == "duckdb" else cfg.storage.query_url

@@ -317,7 +317,7 @@ def _report(console: Console, hub: Hub, scenario: Scenario, end: float, t0: floa
     played = dataclasses.replace(
         scenario, duration=end, faults=tuple(f for f in scenario.faults if f.at < end)
     )
-    report = evaluate(played, shifted)
+    report = evaluate(played, shifted, hub.detection.learns_first())
     print_report(report, console)
 
 

@@ -113,6 +113,8 @@ def test_bad_requests_are_refused_naming_the_field(served: tuple[HubServer, Scri
     assert r.status_code == 400 and r.json()["field"] == "matchers"
     r = httpx.post(f"{server.url}/api/v1/alerts/al-404/ack", json={"by": "x"}, headers=auth)
     assert r.status_code == 404
+    r = httpx.get(f"{server.url}/api/v1/alerts/al-404/history")
+    assert r.status_code == 404 and r.json()["field"] == "id" and "al-404" in r.json()["error"]
     r = httpx.post(f"{server.url}/api/v1/alerts/al-1/ack", json={}, headers=auth)
     assert r.status_code == 400 and r.json()["field"] == "by"
     r = httpx.post(f"{server.url}/api/v1/alerts/al-1/ack", content=b"[", headers=auth)

@@ -231,16 +231,17 @@ class AlertEngine:
         return self.state.view()[1]
 
 
-def check_pending(pending_for: Mapping[str, float]) -> dict[str, float]:
-    """Validate per-rule pending times; hard-fault rules must fire at once."""
+def check_pending(pending_for: Mapping[str, float], where: str = "pending_for") -> dict[str, float]:
+    """Validate per-rule pending times; hard-fault rules must fire at once. Errors name the
+    field as ``where.rule`` (``alerting.pending.loss_plateau`` for the config file's)."""
     out: dict[str, float] = {}
     for rule, seconds in pending_for.items():
         if rule not in RULES:
-            raise ValueError(f"pending time for {rule!r}: not a rule of the alert catalog")
+            raise ValueError(f"{where}.{rule}: not a rule of the alert catalog")
         if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 <= seconds < math.inf:
-            raise ValueError(f"pending time for {rule}: must be a non-negative number of seconds")
+            raise ValueError(f"{where}.{rule}: must be a non-negative number of seconds")
         if seconds > 0 and RULES[rule].hard:
-            raise ValueError(f"pending time for {rule}: a hard fault fires at once (time to detect)")
+            raise ValueError(f"{where}.{rule}: a hard fault fires at once (time to detect)")
         out[rule] = float(seconds)
     return out
 

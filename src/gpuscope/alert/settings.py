@@ -108,12 +108,9 @@ def parse_alerting(raw: dict[str, Any]) -> AlertingSettings:
     pending = section.get("pending") or {}
     if not isinstance(pending, dict):
         raise ValueError("alerting.pending: must be a mapping of rule: duration")
-    try:
-        s.pending_for = check_pending(
-            {str(k): parse_duration(v, f"alerting.pending.{k}") for k, v in pending.items()}
-        )
-    except ValueError as exc:
-        raise ValueError(f"alerting.pending: {exc}") from None
+    s.pending_for = check_pending(
+        {str(k): parse_duration(v, f"alerting.pending.{k}") for k, v in pending.items()}, "alerting.pending"
+    )
     flap = section.get("flap") or {}
     if not isinstance(flap, dict):
         raise ValueError("alerting.flap: must be a mapping")

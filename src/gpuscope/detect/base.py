@@ -88,6 +88,12 @@ class Detector:
     def keep_finished_jobs(self, seconds: float) -> None:
         """How long the state of a job that ended is kept (detectors holding per-job state)."""
 
+    def learns_first(self) -> dict[str, float]:
+        """Per rule it raises: the seconds after an entity's first report in which it only learns
+        that entity's baseline and cannot raise the rule (``sim-eval`` says so beside a fault it
+        missed). A rule left out is judged from the first report."""
+        return {}
+
 
 class GpuTableDetector(Detector):
     """A vectorised per-GPU rule over the latest values of :attr:`metrics` in a GPU table."""

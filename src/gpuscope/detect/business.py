@@ -97,6 +97,9 @@ class BusinessDetector(Detector):
             s.since = None
         s.firing = s.since is not None and ts - s.since >= self.sustain
 
+    def learns_first(self) -> dict[str, float]:
+        return {RULE: self.warmup}
+
     def evaluate(self, now: float) -> list[Finding]:
         worst: dict[str, tuple[str, _Series]] = {}
         for (service, metric), s in self._series.items():

@@ -149,6 +149,16 @@ class DetectionEngine:
         self.feeds.faults.update(findings)
         return findings
 
+    def learns_first(self) -> dict[str, float]:
+        """Per rule: how long after an entity's first report no detector can raise it yet (the
+        shortest learning of the detectors raising it; see :meth:`Detector.learns_first`)."""
+        out: dict[str, float] = {}
+        for detector in self.detectors:
+            learning = detector.learns_first()
+            for rule in detector.rules:
+                out[rule] = min(out.get(rule, math.inf), learning.get(rule, 0.0))
+        return {rule: seconds for rule, seconds in out.items() if seconds > 0}
+
     def replayed(self, now: float) -> None:
         """Tell every detector that what it just saw was replayed history (see Detector.replayed)."""
         for detector in self.detectors:

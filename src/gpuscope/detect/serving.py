@@ -535,6 +535,11 @@ class ServingDetector(ServiceDetector):
                     out.append(self._finding(name, svc.snap, rule, step.rule))
         return out
 
+    def learns_first(self) -> dict[str, float]:
+        # the error budget burns against the SLO from the first report; the rest against the
+        # service's own level, which its first ``warmup`` seconds learn
+        return dict.fromkeys((LATENCY, TTFT, QUEUE, KV), self.warmup)
+
     def _judge(self, svc: _Svc, s: Snapshot, dt: float) -> None:
         warm = s.ts - svc.first >= self.warmup
         self._queue(svc, s, dt, warm)  # first: it tells whether the service is saturated by its demand

@@ -21,6 +21,8 @@ def print_report(report: Report, console: Console) -> None:
     for o in report.outcomes:
         target = ",".join(f"{k}={v}" for k, v in o.fault.target.items())
         mark = "[green]yes[/green]" if o.alert_id else "[red]MISSED[/red]"
+        if o.missed_because:
+            mark += f" ({o.missed_because})"
         table.add_row(o.fault.kind, target, f"{o.fault.at:.0f}", o.rule, mark, _fmt(o.time_to_detect))
     if report.outcomes:
         console.print(table)

@@ -7,6 +7,7 @@ detection itself nor as a knock-on in the fault's blast radius: same node, or sa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,6 +43,8 @@ class FaultOutcome:
     rule: str
     alert_id: str | None
     time_to_detect: float | None
+    #: why a missed fault could not be detected, where the detectors' own facts tell
+    missed_because: str | None = None
 
 
 @dataclass(slots=True)
@@ -89,6 +92,7 @@ class Report:
                     "rule": o.rule,
                     "detected": o.alert_id is not None,
                     "time_to_detect": o.time_to_detect,
+                    **({"missed_because": o.missed_because} if o.missed_because else {}),
                 }
                 for o in self.outcomes
             ],
@@ -138,7 +142,30 @@ def _blast_radius(scenario: Scenario, fault: FaultSpec) -> tuple[set[str], set[s
     return nodes, jobs
 
 
-def evaluate(scenario: Scenario, alerts: list[Alert]) -> Report:
+def _missed_because(
+    scenario: Scenario, fault: FaultSpec, rule: str, learns_first: Mapping[str, float]
+) -> str | None:
+    """A fault its rule could not see: it began while the detectors still learned its service's
+    baseline (``learns_first``, from the detectors themselves), or ended before they judged."""
+    learning = learns_first.get(rule, 0.0)
+    start = next((j.start for j in scenario.jobs if j.name == fault.service), None)
+    if learning <= 0 or start is None:
+        return None
+    # the service's first report is at its start or later: a fault before this is surely unjudged
+    judged_from = start + learning
+    if fault.at >= judged_from:
+        return None
+    first = f"service {fault.service}'s first {learning:g} s only learn its baseline"
+    if min(fault.end, scenario.duration) <= judged_from:
+        return f"ended before any rule could judge it: {first}"
+    return f"began while {first} (until {judged_from:g} s)"
+
+
+def evaluate(
+    scenario: Scenario, alerts: list[Alert], learns_first: Mapping[str, float] | None = None
+) -> Report:
+    """Score ``alerts`` against the faults of ``scenario``; ``learns_first`` (the run's
+    :meth:`~gpuscope.detect.engine.DetectionEngine.learns_first`) names why a fault was missed."""
     outcomes: list[FaultOutcome] = []
     used: set[str] = set()
     ttd_hard: list[float] = []
@@ -159,7 +186,8 @@ def evaluate(scenario: Scenario, alerts: list[Alert]) -> Report:
                 ttd_hard.append(ttd)
             outcomes.append(FaultOutcome(fault, rule, alert_id, ttd))
         else:
-            outcomes.append(FaultOutcome(fault, rule, None, None))
+            reason = _missed_because(scenario, fault, rule, learns_first or {})
+            outcomes.append(FaultOutcome(fault, rule, None, None, reason))
     unexplained = []
     for alert in alerts:
         if alert.id in used:

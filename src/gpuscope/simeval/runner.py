@@ -33,6 +33,8 @@ class RunResult:
     #: GPU-hours per state: as the hub's productivity model measured them, and the simulator's truth
     measured_gpu_hours: dict[str, float] = field(default_factory=dict)
     true_gpu_hours: dict[str, float] = field(default_factory=dict)
+    #: per rule: how long after an entity's first report the detectors only learn its baseline
+    learns_first: dict[str, float] = field(default_factory=dict)
 
     @property
     def speedup(self) -> float:
@@ -68,7 +70,10 @@ def run_scenario(
     finally:
         store.close()
     wall = time.perf_counter() - started
-    return RunResult(scenario, alerts, wall, ticks, samples, stats, measured, sim.truth.gpu_hours())
+    truth = sim.truth.gpu_hours()
+    return RunResult(
+        scenario, alerts, wall, ticks, samples, stats, measured, truth, hub.detection.learns_first()
+    )
 
 
 def alerts_json(result: RunResult) -> dict[str, Any]:

@@ -117,7 +117,11 @@ class AlertingApi:
 
     async def history(self, request: Request) -> Response:
         service = self._service()
-        rows = await run_in_threadpool(service.history, request.path_params["id"])
+        target = request.path_params["id"]
+        rows = await run_in_threadpool(service.history, target)
+        # an alert the hub has let go of keeps its stored history; one it never raised has none
+        if not rows and self.hub.alerts.get(target) is None:
+            raise ApiError(404, "id", f"no alert {target!r}")
         return JSONResponse({"history": rows})
 
     async def list_silences(self, request: Request) -> Response:
