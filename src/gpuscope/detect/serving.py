@@ -394,12 +394,16 @@ class _Svc:
         return began is not None and ts - began >= max(seconds, count * self.interval(name))
 
     def ewma(self, name: str, tau: float, value: float, dt: float, frozen: bool = False) -> float:
+        e = self.average(name, tau)
+        return e.mean if frozen and math.isfinite(e.mean) else e.push(value, dt)
+
+    def average(self, name: str, tau: float) -> _Ewma:
         store = self.fast if tau < 200 else self.slow
         key = f"{name}:{tau:g}"
         e = store.get(key)
         if e is None:
             e = store[key] = _Ewma(tau)
-        return e.mean if frozen and math.isfinite(e.mean) else e.push(value, dt)
+        return e
 
     def reference(
         self,
@@ -573,21 +577,22 @@ class ServingDetector(ServiceDetector):
         quiet = svc.normal(state) and svc.normal(step.rule)
         # the operating point of that median (of the raw values, a mix of light and heavy
         # requests would put the mean above what the median usually is)
-        base = svc.ewma(rule, self.base_tau, recent, dt, frozen=holding)
+        fresh = svc.filled(rule, s.ts, self.tau, self.min_updates)
+        level = min(short, recent)
+        # before the rule may judge (the warm-up), a level beyond the limit learned so far is not
+        # learned either, as once it judges pending freezes the learning: a fault in a service's
+        # first minute would otherwise be its operating point and its noise for many minutes
+        learned = svc.average(rule, self.base_tau).mean, svc.average(f"{rule}:noise", self.noise_tau).mean
+        beyond = not (warm and fresh) and level >= self._limits(*learned, ratio, math.nan)[0]
+        quiet = quiet and not beyond
+        base = svc.ewma(rule, self.base_tau, recent, dt, frozen=holding or beyond)
         base, high = svc.reference(rule, s.ts, short, base, self.buckets, self.season_alpha, quiet)
         # the series' own noise at this window: how far its recent median normally strays from
         # the baseline (mean absolute log deviation, learned while the rule is quiet)
         stray = abs(math.log(recent / base)) if recent > 0 and base > 0 else math.nan
         noise = svc.ewma(f"{rule}:noise", self.noise_tau, stray, dt, frozen=not quiet)
-        spread = math.exp(self.noise_z * noise) if math.isfinite(noise) else 1.0
-        # above the operating point by ``ratio`` (or by its own noise, where that is wider) and
-        # above the top of its normal bursts at this hour
-        limit = max(ratio, spread) * base
-        limit = max(limit, self.band * high) if math.isfinite(high) else limit
-        back = max(base * (1.0 + 0.5 * (max(ratio, spread) - 1.0)), high if math.isfinite(high) else 0.0)
+        limit, back = self._limits(base, noise, ratio, high)
         r = short / base if base > 0 else math.nan
-        fresh = svc.filled(rule, s.ts, self.tau, self.min_updates)
-        level = min(short, recent)
         # a minimum duration in the series' own samples too: two fresh values past the first
         need = max(self.sustain, self.hold_updates * svc.interval(rule))
         self._hold(svc, state, warm and fresh and level >= limit, level < back, s.ts, need)
@@ -598,6 +603,16 @@ class ServingDetector(ServiceDetector):
         if state.since is not None or state.firing:
             step.busy = s.ts
         self._step(svc, s, dt, step, (rule, what, value), base, warm and quiet)
+
+    def _limits(self, base: float, noise: float, ratio: float, high: float) -> tuple[float, float]:
+        """A latency/TTFT rule's limit and clear level: above the operating point ``base`` by
+        ``ratio``, or by the series' ``noise`` where that is wider, and above the top of its normal
+        bursts at this hour (``high``); clear below half that margin."""
+        spread = math.exp(self.noise_z * noise) if math.isfinite(noise) else 1.0
+        limit = max(ratio, spread) * base
+        limit = max(limit, self.band * high) if math.isfinite(high) else limit
+        back = max(base * (1.0 + 0.5 * (max(ratio, spread) - 1.0)), high if math.isfinite(high) else 0.0)
+        return limit, back
 
     def _step(
         self,
