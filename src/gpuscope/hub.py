@@ -67,9 +67,6 @@ class Hub:
         #: every GPU-second's state, cause and owner (the one model all pages read)
         self.productivity = ProductivityModel(price_per_gpu_hour, counters=self.counters)
         self._detect_lock = threading.Lock()
-        #: set while no evaluation runs (the triage worker's playbooks wait for it: see wait_evaluated)
-        self._evaluated = threading.Event()
-        self._evaluated.set()
         self._listeners: list[AlertListener] = []
         #: CPU-side wall time spent in the detectors, for the hub's own /metrics
         self.detect_seconds = 0.0
@@ -236,31 +233,20 @@ class Hub:
         """Run every detector at ``now`` and apply the findings this hub owns to the alert state
         (which records each transition); then every listener hears what changed. The detectors
         first see every batch acknowledged before now."""
-        self._evaluated.clear()
-        try:
-            self.settle()
-            with self._heard_lock:
-                heard, self._heard = self._heard, []
-            self.overload.arrived(now, heard)
-            findings = self.overload.findings(now)
-            self.gaps.shed(self.overload.cover(now))
-            with self.placement.held(), self._detect_lock:
-                owned = [f for f in self.detection.evaluate(now) if self.placement.owns(f.entity)]
-                findings += self.gaps.apply(owned, now, self.alerts.firing)
-                changes = self.alerts.update(now, findings)
-                firing = list(self.alerts.firing())
-            self.productivity.advance(now, firing)
-            self._tell(changes)
-            return changes
-        finally:
-            self._evaluated.set()
-
-    def wait_evaluated(self, timeout: float) -> bool:
-        """Wait (at most ``timeout`` seconds) until no evaluation runs; False if one still does.
-        The triage worker runs its playbooks between evaluations: both are Python and share one
-        interpreter, and an evaluation sharing it with a burst's playbooks took several times
-        its own CPU in wall time."""
-        return self._evaluated.wait(timeout)
+        self.settle()
+        with self._heard_lock:
+            heard, self._heard = self._heard, []
+        self.overload.arrived(now, heard)
+        findings = self.overload.findings(now)
+        self.gaps.shed(self.overload.cover(now))
+        with self.placement.held(), self._detect_lock:
+            owned = [f for f in self.detection.evaluate(now) if self.placement.owns(f.entity)]
+            findings += self.gaps.apply(owned, now, self.alerts.firing)
+            changes = self.alerts.update(now, findings)
+            firing = list(self.alerts.firing())
+        self.productivity.advance(now, firing)
+        self._tell(changes)
+        return changes
 
     def _tell(self, changes: list[AlertChange]) -> None:
         """Every listener hears every change, on a single hub and on a cluster member alike."""

@@ -19,7 +19,6 @@ from starlette.testclient import TestClient
 
 from alert.rig import Rig, Scripted, hot, lost
 from alert.sink import Clock, Sink
-from gpuscope.alert import triagequeue
 from gpuscope.alert.checks import CHECKS, CheckResult, Context
 from gpuscope.alert.playbooks import PLAYBOOKS, Playbook, Step
 from gpuscope.alert.service import AlertingService
@@ -136,53 +135,6 @@ def test_a_burst_whose_playbooks_hang_does_not_stop_detection(sink: Sink, gate: 
         assert h.hub.alerts.firing()[0].details["playbook"]["summary"] == OPENED
     finally:
         gate.open()
-        h.close()
-
-
-class Holding(Scripted):
-    """Restates its findings; while ``hold`` is set, an evaluation waits in it until ``release``."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.hold = False
-        self.inside = threading.Event()
-        self.released = threading.Event()
-
-    def evaluate(self, now: float) -> list[Any]:
-        if self.hold:
-            self.inside.set()
-            self.released.wait(SAFETY_S)
-        return super().evaluate(now)
-
-
-def test_a_playbook_waits_for_the_evaluation_running(
-    sink: Sink, gate: Gate, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The worker lets an evaluation run alone before its next playbook: they share one
-    interpreter (at most ``PAUSE_S`` a pass, here longer than the test)."""
-    monkeypatch.setattr(triagequeue, "PAUSE_S", SAFETY_S)
-    h = Harness(sink)
-    detector = h.script = Holding()
-    h.hub.detection = DetectionEngine([detector])
-    burst = [lost("0", "node-1"), lost("0", "node-2")]
-    evaluation = threading.Thread(target=h.evaluate, args=(burst,))
-    try:
-        assert len(h.evaluate(burst)[0]) == 2
-        assert gate.entered.wait(10)  # node-1's playbook runs, held at the gate
-        detector.hold = True
-        evaluation.start()
-        assert detector.inside.wait(10)
-        gate.open()  # node-2's playbook is next
-        time.sleep(0.5)
-        assert gate.calls == 1 and sink.bodies() == []  # it waits for the evaluation
-        detector.released.set()
-        assert h.service.drain(10.0)
-        sink.wait_for(2)
-        assert gate.calls == 2 and [node for node, _, _ in told(sink)] == ["node-1", "node-2"]
-    finally:
-        detector.released.set()
-        if evaluation.is_alive():
-            evaluation.join(SAFETY_S)
         h.close()
 
 

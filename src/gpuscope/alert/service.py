@@ -90,8 +90,6 @@ class AlertSource(Protocol):
 
     def add_listener(self, listener: Callable[[AlertChange], None]) -> None: ...
 
-    def wait_evaluated(self, timeout: float) -> bool: ...
-
 
 class AlertingService:
     def __init__(
@@ -159,7 +157,6 @@ class AlertingService:
             size=triage_queue,
             budget=triage_budget,
             counters=self.counters,
-            pause=hub.wait_evaluated,
         )
         self._reads: Reads | None = None  # the store's answers the playbooks of a burst share
         self._firing: list[Alert] = []

@@ -8,10 +8,6 @@ order; a resolution or an escalation is dispatched in its turn. Whatever dispatc
 in queue order, so a resolution never overtakes its alert's own fired notification, even when
 both happened inside one burst.
 
-Before each playbook, its pass's save and each dispatch the worker waits for an evaluation that
-is running to end (at most ``PAUSE_S`` a pass): the two share one interpreter, and an evaluation
-next to a burst's triage took several times its own CPU in wall time.
-
 Bounds, so that triage never stops detection nor holds a notification back without limit:
 
 - at most ``size`` changes wait. A change put into a full queue first sheds the oldest one: it is
@@ -57,8 +53,6 @@ STOP_DRAIN_S = 10.0
 PASS_JOBS = 256
 #: a pass takes no further change once its playbooks ran this long (the first waits for the last)
 PASS_S = 0.5
-#: the longest one pass waits, in all, for evaluations to end before its playbooks (``pause``)
-PAUSE_S = 0.25
 
 
 @dataclass(slots=True)
@@ -85,8 +79,6 @@ Triage = Callable[[Job], Any]
 Attach = Callable[[list[tuple[Job, Any]]], None]
 #: dispatch a change; ``skipped`` says why a fired alert goes without its playbook ("" when it has it)
 Dispatch = Callable[[Job, str], None]
-#: wait, at most the seconds given, until the evaluation running now (if any) has ended
-Pause = Callable[[float], object]
 
 
 class TriageQueue:
@@ -100,11 +92,7 @@ class TriageQueue:
         budget: float = BUDGET_S,
         counters: Counters | None = None,
         clock: Callable[[], float] = time.monotonic,
-        pause: Pause = lambda _seconds: None,
     ) -> None:
-        """``pause``: called before each playbook, save and dispatch, so that an evaluation runs
-        alone (they share one interpreter); at most :data:`PAUSE_S` a pass, so a slow evaluation
-        delays a pass by no more than that."""
         if size < 1 or not budget > 0:
             raise ValueError("triage queue: need size >= 1 and budget > 0")
         self.triage = triage
@@ -114,7 +102,6 @@ class TriageQueue:
         self.budget = budget
         self.counters = counters or Counters()
         self.clock = clock
-        self.pause = pause
         self._jobs: deque[Job] = deque()
         self._hands: list[Job] = []  # the worker's pass: taken from the queue, not yet all dispatched
         self._cond = threading.Condition()
@@ -162,15 +149,6 @@ class TriageQueue:
         taken: list[tuple[Job, bool]] = []  # (job, late: past the budget when taken)
         found: list[tuple[Job, Any]] = []
         started = time.monotonic()
-        paused = 0.0
-
-        def pause() -> None:
-            nonlocal paused
-            if paused < PAUSE_S:
-                waited = time.monotonic()
-                self.pause(PAUSE_S - paused)
-                paused += time.monotonic() - waited
-
         try:
             while len(taken) < most and time.monotonic() - started <= PASS_S:
                 with self._cond:
@@ -181,23 +159,20 @@ class TriageQueue:
                 late = self.clock() - job.queued > self.budget
                 taken.append((job, late))
                 if job.triaged and not late and not job.done:
-                    pause()
                     try:
                         found.append((job, self.triage(job)))
                     except Exception:  # triage is help, not a gate: the alert still goes out
                         self.counters.inc("playbook_errors")
                         log.exception("playbook for %s failed", job.change.alert.id)
             if found:
-                pause()
                 try:
                     self.attach(found)
                 except Exception:  # the alerts still go out, without their playbooks
                     self.counters.inc("playbook_errors", len(found))
                     log.exception("attaching %d playbooks failed", len(found))
             attached = {id(job) for job, _ in found}
-            for job, late in taken:
-                pause()  # outside the order lock: the evaluation's listener may shed into it
-                with self._order:  # what was shed between two jobs was older than both: in order
+            with self._order:
+                for job, late in taken:
                     if job.done:  # shed while its playbook ran: attached late, receivers were told
                         if job.skipped and id(job) in attached:
                             self.counters.inc("playbooks_attached_late")
