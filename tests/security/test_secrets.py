@@ -106,7 +106,8 @@ def test_config_errors_and_repr_leak_nothing(
     config.write_text(single + f"\n  - {{name: hook, webhook: {{url: 'ftp://h.example{HOOK_PATH}'}}}}\n")
     assert main(["hub", "--config", str(config), "--db", str(tmp_path / "h.duckdb"), "--listen", listen]) == 2
     out = capsys.readouterr()
-    assert "webhook.url must be an http(s) URL" in out.err
+    # the console wraps a long message (the config file's path now leads it)
+    assert "webhook.url must be an http(s) URL" in " ".join(out.err.split())
     assert not leaks(out.out, out.err, caplog.text)
 
 
