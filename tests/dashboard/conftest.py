@@ -53,12 +53,11 @@ def replay(hub: Hub, path: Path = SCENARIO) -> float:
     return t0
 
 
-@pytest.fixture(scope="session")
-def served() -> Iterator[Served]:
-    store = DuckDBStore(":memory:", durable=False)
-    hub = Hub(store, price_per_gpu_hour=2.5)
+def serve_replay(path: Path = SCENARIO) -> Iterator[Served]:
+    """A hub that replayed ``path`` (its alerts triaged), served over HTTP until the generator ends."""
+    hub = Hub(DuckDBStore(":memory:", durable=False), price_per_gpu_hour=2.5)
     alerting = AlertingService(hub, AlertingSettings())
-    t0 = replay(hub)
+    t0 = replay(hub, path)
     assert alerting.drain(60.0)  # the replay's alerts triaged, as a running hub's worker does
     server = HubServer(hub, "127.0.0.1", 0, alerting=alerting, evaluate_interval=None)  # replayed time
     server.start()
@@ -66,6 +65,11 @@ def served() -> Iterator[Served]:
         yield Served(hub, server, t0)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def served() -> Iterator[Served]:
+    yield from serve_replay()
 
 
 @pytest.fixture

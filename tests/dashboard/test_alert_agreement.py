@@ -16,14 +16,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dashboard.conftest import Served, replay
-from gpuscope.alert.service import AlertingService
-from gpuscope.alert.settings import AlertingSettings
-from gpuscope.hub import Hub
+from dashboard.conftest import Served, serve_replay
 from gpuscope.model import Alert
 from gpuscope.rules import spec
-from gpuscope.store.duckdb import DuckDBStore
-from gpuscope.web.server import HubServer
 
 pytestmark = pytest.mark.integration  # headless Chromium
 
@@ -41,16 +36,7 @@ from playwright.sync_api import Page, sync_playwright  # noqa: E402
 
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
-    hub = Hub(DuckDBStore(":memory:", durable=False), price_per_gpu_hour=2.5)
-    alerting = AlertingService(hub, AlertingSettings())
-    t0 = replay(hub, SCENARIO)
-    assert alerting.drain(60.0)
-    server = HubServer(hub, "127.0.0.1", 0, alerting=alerting, evaluate_interval=None)  # replayed time
-    server.start()
-    try:
-        yield Served(hub, server, t0)
-    finally:
-        server.stop()
+    yield from serve_replay(SCENARIO)
 
 
 @pytest.fixture(scope="module")
