@@ -3,7 +3,7 @@
 Each run queues three notifications for one loopback receiver, starts the background sender and at
 once delivers from the calling thread too, then counts runs in which the receiver was told any
 notification twice. Not a test (it depends on thread timing); the suite's deterministic test is
-``tests/alert/test_alert_outbox.py``. Figures are in docs/evaluation.md.
+``tests/alert/test_alert_outbox.py``. Figures are in docs/scaling.md.
 
     .venv/bin/python bench/check_outbox_race.py [RUNS]
 """
