@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from alert.sink import Clock, Sink
@@ -88,3 +89,43 @@ def test_the_background_sender_delivers_at_once(sink: Sink) -> None:
         assert sink.wait_for(1, timeout=5) == [{"n": 1}]
     finally:
         outbox.stop()
+
+
+class HeldSender:
+    """Records each send; the first one waits, mid-send, until the test lets it go."""
+
+    def __init__(self) -> None:
+        self.sent: list[Request] = []
+        self.sending = threading.Event()
+        self.release = threading.Event()
+
+    def __call__(self, request: Request) -> int:
+        self.sent.append(request)
+        if len(self.sent) == 1:
+            self.sending.set()
+            assert self.release.wait(10), "the test never let the first send go"
+        return 200
+
+
+def test_two_concurrent_deliveries_tell_a_receiver_each_notification_once_in_order(clock: Clock) -> None:
+    sender = HeldSender()
+    outbox = Outbox(StateDB(), sender=sender, clock=clock)
+    outbox.enqueue("hook", "webhook", [Request("http://hook", {"n": n}) for n in range(3)])
+    outbox.enqueue("pager", "webhook", [Request("http://pager", {"n": 9})])
+    background = threading.Thread(target=outbox.deliver_due)
+    background.start()
+    try:
+        assert sender.sending.wait(10), "the first delivery never reached the receiver"
+        held = sender.sent[0].url  # the receiver the first delivery is sending to now
+        outbox.deliver_due()  # a second delivery while the first is mid-send
+        # the held receiver is left to the first delivery; the other is not kept waiting for it
+        assert {p.request.url for p in outbox.pending()} == {held}
+        assert all(r.url != held for r in sender.sent[1:])  # nothing of the held one sent again
+    finally:
+        sender.release.set()
+        background.join(10)
+    assert not background.is_alive()
+    told = [(r.url, r.body["n"]) for r in sender.sent]
+    assert sorted(told) == [("http://hook", 0), ("http://hook", 1), ("http://hook", 2), ("http://pager", 9)]
+    assert [n for url, n in told if url == "http://hook"] == [0, 1, 2]  # each once, in order
+    assert outbox.stats() == {"delivered": 4, "dead": 0, "pending": 0}

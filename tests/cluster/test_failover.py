@@ -26,6 +26,7 @@ pytestmark = pytest.mark.integration
 SHARDS = 64
 RULE = "gpu_ecc_uncorrectable"
 METRIC = "gpu_ecc_dbe_volatile_total"
+STATUSES = ("firing", "resolved")
 
 
 class Traffic:
@@ -236,9 +237,10 @@ def test_killed_hub_hands_over_without_losing_or_repeating_an_alert(
     finally:
         traffic.stop()
 
+    told = {(node, status): _count(sink, node, status) for node in (first, orphan) for status in STATUSES}
+    if any(n != 1 for n in told.values()):  # what each survivor believed, for the failure's message
+        raise AssertionError(f"told {told}, expected each once\n{_diagnosis(survivors, sink, first, orphan)}")
     for node in (first, orphan):
-        assert _count(sink, node, "firing") == 1, _notified(sink)
-        assert _count(sink, node, "resolved") == 1, _notified(sink)
         # a receiver closes what it opened: the resolution comes in the group the alert fired in
         assert len(_groups(sink, node)) == 1, _groups(sink, node)
     assert not any(n for (nd, _, _), n in _notified(sink).items() if nd not in {first, orphan})
@@ -246,7 +248,13 @@ def test_killed_hub_hands_over_without_losing_or_repeating_an_alert(
     answers = []
     for hub in survivors:
         rows = httpx.get(f"{hub.url}/api/v1/alerts", params={"state": "all"}, timeout=5).json()["alerts"]
-        answers.append(sorted((a["id"], a["rule"], a["entity"]["node"], a["resolved_at"]) for a in rows))
+        # a loaded machine may raise the hubs' own hub_overloaded (entity: the hub, no node): the
+        # ECC faults are what this test placed, handed over and compares
+        others = sorted({a["rule"] for a in rows if a["rule"] != RULE})
+        if others:
+            print(f"{hub.url}: other alerts {others}")
+        ecc = [a for a in rows if a["rule"] == RULE]
+        answers.append(sorted((a["id"], a["rule"], a["entity"]["node"], a["resolved_at"]) for a in ecc))
     assert answers[0] == answers[1]
     assert sorted((rule, node) for _, rule, node, _ in answers[0]) == sorted([(RULE, first), (RULE, orphan)])
     assert all(resolved is not None for *_, resolved in answers[0])

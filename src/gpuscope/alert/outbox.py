@@ -83,9 +83,10 @@ class OutboxBackend(Protocol):
         ...
 
     def try_head(self, receiver: str, now: float, attempt: Attempt) -> tuple[bool, float | None]:
-        """Try the receiver's oldest undelivered request if it is due (and this hub may send to
-        the receiver now), recording the outcome with the try. Returns (finished with it: go on
-        with the next, when the head is due next)."""
+        """Try the receiver's oldest undelivered request if it is due (and no other caller, on
+        this hub or another, is trying the receiver now), recording the outcome with the try.
+        Returns (finished with it: go on with the next, when the head is due next); a receiver
+        another caller is trying is (False, None)."""
         ...
 
     def pending(self) -> list[Pending]:
@@ -108,10 +109,17 @@ _LIVE = "delivered_at IS NULL AND dead_at IS NULL"
 
 
 class LocalOutbox:
-    """One hub's requests, in the ``outbox`` table of its alert state database."""
+    """One hub's requests, in the ``outbox`` table of its alert state database.
+
+    A receiver is claimed for the length of one try: the background sender and a direct
+    :meth:`Outbox.deliver_due` (a flush, a test) would otherwise read the same head row and both
+    send it. A caller that finds the receiver claimed skips it rather than waiting; the claimant
+    goes on with the receiver's next request itself."""
 
     def __init__(self, db: StateBackend) -> None:
         self.db = db
+        self._claims_lock = threading.Lock()
+        self._claimed: set[str] = set()
 
     def add(self, receiver: str, kind: str, payloads: list[str], now: float, about: About) -> list[int]:
         ids: list[int] = []
@@ -129,6 +137,17 @@ class LocalOutbox:
         return [str(r[0]) for r in self.db.query(f"SELECT DISTINCT receiver FROM outbox WHERE {_LIVE}")]
 
     def try_head(self, receiver: str, now: float, attempt: Attempt) -> tuple[bool, float | None]:
+        with self._claims_lock:
+            if receiver in self._claimed:
+                return False, None  # another caller is trying this receiver's head
+            self._claimed.add(receiver)
+        try:
+            return self._try_claimed_head(receiver, now, attempt)
+        finally:
+            with self._claims_lock:
+                self._claimed.discard(receiver)
+
+    def _try_claimed_head(self, receiver: str, now: float, attempt: Attempt) -> tuple[bool, float | None]:
         rows = self.db.query(
             f"SELECT {_COLUMNS} FROM outbox WHERE receiver = ? AND {_LIVE} ORDER BY id LIMIT 1", (receiver,)
         )
