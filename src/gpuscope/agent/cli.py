@@ -29,6 +29,7 @@ from gpuscope.collect.base import (
     enabled_collectors,
     load_collectors,
 )
+from gpuscope.huburl import hub_urls
 from gpuscope.tls import TlsSettings
 
 log = logging.getLogger("gpuscope.agent")
@@ -44,7 +45,10 @@ SOURCE_FLAGS = {
 
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--hub", default=None, help="hub base URL, e.g. http://hub:7470 (not needed with --once)"
+        "--hub",
+        type=hub_urls,
+        default=None,
+        help="hub base URL, e.g. http://hub:7470, or several separated by commas (not needed with --once)",
     )
     parser.add_argument("--node", default=None, help="this node's name (default: the short host name)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between rounds (default 1)")
