@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from gpuscope import __version__
+from gpuscope.argtypes import port_number, positive_seconds
 from gpuscope.cli_client import add_verbose_option
 from gpuscope.completion import SHELLS, walk
 from gpuscope.completion import script as completion_script
@@ -241,9 +242,16 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="hub + agents over a simulated cluster with injected faults")
-    demo.add_argument("--duration", type=float, default=None, help="stop after S seconds (default: scenario)")
+    demo.add_argument(
+        "--duration", type=positive_seconds, default=None, help="stop after S seconds (default: scenario)"
+    )
     demo.add_argument("--scenario", type=Path, default=None, help="scenario YAML (default: built-in demo)")
-    demo.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"hub port (default {DEFAULT_PORT})")
+    demo.add_argument(
+        "--port",
+        type=port_number,
+        default=None,
+        help=f"hub port (default {DEFAULT_PORT}, or any free one when that is taken)",
+    )
     demo.add_argument("--config", default=None, help="config YAML (or GPUSCOPE_CONFIG)")
     demo.add_argument(
         "--exit", action="store_true", help="stop the hub when the run ends (default: serve until Ctrl-C)"
