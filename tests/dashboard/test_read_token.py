@@ -1,13 +1,13 @@
 """The dashboard on a hub that wants a token for reads: the page loads, asks for the token, and
-reads with it once given (real headless Chromium, as in tests/dashboard)."""
+reads with it once given (real headless Chromium: conftest's ``browser``)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
+from playwright.sync_api import Browser
 
-from dashboard.test_browser import ARGS, CHROMIUM  # skips this module where Chromium is absent
 from gpuscope.hub import Hub
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.auth import parse_auth
@@ -27,20 +27,19 @@ def strict_hub() -> Iterator[HubServer]:
     server.stop()
 
 
-def test_the_page_asks_for_a_read_token_and_then_reads_with_it(strict_hub: HubServer) -> None:
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        try:
-            page = browser.new_page()
-            page.goto(f"{strict_hub.url}/ui/#/fleet")
-            page.wait_for_selector("body[data-ready='error']", timeout=15_000)
-            assert "needs a token to read" in page.inner_text("#banner")
-            page.fill("#token", READ_T)
-            page.dispatch_event("#token", "change")
-            page.wait_for_selector("body[data-ready='1']", timeout=15_000)
-            assert page.is_hidden("#banner")
-            assert page.evaluate("sessionStorage.getItem('gs.token')") == READ_T
-        finally:
-            browser.close()
+def test_the_page_asks_for_a_read_token_and_then_reads_with_it(
+    browser: Browser, strict_hub: HubServer
+) -> None:
+    ctx = browser.new_context()
+    try:
+        page = ctx.new_page()
+        page.goto(f"{strict_hub.url}/ui/#/fleet")
+        page.wait_for_selector("body[data-ready='error']", timeout=15_000)
+        assert "needs a token to read" in page.inner_text("#banner")
+        page.fill("#token", READ_T)
+        page.dispatch_event("#token", "change")
+        page.wait_for_selector("body[data-ready='1']", timeout=15_000)
+        assert page.is_hidden("#banner")
+        assert page.evaluate("sessionStorage.getItem('gs.token')") == READ_T
+    finally:
+        ctx.close()
