@@ -107,7 +107,7 @@ def _cmd_sim_eval(args: argparse.Namespace) -> int:
     try:
         scenario = load_scenario(args.scenario)
     except ScenarioError as exc:
-        err.print(f"[red]{exc}[/red]")
+        err.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True)
         return 2
     with Progress(
         TextColumn("[bold]{task.description}"),
@@ -245,7 +245,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     demo.add_argument(
         "--duration", type=positive_seconds, default=None, help="stop after S seconds (default: scenario)"
     )
-    demo.add_argument("--scenario", type=Path, default=None, help="scenario YAML (default: built-in demo)")
+    demo.add_argument(
+        "--scenario", type=Path, default=None, help="scenario YAML or a built-in's name (default: demo)"
+    )
     demo.add_argument(
         "--port",
         type=port_number,
@@ -270,7 +272,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             _delegate(delegated, spec)
 
     sim = sub.add_parser("sim-eval", help="run a scenario in virtual time and print its alerts")
-    sim.add_argument("scenario", help="scenario YAML (format: docs/scenarios.md)")
+    sim.add_argument(
+        "scenario", help="scenario YAML (format: docs/scenarios.md), or a built-in's name (demo, xid, ...)"
+    )
     sim.add_argument("--json", action="store_true", help="print the alerts as JSON on stdout")
     sim.add_argument("--report", action="store_true", help="score detections against the scenario's faults")
     sim.set_defaults(func=_cmd_sim_eval)
