@@ -19,7 +19,7 @@ import pytest
 import gpuscope.demo
 from gpuscope.cli import main
 from gpuscope.demo import run_demo
-from support import free_port
+from support import HubProcess, free_port
 
 SCENARIO = """
 name: first-use
@@ -169,3 +169,13 @@ def test_a_piped_demo_writes_whole_lines_as_they_happen(tmp_path: Path) -> None:
         r"\[\d\d:\d\d:\d\d\] injecting faults\[0\] thermal_throttle at 1s on node=node-0, gpu=1\n", injecting
     )
     assert "interrupted\n" in lines and any(line.startswith("data kept in ") for line in lines)
+
+
+def test_a_hub_says_where_its_dashboard_is(tmp_path: Path) -> None:
+    port = free_port()
+    hub = HubProcess(tmp_path, port, tmp_path / "hub.duckdb")
+    try:
+        hub.wait_ready()
+        assert f"dashboard: http://127.0.0.1:{port}/ui/\n" in hub.output()
+    finally:
+        hub.close()

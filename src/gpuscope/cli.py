@@ -64,8 +64,10 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     err.print(
         f"gpuscope hub {__version__} listening on {runtime.server.url} "
         f"(store: {store_label(cfg.storage_settings())}, "
-        f"auth: {len(cfg.auth.tokens)} token(s), audit log {runtime.server.api.audit.path or 'in memory'})"
+        f"auth: {len(cfg.auth.tokens)} token(s), audit log {runtime.server.api.audit.path or 'in memory'})",
+        soft_wrap=True,  # one line in a log, however long the store's path
     )
+    err.print(f"dashboard: {runtime.server.url}/ui/", soft_wrap=True)
     runtime.run()
     return 0
 
