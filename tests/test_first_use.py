@@ -125,6 +125,21 @@ def test_the_default_port_taken_the_demo_says_so_and_serves_on_another(
     assert f"dashboard: http://127.0.0.1:{moved.group(1)}/ui/" in out
 
 
+def test_a_demo_too_short_for_any_fault_says_its_score_judges_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``--duration 15`` ended with ``recall 1.00 precision 1.00 alerts 0`` and nothing else."""
+    path = tmp_path / "first-use.yaml"
+    path.write_text(SCENARIO.format(duration=60))
+    assert run_demo(scenario_path=path, duration=0.5, port=free_port()) == 0
+    out = capsys.readouterr().out
+    assert "scenario first-use, 0.5 s, 0 of its 1 fault\n" in out
+    assert (
+        "no fault starts within this 0.5 s run (the first is at 1 s), so recall and precision below judge "
+        "nothing; run longer with --duration, or leave it out\n"
+    ) in out
+
+
 def test_a_piped_demo_writes_whole_lines_as_they_happen(tmp_path: Path) -> None:
     path = tmp_path / "first-use.yaml"
     path.write_text(SCENARIO.format(duration=600))

@@ -245,7 +245,7 @@ def run_demo(
     console.print(f"[bold]dashboard[/bold]: {server.url}/ui/")
     console.print(
         f"[bold]gpuscope demo[/bold]: hub API at {server.url} (health: {server.url}/api/v1/health), "
-        f"store {store_label(cfg.storage_settings())}; scenario {scenario.name}, {end:.0f} s, "
+        f"store {store_label(cfg.storage_settings())}; scenario {scenario.name}, {end:g} s, "
         f"{faults_played(scenario, end)}"
     )
     t0 = time.time()
@@ -362,6 +362,12 @@ def _report(console: Console, hub: Hub, scenario: Scenario, end: float, t0: floa
     played = dataclasses.replace(
         scenario, duration=end, faults=tuple(f for f in scenario.faults if f.at < end)
     )
+    if not played.faults and scenario.faults:
+        first = min(f.at for f in scenario.faults)
+        console.print(
+            f"no fault starts within this {end:g} s run (the first is at {first:.0f} s), so recall and "
+            "precision below judge nothing; run longer with --duration, or leave it out"
+        )
     report = evaluate(played, shifted, hub.detection.learns_first())
     print_report(report, console)
 
