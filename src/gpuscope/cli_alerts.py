@@ -99,13 +99,31 @@ def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def dollars_per_hour(value: float) -> str:
+    """A cost per hour as a table shows it: cents below $10 (one GPU idle is $0.75 to $4 an hour;
+    rounded to whole dollars it read as $1, or $0), whole dollars above."""
+    return f"{value:,.2f}" if abs(value) < 10 else f"{value:,.0f}"
+
+
 def _entity(entity: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in entity.items())
 
 
 def _alerts_table(alerts: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title, expand=True)
-    for col in ("id", "sev", "rule", "entity", "age", "$/h", "incident", "state", "diagnosis / summary"):
+    columns = (
+        "id",
+        "sev",
+        "rule",
+        "owner",
+        "entity",
+        "age",
+        "$/h",
+        "incident",
+        "state",
+        "diagnosis / summary",
+    )
+    for col in columns:
         table.add_column(col, overflow="fold")
     for a in alerts:
         if not a.get("resolved_at"):
@@ -117,9 +135,10 @@ def _alerts_table(alerts: list[dict[str, Any]], title: str) -> Table:
             a["id"],
             Text(a["severity"], style=SEVERITY_STYLE.get(a["severity"], "")),
             a["rule"],
+            a.get("owner") or "-",
             _entity(a["entity"]),
             _ago(a["started_at"]),
-            f"{a['cost_per_hour']:,.0f}",
+            dollars_per_hour(a["cost_per_hour"]),
             a.get("incident") or "-",
             state,
             book.get("summary") or a["summary"],
@@ -208,7 +227,7 @@ def run_incidents(args: argparse.Namespace, console: Console | None = None) -> i
         table.add_row(
             inc["id"],
             Text(inc["tier"], style=SEVERITY_STYLE.get(inc["tier"], "")),
-            f"{inc['cost_per_hour']:,.0f}",
+            dollars_per_hour(inc["cost_per_hour"]),
             root,
             f"{inc['firing']} firing / {len(inc['members'])}",
             _ago(inc["started_at"]),

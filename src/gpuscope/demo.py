@@ -30,6 +30,7 @@ from rich.text import Text
 
 from gpuscope.agent.agent import Agent
 from gpuscope.alert.engine import AlertChange
+from gpuscope.cli_alerts import dollars_per_hour
 from gpuscope.collect.sim_node import SimNvmlNode
 from gpuscope.config import DEFAULT_PORT, load_config
 from gpuscope.hub import Hub
@@ -158,7 +159,7 @@ class DemoView:
                 a["rule"],
                 entity,
                 f"{now - a['started_at']:.0f}s",
-                f"{a['cost_per_hour']:.0f}",
+                dollars_per_hour(a["cost_per_hour"]),
                 a["summary"],
             )
         header = Text.assemble(
