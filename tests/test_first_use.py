@@ -6,6 +6,7 @@ as it happens, beginning with the URL it serves at.
 
 from __future__ import annotations
 
+import argparse
 import re
 import signal
 import socket
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 import gpuscope.demo
-from gpuscope.cli import main
+from gpuscope.cli import build_parser, main
+from gpuscope.completion import walk
 from gpuscope.demo import run_demo
 from support import HubProcess, free_port
 
@@ -194,3 +196,15 @@ def test_a_hub_says_where_its_dashboard_is(tmp_path: Path) -> None:
         assert f"dashboard: http://127.0.0.1:{port}/ui/\n" in hub.output()
     finally:
         hub.close()
+
+
+def test_every_option_and_argument_of_every_command_has_help() -> None:
+    """Before: ``alerts ack --comment``, ``lineage register --job/--step`` and others were listed in
+    ``--help`` with no word on what they take."""
+    bare = [
+        f"{command.prog} {' / '.join(action.option_strings) or action.dest}"
+        for command in walk(build_parser())
+        for action in command._actions
+        if action.help is None and action.nargs != argparse.PARSER  # subcommands have their own help
+    ]
+    assert bare == []

@@ -25,7 +25,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="hub URLs, comma-separated (any agent may send to any)",
     )
     parser.add_argument("--nodes", type=int, default=1024, help="simulated nodes, one agent each (1024)")
-    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (8)")
     parser.add_argument("--job-nodes", type=int, default=16, help="nodes per training job (16)")
     parser.add_argument("--duration", type=float, default=600, help="seconds of load (600)")
     parser.add_argument("--workers", type=int, default=2, help="sender processes (2)")
