@@ -208,3 +208,16 @@ def test_every_option_and_argument_of_every_command_has_help() -> None:
         if action.help is None and action.nargs != argparse.PARSER  # subcommands have their own help
     ]
     assert bare == []
+
+
+def test_a_hub_port_in_use_is_named_with_how_to_listen_elsewhere(
+    taken_port: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: ``gpuscope hub: [Errno 98] Address already in use``."""
+    argv = ["hub", "--listen", f"127.0.0.1:{taken_port}", "--db", str(tmp_path / "hub.duckdb")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"gpuscope hub: 127.0.0.1:{taken_port} is in use (another hub?); stop it, or listen elsewhere with "
+        "--listen HOST:PORT or listen: in the config\n"
+    )

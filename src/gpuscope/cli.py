@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import orjson
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from gpuscope import __version__
 from gpuscope.argtypes import port_number, positive_seconds
@@ -57,7 +59,10 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     except AssemblyError as exc:
         err.print(f"[red]gpuscope hub: {escape(redaction.redact(str(exc)))}[/red]")
         return 2
-    except (ValueError, OSError) as exc:  # the listener: no token off loopback, port taken, TLS files
+    except OSError as exc:  # the listener: port taken, or not ours to take
+        err.print(Text(f"gpuscope hub: {listen_error(cfg.host, cfg.port, exc)}", style="red"), soft_wrap=True)
+        return 2
+    except ValueError as exc:  # the listener: no token off loopback, TLS files
         err.print(f"[red]gpuscope hub: {exc}[/red]")
         return 2
     assert runtime.server is not None
@@ -70,6 +75,16 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     err.print(f"dashboard: {runtime.server.url}/ui/", soft_wrap=True)
     runtime.run()
     return 0
+
+
+def listen_error(host: str, port: int, exc: OSError) -> str:
+    """Why the hub cannot listen on ``host:port``, and what to do instead."""
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"{host}:{port} is in use (another hub?); stop it, or listen elsewhere with --listen "
+            "HOST:PORT or listen: in the config"
+        )
+    return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
