@@ -221,3 +221,17 @@ def test_a_hub_port_in_use_is_named_with_how_to_listen_elsewhere(
         f"gpuscope hub: 127.0.0.1:{taken_port} is in use (another hub?); stop it, or listen elsewhere with "
         "--listen HOST:PORT or listen: in the config\n"
     )
+
+
+def test_piped_sim_eval_shows_its_progress_as_whole_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before: a piped ``sim-eval`` printed nothing until the end (its bar is drawn on terminals only)."""
+    path = tmp_path / "first-use.yaml"
+    path.write_text(SCENARIO.format(duration=300))
+    assert main(["sim-eval", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err
+    progress = [line for line in err.splitlines() if line.startswith("simulating first-use: ")]
+    assert [line.split()[2] for line in progress] == ["20%", "40%", "60%", "80%", "100%"]
+    assert progress[-1] == "simulating first-use: 100% (300 of 300 s)"

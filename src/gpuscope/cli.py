@@ -112,6 +112,21 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+class ProgressLines:
+    """A progress callback for output that is not a terminal: one line per tenth of the work done."""
+
+    def __init__(self, what: str, say: Callable[[str], None]) -> None:
+        self.what = what
+        self.say = say
+        self.tenths = 0
+
+    def __call__(self, done: float, total: float) -> None:
+        tenths = int(10 * done / total) if total > 0 else 10
+        if tenths > self.tenths:
+            self.tenths = tenths
+            self.say(f"{self.what}: {10 * tenths}% ({done:.0f} of {total:.0f} s)")
+
+
 def _cmd_sim_eval(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -126,16 +141,21 @@ def _cmd_sim_eval(args: argparse.Namespace) -> int:
     except ScenarioError as exc:
         err.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True)
         return 2
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
-        task = progress.add_task(f"simulating {scenario.name}", total=scenario.duration)
-        result = run_scenario(scenario, progress=lambda t, total: progress.update(task, completed=t))
+    if err.is_terminal:
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+        ) as progress:
+            task = progress.add_task(f"simulating {scenario.name}", total=scenario.duration)
+            result = run_scenario(scenario, progress=lambda t, total: progress.update(task, completed=t))
+    else:  # a pipe or a log: a whole line at each tenth instead of a bar redrawn in place
+        lines = ProgressLines(f"simulating {scenario.name}", err.print)
+        result = run_scenario(scenario, progress=lines)
+        lines(scenario.duration, scenario.duration)  # the runner tells every 60 ticks: the end too
     err.print(
         f"{scenario.name}: {scenario.duration:.0f} simulated s in {result.wall_seconds:.1f} s "
         f"({result.speedup:.0f}x real time), {len(result.alerts)} alerts"
