@@ -1,7 +1,9 @@
 """What a new user reads when a first command line is wrong: a port out of range, a duration of 0, a
-hub URL without its scheme, a demo port already taken. Each is one line naming the option, with
-exit status 2, and no traceback. Also: a piped demo's output comes out as whole lines, each written
-as it happens, beginning with the URL it serves at.
+hub URL without its scheme, a demo's or a hub's port already taken. Each is one line naming the
+option, with exit status 2, and no traceback. Also what they read when it is right: a piped demo's
+output comes out as whole lines, each written as it happens, beginning with the URL it serves at; a
+hub names its dashboard; a demo too short for its faults says its score judges nothing; a piped
+``sim-eval`` shows its progress as lines; every option says in ``--help`` what it takes.
 """
 
 from __future__ import annotations
