@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
 
 import psycopg
+
+from support import free_port
 
 
 def postgres_bin_dir() -> Path | None:
@@ -30,12 +31,6 @@ def postgres_bin_dir() -> Path | None:
     return Path(found).resolve().parent if found else None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class PostgresServer:
     """``initdb`` + ``pg_ctl start`` in a temporary directory; :meth:`stop` removes everything."""
 
@@ -43,7 +38,7 @@ class PostgresServer:
         self.bin_dir = bin_dir
         self.root = Path(tempfile.mkdtemp(prefix="gpuscope-pg-"))
         self.data = self.root / "data"
-        self.port = _free_port()
+        self.port = free_port()
         self.user = "gpuscope"
         self._as_postgres = os.geteuid() == 0
         if self._as_postgres:

@@ -1,5 +1,5 @@
-"""Helpers for tests that run real hub and agent processes on loopback ports, and the shared set-up
-of the serving detector's tests."""
+"""Helpers for tests that run real hub and agent processes (and other servers) on loopback ports,
+skip when a Debian binary is missing, and the shared set-up of the serving detector's tests."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import importlib.util
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -20,6 +21,7 @@ from types import ModuleType
 
 import httpx
 import numpy as np
+import pytest
 
 from gpuscope.detect.services import Snapshot
 from gpuscope.detect.serving import ServingDetector
@@ -37,9 +39,23 @@ def load_script(path: Path, name: str) -> ModuleType:
 
 
 def free_port() -> int:
+    """A loopback port free now (the OS's choice; a process told to use it binds it again)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def need_binary(binary: str, package: str) -> str:
+    """The path of ``binary``. Missing, the test is skipped, or fails in CI (``CI=true``), where
+    ``scripts/system-deps.sh`` installs the Debian ``package``."""
+    found = shutil.which(binary)
+    if found is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail(
+                f"{binary} is not installed: scripts/system-deps.sh installs the Debian package {package}"
+            )
+        pytest.skip(f"{binary} is not installed (apt-get install -y {package})")
+    return found
 
 
 def wait_until(predicate: object, timeout: float, what: str, interval: float = 0.1) -> None:

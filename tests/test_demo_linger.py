@@ -3,7 +3,6 @@ agents' clean leave keeps the lingering hub from paging node_unreachable."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import httpx
 
 from gpuscope.demo import run_demo
+from support import free_port
 
 SCENARIO = """
 name: linger
@@ -21,12 +21,6 @@ cluster: {nodes: 1, gpus_per_node: 2, gpu_model: H100-SXM5-80GB}
 jobs:
   - {name: train, kind: training, nodes: [node-0], step_time: 1.0}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_dashboard_stays_up_after_the_run_until_interrupted(tmp_path: Path) -> None:

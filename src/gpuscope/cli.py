@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import logging
 import sys
@@ -14,8 +15,10 @@ from pathlib import Path
 import orjson
 from rich.console import Console
 from rich.markup import escape
+from rich.text import Text
 
 from gpuscope import __version__
+from gpuscope.argtypes import port_number, positive_seconds
 from gpuscope.cli_client import add_verbose_option
 from gpuscope.completion import SHELLS, walk
 from gpuscope.completion import script as completion_script
@@ -56,17 +59,32 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     except AssemblyError as exc:
         err.print(f"[red]gpuscope hub: {escape(redaction.redact(str(exc)))}[/red]")
         return 2
-    except (ValueError, OSError) as exc:  # the listener: no token off loopback, port taken, TLS files
+    except OSError as exc:  # the listener: port taken, or not ours to take
+        err.print(Text(f"gpuscope hub: {listen_error(cfg.host, cfg.port, exc)}", style="red"), soft_wrap=True)
+        return 2
+    except ValueError as exc:  # the listener: no token off loopback, TLS files
         err.print(f"[red]gpuscope hub: {exc}[/red]")
         return 2
     assert runtime.server is not None
     err.print(
         f"gpuscope hub {__version__} listening on {runtime.server.url} "
         f"(store: {store_label(cfg.storage_settings())}, "
-        f"auth: {len(cfg.auth.tokens)} token(s), audit log {runtime.server.api.audit.path or 'in memory'})"
+        f"auth: {len(cfg.auth.tokens)} token(s), audit log {runtime.server.api.audit.path or 'in memory'})",
+        soft_wrap=True,  # one line in a log, however long the store's path
     )
+    err.print(f"dashboard: {runtime.server.url}/ui/", soft_wrap=True)
     runtime.run()
     return 0
+
+
+def listen_error(host: str, port: int, exc: OSError) -> str:
+    """Why the hub cannot listen on ``host:port``, and what to do instead."""
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"{host}:{port} is in use (another hub?); stop it, or listen elsewhere with --listen "
+            "HOST:PORT or listen: in the config"
+        )
+    return f"cannot listen on {host}:{port}: {exc.strerror or exc}"
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -94,6 +112,21 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+class ProgressLines:
+    """A progress callback for output that is not a terminal: one line per tenth of the work done."""
+
+    def __init__(self, what: str, say: Callable[[str], None]) -> None:
+        self.what = what
+        self.say = say
+        self.tenths = 0
+
+    def __call__(self, done: float, total: float) -> None:
+        tenths = int(10 * done / total) if total > 0 else 10
+        if tenths > self.tenths:
+            self.tenths = tenths
+            self.say(f"{self.what}: {10 * tenths}% ({done:.0f} of {total:.0f} s)")
+
+
 def _cmd_sim_eval(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -106,18 +139,23 @@ def _cmd_sim_eval(args: argparse.Namespace) -> int:
     try:
         scenario = load_scenario(args.scenario)
     except ScenarioError as exc:
-        err.print(f"[red]{exc}[/red]")
+        err.print(f"[red]{escape(str(exc))}[/red]", soft_wrap=True)
         return 2
-    with Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        TextColumn("{task.percentage:>3.0f}%"),
-        TimeRemainingColumn(),
-        console=err,
-        transient=True,
-    ) as progress:
-        task = progress.add_task(f"simulating {scenario.name}", total=scenario.duration)
-        result = run_scenario(scenario, progress=lambda t, total: progress.update(task, completed=t))
+    if err.is_terminal:
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TextColumn("{task.percentage:>3.0f}%"),
+            TimeRemainingColumn(),
+            console=err,
+            transient=True,
+        ) as progress:
+            task = progress.add_task(f"simulating {scenario.name}", total=scenario.duration)
+            result = run_scenario(scenario, progress=lambda t, total: progress.update(task, completed=t))
+    else:  # a pipe or a log: a whole line at each tenth instead of a bar redrawn in place
+        lines = ProgressLines(f"simulating {scenario.name}", err.print)
+        result = run_scenario(scenario, progress=lines)
+        lines(scenario.duration, scenario.duration)  # the runner tells every 60 ticks: the end too
     err.print(
         f"{scenario.name}: {scenario.duration:.0f} simulated s in {result.wall_seconds:.1f} s "
         f"({result.speedup:.0f}x real time), {len(result.alerts)} alerts"
@@ -241,9 +279,18 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="hub + agents over a simulated cluster with injected faults")
-    demo.add_argument("--duration", type=float, default=None, help="stop after S seconds (default: scenario)")
-    demo.add_argument("--scenario", type=Path, default=None, help="scenario YAML (default: built-in demo)")
-    demo.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"hub port (default {DEFAULT_PORT})")
+    demo.add_argument(
+        "--duration", type=positive_seconds, default=None, help="stop after S seconds (default: scenario)"
+    )
+    demo.add_argument(
+        "--scenario", type=Path, default=None, help="scenario YAML or a built-in's name (default: demo)"
+    )
+    demo.add_argument(
+        "--port",
+        type=port_number,
+        default=None,
+        help=f"hub port (default {DEFAULT_PORT}, or any free one when that is taken)",
+    )
     demo.add_argument("--config", default=None, help="config YAML (or GPUSCOPE_CONFIG)")
     demo.add_argument(
         "--exit", action="store_true", help="stop the hub when the run ends (default: serve until Ctrl-C)"
@@ -262,7 +309,9 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             _delegate(delegated, spec)
 
     sim = sub.add_parser("sim-eval", help="run a scenario in virtual time and print its alerts")
-    sim.add_argument("scenario", help="scenario YAML (format: docs/scenarios.md)")
+    sim.add_argument(
+        "scenario", help="scenario YAML (format: docs/scenarios.md), or a built-in's name (demo, xid, ...)"
+    )
     sim.add_argument("--json", action="store_true", help="print the alerts as JSON on stdout")
     sim.add_argument("--report", action="store_true", help="score detections against the scenario's faults")
     sim.set_defaults(func=_cmd_sim_eval)

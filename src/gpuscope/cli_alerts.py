@@ -44,12 +44,12 @@ def add_alerts_arguments(parser: argparse.ArgumentParser) -> None:
     )
     ack.add_argument("id", help="an alert (al-N) or an incident (inc-N)")
     ack.add_argument("--by", default=getpass.getuser(), help="who acknowledges (default: you)")
-    ack.add_argument("--comment", default="")
+    ack.add_argument("--comment", default="", help="a note kept with the acknowledgement")
     sil = sub.add_parser("silence", help="mute matching alerts, e.g. node=node-3 'rule=~\"gpu_.*\"'")
     sil.add_argument("matchers", nargs="+", help="NAME=VALUE, NAME!=VALUE, NAME=~REGEX, NAME!~REGEX")
     sil.add_argument("--for", dest="duration", default="1h", help="how long (30m, 2h, 1d; default 1h)")
-    sil.add_argument("--by", default=getpass.getuser())
-    sil.add_argument("--comment", default="")
+    sil.add_argument("--by", default=getpass.getuser(), help="who silences (default: you)")
+    sil.add_argument("--comment", default="", help="why (shown with the silence)")
     sils = sub.add_parser("silences", help="list silences")
     sils.add_argument("--expired", action="store_true", help="include expired silences")
     unsil = sub.add_parser("unsilence", help="expire a silence now")
@@ -99,13 +99,31 @@ def _when(ts: float) -> str:
     return dt.datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
 
 
+def dollars_per_hour(value: float) -> str:
+    """A cost per hour as a table shows it: cents below $10 (one GPU idle is $0.75 to $4 an hour;
+    rounded to whole dollars it read as $1, or $0), whole dollars above."""
+    return f"{value:,.2f}" if abs(value) < 10 else f"{value:,.0f}"
+
+
 def _entity(entity: dict[str, str]) -> str:
     return " ".join(f"{k}={v}" for k, v in entity.items())
 
 
 def _alerts_table(alerts: list[dict[str, Any]], title: str) -> Table:
     table = Table(title=title, expand=True)
-    for col in ("id", "sev", "rule", "entity", "age", "$/h", "incident", "state", "diagnosis / summary"):
+    columns = (
+        "id",
+        "sev",
+        "rule",
+        "owner",
+        "entity",
+        "age",
+        "$/h",
+        "incident",
+        "state",
+        "diagnosis / summary",
+    )
+    for col in columns:
         table.add_column(col, overflow="fold")
     for a in alerts:
         if not a.get("resolved_at"):
@@ -117,9 +135,10 @@ def _alerts_table(alerts: list[dict[str, Any]], title: str) -> Table:
             a["id"],
             Text(a["severity"], style=SEVERITY_STYLE.get(a["severity"], "")),
             a["rule"],
+            a.get("owner") or "-",
             _entity(a["entity"]),
             _ago(a["started_at"]),
-            f"{a['cost_per_hour']:,.0f}",
+            dollars_per_hour(a["cost_per_hour"]),
             a.get("incident") or "-",
             state,
             book.get("summary") or a["summary"],
@@ -208,7 +227,7 @@ def run_incidents(args: argparse.Namespace, console: Console | None = None) -> i
         table.add_row(
             inc["id"],
             Text(inc["tier"], style=SEVERITY_STYLE.get(inc["tier"], "")),
-            f"{inc['cost_per_hour']:,.0f}",
+            dollars_per_hour(inc["cost_per_hour"]),
             root,
             f"{inc['firing']} firing / {len(inc['members'])}",
             _ago(inc["started_at"]),

@@ -13,6 +13,7 @@ import os
 import httpx
 
 from gpuscope.config import DEFAULT_PORT
+from gpuscope.huburl import hub_url
 
 
 def default_hub() -> str:
@@ -24,6 +25,7 @@ def add_client_options(parser: argparse.ArgumentParser, *, nested: bool = False)
     unset = argparse.SUPPRESS
     parser.add_argument(
         "--hub",
+        type=hub_url,  # also checks $GPUSCOPE_HUB: argparse converts a default given as text
         default=unset if nested else default_hub(),
         help=f"hub URL (default: $GPUSCOPE_HUB, else http://127.0.0.1:{DEFAULT_PORT})",
     )

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
+import shutil
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +30,9 @@ from rich.text import Text
 
 from gpuscope.agent.agent import Agent
 from gpuscope.alert.engine import AlertChange
+from gpuscope.cli_alerts import dollars_per_hour
 from gpuscope.collect.sim_node import SimNvmlNode
-from gpuscope.config import load_config
+from gpuscope.config import DEFAULT_PORT, load_config
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.runtime import assemble
@@ -155,7 +159,7 @@ class DemoView:
                 a["rule"],
                 entity,
                 f"{now - a['started_at']:.0f}s",
-                f"{a['cost_per_hour']:.0f}",
+                dollars_per_hour(a["cost_per_hour"]),
                 a["summary"],
             )
         header = Text.assemble(
@@ -171,35 +175,50 @@ def run_demo(
     *,
     scenario_path: Path | None = None,
     duration: float | None = None,
-    port: int = 7470,
+    port: int | None = None,
     config_path: str | None = None,
     linger: threading.Event | None = None,
 ) -> int:
     """Play the scenario live; then, with ``linger``, keep the hub and dashboard up until it is
-    set or Ctrl-C (the agents tell the hub they left, so nothing pages meanwhile)."""
+    set or Ctrl-C (the agents tell the hub they left, so nothing pages meanwhile). Without a
+    ``port`` the hub takes :data:`DEFAULT_PORT`, or any free port when that one is taken; a
+    ``port`` that is taken is an error."""
     console = Console(log_path=False)
-    if not console.is_terminal:
-        console = Console(log_path=False, width=140)  # logs and CI: keep the tables readable
+    interactive = console.is_terminal
+    if not interactive:
+        # logs, CI, pipes: one whole line per message (never wrapped), tables kept readable
+        console = Console(log_path=False, width=140, soft_wrap=True)
+    say = _say(console, interactive)
+    errors = Console(stderr=True, soft_wrap=True)
     cfg = load_config(config_path)
     try:
         scenario = load_scenario(scenario_path or builtin_scenario("demo"))
     except ScenarioError as exc:
-        console.print(f"[red]{exc}[/red]")
+        errors.print(Text(str(exc), style="red"))
         return 2
     end = min(duration, scenario.duration) if duration is not None else scenario.duration
     workdir = Path(tempfile.mkdtemp(prefix="gpuscope-demo-"))
     # the config's storage backend (a remote TSDB too); local files stay in the demo's own directory
     cfg.storage_path = str(workdir / "demo.duckdb")
     cfg.price_per_gpu_hour = scenario.cluster.price_per_gpu_hour
-    cfg.host, cfg.port = "127.0.0.1", port
+    cfg.host, cfg.port = "127.0.0.1", DEFAULT_PORT if port is None else port
     token = cfg.tokens[0] if cfg.tokens else None
     if token is None and cfg.auth.tokens:  # only hashed tokens configured: mint one for our agents
         token = new_token()
         cfg.auth.tokens.append(Token("demo-agents", frozenset({"ingest", "read"}), digest(token)))
     try:
-        runtime = assemble(cfg, any_port=True)  # the usual port taken: any free one
+        runtime = assemble(cfg, any_port=port is None)  # the usual port taken: any free one
     except (StorageConfigError, StoreError) as exc:
-        console.print(f"[red]storage: {exc}[/red]")
+        errors.print(Text(f"storage: {exc}", style="red"))
+        shutil.rmtree(workdir, ignore_errors=True)
+        return 2
+    except OSError as exc:  # only a --port given: the default one falls back to a free port
+        errors.print(Text(listen_error(cfg.port, exc), style="red"))
+        shutil.rmtree(workdir, ignore_errors=True)
+        return 2
+    except ValueError as exc:  # the listener's TLS files
+        errors.print(Text(f"config: {exc}", style="red"))
+        shutil.rmtree(workdir, ignore_errors=True)
         return 2
     hub = runtime.hub
 
@@ -207,7 +226,7 @@ def run_demo(
         a = change.alert
         style = SEVERITY_STYLE.get(a.severity, "")
         verb = {"fired": "FIRING  ", "escalated": "ESCALATE"}.get(change.kind, "resolved")
-        console.log(
+        say(
             Text.assemble(
                 (f"{verb} {a.severity} {a.rule} ", style),
                 " ".join(f"{k}={v}" for k, v in a.entity.items()),
@@ -219,10 +238,15 @@ def run_demo(
     runtime.start()
     server = runtime.server
     assert server is not None
+    if server.port != cfg.port:
+        console.print(
+            f"port {cfg.port} is in use (another hub or demo?), so this demo serves on port {server.port}; "
+            "choose a port with --port N"
+        )
     console.print(f"[bold]dashboard[/bold]: {server.url}/ui/")
     console.print(
         f"[bold]gpuscope demo[/bold]: hub API at {server.url} (health: {server.url}/api/v1/health), "
-        f"store {store_label(cfg.storage_settings())}; scenario {scenario.name}, {end:.0f} s, "
+        f"store {store_label(cfg.storage_settings())}; scenario {scenario.name}, {end:g} s, "
         f"{faults_played(scenario, end)}"
     )
     t0 = time.time()
@@ -244,7 +268,6 @@ def run_demo(
     reader = httpx.Client(base_url=server.url, headers=headers, timeout=10)
     view = DemoView(reader, scenario, server.url, end)
     injected: list[str] = []
-    interactive = console.is_terminal
     interrupted = False
     try:
         with (
@@ -260,9 +283,9 @@ def run_demo(
                     time.sleep(delay)
                 for fault in tick.faults_started:
                     injected.append(f"{fault.kind}@{fault.at:.0f}s")
-                    console.log(f"[magenta]injecting {fault.label()}[/magenta]")
+                    say(Text(f"injecting {fault.label()}", style="magenta"))
                 for fault in tick.faults_ended:
-                    console.log(f"[magenta]fault over: {fault.label()}[/magenta]")
+                    say(Text(f"fault over: {fault.label()}", style="magenta"))
                 for name, agent in agents.items():
                     batch = tick.node_batches.get(name)
                     if batch is not None:  # a node that is down sends nothing
@@ -300,10 +323,33 @@ def run_demo(
     return 0
 
 
+def listen_error(port: int, exc: OSError) -> str:
+    """What stops the demo's hub from listening on a ``--port``, and what to do instead."""
+    if exc.errno == errno.EADDRINUSE:
+        return (
+            f"--port {port}: port {port} on 127.0.0.1 is in use (another hub or demo?); pick another "
+            "with --port N, or leave --port out to take any free port"
+        )
+    return f"--port {port}: cannot listen on 127.0.0.1:{port}: {exc.strerror or exc}"
+
+
+def _say(console: Console, interactive: bool) -> Callable[[Text], None]:
+    """How the demo prints one event: above the live view on a terminal; elsewhere (a pipe, a log
+    file) as one whole line stamped with its time, flushed as it is written."""
+    if interactive:
+        return console.log
+
+    def line(text: Text) -> None:
+        console.print(Text.assemble(time.strftime("[%H:%M:%S] "), text), soft_wrap=True)
+
+    return line
+
+
 def faults_played(scenario: Scenario, end: float) -> str:
     """The faults a run to ``end`` plays, for its first line (a shortened run plays fewer)."""
     played, total = sum(1 for f in scenario.faults if f.at < end), len(scenario.faults)
-    return f"{total} faults" if played == total else f"{played} of its {total} faults"
+    faults = "fault" if total == 1 else "faults"
+    return f"{total} {faults}" if played == total else f"{played} of its {total} {faults}"
 
 
 def _report(console: Console, hub: Hub, scenario: Scenario, end: float, t0: float) -> None:
@@ -317,6 +363,12 @@ def _report(console: Console, hub: Hub, scenario: Scenario, end: float, t0: floa
     played = dataclasses.replace(
         scenario, duration=end, faults=tuple(f for f in scenario.faults if f.at < end)
     )
+    if not played.faults and scenario.faults:
+        first = min(f.at for f in scenario.faults)
+        console.print(
+            f"no fault starts within this {end:g} s run (the first is at {first:.0f} s), so recall and "
+            "precision below judge nothing; run longer with --duration, or leave it out"
+        )
     report = evaluate(played, shifted, hub.detection.learns_first())
     print_report(report, console)
 

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from gpuscope.agent.cli import add_agent_arguments, collector_names, context_from_args, run_agent
-from gpuscope.collect.base import COLLECTORS, Collected, Collector, register_collector
+from gpuscope.collect.base import COLLECTORS, Collected, Collector, load_collectors, register_collector
 
 PROC = str(Path(__file__).parents[1] / "collect" / "fixtures" / "proc")
 
@@ -75,7 +75,6 @@ def test_default_collectors_and_options_that_switch_one_on(dcgm_registered: None
         ),
         (["--collector", "nvml9", "--once"], "unknown collector 'nvml9'"),
         (["--node", "n1"], "--hub URL is required"),
-        (["--hub", "hub:7470"], "hub URL must start with http://"),
         (["--hub", "http://h", "--interval", "0"], "--interval must be positive"),
         (["--kube-api", "--once"], "--kube-api adds pod metadata to --kubelet-socket's allocations"),
     ],
@@ -85,6 +84,35 @@ def test_bad_arguments_exit_2_with_a_clear_message(
 ) -> None:
     assert run_agent(parse(*argv, "--spool-dir", str(tmp_path))) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("hub", ["hub:7470", "http://a:7470,hub:7470"])
+def test_a_hub_without_its_scheme_is_refused_naming_hub(hub: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse("--hub", hub)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --hub: the scheme is required: a hub URL must start with http:// or https://" in err
+    assert "(got 'hub:7470'; e.g. http://hub:7470)" in err
+
+
+def test_without_nvml_the_agent_says_it_has_no_gpu_source(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: on a machine without the NVIDIA driver ``agent --once`` listed ``sources: host`` and
+    nothing said why no GPU was read."""
+    load_collectors()
+    monkeypatch.setattr(COLLECTORS["nvml"], "default", False)  # as where the library is absent
+    argv = ["--once", "--json", "--proc-root", PROC, "--spool-dir", str(tmp_path)]
+    assert run_agent(parse(*argv)) == 0
+    out, err = capsys.readouterr()
+    assert "nvml" not in orjson.loads(out)["sources"]
+    assert err == (
+        "gpuscope agent: no GPU source: the NVML library (libnvidia-ml.so, from the NVIDIA driver) was not "
+        "found and no --dcgm-url is given, so only host metrics are collected\n"
+    )
+    assert run_agent(parse(*argv, "--collector", "host")) == 0  # host alone, chosen: nothing to say
+    assert capsys.readouterr().err == ""
 
 
 def test_kube_api_outside_a_cluster_is_refused_by_name(

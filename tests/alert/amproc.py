@@ -2,27 +2,19 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
-import pytest
 
-from support import free_port
+from support import free_port, need_binary
 
 BINARY = "prometheus-alertmanager"
 
 
 def need_alertmanager() -> str:
-    path = shutil.which(BINARY)
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{BINARY} is missing on CI (make system-deps installs it)")
-        pytest.skip(f"{BINARY} is not installed (apt-get install -y prometheus-alertmanager)")
-    return path
+    return need_binary(BINARY, "prometheus-alertmanager")
 
 
 class Alertmanager:

@@ -14,8 +14,10 @@ from alert.sink import Sink
 from gpuscope.alert.service import AlertingService
 from gpuscope.alert.settings import parse_alerting
 from gpuscope.cli import main
+from gpuscope.cli_alerts import dollars_per_hour
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.hub import Hub
+from gpuscope.rules import spec
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 
@@ -60,6 +62,11 @@ def test_list_ack_silence_and_incidents_from_the_command_line(
     assert main(["alerts", *hub, "list"]) == 0
     out = capsys.readouterr().out
     assert "firing alerts (2)" in out and "gpu_lost" in out and "node=node-1 gpu=3" in out
+    gpu_lost = next(line for line in out.splitlines() if "gpu_lost" in line)
+    # who must act, and the cost in cents (before: no owner column, and $0.75/h read as 1)
+    assert f"│ {spec('gpu_lost').owner} " in gpu_lost
+    cost = next(a["cost_per_hour"] for a in alerts if a["rule"] == "gpu_lost")
+    assert f"│ {dollars_per_hour(float(cost))} " in gpu_lost  # type: ignore[arg-type]
 
     assert main(["alerts", *hub, "ack", "al-1", "--by", "alice"]) == 1  # writes need the token
     assert "HTTP 401" in capsys.readouterr().err
@@ -121,3 +128,14 @@ def test_bad_requests_are_refused_naming_the_field(served: tuple[HubServer, Scri
     assert r.status_code == 400 and r.json()["field"] == "body"
     assert httpx.get(f"{server.url}/api/v1/alerting/alerts?state=x").status_code == 400
     assert httpx.get(f"{server.url}/api/v1/alerting/status").json()["receivers"] == ["hook"]
+
+
+def test_a_cost_per_hour_below_ten_dollars_keeps_its_cents() -> None:
+    assert [dollars_per_hour(x) for x in (0.0, 0.75, 2.5, 9.994, 60.0, 1234.4)] == [
+        "0.00",
+        "0.75",
+        "2.50",
+        "9.99",
+        "60",
+        "1,234",
+    ]

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,23 +19,9 @@ from gpuscope.agent.metrics_endpoint import (
 from gpuscope.collect.fake_nvml import SW_POWER, FakeNvml, FakeProcess
 from gpuscope.collect.infiniband import InfinibandCollector
 from gpuscope.collect.nvml import NvmlCollector
+from support import free_port, need_binary
 
 SYS = Path(__file__).parent / "fixtures" / "sys"
-
-
-def need(binary: str) -> str:
-    found = shutil.which(binary)
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{binary} (Debian package prometheus) must be installed in CI")
-        pytest.skip(f"{binary} is not installed (apt-get install -y prometheus)")
-    return found
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture
@@ -65,7 +48,7 @@ def endpoint() -> Iterator[tuple[MetricsEndpoint, PublishingCollectorSet, FakeNv
 def test_promtool_accepts_names_types_and_help(
     endpoint: tuple[MetricsEndpoint, PublishingCollectorSet, FakeNvml],
 ) -> None:
-    promtool = need("promtool")
+    promtool = need_binary("promtool", "prometheus")
     ep, _, _ = endpoint
     body = httpx.get(f"http://127.0.0.1:{ep.address[1]}/metrics").text
     assert 'gpu_temp_celsius{gpu="3",node="node-9",uuid="' in body
@@ -102,7 +85,7 @@ def test_unknown_paths_are_404(endpoint: tuple[MetricsEndpoint, PublishingCollec
 def test_real_prometheus_scrapes_the_agent_and_answers_promql(
     endpoint: tuple[MetricsEndpoint, PublishingCollectorSet, FakeNvml], tmp_path: Path
 ) -> None:
-    prometheus = need("prometheus")
+    prometheus = need_binary("prometheus", "prometheus")
     ep, _, _ = endpoint
     port = free_port()
     config = tmp_path / "prometheus.yml"

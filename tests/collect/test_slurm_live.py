@@ -7,7 +7,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -17,16 +16,11 @@ import pytest
 
 from gpuscope.collect.slurm import SlurmCollector
 from gpuscope.model import Frame
+from support import free_port
 
 pytestmark = pytest.mark.integration  # munged, slurmctld and slurmd
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Cluster:
@@ -58,8 +52,8 @@ class Cluster:
                 [
                     "ClusterName=gpuscope-test",
                     "SlurmctldHost=localhost(127.0.0.1)",
-                    f"SlurmctldPort={_free_port()}",
-                    f"SlurmdPort={_free_port()}",
+                    f"SlurmctldPort={free_port()}",
+                    f"SlurmdPort={free_port()}",
                     "AuthType=auth/munge",
                     f"AuthInfo=socket={sock}",
                     "SlurmUser=root",

@@ -4,6 +4,9 @@ The scenario is replayed in virtual time so that it ends now (its last tick just
 jobs end, so they still hold their GPUs), through the real ingest, detectors, alert engine and
 alerting service; the hub then serves it over HTTP on a free loopback port. The evaluator is
 stopped before the server starts so nothing fires or resolves while the browser looks.
+
+The browser tests share one Chromium fixture, ``browser``: Debian's ``/usr/bin/chromium`` driven by
+PyPI ``playwright`` (never ``playwright install``). Without it they are skipped, or fail in CI.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser, sync_playwright
 
 from gpuscope.alert.service import AlertingService
 from gpuscope.alert.settings import AlertingSettings
@@ -24,7 +28,17 @@ from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import load_scenario
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
+from support import need_binary
 
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 SCENARIO = Path(__file__).parent / "fixtures" / "dashboard.yaml"
 SLURM = Path(__file__).parent.parent / "collect" / "fixtures" / "slurm"
 
@@ -65,6 +79,16 @@ def serve_replay(path: Path = SCENARIO) -> Iterator[Served]:
         yield Served(hub, server, t0)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Headless Chromium for one test module (each module opens its own pages in it)."""
+    need_binary("chromium", "chromium")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        yield b
+        b.close()
 
 
 @pytest.fixture(scope="session")

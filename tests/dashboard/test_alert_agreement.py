@@ -7,31 +7,23 @@ owner are the rule table's. Real headless Chromium against a real hub replaying
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from playwright.sync_api import Browser, Page
 
 from dashboard.conftest import Served, serve_replay
 from gpuscope.model import Alert
 from gpuscope.rules import spec
 
-pytestmark = pytest.mark.integration  # headless Chromium
+# headless Chromium; without it the module is skipped before the replay is served
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("browser")]
 
-CHROMIUM = "/usr/bin/chromium"
 SCENARIO = Path(__file__).parent / "fixtures" / "agreement.yaml"
 STALE = "rgb(58, 63, 71)"  # --stale: the badge of a resolved alert
-
-if not (os.path.exists(CHROMIUM) and shutil.which("chromium")):
-    if os.environ.get("CI") == "true":
-        raise RuntimeError(f"{CHROMIUM} is missing in CI: run scripts/system-deps.sh as root")
-    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
-
-from playwright.sync_api import Page, sync_playwright  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -40,17 +32,14 @@ def served() -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def page() -> Iterator[Page]:
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"], headless=True
-        )
-        p = browser.new_context(viewport={"width": 1440, "height": 900}).new_page()
-        errors: list[str] = []
-        p.on("pageerror", lambda exc: errors.append(str(exc)))
-        yield p
-        browser.close()
-        assert errors == []
+def page(browser: Browser) -> Iterator[Page]:
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+    p = ctx.new_page()
+    errors: list[str] = []
+    p.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield p
+    ctx.close()
+    assert errors == []
 
 
 def open_page(page: Page, served: Served, fragment: str) -> None:

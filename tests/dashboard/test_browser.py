@@ -1,34 +1,25 @@
 """Every dashboard page in real headless Chromium against a real hub serving a simulated run.
 
-Needs Debian ``chromium`` and PyPI ``playwright`` (never ``playwright install``): skipped when
-the browser is absent outside CI; in CI (``CI=true``) its absence is a failure.
+Chromium is conftest's ``browser``: skipped when it is absent outside CI; in CI (``CI=true``) its
+absence is a failure.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Page
 
 from dashboard.conftest import Served
 
-pytestmark = pytest.mark.integration  # headless Chromium
+# headless Chromium; without it the module is skipped before any hub is built
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("browser")]
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
-ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 # page, hash, charts that must hold points
 PAGES = [
     ("fleet", "#/fleet", []),
@@ -43,21 +34,6 @@ PAGES = [
     ("reports", "#/reports", ["trend"]),
     ("lineage", "#/lineage", []),
 ]
-
-if not (os.path.exists(CHROMIUM) and shutil.which("chromium")):
-    if os.environ.get("CI") == "true":
-        raise RuntimeError(f"{CHROMIUM} is missing in CI: run scripts/system-deps.sh as root")
-    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
-
-from playwright.sync_api import Browser, ConsoleMessage, Page, sync_playwright  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS, headless=True)
-        yield b
-        b.close()
 
 
 @pytest.fixture

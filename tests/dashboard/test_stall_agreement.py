@@ -8,12 +8,11 @@ Fleet page and the waste report go to ``test-artifacts/``.
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser, Page
 
 from dashboard.conftest import Served, replay
 from gpuscope.alert.service import AlertingService
@@ -22,19 +21,12 @@ from gpuscope.hub import Hub
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 
-pytestmark = pytest.mark.integration  # headless Chromium
+# headless Chromium; without it the module is skipped before the stall is replayed
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("browser")]
 
-CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 SCENARIO = Path(__file__).parent / "fixtures" / "stall.yaml"
 JOB = "llm-stuck"
-
-if not (os.path.exists(CHROMIUM) and shutil.which("chromium")):
-    if os.environ.get("CI") == "true":
-        raise RuntimeError(f"{CHROMIUM} is missing in CI: run scripts/system-deps.sh as root")
-    pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium)", allow_module_level=True)
-
-from playwright.sync_api import Page, sync_playwright  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -54,18 +46,14 @@ def stalled() -> Iterator[Served]:
 
 
 @pytest.fixture(scope="module")
-def page() -> Iterator[Page]:
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM, args=["--no-sandbox", "--disable-gpu"], headless=True
-        )
-        ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-        p = ctx.new_page()
-        errors: list[str] = []
-        p.on("pageerror", lambda exc: errors.append(str(exc)))
-        yield p
-        browser.close()
-        assert errors == []
+def page(browser: Browser) -> Iterator[Page]:
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+    p = ctx.new_page()
+    errors: list[str] = []
+    p.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield p
+    ctx.close()
+    assert errors == []
 
 
 def open_page(page: Page, served: Served, fragment: str) -> None:

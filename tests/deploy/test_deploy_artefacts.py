@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,20 +23,12 @@ from gpuscope.cli import build_parser
 from gpuscope.config_check import check_config
 from gpuscope.kube.metadata import ApiServerPods
 from kubeapi import kube_api_server
+from support import need_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 UNITS = sorted((ROOT / "deploy" / "systemd").glob("*.service"))
 MANIFESTS = sorted((ROOT / "deploy" / "kubernetes").rglob("*.yaml"))
 KUBERNETES = "1.37.0"
-
-
-def _need(binary: str, package: str) -> str:
-    found = shutil.which(binary)
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{binary} is not installed: scripts/system-deps.sh should have installed {package}")
-        pytest.skip(f"{binary} (Debian package {package}) is not installed")
-    return found
 
 
 def _parses(argv: list[str]) -> None:
@@ -55,7 +46,7 @@ def _unit_lines(path: Path) -> dict[str, str]:
 
 @pytest.mark.parametrize("unit", UNITS, ids=lambda p: p.name)
 def test_systemd_unit_verifies_and_is_hardened(unit: Path, tmp_path: Path) -> None:
-    analyze = _need("systemd-analyze", "systemd")
+    analyze = need_binary("systemd-analyze", "systemd")
     # verify needs ExecStart's binary to exist: point it at this environment's gpuscope
     gpuscope = Path(sys.executable).parent / "gpuscope"
     assert gpuscope.exists(), gpuscope
@@ -84,7 +75,7 @@ def test_systemd_unit_verifies_and_is_hardened(unit: Path, tmp_path: Path) -> No
 
 
 def test_a_broken_unit_is_caught(tmp_path: Path) -> None:
-    analyze = _need("systemd-analyze", "systemd")
+    analyze = need_binary("systemd-analyze", "systemd")
     bad = tmp_path / "bad.service"
     bad.write_text("[Service]\nExecStart=/nonexistent/gpuscope hub\nRestartt=always\n")
     verify = subprocess.run(

@@ -340,6 +340,20 @@ def test_load_scenario_names_a_missing_file(tmp_path: Path) -> None:
         load_scenario(tmp_path / "absent.yaml")
 
 
+def test_a_built_in_scenario_is_named_without_its_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: ``gpuscope sim-eval demo`` said ``demo: cannot read the file``."""
+    monkeypatch.chdir(tmp_path)
+    assert load_scenario("xid") == load_scenario(builtin_scenario("xid"))
+    with pytest.raises(ScenarioError) as refused:
+        load_scenario("dmeo")
+    assert str(refused.value).startswith("dmeo: cannot read the file (No such file or directory); built-in ")
+    assert "built-in scenarios: demo, ecc_dbe, " in str(refused.value)
+    (tmp_path / "xid").write_text("duration: 10\ncluster: {nodes: 1}\n")  # a file of that name wins
+    assert load_scenario("xid").duration == 10
+
+
 def test_plain_exponent_numbers_are_numbers() -> None:
     sc = parse_scenario("duration: 3.6e3\ncluster: {nodes: 1}\n")
     assert sc.duration == 3600.0

@@ -2,33 +2,21 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from gpuscope.model import Batch
 from gpuscope.store.base import AppendResult, Store
 from gpuscope.store.remote.local import LocalTSDB, start_prometheus, start_victoria_metrics
 from gpuscope.store.remote.prom_store import PromStore
+from support import need_binary
 
 BINARIES = {"victoriametrics": "victoria-metrics", "prometheus": "prometheus"}
 BACKENDS = ["duckdb", "victoriametrics", "prometheus"]
 
 
-def need(binary: str) -> str:
-    found = shutil.which(binary)
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{binary} must be installed in CI (scripts/system-deps.sh)")
-        pytest.skip(f"{binary} is not installed (apt-get install -y {binary})")
-    return found
-
-
 def start_tsdb(kind: str) -> LocalTSDB:
-    binary = need(BINARIES[kind])
+    binary = need_binary(BINARIES[kind], BINARIES[kind])
     return start_victoria_metrics(binary) if kind == "victoriametrics" else start_prometheus(binary)
 
 

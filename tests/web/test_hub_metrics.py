@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +17,7 @@ from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Batch, Frame
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
+from support import need_binary
 
 TOKEN = "a-test-token-of-enough-length"
 
@@ -62,11 +61,7 @@ def test_hub_metrics_count_ingest_refusals_lag_and_pass_promtool(server: HubServ
     assert cost > 0.0
     assert 'gpuscope_hub_outbox_notifications{state="pending"} 0.0' in text
     assert "gpuscope_hub_store_rows{" in text
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool is not installed: scripts/system-deps.sh should have installed prometheus")
-        pytest.skip("promtool (Debian package prometheus) is not installed")
+    promtool = need_binary("promtool", "prometheus")
     check = subprocess.run(
         [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
     )

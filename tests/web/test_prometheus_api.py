@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import shutil
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,6 +17,7 @@ from hypothesis import strategies as st
 from gpuscope.model import Batch, Frame
 from gpuscope.promql.parse import PromQLError, parse
 from hubserve import memory_hub, serve_hub
+from support import need_binary
 
 NOW = float(int(time.time()))
 T0 = NOW - 600
@@ -118,17 +117,8 @@ def test_the_hubs_own_series_route_is_unchanged(hub_url: str) -> None:
     assert r.status_code == 200 and "status" not in r.json()
 
 
-def _promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("promtool is not installed: scripts/system-deps.sh should have installed prometheus")
-        pytest.skip("promtool (Debian package prometheus) is not installed")
-    return found
-
-
 def test_promtool_query_instant_and_range(hub_url: str) -> None:
-    promtool = _promtool()
+    promtool = need_binary("promtool", "prometheus")
     server = f"{hub_url}/prometheus"
     instant = subprocess.run(
         [

@@ -29,6 +29,7 @@ from gpuscope.collect.base import (
     enabled_collectors,
     load_collectors,
 )
+from gpuscope.huburl import hub_urls
 from gpuscope.tls import TlsSettings
 
 log = logging.getLogger("gpuscope.agent")
@@ -42,9 +43,20 @@ SOURCE_FLAGS = {
 }
 
 
+#: the collectors that read GPUs; without one (and none chosen by name) the agent says so
+GPU_COLLECTORS = frozenset({"nvml", "dcgm"})
+NO_GPU_SOURCE = (
+    "no GPU source: the NVML library (libnvidia-ml.so, from the NVIDIA driver) was not found and no "
+    "--dcgm-url is given, so only host metrics are collected"
+)
+
+
 def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--hub", default=None, help="hub base URL, e.g. http://hub:7470 (not needed with --once)"
+        "--hub",
+        type=hub_urls,
+        default=None,
+        help="hub base URL, e.g. http://hub:7470, or several separated by commas (not needed with --once)",
     )
     parser.add_argument("--node", default=None, help="this node's name (default: the short host name)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between rounds (default 1)")
@@ -151,10 +163,13 @@ def run_agent(args: argparse.Namespace) -> int:
         if not (args.interval > 0):
             raise ValueError(f"--interval must be positive, got {args.interval}")
         ctx = context_from_args(args)
-        collectors = build_collectors(collector_names(args, ctx), ctx)
+        names = collector_names(args, ctx)
+        collectors = build_collectors(names, ctx)
     except ValueError as exc:
         print(f"gpuscope agent: {exc}", file=sys.stderr)
         return 2
+    if not args.collector and not GPU_COLLECTORS & set(names):
+        print(f"gpuscope agent: {NO_GPU_SOURCE}", file=sys.stderr)
     if args.once:
         try:
             result = collect_once_json(collectors, rate_window=max(0.0, args.rate_window))

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Mapping
 
 from gpuscope.counters import Counters
+from gpuscope.huburl import split_urls
 
 log = logging.getLogger("gpuscope.agent.route")
 
@@ -31,13 +32,7 @@ FAILOVER_S = 1.0 + 2 * CONNECT_TIMEOUT_S
 
 def parse_hubs(hub_url: str) -> list[str]:
     """The hub base URLs of a ``--hub`` value: one URL, or several separated by commas."""
-    hubs = [h.strip().rstrip("/") for h in hub_url.split(",") if h.strip()]
-    if not hubs:
-        raise ValueError(f"hub URL must start with http:// or https://, got {hub_url!r}")
-    for hub in hubs:
-        if not hub.startswith(("http://", "https://")):
-            raise ValueError(f"hub URL must start with http:// or https://, got {hub!r}")
-    return hubs
+    return split_urls(hub_url)
 
 
 class HubRoute:

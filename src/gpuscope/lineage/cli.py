@@ -25,18 +25,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="lineage_command", required=True)
     p = sub.add_parser("run", help="register a training run")
     p.add_argument("job", help="the training job's name (as gpuscope.init(job=...))")
-    p.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument(
+        "--meta", action="append", default=[], metavar="KEY=VALUE", help="a fact about the run (repeat)"
+    )
     p = sub.add_parser("checkpoint", help="register a checkpoint of a run")
     p.add_argument("job", help="the training job")
     p.add_argument("step", type=int, help="the step the checkpoint was saved at")
     p.add_argument("manifest_hash", help="sha256 of the checkpoint's content manifest (hex)")
-    p.add_argument("--path", default="")
+    p.add_argument("--path", default="", help="where the checkpoint is stored")
     p = sub.add_parser("register", help="register a model version made from a checkpoint")
     p.add_argument("model", help="the model's name")
     p.add_argument("version", help="the new version's name")
-    p.add_argument("--job", required=True)
-    p.add_argument("--step", type=int, required=True)
-    p.add_argument("--metric", action="append", default=[], metavar="NAME=NUMBER")
+    p.add_argument("--job", required=True, help="the training job the checkpoint is of")
+    p.add_argument("--step", type=int, required=True, help="the checkpoint's step")
+    p.add_argument(
+        "--metric", action="append", default=[], metavar="NAME=NUMBER", help="an evaluation score (repeat)"
+    )
     p = sub.add_parser("promote", help="make a version (or @alias) serve a service")
     p.add_argument("service", help="the serving service")
     p.add_argument("model", help="the model's name")

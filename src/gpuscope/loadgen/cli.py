@@ -10,14 +10,22 @@ import orjson
 from rich.console import Console
 from rich.table import Table
 
+from gpuscope.huburl import hub_urls, split_urls
 from gpuscope.loadgen.run import LoadOptions, LoadReport, run_load
 from gpuscope.loadgen.traffic import FleetShape
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--hubs", required=True, help="hub URLs, comma-separated (any agent may send to any)")
+    parser.add_argument(
+        "--hubs",
+        "--hub",
+        dest="hubs",
+        type=hub_urls,
+        required=True,
+        help="hub URLs, comma-separated (any agent may send to any)",
+    )
     parser.add_argument("--nodes", type=int, default=1024, help="simulated nodes, one agent each (1024)")
-    parser.add_argument("--gpus-per-node", type=int, default=8)
+    parser.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per simulated node (8)")
     parser.add_argument("--job-nodes", type=int, default=16, help="nodes per training job (16)")
     parser.add_argument("--duration", type=float, default=600, help="seconds of load (600)")
     parser.add_argument("--workers", type=int, default=2, help="sender processes (2)")
@@ -41,11 +49,7 @@ def print_report(report: LoadReport, title: str, console: Console | None = None)
 
 def run(args: argparse.Namespace) -> int:
     err = Console(stderr=True)
-    hubs = [h.strip().rstrip("/") for h in args.hubs.split(",") if h.strip()]
-    bad = [h for h in hubs if not h.startswith(("http://", "https://"))]
-    if not hubs or bad:
-        err.print(f"[red]--hubs: {bad[0] if bad else args.hubs!r} is not an http(s) URL[/red]")
-        return 2
+    hubs = split_urls(args.hubs)  # checked by the option's type
     if min(args.nodes, args.gpus_per_node, args.job_nodes, args.workers, args.duration) < 1:
         err.print(
             "[red]--nodes, --gpus-per-node, --job-nodes, --workers and --duration must be at least 1[/red]"

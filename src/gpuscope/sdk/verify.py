@@ -19,6 +19,7 @@ import httpx
 import orjson
 
 from gpuscope.agent.sender import INGEST_PATH
+from gpuscope.huburl import hub_url
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Batch, Event
 from gpuscope.sdk.checkpoint import verification_data
@@ -29,7 +30,12 @@ from gpuscope.tls import client_context
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", type=Path, help="checkpoint file or directory, or a manifest")
     parser.add_argument("--json", action="store_true", help="print the results as JSON on stdout")
-    parser.add_argument("--hub", default=None, help="also report the results to this hub (or GPUSCOPE_HUB)")
+    parser.add_argument(
+        "--hub",
+        type=hub_url,  # also checks $GPUSCOPE_HUB: argparse converts a default given as text
+        default=os.environ.get("GPUSCOPE_HUB"),
+        help="also report the results to this hub (default: $GPUSCOPE_HUB)",
+    )
     parser.add_argument("--token", default=None, help="hub write token (or GPUSCOPE_TOKEN)")
 
 
@@ -71,7 +77,7 @@ def _as_json(results: list[Verification], errors: list[str]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> int:
     results, errors = verify_path(args.path)
-    hub = args.hub or os.environ.get("GPUSCOPE_HUB")
+    hub = args.hub
     if hub and results:
         try:
             _report(hub, args.token or os.environ.get("GPUSCOPE_TOKEN"), results)

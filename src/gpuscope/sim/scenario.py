@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpuscope.sim.builtin import builtin_scenario
+from gpuscope.sim.builtin import builtin_names, builtin_scenario
 from gpuscope.sim.hardware import GPU_MODELS, GpuModel
 from gpuscope.sim.kinds import FAULT_KINDS, FaultKind
 from gpuscope.sim.yamlsrc import ScenarioError, Src, compose
@@ -202,12 +202,19 @@ class Scenario:
 
 
 def load_scenario(path: str | Path) -> Scenario:
-    """Read and validate a scenario file."""
+    """Read and validate a scenario file; a bare name that is no file is a built-in scenario's
+    (``gpuscope sim-eval xid``)."""
     p = Path(path)
+    bare = p.parent == Path(".") and not p.exists()
+    if bare and p.stem in builtin_names():
+        p = builtin_scenario(p.stem)
     try:
         text = p.read_text(encoding="utf-8")
     except OSError as exc:
-        raise ScenarioError(p.name, None, "", f"cannot read the file ({exc.strerror or exc})") from None
+        known = f"; built-in scenarios: {', '.join(builtin_names())}" if bare else ""
+        raise ScenarioError(
+            p.name, None, "", f"cannot read the file ({exc.strerror or exc}){known}"
+        ) from None
     except UnicodeDecodeError:
         raise ScenarioError(p.name, None, "", "not UTF-8 text") from None
     return parse_scenario(text, name=p.name)

@@ -13,12 +13,17 @@ buffer fills.
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 #: joined bytes past this are written at once
 FLUSH_BYTES = 64 * 1024
+#: how a TLS connection starts: a handshake record (content type 22) of TLS 1.0-1.3 (record version 3.x)
+TLS_HANDSHAKE = b"\x16\x03"
+
+log = logging.getLogger("gpuscope.web.http")
 
 
 class JoinedWrites(asyncio.Transport):
@@ -101,7 +106,27 @@ class JoinedWrites(asyncio.Transport):
 
 
 class HttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol over :class:`JoinedWrites`."""
+    """uvicorn's httptools protocol over :class:`JoinedWrites`.
+
+    A client that speaks TLS to a plain-HTTP hub (``https://`` for ``http://``) is answered as
+    uvicorn answers it (400, connection closed) without uvicorn's ``Invalid HTTP request
+    received.`` warning: that line names neither the client nor the cause, and the client's own
+    error (``wrong version number``) already tells its user. An upgrade request (h2c, websocket)
+    is answered over HTTP/1.1 without uvicorn's advice to install a websocket library."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(JoinedWrites(transport, self.loop))
+        self._first_data = True
+
+    def data_received(self, data: bytes) -> None:
+        if self._first_data and data.startswith(TLS_HANDSHAKE) and self.scheme == "http":
+            log.debug("a TLS handshake from %s on a plain-HTTP port: answered 400", self.client)
+            self.send_400_response("This port speaks plain HTTP: use http://, not https://.")
+            return
+        self._first_data = False
+        super().data_received(data)
+
+    def _unsupported_upgrade_warning(self) -> None:
+        # an h2c (curl --http2) or websocket upgrade: the request is answered over HTTP/1.1, and
+        # uvicorn's advice to install a websocket library does not apply to a hub that serves none
+        log.debug("an upgrade request from %s answered over HTTP/1.1", self.client)
