@@ -17,7 +17,7 @@ from gpuscope.agent.sender import Sender
 from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
 from gpuscope.hub import Hub
-from gpuscope.ingest.overload import OverloadMonitor, OverloadSettings
+from gpuscope.ingest.overload import SENDER_HEADER, OverloadMonitor, OverloadSettings
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Batch
 from gpuscope.rules import HUB_OVERLOADED
@@ -168,3 +168,106 @@ def test_the_hub_measures_its_own_event_loop_while_it_serves(server: HubServer) 
     status = httpx.get(f"{server.url}/api/v1/health").json()["overload"]
     assert status["event_loop_probes"] >= 3 and 0 <= status["event_loop_lag_seconds"] < 2
     assert 0 <= status["delay_seconds"] < 2  # the one measure the silence verdicts allow for
+
+
+class _LatePath:
+    """The fleet's batches reach the hub through a path that is behind (a starved connection pool,
+    a congested link): they queue in the order they were produced and go out a few at a time, so
+    every sender is heard only now and then and ever later; then the path clears and the backlog
+    arrives in a burst, more at once than the hub admits."""
+
+    def __init__(self, url: str) -> None:
+        self.url = f"{url}/api/v1/ingest"
+        self.cluster = FakeCluster(nodes=NODES, gpus=2)
+        self.job = FakeJob.on(self.cluster.names, 2, start=time.time())
+        self.cluster.allocate(self.job.name, self.job.placement)
+        self.queue: list[tuple[str, bytes]] = []
+        self.lock = threading.Lock()
+        self.produced = 0
+        self.acked = 0
+        self.refused = 0
+
+    def produce(self, t: float) -> None:
+        batches = [(f"node={n}", self.cluster.batch(t, n)) for n in self.cluster.names]
+        job = self.job.batch(t)
+        if job is not None:
+            batches.append((f"job={self.job.name}", job))
+        with self.lock:
+            for sender, batch in batches:
+                batch.batch_id = f"{sender}:{self.produced}"
+                self.produced += 1
+                self.queue.append((sender, encode_batch(batch)))
+
+    def take(self) -> tuple[str, bytes] | None:
+        with self.lock:
+            return self.queue.pop(0) if self.queue else None
+
+    def deliver(self, client: httpx.Client, item: tuple[str, bytes]) -> None:
+        """Post until acknowledged, honouring Retry-After, as an agent does."""
+        sender, body = item
+        headers = {**JSON, SENDER_HEADER: sender}
+        while True:
+            reply = client.post(self.url, content=body, headers=headers)
+            if reply.status_code == 200:
+                with self.lock:
+                    self.acked += 1
+                return
+            assert reply.status_code in (429, 503), reply.text
+            with self.lock:
+                self.refused += 1
+            time.sleep(float(reply.headers.get("Retry-After", "1")))
+
+    def trickle(self, seconds: float, every: float) -> None:
+        """Produce a batch per sender each second, deliver one batch every ``every`` seconds."""
+        end = time.time() + seconds
+        next_delivery = time.time()
+        with httpx.Client(timeout=30) as client:
+            while time.time() < end:
+                self.produce(time.time())
+                while next_delivery <= time.time():
+                    item = self.take()
+                    if item is not None:
+                        self.deliver(client, item)
+                    next_delivery += every
+                time.sleep(1.0 - time.time() % 1.0)
+
+    def burst(self, workers: int) -> None:
+        def drain() -> None:
+            with httpx.Client(timeout=30) as client:
+                while (item := self.take()) is not None:
+                    self.deliver(client, item)
+
+        threads = [threading.Thread(target=drain, daemon=True) for _ in range(workers)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+
+
+def test_a_backlog_that_arrives_late_and_in_a_burst_blames_no_sender(tmp_path: Path) -> None:
+    hub = Hub(DuckDBStore(":memory:"))
+    hub.overload = OverloadMonitor(OverloadSettings(max_in_flight=2, max_lag_s=0.5, retry_after_s=1.0))
+    server = HubServer(hub, "127.0.0.1", 0)
+    server.start()
+    try:
+        path = _LatePath(server.url)
+        path.trickle(6, every=0.01)  # prompt: the detectors learn every sender's period
+        # behind: 5 senders, one batch through every 1.5 s: each sender heard every ~7.5 s, longer
+        # than its silence threshold (4 s) on the hub's clock
+        path.trickle(16, every=1.5)
+        assert len(path.queue) > 40
+        path.burst(workers=16)  # the path clears: the backlog, all at once
+        wait_until(lambda: not hub.overload.behind(time.time()), 30, "the hub to catch up")
+        path.trickle(6, every=0.01)  # prompt again, past every sender's threshold
+        alerts = hub.store.alerts(False, 10_000)
+        metrics = httpx.get(f"{server.url}/metrics").text
+    finally:
+        server.stop()
+    assert path.acked == path.produced  # everything arrived, late
+    assert path.refused > 0  # the burst was more than the hub admits at once
+    assert [a.rule for a in alerts if a.rule == HUB_OVERLOADED] == [HUB_OVERLOADED]
+    blamed = [f"{a.rule} {a.entity}" for a in alerts if a.rule in {"node_unreachable", "rank_lost"}]
+    assert blamed == []
+    # the late path did make senders silent on the hub's clock: the verdicts it withheld are counted
+    withheld = 'gpuscope_hub_detection_withheld_total{reason="node_verdicts_withheld_watermark"}'
+    assert any(line.startswith(withheld) and float(line.split()[-1]) > 0 for line in metrics.splitlines())

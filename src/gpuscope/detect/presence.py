@@ -5,7 +5,9 @@ A GPU is lost when the driver says so (``gpu_lost`` event) or when its node's fr
 coming without it (or with an all-empty row: NVML answered nothing) for ``max(2 x period, 2 s)``
 of the node's own time; a node that is itself silent proves nothing about its GPUs. It resolves
 when the GPU answers again. Nodes are judged by :class:`~gpuscope.detect.liveness.Liveness`:
-silence of ``max(4 x period, 4 s)`` on the hub's clock, with hub-wide pauses excused.
+silence of ``max(4 x period, 4 s)`` on the hub's clock, with hub-wide pauses excused, and
+with the fleet's own lateness in event time excused (the hub or the network behind: a node as
+recent as the fleet's watermark is not silent).
 """
 
 from __future__ import annotations
@@ -111,6 +113,7 @@ class NodeUnreachableDetector(Detector):
         self._live: Liveness[str] = Liveness(factor=factor, floor=floor, min_reports=2)
         self._gpus: dict[str, int] = {}  # most GPUs a node has reported: what its silence idles
         self._suppressed = 0
+        self._withheld_watermark = 0
 
     def on_frame(self, frame: Frame) -> None:
         v = view(frame)
@@ -152,10 +155,25 @@ class NodeUnreachableDetector(Detector):
                         "silence_seconds": late.silence,
                         "threshold_seconds": late.threshold,
                         "last_report_ts": finite_or_none(late.last_ts),
+                        "event_silence_seconds": finite_or_none(late.event_silence),
+                        "watermark_lag_seconds": late.watermark_lag,
                     },
                 )
             )
         if self._live.suppressed > self._suppressed:
             self.counters.inc("node_verdicts_withheld_hub_gap", self._live.suppressed - self._suppressed)
             self._suppressed = self._live.suppressed
+        if self._live.withheld_watermark > self._withheld_watermark:
+            self.counters.inc(
+                "node_verdicts_withheld_watermark", self._live.withheld_watermark - self._withheld_watermark
+            )
+            self._withheld_watermark = self._live.withheld_watermark
         return out
+
+    def stats(self) -> dict[str, float]:
+        """How far the fleet's watermark lags the hub's clock, and the largest event-time silence
+        among the nodes whose verdict the lag withheld at the latest evaluation."""
+        return {
+            "watermark_lag_seconds": self._live.watermark_lag,
+            "event_silence_seconds": self._live.withheld_event_silence,
+        }

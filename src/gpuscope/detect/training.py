@@ -11,8 +11,10 @@ every rank of a job goes quiet at once, the job most likely ended and its end ev
 so neither its ranks nor the job are judged for ``whole_job_grace`` more seconds; a job silent for
 ``abandon_after`` seconds with no end event is presumed gone and forgotten.
 
-Silence is measured on the hub's clock and excused while the hub hears nothing at all
-(:class:`~gpuscope.detect.liveness.Liveness`).
+Silence is measured on the hub's clock and excused while the hub hears nothing at all, and
+while the fleet's heartbeats all arrive late and this rank's are as recent as the fleet's
+(:class:`~gpuscope.detect.liveness.Liveness`). Stalls (steps stopped while heartbeats arrive)
+and ended jobs are judged as before.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ class TrainingLivenessDetector(Detector):
         self._fresh: list[_Run] = []
         self._ranks: Liveness[RankKey] = Liveness(factor=rank_factor, floor=rank_floor, default_interval=1.0)
         self._suppressed = 0
+        self._withheld_watermark = 0
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -188,9 +191,11 @@ class TrainingLivenessDetector(Detector):
 
     def on_frame(self, frame: Frame) -> None:
         self._ranks.traffic()
+        v = view(frame)
+        for node in v.nodes:
+            self._ranks.witness(node, frame.ts)
         if not self._runs:
             return
-        v = view(frame)
         util = v.gpu_column("gpu_utilization_percent")
         if util is None:
             return
@@ -217,7 +222,20 @@ class TrainingLivenessDetector(Detector):
         if self._ranks.suppressed > self._suppressed:
             self.counters.inc("rank_verdicts_withheld_hub_gap", self._ranks.suppressed - self._suppressed)
             self._suppressed = self._ranks.suppressed
+        if self._ranks.withheld_watermark > self._withheld_watermark:
+            self.counters.inc(
+                "rank_verdicts_withheld_watermark", self._ranks.withheld_watermark - self._withheld_watermark
+            )
+            self._withheld_watermark = self._ranks.withheld_watermark
         return out
+
+    def stats(self) -> dict[str, float]:
+        """How far the ranks' heartbeat watermark lags the hub's clock, and the largest event-time
+        silence among the ranks whose verdict the lag withheld at the latest evaluation."""
+        return {
+            "watermark_lag_seconds": self._ranks.watermark_lag,
+            "event_silence_seconds": self._ranks.withheld_event_silence,
+        }
 
     def stall_threshold(self, progress: Progress) -> tuple[float, float]:
         """(seconds without a step that make a stall, the baseline step time behind it)."""
@@ -401,5 +419,7 @@ class TrainingLivenessDetector(Detector):
                 "threshold_seconds": late.threshold,
                 "last_step": step,
                 "last_heartbeat_ts": finite_or_none(late.last_ts),
+                "event_silence_seconds": finite_or_none(late.event_silence),
+                "watermark_lag_seconds": late.watermark_lag,
             },
         )

@@ -4,7 +4,8 @@ request head built once, responses parsed by ``httptools``.
 A general client (httpx) spends about half a millisecond of CPU on each request; at 1,024 agents a
 second that alone is half a core, and the generator would measure itself rather than the hub.
 This one does only what an ingest post needs: ``POST`` a body, read the status, the body and
-``Retry-After``. A connection that fails or times out is closed and never reused.
+``Retry-After``. A connection that fails or times out is closed and never reused. Callers waiting
+for a connection are served first come, first served, so no stream of the generator starves.
 """
 
 from __future__ import annotations
@@ -135,7 +136,9 @@ class HubClient:
         self.size = connections
         self._idle: deque[_Connection] = deque()
         self._open = 0
-        self._waiting: deque[asyncio.Future[None]] = deque()
+        #: callers waiting for a connection, first come first served: each is handed an open
+        #: connection, or None (the right to open one in place of one that closed)
+        self._waiting: deque[asyncio.Future[_Connection | None]] = deque()
 
     async def post(self, body: bytes, header: bytes = b"") -> Reply:
         """POST ``body``; ``header``: more header lines of this request, each ending in CRLF."""
@@ -150,45 +153,59 @@ class HubClient:
             self._release(conn)
 
     async def _acquire(self) -> _Connection:
-        while True:
+        # nobody overtakes a waiter: a stream that just got its answer and posts again goes to the
+        # back of the line. Handing a free connection to whoever asks first (the stream releasing
+        # it, in the same step) let a few streams keep the pool while others starved for minutes,
+        # and the hub rightly took the starved ones for dead.
+        if not self._waiting:
             while self._idle:
-                conn = self._idle.pop()
+                conn = self._idle.popleft()
                 if not conn.closed:
                     return conn
                 self._open -= 1
             if self._open < self.size:
                 self._open += 1
-                try:
-                    return await self._connect()
-                except (OSError, TimeoutError) as exc:
-                    self._open -= 1
-                    self._wake()
-                    raise ConnectFailed(f"cannot connect: {exc}") from exc
-            turn = asyncio.get_running_loop().create_future()
-            self._waiting.append(turn)
-            await turn
+                return await self._connect()
+        turn: asyncio.Future[_Connection | None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(turn)
+        try:
+            granted = await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._hand_on(turn.result())  # handed over as the caller was cancelled: pass it on
+            raise
+        return granted if granted is not None else await self._connect()
 
     async def _connect(self) -> _Connection:
+        """Open a connection in a slot already counted in ``_open``; the slot is handed on if it fails."""
         loop = asyncio.get_running_loop()
         conn = _Connection(loop)
-        await asyncio.wait_for(
-            loop.create_connection(lambda: conn, self.host, self.port), self.connect_timeout
-        )
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: conn, self.host, self.port), self.connect_timeout
+            )
+        except (OSError, TimeoutError) as exc:
+            self._hand_on(None)
+            raise ConnectFailed(f"cannot connect: {exc}") from exc
+        except asyncio.CancelledError:
+            self._hand_on(None)
+            raise
         return conn
 
     def _release(self, conn: _Connection) -> None:
-        if conn.closed:
-            self._open -= 1
-        else:
-            self._idle.append(conn)
-        self._wake()
+        self._hand_on(None if conn.closed else conn)
 
-    def _wake(self) -> None:
+    def _hand_on(self, conn: _Connection | None) -> None:
+        """Give a connection (None: the slot of one that closed) to the first waiter, else keep it."""
         while self._waiting:
             turn = self._waiting.popleft()
             if not turn.done():
-                turn.set_result(None)
+                turn.set_result(conn)
                 return
+        if conn is None:
+            self._open -= 1
+        else:
+            self._idle.append(conn)
 
     def close(self) -> None:
         while self._idle:
