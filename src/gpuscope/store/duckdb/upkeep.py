@@ -268,9 +268,9 @@ class Upkeep:
     def purge(self) -> bool:
         """Return the pages DuckDB's allocator holds freed to the OS; whether it was asked to.
 
-        DuckDB's jemalloc keeps what a seal, merge or retention freed as dirty pages of the arena
-        of the thread that freed them; its background threads return them only as they decay, and
-        a hub's RSS stood 15-50 MiB above its level after each upkeep. Setting ``memory_limit``
+        DuckDB's jemalloc keeps what a seal, merge or retention freed as dirty pages; its
+        background threads return them as they decay (about a second, more when starved), and
+        right after a 64-GPU seal RSS stood 20-70 MiB above its level. Setting ``memory_limit``
         (to the same value: nothing is evicted) makes DuckDB flush this thread's cache and purge
         every arena, and trim glibc's heap (duckdb/duckdb ``BufferPool::SetLimit`` in
         src/storage/buffer/buffer_pool.cpp calls ``BlockAllocator::FlushAll`` ->
