@@ -21,7 +21,10 @@ exactly every 60 s, which a whole-hour sort turns into long repeats that zstd re
 
 Anchor, same run: the RSS before each upkeep (the process's working set with that interval in the
 hot table); the figures are the largest lift above it among the pieces' seals, the lift of the
-upkeep that also merges the hour, the highest RSS of the whole hour, and the RSS left at the end.
+upkeep that also merges the hour, what the upkeeps left resident above it right after they ended
+(and, for the last, 10 s later: DuckDB's allocator returns freed pages in the background too), the
+highest RSS of the whole hour, and the RSS left at the end. Each upkeep runs the rollup (with the
+seal) and retention, as a hub's does.
 
 usage: python bench/bench_seal_memory.py [--nodes 64] [--intervals 3600,600,300] [--limits 256MB]
 """
@@ -50,6 +53,8 @@ from gpuscope.store.duckdb import DuckDBStore
 MIB = 2**20
 WINDOW_S = 60
 HOUR_S = 3600
+#: how long after the hour's last upkeep the RSS it left is read again
+SETTLE_S = 10.0
 
 
 class Peak(threading.Thread):
@@ -94,16 +99,19 @@ def fill(store: DuckDBStore, window: str, lo_s: int, hi_s: int, skip_first: bool
 
 
 def upkeep(store: DuckDBStore, now: float) -> dict[str, float]:
-    """One upkeep at ``now`` (the clock's trim first, as the hub's runs end with one): RSS before,
-    its peak, seconds."""
+    """One upkeep at ``now`` as a hub's runs it (rollup with the seal, then retention; the clock's
+    trim first, as the hub's runs end with one): RSS before, its peak, right after, seconds."""
     procmem.trim()
     peak = Peak()
     before = procmem.rss_bytes()
     peak.start()
     started = time.perf_counter()
     store.rollup(now)
+    store.compact(now)
     seconds = time.perf_counter() - started
-    return {"before": before / MIB, "peak": peak.stop() / MIB, "seconds": seconds}
+    top = peak.stop()
+    after = procmem.rss_bytes()
+    return {"before": before / MIB, "peak": top / MIB, "after": after / MIB, "seconds": seconds}
 
 
 def one_run(nodes: int, limit: str, interval: int) -> dict[str, float]:
@@ -130,6 +138,8 @@ def one_run(nodes: int, limit: str, interval: int) -> dict[str, float]:
                 fill(store, "bench_window", lo, hi, skip_first=k == 0)
                 store.rollup(hour + hi)  # a live hub rolls each minute up as it closes: not measured
                 seals.append(upkeep(store, hour + hi + 2 * WINDOW_S))  # the seal (and, last, the merge)
+            time.sleep(SETTLE_S)  # what stays resident once the allocators' background purges ran
+            settled = procmem.rss_bytes()
             procmem.trim()
             after = procmem.rss_bytes()
             stats = store.stats()
@@ -146,6 +156,9 @@ def one_run(nodes: int, limit: str, interval: int) -> dict[str, float]:
         "piece_seconds": max(s["seconds"] for s in pieces),
         "last_lift_mib": last["peak"] - last["before"],
         "last_seconds": last["seconds"],
+        "piece_left_mib": max(s["after"] - s["before"] for s in pieces),
+        "last_left_mib": last["after"] - last["before"],
+        "last_settled_mib": settled / MIB - last["before"],
         "hour_peak_mib": max(s["peak"] for s in seals),
         "before_max_mib": max(s["before"] for s in seals),
         "after_trim_mib": after / MIB,
@@ -183,6 +196,8 @@ def main() -> None:
                     f"{r['first_before_mib']:,.0f} .. {r['before_max_mib']:,.0f}",
                     f"{r['piece_lift_mib']:+,.0f} ({r['piece_seconds']:.1f} s)",
                     f"{r['last_lift_mib']:+,.0f} ({r['last_seconds']:.1f} s)",
+                    f"{r['piece_left_mib']:+,.0f}",
+                    f"{r['last_left_mib']:+,.0f} / {r['last_settled_mib']:+,.0f}",
                     f"{r['hour_peak_mib']:,.0f}",
                     f"{r['after_trim_mib']:,.0f}",
                 ]
@@ -196,6 +211,8 @@ def main() -> None:
             "RSS before upkeeps MiB (anchor)",
             "largest piece seal lift MiB",
             "last upkeep lift (seal + merge) MiB",
+            "largest piece upkeep's RSS left MiB",
+            f"last upkeep's RSS left, right after / {SETTLE_S:g} s later MiB",
             "hour's peak MiB",
             "end, after trim MiB",
         ],

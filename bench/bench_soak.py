@@ -47,6 +47,7 @@ MIB = 2**20
 MEMORY_FAMILIES = {
     "gpuscope_hub_process_resident_bytes": "",
     "gpuscope_hub_store_memory_bytes": "tag",
+    "gpuscope_hub_store_allocator_bytes": "state",
     "gpuscope_hub_process_python_blocks": "",
     "gpuscope_hub_process_malloc_bytes": "state",
     "gpuscope_hub_structure_entries": "structure",

@@ -96,6 +96,10 @@ def test_hub_metrics_say_where_the_memory_is(server: HubServer) -> None:
     text = httpx.get(f"{server.url}/metrics", headers={"authorization": f"Bearer {TOKEN}"}).text
     duck = _gauges(text, "gpuscope_hub_store_memory_bytes")
     assert '{tag="BASE_TABLE"}' in duck and sum(duck.values()) > 0
+    # DuckDB's jemalloc (outside both accounts above): what it uses and what it keeps freed
+    jemalloc = _gauges(text, "gpuscope_hub_store_allocator_bytes")
+    assert jemalloc['{state="allocated"}'] > 0 and '{state="dirty"}' in jemalloc
+    assert jemalloc['{state="resident"}'] >= jemalloc['{state="active"}']
     assert _gauges(text, "gpuscope_hub_process_resident_bytes")[""] > 10 * 2**20
     assert _gauges(text, "gpuscope_hub_process_python_blocks")[""] > 1000
     assert _gauges(text, "gpuscope_hub_process_malloc_bytes")['{state="in_use"}'] > 0

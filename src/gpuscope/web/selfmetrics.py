@@ -239,6 +239,13 @@ FAMILIES: tuple[_Family, ...] = (
         "The embedded store's own memory accounting (DuckDB's duckdb_memory()), by tag.",
         lambda r: _by("tag", r.store.get("memory")),
     ),
+    _Family(
+        "gpuscope_hub_store_allocator_bytes",
+        "gauge",
+        "DuckDB's own jemalloc, by state: allocated, active, dirty (freed, not yet returned to the "
+        "OS), muzzy, resident, mapped, retained, metadata. Absent where DuckDB does not offer them.",
+        lambda r: _by("state", r.store.get("allocator")),
+    ),
     *(
         _Family(
             f"gpuscope_hub_store_{key}", "gauge", f"The store's {key.replace('_', ' ')}.", _store_scalar(key)

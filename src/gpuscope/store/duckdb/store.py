@@ -45,6 +45,7 @@ from gpuscope.store.base import AppendResult, Durable, GpuTime, SeriesPoint
 from gpuscope.store.batch_ids import BatchIds, Claim
 from gpuscope.store.duckdb import gpu_time
 from gpuscope.store.duckdb import inserts as ins
+from gpuscope.store.duckdb.allocator import ALLOCATOR
 from gpuscope.store.duckdb.chunks import BASE_COLUMNS, ChunkSet
 from gpuscope.store.duckdb.latest import LatestCache
 from gpuscope.store.duckdb.reads import Reader
@@ -835,6 +836,7 @@ class DuckDBStore:
             "commits": self.counters.get("store.commits"),
             "log": log,
             "memory": self.memory(),
+            "allocator": ALLOCATOR.read(),
             "batch_ids_remembered": len(self.batch_ids),
         }
 

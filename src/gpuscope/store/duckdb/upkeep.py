@@ -84,6 +84,7 @@ class Upkeep:
         self.retention = retention
         self.cache = cache
         self.checkpoint_due = False  # a checkpoint DuckDB refused, to retry on the next call
+        self.purge_due = False  # a seal or merge freed memory: compaction returns it (purge)
 
     def rollup(self, now_ms: int) -> dict[str, int]:
         con, marks = self.con, self.marks
@@ -94,6 +95,7 @@ class Upkeep:
             report["sealed_rows"] = sum(c.rows for c in self.seal(cut, cols))
         if self.chunks.enabled:
             report["merged_files"] = self.merge(cut)
+        self.purge_due = self.purge_due or bool(report["sealed_rows"] or report["merged_files"])
         closed = (now_ms - self.lag_ms) // MINUTE_MS * MINUTE_MS
         try:
             with marks.lock:  # from here on, the writer marks rows below `closed` as late
@@ -255,11 +257,39 @@ class Upkeep:
             raise
         if self.checkpoint_due or self.wal_bytes() >= self.wal_checkpoint_bytes:
             self.checkpoint_due = not self.checkpoint(con)
-        report["cache_shed_bytes"] = self.shed_cache()
+        report["cache_shed_bytes"], purged = self.shed_cache()
+        freed = bool(expired) or any(report[table] for table in deletes)
+        if (self.purge_due or freed) and not purged:
+            purged = self.purge()
+        self.purge_due = False
+        report["allocator_purged"] = int(purged)
         return report
 
-    def shed_cache(self) -> int:
-        """Evict cached table blocks beyond the cache bound; the bytes DuckDB's pool gave up.
+    def purge(self) -> bool:
+        """Return the pages DuckDB's allocator holds freed to the OS; whether it was asked to.
+
+        DuckDB's jemalloc keeps what a seal, merge or retention freed as dirty pages; its
+        background threads return them as they decay (about a second, more when starved), and
+        right after a 64-GPU seal RSS stood 20-70 MiB above its level. Setting ``memory_limit``
+        (to the same value: nothing is evicted) makes DuckDB flush this thread's cache and purge
+        every arena, and trim glibc's heap (duckdb/duckdb ``BufferPool::SetLimit`` in
+        src/storage/buffer/buffer_pool.cpp calls ``BlockAllocator::FlushAll`` ->
+        ``Allocator::FlushAll`` in src/common/allocator/allocator_jemalloc.cpp: v1.5.5,
+        d8cdaa33fda8df955cc76ef58a280f68f4cd43fa, and the same at 044a04a7cd39, 2026-08; measured
+        on the installed 2.0.1 in tests/store/test_allocator.py). Once an upkeep, at its end; a
+        store without a configured limit (in memory) is left to the background threads.
+        """
+        if self.cache is None:
+            return False
+        try:
+            self.con.execute(f"SET memory_limit = '{self.cache.memory_limit}'")
+        except duckdb.Error:
+            return False  # the pool holds more than its limit (pinned): the next upkeep tries again
+        return True
+
+    def shed_cache(self) -> tuple[int, bool]:
+        """Evict cached table blocks beyond the cache bound: the bytes DuckDB's pool gave up, and
+        whether the limit was set (which purged the allocator too, see :meth:`purge`).
 
         DuckDB has no call to drop its cache, and it evicts only to stay under ``memory_limit``:
         so the limit is lowered to what the pool holds less the excess and set back at once. Only
@@ -268,12 +298,12 @@ class Upkeep:
         directory). The writer is held out meanwhile; a query that needs memory in between
         evicts from the ``cache_bytes`` of blocks left rather than failing."""
         if self.cache is None:
-            return 0
+            return 0, False
         con = self.con
         held = dict(con.execute("SELECT tag, memory_usage_bytes FROM duckdb_memory()").fetchall())
         excess = int(held.get("BASE_TABLE", 0)) - self.cache.cache_bytes
         if excess < SHED_SLACK_BYTES:
-            return 0
+            return 0, False
         total = sum(int(v) for v in held.values())
         with self.commit_lock:
             try:
@@ -283,4 +313,4 @@ class Upkeep:
             finally:
                 con.execute(f"SET memory_limit = '{self.cache.memory_limit}'")
         after = one(con, "SELECT sum(memory_usage_bytes) FROM duckdb_memory()")
-        return max(0, total - int(after[0])) if after and after[0] is not None else 0
+        return (max(0, total - int(after[0])) if after and after[0] is not None else 0), True
