@@ -25,17 +25,18 @@ def trace(
     return out
 
 
-def flags(times: np.ndarray) -> list[set[int]]:
-    """The ranks flagged ``training_straggler`` after each sample (fed as each worker's own step time)."""
+def flags(times: np.ndarray, every: float = EVERY) -> list[set[int]]:
+    """The ranks flagged ``training_straggler`` after each sample (fed as each worker's own step
+    time), one sample every ``every`` seconds."""
     detector = RankDetector()
     out: list[set[int]] = []
     for k, row in enumerate(times):
-        ts = k * EVERY
+        ts = k * every
         for rank, seconds in enumerate(row.tolist()):
             labels = {"node": f"worker-{rank}", "gpu": "0"}
             detector.on_training(TrainingRecord(ts, "j", rank, k, {"step_seconds": seconds}, labels))
-        detector.on_training(TrainingRecord(ts + 1.0, "j", 0, k + 1, {}))  # opens the next step
-        found = detector.evaluate(ts + 2.0)
+        detector.on_training(TrainingRecord(ts + 0.1 * every, "j", 0, k + 1, {}))  # opens the next step
+        found = detector.evaluate(ts + 0.2 * every)
         out.append({int(f.entity["rank"]) for f in found if f.rule == "training_straggler"})
     return out
 

@@ -16,8 +16,10 @@ reference (or behind its own normal, where that is ahead of it) *and* ``excess``
 times its own healthy spread, if larger) above its own normal lag, learned while it is neither
 slow nor beyond that bar (at most up to ``normal_cap``, or the gap that splits speed groups if
 larger), so ranks that are always a little slower (fixed offsets on shared hardware) stay quiet,
-for ``sustain`` steps. Where ranks report their own step times (real per-worker logs) the
-distances are the rank's own slowdown (a ratio to its normal), the normal follows at
+for ``sustain`` steps. Where ranks report their own step times those steps must bring ``sustain``
+new readings, or last ``sustain_seconds`` with ``short_sustain`` new ones: loggers repeat their
+last reading, and copies of one slow reading are not a slowdown that lasted. There (real per-worker
+logs) the distances are the rank's own slowdown (a ratio to its normal), the normal follows at
 ``step_alpha``, and the long window's bar is ``step_k`` times the spread, at least
 ``step_excess``: a median of nine readings is steadier than one, but a worker's own time wanders
 by several per cent for minutes. While that median is more than ``step_learn`` of the bar above the
@@ -97,6 +99,12 @@ class _Rank:
     level_n: int = 0
     lag_n: int = 0
     lag_hits: int = 0
+    #: of those steps in a row, how many brought a new reading (per-worker step times: a logger
+    #: that repeats its last reading adds a step, not evidence), and when the run began
+    new_hits: int = 0
+    slow_since: float = math.nan
+    #: its last raw reading (per-worker step time): a repeat of it is no new reading
+    last_raw: float = math.nan
     #: per-worker step times: a one-sided CUSUM of its readings over its level (``_evidence``)
     evidence: float = 0.0
     #: slow last step by that evidence alone, its smoothed lag under its noise bar
@@ -196,6 +204,7 @@ class RankDetector(StepDetector):
         retry_window: float = 300.0,
         min_retries: float = 5.0,
         sustain: int = 5,
+        sustain_seconds: float = 30.0,
         warm_steps: int = 20,
         split_gap: float = 0.1,
         short: int = 3,
@@ -220,6 +229,7 @@ class RankDetector(StepDetector):
         self.skew_log = math.log(skew_ratio)
         self.frag_rise, self.retry_window, self.min_retries = frag_rise, retry_window, min_retries
         self.sustain, self.warm_steps, self.split_gap = sustain, warm_steps, split_gap
+        self.sustain_seconds = sustain_seconds
         self.short, self.short_excess, self.short_sustain = short, short_excess, short_sustain
         self.short_seconds = short_seconds
         super().__init__()
@@ -472,7 +482,7 @@ class RankDetector(StepDetector):
             state.lags.clear()
             state.recent.clear()
             state.lag, state.lag_base, state.lag_spread, state.said = math.nan, math.nan, 0.0, math.nan
-            state.lag_n = state.lag_hits = state.short_hits = 0
+            state.lag_n = state.lag_hits = state.new_hits = state.short_hits = 0
             state.flagged = state.evident = False
             state.evidence = 0.0
             state.history.clear()
@@ -498,7 +508,7 @@ class RankDetector(StepDetector):
         only: set[int] | None = None,
     ) -> None:
         own, lags = self._reference(job, rank_ids, raw, additive)
-        for r, x, mine in zip(rank_ids, lags.tolist(), own.tolist(), strict=True):
+        for r, x, mine, reading in zip(rank_ids, lags.tolist(), own.tolist(), raw.tolist(), strict=True):
             state = job.ranks.get(r)
             if (
                 state is None
@@ -507,6 +517,11 @@ class RankDetector(StepDetector):
                 or r in job.learning.held
             ):
                 continue
+            # an arrival lag is measured at each collective; a self-reported step time that equals
+            # the rank's last one is the logger repeating it (the real per-worker logs repeat 28-60 %
+            # of their readings), not a second step at that pace
+            new = additive or reading != state.last_raw
+            state.last_raw = reading
             state.recent.append(x)
             del state.recent[: -self.sustain]
             state.last_ts = ts
@@ -557,7 +572,10 @@ class RankDetector(StepDetector):
             # with time, not by one window's median: then the floor that real wander asks is enough
             state.evident = behind and self.step_excess <= rise < long_bar and evident
             slow = behind and (rise >= long_bar or state.evident)
+            if slow and not state.lag_hits:
+                state.slow_since, state.new_hits = ts, 0
             state.lag_hits = state.lag_hits + 1 if slow else 0
+            state.new_hits = state.new_hits + new if slow else 0
             # a short, large slowdown (a minute on a trace sampled every 10 s) is over before the
             # long window's median moves: the median of the last few lags, with a higher bar
             far = False
@@ -572,7 +590,7 @@ class RankDetector(StepDetector):
             state.short_hits = state.short_hits + 1 if far else 0
             was = state.flagged
             state.flagged = (
-                state.lag_hits >= self.sustain
+                self._sustained(state, ts)
                 or self._short_slow(state)
                 or (state.flagged and self._held(state, ahead, long_bar, additive))
             )
@@ -649,6 +667,18 @@ class RankDetector(StepDetector):
             self._rise(state.lag, ahead, additive) >= 0.5 * self.lag
             and self._rise(state.lag, state.lag_base, additive) >= 0.5 * long_bar
         )
+
+    def _sustained(self, state: _Rank, ts: float) -> bool:
+        """Slow for ``sustain`` steps in a row, of which ``sustain`` brought new readings, or for
+        ``sustain_seconds`` with ``short_sustain`` new readings among them: copies of one slow
+        reading are not evidence that it lasted (on a worker with 10 % noise per reading whose
+        logger repeats 40 % of its readings, five slow steps are often two or three readings),
+        while a trace that reads every 10 s and repeats some of its values has held for the time
+        its steps say (the real per-worker traces keep every episode they had)."""
+        if state.lag_hits < self.sustain:
+            return False
+        held = ts - state.slow_since >= self.sustain_seconds and state.new_hits >= self.short_sustain
+        return state.new_hits >= self.sustain or held
 
     def _short_slow(self, state: _Rank) -> bool:
         """Far behind over the short window for ``short_sustain`` steps and ``short_seconds``: a
