@@ -201,6 +201,8 @@ class _Rule:
     loaded: float = 0.0
     seen: float = math.nan
     resolved: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    #: a young service's condition holds against its peers' limit alone (see ``_ratio_rule``)
+    by_peers: bool = False
 
     def hold(
         self,
@@ -674,9 +676,13 @@ class ServingDetector(ServiceDetector):
         # a minimum duration in the series' own samples too: two fresh values past the first
         need = max(self.sustain, self.hold_updates * svc.interval(rule))
         cond = level >= limit or level >= peer_limit
-        held = state.since is not None or state.firing
         self._hold(svc, state, warm and fresh and cond, level < back and level < peer_back, s.ts, need)
-        if peers is not None and (level >= peer_limit or (held and level < limit)):
+        # told against the peers while only their limit holds, and until the episode ends
+        if cond:
+            state.by_peers = peers is not None and not level >= limit
+        elif state.since is None and not state.firing:
+            state.by_peers = False
+        if peers is not None and state.by_peers:
             r = short / peers[0]
             state.text = (
                 f"{what} at {short:.3g} s, {r:.1f}x the {peers[0]:.3g} s of the {peers[2]} established "
