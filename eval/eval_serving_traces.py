@@ -357,6 +357,104 @@ def scored(
         print(f"    alerts outside the faults and not in the background run: {len(extra)}")
 
 
+def joined(services: list[Service], half: int, at: float = 0.25) -> tuple[list[Service], dict[str, float]]:
+    """The services with every other container and predict series (``half`` of each kind, in
+    order) joining late: its samples before ``at`` of them are withheld, so it is a new service
+    while the others (and the gateway) are established; and when each joined."""
+    out, joins = [], {}
+    for kind in ("container", "predict", "gateway"):
+        for i, svc in enumerate(s for s in services if s.kind == kind):
+            if kind == "gateway" or i % 2 != half:
+                out.append(svc)
+                continue
+            ts = svc.series[LATENCY][0]
+            join = ts[int(at * (len(ts) - 1))]
+            cut = {
+                m: (t[bisect_right(t, join - 1e-6) :], v[bisect_right(t, join - 1e-6) :])
+                for m, (t, v) in svc.series.items()
+            }
+            out.append(Service(svc.name, svc.kind, {m: sv for m, sv in cut.items() if sv[0]}))
+            joins[svc.name] = join
+    return out, joins
+
+
+def young(services: list[Service], factor: float) -> None:
+    """New services among established ones: each container and predict series joins late once (two
+    replays, each with half of them joining) with its latency ``factor`` times its own for its
+    first ``FAULT`` seconds (1: a healthy join). Reports the faults found (a latency alert on it
+    inside the fault or ``GRACE`` after) and the alerts on the joined services beyond that, over
+    their first two hours."""
+    found: dict[str, list[float | None]] = defaultdict(list)
+    extra: dict[str, list[Alert]] = defaultdict(list)
+    began = time.monotonic()
+    for half in (0, 1):
+        moved, joins = joined(services, half)
+        kind = {s.name: s.kind for s in moved}
+
+        def scale(metric: str, _: float, value: float) -> float:
+            return value * factor if metric == LATENCY else value
+
+        faults = [Fault(n, "inference_latency_regression", t, scale, 0) for n, t in joins.items()]
+        alerts = replay(moved, faults if factor != 1.0 else [])
+        for name, join in joins.items():
+            mine = [a for a in alerts if a.entity.get("service") == name]
+            hits = [
+                a.started_at - join
+                for a in mine
+                if a.rule == "inference_latency_regression" and join <= a.started_at <= join + FAULT + GRACE
+            ]
+            found[kind[name]].append(min(hits) if hits and factor != 1.0 else None)
+            late = join + (FAULT + GRACE if factor != 1.0 else 0.0)
+            extra[kind[name]] += [a for a in mine if late < a.started_at <= join + 7200.0]
+    print(f"[young x{factor:g}: {time.monotonic() - began:.0f} s wall]")
+    for k in sorted(found):
+        hit = [x for x in found[k] if x is not None]
+        ttd = f", TTD p50 {statistics.median(hit):.0f} s, max {max(hit):.0f} s" if hit else ""
+        what = f"found {len(hit)}/{len(found[k])}{ttd}; " if factor != 1.0 else ""
+        rules = ", ".join(sorted(f"{a.rule} on {a.entity.get('service')}" for a in extra[k]))
+        print(
+            f"  young x{factor:g} on {k} services: {what}"
+            f"other alerts in their first 2 h: {len(extra[k])} {rules}"
+        )
+
+
+def _ratio(ts: np.ndarray, vs: np.ndarray, i: int) -> float:
+    """The median of the ``FAULT`` seconds from sample ``i`` over the median of the hour before."""
+    now = vs[i : bisect_right(ts, ts[i] + FAULT - 1e-6, i)]
+    before = vs[bisect_right(ts, ts[i] - 3600.0) : i]
+    if len(now) < 4 or len(before) < 4:
+        return math.nan
+    return float(np.median(now) / np.median(before))
+
+
+def oracle(services: list[Service], factors: tuple[float, ...] = (1.3, 1.5, 2.0)) -> None:
+    """An upper bound for the injected latency faults: per series, the median of the ten minutes
+    from each sample against the median of the hour before it; a fault is separable when its
+    window's ratio times its factor exceeds the highest ratio the series reaches anywhere in the
+    trace (a threshold set per series with hindsight, so that the trace itself raises nothing; and,
+    looser, its 99th percentile)."""
+    found: dict[tuple[str, float], list[tuple[bool, ...]]] = defaultdict(list)
+    for svc in services:
+        if svc.kind == "gateway":
+            continue
+        ts, vs = (np.asarray(x, dtype=np.float64) for x in svc.series[LATENCY])
+
+        ratios = {i: _ratio(ts, vs, i) for i in range(len(ts))}
+        seen = [r for r in ratios.values() if math.isfinite(r)]
+        # and a looser bound: the threshold at the 99th percentile (1 % of the windows fire)
+        tops = (max(seen), float(np.quantile(seen, 0.99))) if seen else (math.inf, math.inf)
+        for _, t in _times(svc):
+            r = ratios[int(np.searchsorted(ts, t))]
+            for k in factors:
+                found[(svc.kind, k)].append(tuple(math.isfinite(r) and k * r > top for top in tops))
+    for (kind, k), got in sorted(found.items()):
+        strict, loose = (sum(g[j] for g in got) for j in (0, 1))
+        print(
+            f"  oracle, latency x{k:g} on {kind} services: separable {strict / len(got):.2f} "
+            f"({strict}/{len(got)}); above the 99th percentile {loose / len(got):.2f}"
+        )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--data", type=Path, default=data_dir(), help="see eval/datapath.py")
@@ -364,6 +462,14 @@ def main() -> int:
     parser.add_argument("--predict", type=int, default=6, help="model-predict services")
     parser.add_argument("--runs", nargs="*", default=list(RUNS), help=f"of {list(RUNS)}")
     parser.add_argument("--verbose", action="store_true", help="list every background alert")
+    parser.add_argument("--oracle", action="store_true", help="the hindsight bound on the latency faults")
+    parser.add_argument(
+        "--young",
+        type=float,
+        nargs="*",
+        default=[],
+        help="latency factors of late-joining services (1: healthy)",
+    )
     args = parser.parse_args()
     folder = args.data / FOLDER
     if not folder.is_dir():
@@ -375,8 +481,12 @@ def main() -> int:
         f"{len(services)} services ({', '.join(sorted({s.kind for s in services}))}), "
         f"{_hours(services):.1f} service-hours over {(max(s.span[1] for s in services) - t0) / 3600:.1f} h"
     )
+    if args.oracle:
+        oracle(services)
+    for factor in args.young:
+        young(services, factor)
     base: list[Alert] = []
-    for name in ["background", *(r for r in args.runs if r != "background")]:
+    for name in ["background", *(r for r in args.runs if r != "background")] if args.runs else []:
         plan = RUNS[name]
         faults = [f for s in services for f in plan(s)] if plan is not None else []
         began = time.monotonic()

@@ -86,3 +86,20 @@ def test_without_the_data_it_skips(
     monkeypatch.setattr("sys.argv", ["eval_serving_traces.py", "--data", str(tmp_path)])
     assert ev.main() == 0
     assert capsys.readouterr().out.startswith("SKIP")
+
+
+def test_a_late_joiner_is_a_new_service_from_a_quarter_of_its_samples_and_the_rest_stay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ev = script(monkeypatch)
+    trace(tmp_path / ev.FOLDER)
+    services = ev.load(tmp_path / ev.FOLDER, containers=1, predict=1)
+    moved, joins = ev.joined(services, half=0)
+    times = services[0].series[ev.LATENCY][0]
+    # the first container and the first predict series join late; the gateway is as it was
+    assert sorted(joins) == ["c-01234567", "p-01234567"]
+    assert joins["c-01234567"] == times[int(0.25 * (len(times) - 1))]
+    for svc in moved:
+        first = min(ts[0] for ts, _ in svc.series.values())
+        assert first == joins.get(svc.name, services[0].span[0]), svc.name
+    assert ev.joined(services, half=1)[1] == {}

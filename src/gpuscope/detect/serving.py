@@ -36,6 +36,16 @@ regression is not learned as normal within the day.
   operating point; when p95 latency or TTFT is at the same time ``kv_impact`` times its reference,
   users feel it and the alert is P2.
 
+A young service (one whose latency/TTFT baseline has learned, while its rule was quiet, less than
+``peer_young`` seconds or ``peer_young_updates`` of its own update intervals) is also held to its
+established peers: the other services serving the same model and version that are past their
+own youth and quiet on that rule. Their operating point is the median of their references, their
+spread the larger of their median noise and how far their references stray from that median;
+the young service's latency/TTFT beyond that limit fires (after its warm-up) and is not learned
+into its own baseline, so a service sick from its first report is found, and its sickness does
+not become its normal. Once its own baseline is learned it hands over to it. Without such peers
+the rules are as for any service.
+
 Each must hold for ``sustain`` seconds (the KV cache ``kv_sustain``: a busy cache brushes full);
 the first ``warmup`` seconds of a service only learn. Every EWMA is, younger than its time
 constant, the mean of all it has seen, so a young service has a usable baseline after its first
@@ -191,6 +201,8 @@ class _Rule:
     loaded: float = 0.0
     seen: float = math.nan
     resolved: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    #: a young service's condition holds against its peers' limit alone (see ``_ratio_rule``)
+    by_peers: bool = False
 
     def hold(
         self,
@@ -297,6 +309,12 @@ class _Svc:
     reports: dict[str, deque[tuple[float, float]]] = field(default_factory=dict)
     changes: dict[str, deque[float]] = field(default_factory=dict)
     began: dict[str, float] = field(default_factory=dict)
+    #: the model and version it serves (its peers serve the same)
+    group: tuple[str, str] = ("", "")
+    #: per latency/TTFT rule: seconds its own baseline learned while the rule was quiet
+    learnt: dict[str, float] = field(default_factory=dict)
+    #: per latency/TTFT rule, once established and while quiet: (time, reference, noise) for peers
+    points: dict[str, tuple[float, float, float]] = field(default_factory=dict)
 
     def burst(
         self,
@@ -493,6 +511,9 @@ class ServingDetector(ServiceDetector):
         step_learn_updates: int = 30,
         step_longest: float = 300.0,
         step_demand: float = 1.15,
+        peer_young: float = 600.0,
+        peer_young_updates: int = 20,
+        peer_stale: float = 30.0,
     ) -> None:
         self.tau, self.base_tau, self.ratio, self.ttft_ratio = tau, base_tau, ratio, ttft_ratio
         self.budget = 1.0 - slo
@@ -514,8 +535,11 @@ class ServingDetector(ServiceDetector):
             step_learn_updates,
         )
         self.burst_factor, self.burst_default, self.burst_longest = burst_factor, burst_default, burst_longest
+        self.peer_young, self.peer_young_updates, self.peer_stale = peer_young, peer_young_updates, peer_stale
         super().__init__()
         self._svcs: dict[str, _Svc] = {}
+        #: (model, version) -> the services serving it
+        self._groups: dict[tuple[str, str], set[str]] = {}
 
     def judge(self, now: float, snapshots: dict[str, Snapshot]) -> list[Finding]:
         """Fold in the services' new snapshots; the findings that hold at ``now``."""
@@ -526,7 +550,8 @@ class ServingDetector(ServiceDetector):
             dt = min(max(snap.ts - svc.last, 0.0), 10.0)
             svc.last = snap.ts
             svc.snap = snap
-            self._judge(svc, snap, dt)
+            self._regroup(name, svc, (snap.model, snap.version))
+            self._judge(name, svc, snap, dt)
         out: list[Finding] = []
         for name, svc in self._svcs.items():
             if svc.snap is None or now - svc.last > 30.0:
@@ -539,16 +564,54 @@ class ServingDetector(ServiceDetector):
                     out.append(self._finding(name, svc.snap, rule, step.rule))
         return out
 
+    def _regroup(self, name: str, svc: _Svc, group: tuple[str, str]) -> None:
+        if group == svc.group:
+            return
+        self._groups.get(svc.group, set()).discard(name)
+        svc.group = group
+        # a service that names no model has no peers: unrelated services would share the group
+        if group[0]:
+            self._groups.setdefault(group, set()).add(name)
+
+    def _young(self, svc: _Svc, rule: str) -> bool:
+        """Whether the rule's own baseline of the service is still being learned: it learned, while
+        quiet, less than ``peer_young`` seconds or ``peer_young_updates`` of its update intervals."""
+        need = max(self.peer_young, self.peer_young_updates * svc.interval(rule))
+        return svc.learnt.get(rule, 0.0) < need
+
+    def _peers(self, name: str, svc: _Svc, rule: str, ts: float) -> tuple[float, float, int] | None:
+        """The operating point of the rule's series on the established services serving the same
+        model and version as ``name`` (past their youth, quiet on the rule, reporting): the median
+        of their references, their spread (the larger of their median noise and the median
+        absolute log deviation of their references from that median) and how many they are; None
+        without any."""
+        points = [
+            peer.points[rule]
+            for other in self._groups.get(svc.group, ())
+            if other != name
+            and (peer := self._svcs.get(other)) is not None
+            and rule in peer.points
+            and ts - peer.points[rule][0] <= self.peer_stale
+            and peer.points[rule][1] > 0
+        ]
+        if not points:
+            return None
+        refs = np.array([ref for _, ref, _ in points])
+        middle = float(np.median(refs))
+        noise = float(np.median([n if math.isfinite(n) else 0.0 for _, _, n in points]))
+        stray = float(np.median(np.abs(np.log(refs / middle))))
+        return middle, max(noise, stray), len(points)
+
     def learns_first(self) -> dict[str, float]:
         # the error budget burns against the SLO from the first report; the rest against the
         # service's own level, which its first ``warmup`` seconds learn
         return dict.fromkeys((LATENCY, TTFT, QUEUE, KV), self.warmup)
 
-    def _judge(self, svc: _Svc, s: Snapshot, dt: float) -> None:
+    def _judge(self, name: str, svc: _Svc, s: Snapshot, dt: float) -> None:
         warm = s.ts - svc.first >= self.warmup
         self._queue(svc, s, dt, warm)  # first: it tells whether the service is saturated by its demand
-        self._ratio_rule(svc, s, dt, LATENCY, f"{s.latency_stat} latency", s.p95, self.ratio, warm)
-        self._ratio_rule(svc, s, dt, TTFT, "time to first token (p95)", s.ttft, self.ttft_ratio, warm)
+        self._ratio_rule(name, svc, s, dt, (LATENCY, f"{s.latency_stat} latency", s.p95), self.ratio, warm)
+        self._ratio_rule(name, svc, s, dt, (TTFT, "time to first token (p95)", s.ttft), self.ttft_ratio, warm)
         self._errors(svc, s, dt, warm)
         self._kv(svc, s, dt, warm)
 
@@ -565,8 +628,16 @@ class ServingDetector(ServiceDetector):
         state.hold(cond, clear, ts, need, self.clear_hold, (svc.saturated, self.burst_wait(svc)))
 
     def _ratio_rule(
-        self, svc: _Svc, s: Snapshot, dt: float, rule: str, what: str, value: float, ratio: float, warm: bool
+        self,
+        name: str,
+        svc: _Svc,
+        s: Snapshot,
+        dt: float,
+        series: tuple[str, str, float],
+        ratio: float,
+        warm: bool,
     ) -> None:
+        rule, what, value = series
         state = svc.rule(rule)
         short = svc.ewma(rule, self.tau, value, dt)
         # the median of the series over at least its last few updates: one odd sample, repeated
@@ -584,7 +655,17 @@ class ServingDetector(ServiceDetector):
         # first minute would otherwise be its operating point and its noise for many minutes
         learned = svc.average(rule, self.base_tau).mean, svc.average(f"{rule}:noise", self.noise_tau).mean
         beyond = not (warm and fresh) and level >= self._limits(*learned, ratio, math.nan)[0]
+        # a young service is held to its established peers too, and a level beyond their limit is
+        # not learned as its own normal (it may be sick from its first report)
+        young = self._young(svc, rule)
+        peers = self._peers(name, svc, rule, s.ts) if young else None
+        peer_limit, peer_back = (
+            self._limits(peers[0], peers[1], ratio, math.nan) if peers else (math.inf, math.inf)
+        )
+        beyond = beyond or level >= peer_limit
         quiet = quiet and not beyond
+        if not (holding or beyond) and math.isfinite(recent):
+            svc.learnt[rule] = svc.learnt.get(rule, 0.0) + dt
         base = svc.ewma(rule, self.base_tau, recent, dt, frozen=holding or beyond)
         base, high = svc.reference(rule, s.ts, short, base, self.buckets, self.season_alpha, quiet)
         # the series' own noise at this window: how far its recent median normally strays from
@@ -592,16 +673,35 @@ class ServingDetector(ServiceDetector):
         stray = abs(math.log(recent / base)) if recent > 0 and base > 0 else math.nan
         noise = svc.ewma(f"{rule}:noise", self.noise_tau, stray, dt, frozen=not quiet)
         limit, back = self._limits(base, noise, ratio, high)
-        r = short / base if base > 0 else math.nan
         # a minimum duration in the series' own samples too: two fresh values past the first
         need = max(self.sustain, self.hold_updates * svc.interval(rule))
-        self._hold(svc, state, warm and fresh and level >= limit, level < back, s.ts, need)
+        cond = level >= limit or level >= peer_limit
+        self._hold(svc, state, warm and fresh and cond, level < back and level < peer_back, s.ts, need)
+        # told against the peers while only their limit holds, and until the episode ends
+        if cond:
+            state.by_peers = peers is not None and not level >= limit
+        elif state.since is None and not state.firing:
+            state.by_peers = False
+        if peers is not None and state.by_peers:
+            r = short / peers[0]
+            state.text = (
+                f"{what} at {short:.3g} s, {r:.1f}x the {peers[0]:.3g} s of the {peers[2]} established "
+                f"service(s) serving {s.model} {s.version} (this service is new: its own baseline "
+                "is still being learned)"
+            )
+        else:
+            r = short / base if base > 0 else math.nan
+            state.text = f"{what} at {short:.3g} s, {r:.1f}x its baseline of {base:.3g} s" + (
+                f" (normally up to {high:.3g} s at this hour)" if math.isfinite(high) else ""
+            )
         state.value = r
-        state.text = f"{what} at {short:.3g} s, {r:.1f}x its baseline of {base:.3g} s" + (
-            f" (normally up to {high:.3g} s at this hour)" if math.isfinite(high) else ""
-        )
         if state.since is not None or state.firing:
             step.busy = s.ts
+        idle = state.since is None and not state.firing and step.rule.since is None and not step.rule.firing
+        if not young and idle and base > 0:
+            svc.points[rule] = (s.ts, base, noise)
+        else:
+            svc.points.pop(rule, None)
         self._step(svc, s, dt, step, (rule, what, value), base, warm and quiet)
 
     def _limits(self, base: float, noise: float, ratio: float, high: float) -> tuple[float, float]:
