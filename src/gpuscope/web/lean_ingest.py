@@ -4,7 +4,8 @@ Every node posts a batch once a second, so what the HTTP server spends around th
 (issue 13: hub CPU per sample against VictoriaMetrics'). On the ASGI path uvicorn builds each
 request a scope, a request-response cycle with its event, and a task running the app, which reads
 the body through ``receive`` and answers through two ``send`` calls that check every header. Here
-the protocol recognises ``POST /api/v1/ingest`` once the headers are parsed and serves it itself:
+the protocol recognises ``POST /api/v1/ingest`` once the headers are parsed and serves it itself
+(uvicorn's ``on_message_begin`` still starts a scope dict for every request, a microsecond's work):
 the same front door (:meth:`AuthMiddleware.authorize <gpuscope.web.guard.AuthMiddleware.authorize>`:
 token, scope, rate limit) and the same route steps (:class:`~gpuscope.web.ingest_route.IngestRoute`:
 admission, content type, size limit, decode, durable append), called from ``on_body`` and
