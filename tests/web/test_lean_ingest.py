@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 import re
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -330,3 +331,30 @@ def test_a_sender_gone_mid_body_is_counted_alike(pair: tuple[Served, Served]) ->
     assert lean.hub.counters.get("ingest_client_disconnects") == 1
     # nothing is left in flight: the hub is not taken to be behind
     assert lean.hub.overload.status(time.time())["in_flight"] == 0
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_a_hub_told_to_stop_still_answers_the_batch_it_is_storing(
+    lean: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    served = serve(lean)
+    hub = served.hub
+    real = hub.ingest_then
+
+    def slow_sync(batch: Batch, durable: Any) -> bool:  # the ingest log's sync takes a while
+        return real(batch, lambda outcome: threading.Timer(0.5, durable, (outcome,)).start())
+
+    monkeypatch.setattr(hub, "ingest_then", slow_sync)
+    with socket.create_connection(("127.0.0.1", served.server.port), timeout=10) as sock:
+        sock.sendall(post(orjson.dumps(batch_doc("node-0", 0, time.time()))))
+        wait_until(lambda: hub.overload.status(time.time())["in_flight"] == 1, 10, "the batch in flight")
+        stopping = threading.Thread(target=served.server.stop)
+        stopping.start()
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+        stopping.join()
+    # acknowledged once durable, and the connection closed after it: the sender need not resend
+    assert status_and_body(answer)[0] == 200
+    assert b"\r\nconnection: close\r\n" in answer.split(b"\r\n\r\n")[0] + b"\r\n"
+    assert hub.counters.get("ingest_batches") == 1
