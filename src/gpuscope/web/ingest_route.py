@@ -6,7 +6,9 @@ from ``receive``, and answers with orjson, without a ``Request``, a ``JSONRespon
 per-request exception wrapper. It still sits behind the same front door as every route
 (:class:`~gpuscope.web.guard.AuthMiddleware`: token, scope, rate limit), and what it answers is what
 the handlers answer: a refusal is ``{"error": ..., "field": ...}`` with its status, counted as
-``api_refused_<status>``.
+``api_refused_<status>``. A hub's server serves this route from its HTTP parser's callbacks
+instead (:mod:`gpuscope.web.lean_ingest`), through the same steps (:class:`IngestRoute`'s methods)
+and with the same answers; this ASGI form serves everything that path leaves to uvicorn.
 
 Order of the checks: authorised (the middleware ran), admitted by the overload monitor (503 and
 ``Retry-After`` before the body is read while the hub is behind), a content type it decodes (415),
