@@ -53,6 +53,7 @@ from gpuscope.observing import ObserveStage
 #: (module, owner in it or "" for the module itself, attribute, stage label, thread it runs on)
 STAGES = [
     ("uvicorn.protocols.http.httptools_impl", "HttpToolsProtocol", "data_received", "HTTP parse, task start"),
+    ("gpuscope.web.lean_ingest", "LeanRequest", "start", "lean path: auth, admission, decode, append"),
     ("gpuscope.web.http_protocol", "JoinedWrites", "flush", "answer's write (send)"),
     ("gpuscope.web.ingest_route", "IngestRoute", "_decode", "decode + time window"),
     ("gpuscope.hub", "Hub", "ingest_then", "store append (all below)"),
@@ -61,7 +62,7 @@ STAGES = [
     ("gpuscope.store.duckdb.store", "", "encode", "  log record encoding"),
     ("gpuscope.store.ingest_log", "IngestLog", "write", "  log write"),
     ("gpuscope.store.ingest_log", "IngestLog", "when_synced", "  awaiting the sync"),
-    ("gpuscope.web.ingest_route", "", "_settle", "answer's wake-up"),
+    ("gpuscope.web.ingest_route", "IngestRoute", "_durable", "answer's wake-up"),
     ("gpuscope.store.ingest_log", "IngestLog", "_sync", "log sync (fdatasync)"),
     ("gpuscope.store.ingest_log", "IngestLog", "_fire", "durable callbacks"),
     ("gpuscope.hub", "Hub", "evaluate", "evaluation (all below)"),

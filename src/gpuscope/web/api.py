@@ -35,6 +35,7 @@ from gpuscope.web.dashboard_api import dashboard_routes
 from gpuscope.web.errors import ApiError, error_response, json_safe, refusal_counter
 from gpuscope.web.guard import AuthMiddleware, require_principal
 from gpuscope.web.ingest_route import INGEST_PATH, IngestFirst, IngestRoute, is_count, read_body
+from gpuscope.web.lean_ingest import LeanIngest
 from gpuscope.web.lineage_api import LineageApi
 from gpuscope.web.openapi import openapi_document
 from gpuscope.web.otlp_api import OtlpApi
@@ -199,6 +200,9 @@ class HubApi:
         #: what a server serves: ``app`` with agents' batches dispatched first
         #: (:class:`~gpuscope.web.ingest_route.IngestFirst`)
         self.asgi = IngestFirst(self.app, guarded_ingest)
+        #: the same route and front door for a server serving ingest from its HTTP parser
+        #: (:mod:`gpuscope.web.lean_ingest`)
+        self.lean = LeanIngest(self.ingest, guarded_ingest)
 
     # -- plumbing -----------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from starlette.routing import BaseRoute, Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from gpuscope.counters import Counters
+from gpuscope.web.answer import Answer
 from gpuscope.web.auth import ADMIN, ANONYMOUS, INGEST, READ, SCOPES, AuditLog, AuthSettings, RateLimiter
 from gpuscope.web.errors import ApiError
 from gpuscope.web.prom_api import PATHS as PROMETHEUS_PATHS
@@ -136,41 +137,44 @@ class AuthMiddleware:
         if need == PUBLIC:
             await self.app(scope, receive, send)
             return
-        principal, refusal = self._authenticate(scope, need)
-        if refusal is not None:
-            await refusal(scope, receive, send)
+        found = self.authorize(need, authorization(scope))
+        if isinstance(found, Answer):
+            await found.send(send)
             return
-        assert principal is not None
-        wait = self.limiter.take(principal.name, need)
-        if wait > 0:
-            self.counters.inc(f"rate_limited.{principal.name}")
-            retry = max(1, math.ceil(wait))
-            await _refuse(
-                429,
-                f"over the rate limit of token {principal.name!r} for {need}; retry in {retry} s",
-                {"retry-after": str(retry)},
-            )(scope, receive, send)
-            return
+        principal = found
         scope[PRINCIPAL_KEY] = principal
         if need == ADMIN and scope["method"] not in _READ_METHODS:
             await self.app(scope, receive, self._audited(scope, send, principal, path, params))
         else:
             await self.app(scope, receive, send)
 
-    def _authenticate(self, scope: Scope, need: str) -> tuple[Principal | None, ASGIApp | None]:
-        header = b""
-        for k, v in scope["headers"]:
-            if k == b"authorization":
-                header = v
-                break
+    def authorize(self, need: str, header: bytes) -> Principal | Answer:
+        """Who sends a request needing scope ``need`` with Authorization ``header`` (empty: none),
+        or the refusal to answer (401, 403, 429), counted. A principal's request is taken from its
+        rate limit."""
+        found = self._authenticate(need, header)
+        if isinstance(found, Answer):
+            return found
+        wait = self.limiter.take(found.name, need)
+        if wait > 0:
+            self.counters.inc(f"rate_limited.{found.name}")
+            retry = max(1, math.ceil(wait))
+            return _refusal(
+                429,
+                f"over the rate limit of token {found.name!r} for {need}; retry in {retry} s",
+                {"retry-after": str(retry)},
+            )
+        return found
+
+    def _authenticate(self, need: str, header: bytes) -> Principal | Answer:
         if not self.settings.tokens:  # no token configured: a loopback-only hub, open to all
-            return Principal(ANONYMOUS, frozenset(SCOPES)), None
+            return Principal(ANONYMOUS, frozenset(SCOPES))
         if not header:
             if need == READ and self.open_reads:
-                return Principal(ANONYMOUS, frozenset({READ})), None
+                return Principal(ANONYMOUS, frozenset({READ}))
             self.counters.inc("auth_refused_401")
             what = "write" if need != READ else "read on this listener"
-            return None, _refuse(
+            return _refusal(
                 401,
                 f"a bearer token with scope {need!r} is required to {what}",
                 {"www-authenticate": "Bearer"},
@@ -179,11 +183,11 @@ class AuthMiddleware:
         token = self.settings.match(presented.strip()) if scheme.lower() == "bearer" else None
         if token is None:
             self.counters.inc("auth_refused_403")
-            return None, _refuse(403, "the token is not valid")
+            return _refusal(403, "the token is not valid")
         if need not in token.scopes:
             self.counters.inc("auth_refused_403")
-            return None, _refuse(403, f"token {token.name!r} lacks the scope {need!r} this needs")
-        return Principal(token.name, token.scopes), None
+            return _refusal(403, f"token {token.name!r} lacks the scope {need!r} this needs")
+        return Principal(token.name, token.scopes)
 
     def _audited(self, scope: Scope, send: Send, who: Principal, path: str, params: dict[str, Any]) -> Send:
         """``send`` that records the action, durably, before its answer leaves."""
@@ -208,16 +212,19 @@ class AuthMiddleware:
         return audited_send
 
 
-def _refuse(status: int, message: str, headers: dict[str, str] | None = None) -> ASGIApp:
+def authorization(scope: Scope) -> bytes:
+    """The request's first Authorization header (empty when none)."""
+    for k, v in scope["headers"]:
+        if k == b"authorization":
+            return v  # type: ignore[no-any-return]
+    return b""
+
+
+def _refusal(status: int, message: str, headers: dict[str, str] | None = None) -> Answer:
     body = orjson.dumps({"error": message, "field": "authorization"})
-
-    async def app(scope: Scope, receive: Receive, send: Send) -> None:
-        raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
-        await send({"type": "http.response.start", "status": status, "headers": raw})
-        await send({"type": "http.response.body", "body": body})
-
-    return app
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    return Answer(status, raw, body)
 
 
 def document_security(doc: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from gpuscope.tls import TlsSettings
 from gpuscope.web.api import HubApi
 from gpuscope.web.auth import AuthSettings
 from gpuscope.web.http_protocol import HttpProtocol
+from gpuscope.web.lean_ingest import lean_protocol
 
 log = logging.getLogger("gpuscope.hub")
 
@@ -53,7 +54,8 @@ class HubServer:
     loopback a token is required for reads too. ``tls`` serves HTTPS from its certificate files.
     Built alone it also runs the hub's clock and closes the store when it stops; the runtime
     (:mod:`gpuscope.runtime`) passes ``evaluate_interval=None, close_store=False`` and does both
-    in its own order.
+    in its own order. ``lean_ingest`` serves agents' batches from the HTTP parser's callbacks
+    (:mod:`gpuscope.web.lean_ingest`); off, they take the ASGI path like every other request.
     """
 
     def __init__(
@@ -71,6 +73,7 @@ class HubServer:
         lineage: LineageRegistry | None = None,
         cluster: ClusterMember | None = None,
         close_store: bool = True,
+        lean_ingest: bool = True,
     ) -> None:
         auth = auth if auth is not None else AuthSettings.from_plain(tokens or [])
         if not is_loopback(host) and not auth.tokens:
@@ -105,7 +108,7 @@ class HubServer:
                 log_level="warning",
                 access_log=False,
                 server_header=False,
-                http=HttpProtocol,
+                http=lean_protocol(self.api.lean) if lean_ingest else HttpProtocol,
                 **_fast_loop(),  # type: ignore[arg-type]
                 timeout_keep_alive=30,
                 # on SIGTERM, requests still queued behind a backlog are dropped after 10 s rather
