@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, sync_playwright
+from playwright.sync_api import Browser, Page, sync_playwright
 
 from gpuscope.alert.service import AlertingService
 from gpuscope.alert.settings import AlertingSettings
@@ -89,6 +89,18 @@ def browser() -> Iterator[Browser]:
         b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         yield b
         b.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser: Browser) -> Iterator[Page]:
+    """One page per module that fails the module's tests if the page threw a script error."""
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+    p = ctx.new_page()
+    errors: list[str] = []
+    p.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield p
+    ctx.close()
+    assert errors == []
 
 
 @pytest.fixture(scope="session")

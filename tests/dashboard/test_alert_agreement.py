@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Page
 
 from dashboard.conftest import Served, serve_replay
 from gpuscope.model import Alert
@@ -29,17 +29,6 @@ STALE = "rgb(58, 63, 71)"  # --stale: the badge of a resolved alert
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
     yield from serve_replay(SCENARIO)
-
-
-@pytest.fixture(scope="module")
-def page(browser: Browser) -> Iterator[Page]:
-    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-    p = ctx.new_page()
-    errors: list[str] = []
-    p.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield p
-    ctx.close()
-    assert errors == []
 
 
 def open_page(page: Page, served: Served, fragment: str) -> None:

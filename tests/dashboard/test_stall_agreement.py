@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Page
 
 from dashboard.conftest import Served, replay
 from gpuscope.alert.service import AlertingService
@@ -43,17 +43,6 @@ def stalled() -> Iterator[Served]:
         yield Served(hub, server, t0)
     finally:
         server.stop()
-
-
-@pytest.fixture(scope="module")
-def page(browser: Browser) -> Iterator[Page]:
-    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-    p = ctx.new_page()
-    errors: list[str] = []
-    p.on("pageerror", lambda exc: errors.append(str(exc)))
-    yield p
-    ctx.close()
-    assert errors == []
 
 
 def open_page(page: Page, served: Served, fragment: str) -> None:
