@@ -147,6 +147,25 @@ def process_cpu(proc: psutil.Process) -> Callable[[], float]:
     return cpu
 
 
+def post_node_ticks(url: str, ticks: Ticks, agents: int, cpu: Callable[[], float]) -> tuple[float, int, int]:
+    """:func:`node_ticks` posted to a hub at ``url`` at their pace over ``agents`` kept-alive
+    connections; :func:`steady`'s CPU seconds (read with ``cpu``), batches and samples."""
+    clients = [httpx.Client(base_url=url, timeout=60) for _ in range(agents)]
+    headers = {"Content-Type": content_type}
+
+    def send(item: tuple[int, Outgoing]) -> int:
+        reply = clients[item[0] % agents].post("/api/v1/ingest", content=item[1].body, headers=headers)
+        reply.raise_for_status()
+        return item[1].samples
+
+    try:
+        with ThreadPoolExecutor(agents) as pool:
+            return steady(pool, [(t, list(enumerate(tick))) for t, tick in ticks], send, cpu)
+    finally:
+        for c in clients:
+            c.close()
+
+
 def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
     """Hub CPU seconds, batches and samples acknowledged after the warm-up ticks."""
     with (
@@ -157,26 +176,14 @@ def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
         ),
     ):
         ticks = node_ticks(nodes, n_ticks)
-        hub = psutil.Process(proc.pid)
-        clients = [httpx.Client(base_url=url, timeout=60) for _ in range(agents)]
-        headers = {"Content-Type": content_type}
-
-        def send(item: tuple[int, Outgoing]) -> int:
-            reply = clients[item[0] % agents].post("/api/v1/ingest", content=item[1].body, headers=headers)
-            reply.raise_for_status()
-            return item[1].samples
-
-        with ThreadPoolExecutor(agents) as pool:
-            result = steady(pool, [(t, list(enumerate(tick))) for t, tick in ticks], send, process_cpu(hub))
-        store = clients[0].get("/api/v1/health").json()["store"]
+        result = post_node_ticks(url, ticks, agents, process_cpu(psutil.Process(proc.pid)))
+        store = httpx.get(f"{url}/api/v1/health", timeout=60).json()["store"]
         syncs = store["counters"].get("store.log_syncs")
         sent = sum(len(tick) for _, tick in ticks)
         if syncs is not None:  # the ingest log's group commit: how many requests share a sync
             console.print(
                 f"hub: {syncs:,} ingest-log syncs for {sent:,} batches ({syncs / sent:.2f} a batch)"
             )
-        for c in clients:
-            c.close()
         return result
 
 

@@ -21,11 +21,8 @@ import os
 import statistics
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-import httpx
 import psutil
 
 import bench_hub_cpu as cpu
@@ -51,16 +48,6 @@ def run(mode: str, nodes: int, n_ticks: int, agents: int) -> tuple[float, float,
         with gpuscope_hub(Path(tmp) / "hub.duckdb", ready_s=cpu.HUB_START_S, entry=entry) as (url, proc):
             ticks = cpu.node_ticks(nodes, n_ticks)
             hub = psutil.Process(proc.pid)
-            clients = [httpx.Client(base_url=url, timeout=60) for _ in range(agents)]
-            headers = {"Content-Type": cpu.content_type}
-
-            def send(item: tuple[int, Any]) -> int:
-                reply = clients[item[0] % agents].post(
-                    "/api/v1/ingest", content=item[1].body, headers=headers
-                )
-                reply.raise_for_status()
-                return int(item[1].samples)
-
             loop_cpu: list[float] = []
 
             def process_cpu() -> float:
@@ -70,12 +57,7 @@ def run(mode: str, nodes: int, n_ticks: int, agents: int) -> tuple[float, float,
                 times = hub.cpu_times()
                 return float(times.user + times.system)
 
-            with ThreadPoolExecutor(agents) as pool:
-                used, batches, _ = cpu.steady(
-                    pool, [(t, list(enumerate(tick))) for t, tick in ticks], send, process_cpu
-                )
-            for c in clients:
-                c.close()
+            used, batches, _ = cpu.post_node_ticks(url, ticks, agents, process_cpu)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     return loop_cpu[1] - loop_cpu[0], used, batches, load
 

@@ -37,12 +37,10 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import httpx
 import psutil
 
 import bench_hub_cpu as cpu
@@ -170,16 +168,6 @@ def profile(nodes: int, n_ticks: int, agents: int) -> None:
         with gpuscope_hub(Path(tmp) / "hub.duckdb", ready_s=cpu.HUB_START_S, entry=entry) as (url, proc):
             ticks = cpu.node_ticks(nodes, n_ticks)
             hub = psutil.Process(proc.pid)
-            clients = [httpx.Client(base_url=url, timeout=60) for _ in range(agents)]
-            headers = {"Content-Type": cpu.content_type}
-
-            def send(item: tuple[int, Any]) -> int:
-                reply = clients[item[0] % agents].post(
-                    "/api/v1/ingest", content=item[1].body, headers=headers
-                )
-                reply.raise_for_status()
-                return int(item[1].samples)
-
             marks = iter([signal.SIGUSR1, signal.SIGUSR2])
 
             def process_cpu() -> float:
@@ -187,12 +175,7 @@ def profile(nodes: int, n_ticks: int, agents: int) -> None:
                 proc.send_signal(next(marks))
                 return float(times.user + times.system)
 
-            with ThreadPoolExecutor(agents) as pool:
-                used, batches, _ = cpu.steady(
-                    pool, [(t, list(enumerate(tick))) for t, tick in ticks], send, process_cpu
-                )
-            for c in clients:
-                c.close()
+            used, batches, _ = cpu.post_node_ticks(url, ticks, agents, process_cpu)
             deadline = time.monotonic() + 30
             while not report.exists() and time.monotonic() < deadline:
                 time.sleep(0.1)
