@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page
 
 from dashboard.conftest import Served
+from support import ARTIFACTS
 
 # headless Chromium; without it the module is skipped before any hub is built
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("browser")]
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
+SHOTS = ARTIFACTS / "dashboard"  # ignored by git
 # page, hash, charts that must hold points
 PAGES = [
     ("fleet", "#/fleet", []),
@@ -69,8 +69,19 @@ def test_page_loads_with_data(
         box = page.locator(f"#c-{chart}")
         assert int(box.get_attribute("data-points") or 0) > 0, f"{name}: chart {chart} has no points"
         assert box.locator("canvas").count() == 1
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_incidents_open_the_alerts_page_and_an_unknown_page_says_so(page: Page, served: Served) -> None:
+    open_page(page, served, "#/incidents")
+    assert page.get_attribute("body", "data-page") == "alerts"
+    assert page.locator("h1").inner_text() == "Alerts and incidents"
+    page.evaluate("location.hash = '#/nosuch'")
+    page.wait_for_selector('body[data-page="missing"][data-ready="1"]', timeout=15_000)
+    said = page.locator("#missing").inner_text()
+    assert said.startswith("There is no page #/nosuch in this dashboard. Its pages are Fleet, Alerts")
+    assert not page.is_visible("#banner")
 
 
 def test_fleet_heatmap_paints_faulty_gpus_in_fault_colours(page: Page, served: Served) -> None:
