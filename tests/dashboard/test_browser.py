@@ -216,3 +216,23 @@ def test_reports_chart_the_scheduler_s_demand_and_capacity(page: Page, slurm_ser
     assert row.locator("td").all_inner_texts()[1:] == ["1 s", "1 s", "3", "3", "0", "0"]
     box = page.locator('[data-chart="sched-debug"]')
     assert int(box.get_attribute("data-points") or 0) == 8 and box.locator("canvas").count() == 1
+
+
+def test_lineage_lists_a_checkpoint_once_with_the_ranks_that_reported_it(page: Page, served: Served) -> None:
+    """Seen: 16 identical checkpoint_completed rows, one per rank."""
+    now = time.time()
+    events = [
+        {
+            "ts": now - 5 + rank / 100,
+            "kind": "checkpoint_completed",
+            "labels": {"job": "ckpt-once", "rank": str(rank), "node": "node-0", "gpu": str(rank)},
+            "data": {"step": 40, "seconds": 3.5, "bytes": 1e9},
+        }
+        for rank in range(4)
+    ]
+    batch = {"source": "sdk:ckpt-once", "batch_id": f"ckpt-once:{now}", "events": events}
+    assert httpx.post(f"{served.url}/api/v1/ingest", json=batch, timeout=10).status_code == 200
+    open_page(page, served, "#/lineage")
+    rows = page.locator("#l-events tr", has_text="ckpt-once")
+    assert rows.count() == 1
+    assert "job ckpt-once ranks 0–3" in rows.inner_text()

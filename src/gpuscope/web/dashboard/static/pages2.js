@@ -170,6 +170,41 @@
   };
 
   const LINEAGE_KINDS = ["checkpoint_completed", "checkpoint_verified", "model_version_registered", "model_version_promoted"];
+
+  // "ranks 0–15", or the ranks themselves when they are not a run from 0
+  function rankText(ranks) {
+    const sorted = [...new Set(ranks.map(Number))].sort((a, b) => a - b);
+    if (sorted.length === 1) return `rank ${sorted[0]}`;
+    const run = sorted[0] === 0 && sorted[sorted.length - 1] === sorted.length - 1;
+    if (run) return `ranks 0–${sorted.length - 1}`;
+    return `ranks ${sorted.slice(0, 8).join(", ")}${sorted.length > 8 ? ` … (${sorted.length})` : ""}`;
+  }
+
+  // one row per checkpoint of a job (kind, job, step), not one per rank that reported it;
+  // events come newest first, so a row keeps its newest report's time and detail
+  function byCheckpoint(events) {
+    const out = [];
+    const rows = new Map();
+    for (const e of events) {
+      const rank = e.labels.rank;
+      if (rank === undefined || !e.kind.startsWith("checkpoint_")) {
+        out.push(e);
+        continue;
+      }
+      const key = [e.kind, e.labels.job, e.data.step].join("\u0000");
+      const row = rows.get(key);
+      if (row) {
+        row.ranks.push(rank);
+        continue;
+      }
+      const { rank: _r, node: _n, gpu: _g, ...labels } = e.labels;
+      const first = { ...e, labels, ranks: [rank], own: e.labels };
+      rows.set(key, first);
+      out.push(first);
+    }
+    // a checkpoint only one rank reported keeps its rank, node and GPU links
+    return out.map((e) => (e.ranks && e.ranks.length === 1 ? { ...e, labels: e.own, ranks: undefined } : e));
+  }
   GS.pages.lineage = {
     mount(root) {
       root.innerHTML = `<h1>Lineage · run → checkpoint → version → deployment</h1><div id="l-note"></div><div id="l-body"></div>`;
@@ -190,9 +225,9 @@
       }
       const { start, end } = GS.window();
       const lists = await Promise.all(LINEAGE_KINDS.map((kind) => GS.api("/api/v1/events", { kind, start, end, limit: 200 })));
-      const events = lists.flatMap((l) => l.events).sort((a, b) => b.ts - a.ts).slice(0, 200);
+      const events = byCheckpoint(lists.flatMap((l) => l.events).sort((a, b) => b.ts - a.ts)).slice(0, 200);
       root.querySelector("#l-body").innerHTML = events.length
-        ? `<table><tr><th>time</th><th>event</th><th>where</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${GS.entityLinks(e.labels)}</td><td>${esc(GS.detail(e.data).slice(0, 160))}</td></tr>`).join("")}</table>`
+        ? `<table id="l-events"><tr><th>time</th><th>event</th><th>where</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${GS.entityLinks(e.labels)}${e.ranks ? ` ${esc(rankText(e.ranks))}` : ""}</td><td>${esc(GS.detail(e.data).slice(0, 160))}</td></tr>`).join("")}</table>`
         : '<p class="muted">no checkpoint or model-version event in this range</p>';
     },
   };
