@@ -236,3 +236,13 @@ def test_lineage_lists_a_checkpoint_once_with_the_ranks_that_reported_it(page: P
     rows = page.locator("#l-events tr", has_text="ckpt-once")
     assert rows.count() == 1
     assert "job ckpt-once ranks 0–3" in rows.inner_text()
+
+
+def test_the_service_page_shows_kv_cache_use_in_percent_as_the_services_list_does(
+    page: Page, served: Served
+) -> None:
+    """Seen: 40.5 % on the Services page, a 0.4-0.55 "used share" on the service's chart."""
+    open_page(page, served, "#/service/chat-api")
+    assert page.inner_text("#c-kv .title") == "KV cache used %"
+    used = page.evaluate("GS.charts.get('c-kv').u.data[1].filter((v) => v !== null)")
+    assert used and max(used) > 1 and max(used) <= 100

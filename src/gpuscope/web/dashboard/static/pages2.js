@@ -115,13 +115,14 @@
         many(["inference_ttft_p95_seconds", "inference_itl_p95_seconds"]),
         many(["inference_queue_depth", "inference_running_requests"]),
         many(["inference_requests_per_second", "inference_errors_per_second"]),
-        many(["inference_kv_cache_usage_ratio"]),
+        // a percentage, as on the Services page (the metric is a 0-1 ratio)
+        GS.series("inference_kv_cache_usage_ratio", lab).then((p) => GS.align([p.map(([t, r]) => [t, r === null ? null : 100 * r])])),
       ]);
       GS.chart(root.querySelector("#c-latency"), "latency s", lat, [{ label: "p50" }, { label: "p95" }, { label: "p99" }]);
       GS.chart(root.querySelector("#c-ttft"), "time to first token / inter-token s", ttft, [{ label: "TTFT p95" }, { label: "ITL p95" }]);
       GS.chart(root.querySelector("#c-queue"), "queue", queue, [{ label: "waiting" }, { label: "running" }]);
       GS.chart(root.querySelector("#c-errors"), "requests and errors /s", errs, [{ label: "requests" }, { label: "errors", stroke: "#e5484d" }]);
-      GS.chart(root.querySelector("#c-kv"), "KV cache usage", kv, [{ label: "used share" }]);
+      GS.chart(root.querySelector("#c-kv"), "KV cache used %", kv, [{ label: "used %" }], { y: [0, 100] });
       root.querySelector("#sv-versions").innerHTML = d.versions_timeline.length
         ? `<table><tr><th>time</th><th>event</th><th>version</th></tr>${d.versions_timeline.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${esc(e.data.version || e.labels.version || "")}</td></tr>`).join("")}</table>`
         : `<p class="muted">no version registered or promoted in 30 days; serving ${esc(d.versions.join(", "))}</p>`;
