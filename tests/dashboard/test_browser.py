@@ -246,3 +246,13 @@ def test_the_service_page_shows_kv_cache_use_in_percent_as_the_services_list_doe
     assert page.inner_text("#c-kv .title") == "KV cache used %"
     used = page.evaluate("GS.charts.get('c-kv').u.data[1].filter((v) => v !== null)")
     assert used and max(used) > 1 and max(used) <= 100
+
+
+def test_throttle_reasons_are_drawn_in_percent_of_time_on_a_fixed_scale(page: Page, served: Served) -> None:
+    """Seen: the same "share of time" chart scaled 0-100 on one GPU and 0-1 on another."""
+    open_page(page, served, "#/gpu/node-1/5")  # thermally throttled in the replayed scenario
+    assert page.inner_text("#c-throttle .title") == "throttle reasons (% of time)"
+    scale = page.evaluate("(({ min, max }) => [min, max])(GS.charts.get('c-throttle').u.scales.y)")
+    assert scale == [0, 100]
+    drawn = page.evaluate("GS.charts.get('c-throttle').u.data.slice(1).flat().filter((v) => v !== null)")
+    assert max(drawn) > 1  # a throttled stretch reads as a percentage, not a 0-1 share
