@@ -39,6 +39,7 @@
       const earlier = d.stragglers.filter((s) => s.firing === false && !strags.includes(String(s.rank)));
       const focus = rank !== undefined ? String(rank) : null;
       const slow = d.slow_group ? d.slow_group.ranks.map(String) : [];
+      const lost = d.alerts.filter((a) => a.rule === "rank_lost" && !a.resolved_at).map((a) => String(a.entity.rank));
       root.querySelector("#jb-hours").innerHTML = GS.hours(d.productivity, "jb-hoursbar");
       root.querySelector("#jb-cards").innerHTML = `<div class="card">status<b id="jb-status" data-status="${esc(d.status)}"><span class="jst ${esc(d.status)}">${esc(d.status)}</span></b></div>
         <div class="card">last step<b>${d.last_step ?? "–"}</b></div>
@@ -77,7 +78,7 @@
           .join("")}</table>`;
       root.querySelector("#jb-alerts").innerHTML = GS.alertRows(d.alerts);
       root.querySelector("#jb-ranks").innerHTML = `<table><tr><th>rank</th><th>node</th><th>GPU</th></tr>${Object.entries(d.placement)
-        .map(([r, p]) => `<tr class="${strags.includes(r) ? "straggler" : slow.includes(r) ? "slowgroup" : ""}" data-rank="${r}"><td>${r}${strags.includes(r) ? " straggler" : ""}${slow.includes(r) ? ' <span class="muted">slow placement</span>' : ""}</td><td><a href="#/node/${encodeURIComponent(p.node)}">${esc(p.node)}</a></td><td>${p.gpu ? `<a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">GPU ${esc(p.gpu)}</a>` : "CPU"}</td></tr>`)
+        .map(([r, p]) => `<tr class="${lost.includes(r) ? "lost" : strags.includes(r) ? "straggler" : slow.includes(r) ? "slowgroup" : ""}" data-rank="${r}"><td>${r}${lost.includes(r) ? " lost (silent)" : ""}${strags.includes(r) ? " straggler" : ""}${slow.includes(r) ? ' <span class="muted">slow placement</span>' : ""}</td><td><a href="#/node/${encodeURIComponent(p.node)}">${esc(p.node)}</a></td><td>${p.gpu ? `<a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">GPU ${esc(p.gpu)}</a>` : "CPU"}</td></tr>`)
         .join("")}</table>`;
     },
   };
