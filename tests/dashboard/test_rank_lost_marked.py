@@ -1,5 +1,6 @@
 """The job page marks a rank whose ``rank_lost`` alert is firing in its rank table (it marked
-stragglers only, so the dead rank read like any other). Real headless Chromium, real hub."""
+stragglers only, so the dead rank read like any other), and says when no checkpoint was started
+(it drew an empty, unlabelled timeline). Real headless Chromium, real hub."""
 
 from __future__ import annotations
 
@@ -43,3 +44,5 @@ def test_the_job_page_marks_the_rank_the_alert_says_is_lost(dropped: Served, pag
     assert marked.get_attribute("data-rank") == "2"
     assert marked.locator("td").first.inner_text() == "2 lost (silent)"
     assert page.locator("#jb-ranks tr.lost, #jb-ranks tr.straggler").count() == 1
+    # the job saves every 600 s: no checkpoint yet, said in words rather than an empty timeline
+    assert page.inner_text("#jb-ckpt") == "no checkpoint started in this range"

@@ -72,10 +72,13 @@
           return `<i class="${cls}" style="left:${((100 * (t - start)) / span).toFixed(2)}%" title="step ${c.step}: ${c.failed ? "failed " + esc(c.failed) : c.completed ? "saved by " + c.ranks_done + " ranks" : "in progress"}"></i>`;
         })
         .join("");
-      root.querySelector("#jb-ckpt").innerHTML = `<div class="tl" id="jb-tl">${marks}</div>
+      // no empty box and header while nothing was saved: say so
+      root.querySelector("#jb-ckpt").innerHTML = d.checkpoints.length
+        ? `<div class="tl" id="jb-tl">${marks}</div>
         <table><tr><th>step</th><th>started</th><th>completed</th><th>ranks done</th><th>verified</th><th>failure</th></tr>${d.checkpoints
           .map((c) => `<tr><td>${c.step}</td><td>${GS.time(c.started)}</td><td>${GS.time(c.completed)}</td><td>${c.ranks_done}</td><td>${c.verified === undefined ? "–" : c.verified ? "ok" : "FAILED"}</td><td>${esc(c.failed || "")}</td></tr>`)
-          .join("")}</table>`;
+          .join("")}</table>`
+        : '<p class="muted" id="jb-no-ckpt">no checkpoint started in this range</p>';
       root.querySelector("#jb-alerts").innerHTML = GS.alertRows(d.alerts);
       root.querySelector("#jb-ranks").innerHTML = `<table><tr><th>rank</th><th>node</th><th>GPU</th></tr>${Object.entries(d.placement)
         .map(([r, p]) => `<tr class="${lost.includes(r) ? "lost" : strags.includes(r) ? "straggler" : slow.includes(r) ? "slowgroup" : ""}" data-rank="${r}"><td>${r}${lost.includes(r) ? " lost (silent)" : ""}${strags.includes(r) ? " straggler" : ""}${slow.includes(r) ? ' <span class="muted">slow placement</span>' : ""}</td><td><a href="#/node/${encodeURIComponent(p.node)}">${esc(p.node)}</a></td><td>${p.gpu ? `<a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">GPU ${esc(p.gpu)}</a>` : "CPU"}</td></tr>`)
