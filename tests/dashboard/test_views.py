@@ -54,6 +54,27 @@ def test_fleet_refuses_unknown_metric(client: httpx.Client) -> None:
     assert res.status_code == 400 and res.json()["field"] == "metric"
 
 
+def test_a_node_lists_the_alerts_of_the_job_and_service_running_on_it(
+    served: Served, client: httpx.Client
+) -> None:
+    """Seen: "no firing alerts" on a node whose GPUs' job sat idle (P2) and whose service failed."""
+    work = [
+        a
+        for a in served.hub.firing()
+        if "node" not in a.entity
+        and (a.entity.get("job") == "eval-sweep" or a.entity.get("service") == "chat-api")
+    ]
+    assert work  # the idle allocation (and the service's latency) are firing at the end of the replay
+    listed = {
+        node: {a["id"] for a in client.get("/api/v1/ui/node", params={"node": node}).json()["alerts"]}
+        for node in ("node-0", "node-2", "node-3")
+    }
+    for alert in work:
+        home = "node-2" if alert.entity.get("job") == "eval-sweep" else "node-3"
+        assert alert.id in listed[home], alert.rule
+        assert alert.id not in listed["node-0"]  # nothing of theirs runs there
+
+
 def test_node_view_and_unknown_node(client: httpx.Client) -> None:
     body = client.get("/api/v1/ui/node", params={"node": "node-1"}).json()
     assert [g["gpu"] for g in body["gpus"]] == [str(i) for i in range(8)]
