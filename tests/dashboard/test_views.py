@@ -11,7 +11,7 @@ from gpuscope.hub import Hub
 from gpuscope.model import Batch, Event, Frame, TrainingRecord
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.dashboard.fleet import node_view
-from gpuscope.web.dashboard.jobs import _stragglers, job_view, jobs_view
+from gpuscope.web.dashboard.jobs import _stragglers, goodput, job_view, jobs_view
 
 
 @pytest.fixture
@@ -232,3 +232,15 @@ def test_a_finished_jobs_page_answers_after_its_state_is_forgotten() -> None:
         assert [j["status"] for j in jobs_view(hub, 700.0)["jobs"] if j["job"] == "j"] == ["finished"]
     finally:
         hub.store.close()
+
+
+def test_goodput_counts_no_stall_from_the_rounding_of_its_sums() -> None:
+    """Seen: "stalled 0.0 % (9.3e-8 s)" on a job that never stalled."""
+    records = [
+        TrainingRecord(0.1 * k, "tenths", 0, k, {"step_seconds": 0.1}, {"node": "n"}) for k in range(1, 11)
+    ]
+    g = goodput(records, [], 0.0, 10.0)
+    assert g["elapsed"] == pytest.approx(1.0) and g["productive"] == pytest.approx(1.0)
+    assert g["stalled"] == 0.0
+    records.append(TrainingRecord(3.0, "tenths", 0, 11, {"step_seconds": 0.1}, {"node": "n"}))
+    assert goodput(records, [], 0.0, 10.0)["stalled"] == pytest.approx(1.9)  # a real pause still counts
