@@ -1,6 +1,7 @@
 """The job page marks a rank whose ``rank_lost`` alert is firing in its rank table (it marked
 stragglers only, so the dead rank read like any other), and says when no checkpoint was started
-(it drew an empty, unlabelled timeline). Real headless Chromium, real hub."""
+(it drew an empty, unlabelled timeline); an idle job counts the ranks it placed. Real headless
+Chromium, real hub."""
 
 from __future__ import annotations
 
@@ -46,3 +47,15 @@ def test_the_job_page_marks_the_rank_the_alert_says_is_lost(dropped: Served, pag
     assert page.locator("#jb-ranks tr.lost, #jb-ranks tr.straggler").count() == 1
     # the job saves every 600 s: no checkpoint yet, said in words rather than an empty timeline
     assert page.inner_text("#jb-ckpt") == "no checkpoint started in this range"
+
+
+def test_an_idle_job_counts_the_ranks_it_placed_and_says_none_reported_a_step(
+    dropped: Served, page: Page
+) -> None:
+    """Seen: "ranks 0" in the card above a table listing 4 ranks, for a job idling on its GPUs."""
+    page.goto(f"{dropped.url}/ui/?refresh=60#/job/idle-hold")
+    page.wait_for_selector('body[data-ready="1"]', timeout=20_000)
+    assert page.locator("#jb-ranks tr[data-rank]").count() == 4
+    assert page.inner_text("#jb-nranks") == "4"
+    assert page.inner_text("#jb-stepping") == "0 reporting steps in this range"
+    assert page.inner_text("#jb-good") == "no steps in this range"

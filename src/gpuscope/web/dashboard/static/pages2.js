@@ -39,11 +39,13 @@
       const earlier = d.stragglers.filter((s) => s.firing === false && !strags.includes(String(s.rank)));
       const focus = rank !== undefined ? String(rank) : null;
       const slow = d.slow_group ? d.slow_group.ranks.map(String) : [];
+      // the job's ranks are where it runs, whether or not they reported a step in this range
+      const placed = Object.keys(d.placement).length;
       const lost = d.alerts.filter((a) => a.rule === "rank_lost" && !a.resolved_at).map((a) => String(a.entity.rank));
       root.querySelector("#jb-hours").innerHTML = GS.hours(d.productivity, "jb-hoursbar");
       root.querySelector("#jb-cards").innerHTML = `<div class="card">status<b id="jb-status" data-status="${esc(d.status)}"><span class="jst ${esc(d.status)}">${esc(d.status)}</span></b></div>
         <div class="card">last step<b>${d.last_step ?? "–"}</b></div>
-        <div class="card">ranks<b>${d.ranks.length}</b></div>
+        <div class="card">ranks<b id="jb-nranks">${Math.max(placed, d.ranks.length)}</b>${d.ranks.length < placed ? `<span class="muted" id="jb-stepping">${d.ranks.length} reporting steps in this range</span>` : ""}</div>
         <div class="card">straggler<b id="jb-strag">${strags.length ? strags.map((r) => `rank <a href="#/job/${encodeURIComponent(job)}/${r}">${r}</a>`).join(", ") : "none"}</b><span class="muted">${d.stragglers.filter((s) => s.firing !== false).map((s) => esc(s.source)).join(", ")}</span>${earlier.length ? `<span class="muted" id="jb-strag-earlier">earlier: ${earlier.map((s) => `rank <a href="#/job/${encodeURIComponent(job)}/${s.rank}">${s.rank}</a> (${esc(s.source)}, resolved)`).join(", ")}</span>` : ""}</div>
         ${d.slow_group ? `<div class="card">placement<b id="jb-placement">${sev(d.slow_group.severity)} ranks ${esc(slow.join(", "))} slower</b><span class="muted">the job's pace since it started, not a live fault: ${fmt(100 * d.slow_group.lost_share)} % of its GPU time, $${fmt(d.slow_group.cost_per_hour, 2)}/h (<a href="#/alert/${esc(d.slow_group.id)}">${esc(d.slow_group.id)}</a>)</span></div>` : ""}
         <div class="card">checkpoints<b>${d.checkpoints.filter((c) => c.completed).length}</b><span class="muted">${d.checkpoints.filter((c) => c.failed).length} failed</span></div>
