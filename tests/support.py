@@ -27,6 +27,10 @@ from gpuscope.detect.services import Snapshot
 from gpuscope.detect.serving import ServingDetector
 from gpuscope.model import Finding
 
+#: where tests leave screenshots and other by-products: ignored by git (``.gitignore``), so a test
+#: run leaves a clone as clean as it found it
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+
 
 def load_script(path: Path, name: str) -> ModuleType:
     """A script outside the package (bench/, eval/) imported as module ``name``."""

@@ -29,12 +29,14 @@ from rich.table import Table
 from rich.text import Text
 
 from gpuscope.agent.agent import Agent
+from gpuscope.agent.sender import TokenRefused
 from gpuscope.alert.engine import AlertChange
 from gpuscope.cli_alerts import dollars_per_hour
 from gpuscope.collect.sim_node import SimNvmlNode
 from gpuscope.config import DEFAULT_PORT, load_config
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import encode_batch
+from gpuscope.model import Batch
 from gpuscope.runtime import assemble
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import Scenario, ScenarioError, builtin_scenario, load_scenario
@@ -268,7 +270,12 @@ def run_demo(
     reader = httpx.Client(base_url=server.url, headers=headers, timeout=10)
     view = DemoView(reader, scenario, server.url, end)
     injected: list[str] = []
-    interrupted = False
+    interrupted = refused = False
+    played = 0.0  # scenario seconds played
+
+    def post(batch: Batch) -> None:
+        sdk.post("/api/v1/ingest", content=encode_batch(batch), headers={"Content-Type": "application/json"})
+
     try:
         with (
             Live(console=console, refresh_per_second=2, auto_refresh=False)
@@ -278,6 +285,7 @@ def run_demo(
             for tick in sim.ticks():
                 if tick.t > end:
                     break
+                played = tick.t
                 delay = t0 + tick.t - time.time()
                 if delay > 0:
                     time.sleep(delay)
@@ -292,17 +300,21 @@ def run_demo(
                         nodes[name].feed(batch)
                         agent.step(now=t0 + tick.t)  # stamped like the simulated frames
                 for batch in tick.sdk_batches:
-                    sdk.post(
-                        "/api/v1/ingest",
-                        content=encode_batch(batch),
-                        headers={"Content-Type": "application/json"},
-                    )
+                    post(batch)
                 if interactive and int(tick.t) % 2 == 0:
                     live.update(view.render(tick.t, injected), refresh=True)
     except KeyboardInterrupt:
         interrupted = True
         console.print("interrupted")
+    except TokenRefused as exc:  # a configured token without the ingest scope
+        interrupted = refused = True
+        errors.print(Text(f"the demo's agents cannot report: {exc}", style="red"))
     finally:
+        # the jobs end with the demo and say so, as the agents do: neither a lingering hub nor
+        # one reopened on this store takes their silence for lost ranks or nodes
+        with contextlib.suppress(httpx.HTTPError):
+            for batch in sim.stop(played):
+                post(batch)
         for agent in agents.values():
             agent.leave("the demo is over")
             agent.close()
@@ -320,7 +332,7 @@ def run_demo(
                 linger.wait()
     finally:
         runtime.stop()
-    return 0
+    return 2 if refused else 0
 
 
 def listen_error(port: int, exc: OSError) -> str:

@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page
 
 from dashboard.conftest import Served
+from support import ARTIFACTS
 
 # headless Chromium; without it the module is skipped before any hub is built
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("browser")]
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
+SHOTS = ARTIFACTS / "dashboard"  # ignored by git
 # page, hash, charts that must hold points
 PAGES = [
     ("fleet", "#/fleet", []),
@@ -69,8 +69,19 @@ def test_page_loads_with_data(
         box = page.locator(f"#c-{chart}")
         assert int(box.get_attribute("data-points") or 0) > 0, f"{name}: chart {chart} has no points"
         assert box.locator("canvas").count() == 1
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def test_incidents_open_the_alerts_page_and_an_unknown_page_says_so(page: Page, served: Served) -> None:
+    open_page(page, served, "#/incidents")
+    assert page.get_attribute("body", "data-page") == "alerts"
+    assert page.locator("h1").inner_text() == "Alerts and incidents"
+    page.evaluate("location.hash = '#/nosuch'")
+    page.wait_for_selector('body[data-page="missing"][data-ready="1"]', timeout=15_000)
+    said = page.locator("#missing").inner_text()
+    assert said.startswith("There is no page #/nosuch in this dashboard. Its pages are Fleet, Alerts")
+    assert not page.is_visible("#banner")
 
 
 def test_fleet_heatmap_paints_faulty_gpus_in_fault_colours(page: Page, served: Served) -> None:
@@ -205,3 +216,43 @@ def test_reports_chart_the_scheduler_s_demand_and_capacity(page: Page, slurm_ser
     assert row.locator("td").all_inner_texts()[1:] == ["1 s", "1 s", "3", "3", "0", "0"]
     box = page.locator('[data-chart="sched-debug"]')
     assert int(box.get_attribute("data-points") or 0) == 8 and box.locator("canvas").count() == 1
+
+
+def test_lineage_lists_a_checkpoint_once_with_the_ranks_that_reported_it(page: Page, served: Served) -> None:
+    """Seen: 16 identical checkpoint_completed rows, one per rank."""
+    now = time.time()
+    events = [
+        {
+            "ts": now - 5 + rank / 100,
+            "kind": "checkpoint_completed",
+            "labels": {"job": "ckpt-once", "rank": str(rank), "node": "node-0", "gpu": str(rank)},
+            "data": {"step": 40, "seconds": 3.5, "bytes": 1e9},
+        }
+        for rank in range(4)
+    ]
+    batch = {"source": "sdk:ckpt-once", "batch_id": f"ckpt-once:{now}", "events": events}
+    assert httpx.post(f"{served.url}/api/v1/ingest", json=batch, timeout=10).status_code == 200
+    open_page(page, served, "#/lineage")
+    rows = page.locator("#l-events tr", has_text="ckpt-once")
+    assert rows.count() == 1
+    assert "job ckpt-once ranks 0–3" in rows.inner_text()
+
+
+def test_the_service_page_shows_kv_cache_use_in_percent_as_the_services_list_does(
+    page: Page, served: Served
+) -> None:
+    """Seen: 40.5 % on the Services page, a 0.4-0.55 "used share" on the service's chart."""
+    open_page(page, served, "#/service/chat-api")
+    assert page.inner_text("#c-kv .title") == "KV cache used %"
+    used = page.evaluate("GS.charts.get('c-kv').u.data[1].filter((v) => v !== null)")
+    assert used and max(used) > 1 and max(used) <= 100
+
+
+def test_throttle_reasons_are_drawn_in_percent_of_time_on_a_fixed_scale(page: Page, served: Served) -> None:
+    """Seen: the same "share of time" chart scaled 0-100 on one GPU and 0-1 on another."""
+    open_page(page, served, "#/gpu/node-1/5")  # thermally throttled in the replayed scenario
+    assert page.inner_text("#c-throttle .title") == "throttle reasons (% of time)"
+    scale = page.evaluate("(({ min, max }) => [min, max])(GS.charts.get('c-throttle').u.scales.y)")
+    assert scale == [0, 100]
+    drawn = page.evaluate("GS.charts.get('c-throttle').u.data.slice(1).flat().filter((v) => v !== null)")
+    assert max(drawn) > 1  # a throttled stretch reads as a percentage, not a 0-1 share

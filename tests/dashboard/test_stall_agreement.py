@@ -3,7 +3,7 @@
 Fleet colours the job's GPUs busy-but-not-productive and counts their GPU-hours, the jobs list and
 the job page say ``stalled``, the job's GPU-time bar holds the stall, and Reports ranks the hang
 first among the causes of waste. Real headless Chromium against a real hub; screenshots of the
-Fleet page and the waste report go to ``test-artifacts/``.
+Fleet page and the waste report go to ``test-artifacts/`` (ignored by git).
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from gpuscope.alert.settings import AlertingSettings
 from gpuscope.hub import Hub
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
+from support import ARTIFACTS
 
 # headless Chromium; without it the module is skipped before the stall is replayed
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("browser")]
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
 SCENARIO = Path(__file__).parent / "fixtures" / "stall.yaml"
 JOB = "llm-stuck"
 

@@ -11,7 +11,7 @@ from gpuscope.hub import Hub
 from gpuscope.model import Batch, Event, Frame, TrainingRecord
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.dashboard.fleet import node_view
-from gpuscope.web.dashboard.jobs import _stragglers, job_view, jobs_view
+from gpuscope.web.dashboard.jobs import _stragglers, goodput, job_view, jobs_view
 
 
 @pytest.fixture
@@ -52,6 +52,27 @@ def test_fleet_marks_faulty_gpus_and_counts_idle(client: httpx.Client) -> None:
 def test_fleet_refuses_unknown_metric(client: httpx.Client) -> None:
     res = client.get("/api/v1/ui/fleet", params={"metric": "no_such_metric"})
     assert res.status_code == 400 and res.json()["field"] == "metric"
+
+
+def test_a_node_lists_the_alerts_of_the_job_and_service_running_on_it(
+    served: Served, client: httpx.Client
+) -> None:
+    """Seen: "no firing alerts" on a node whose GPUs' job sat idle (P2) and whose service failed."""
+    work = [
+        a
+        for a in served.hub.firing()
+        if "node" not in a.entity
+        and (a.entity.get("job") == "eval-sweep" or a.entity.get("service") == "chat-api")
+    ]
+    assert work  # the idle allocation (and the service's latency) are firing at the end of the replay
+    listed = {
+        node: {a["id"] for a in client.get("/api/v1/ui/node", params={"node": node}).json()["alerts"]}
+        for node in ("node-0", "node-2", "node-3")
+    }
+    for alert in work:
+        home = "node-2" if alert.entity.get("job") == "eval-sweep" else "node-3"
+        assert alert.id in listed[home], alert.rule
+        assert alert.id not in listed["node-0"]  # nothing of theirs runs there
 
 
 def test_node_view_and_unknown_node(client: httpx.Client) -> None:
@@ -211,3 +232,15 @@ def test_a_finished_jobs_page_answers_after_its_state_is_forgotten() -> None:
         assert [j["status"] for j in jobs_view(hub, 700.0)["jobs"] if j["job"] == "j"] == ["finished"]
     finally:
         hub.store.close()
+
+
+def test_goodput_counts_no_stall_from_the_rounding_of_its_sums() -> None:
+    """Seen: "stalled 0.0 % (9.3e-8 s)" on a job that never stalled."""
+    records = [
+        TrainingRecord(0.1 * k, "tenths", 0, k, {"step_seconds": 0.1}, {"node": "n"}) for k in range(1, 11)
+    ]
+    g = goodput(records, [], 0.0, 10.0)
+    assert g["elapsed"] == pytest.approx(1.0) and g["productive"] == pytest.approx(1.0)
+    assert g["stalled"] == 0.0
+    records.append(TrainingRecord(3.0, "tenths", 0, 11, {"step_seconds": 0.1}, {"node": "n"}))
+    assert goodput(records, [], 0.0, 10.0)["stalled"] == pytest.approx(1.9)  # a real pause still counts

@@ -78,11 +78,66 @@ def hub_url(tmp_path: Path) -> Iterator[tuple[str, Hub]]:
 
 
 def cli(url: str, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, object]:
+    """The command with ``--json``: its exit status, and the hub's answer (stderr on failure)."""
+    code, out = said(url, *argv, "--json", capsys=capsys)
+    return code, (json.loads(out) if code == 0 else out)
+
+
+def said(url: str, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """The command as a person runs it: its exit status and what it printed (stderr on failure)."""
     parser = argparse.ArgumentParser()
     add_arguments(parser)
     code = run(parser.parse_args(["--hub", url, *argv]))
     out = capsys.readouterr()
-    return code, (json.loads(out.out) if code == 0 else out.err)
+    return code, (out.out if code == 0 else out.err)
+
+
+def test_the_cli_prints_lines_a_tree_and_a_table_for_people(
+    hub_url: tuple[str, Hub], capsys: pytest.CaptureFixture[str]
+) -> None:
+    url, _ = hub_url
+    assert said(url, "run", "ft-3", "--meta", "dataset=v9", capsys=capsys) == (
+        0,
+        "registered training run ft-3 (dataset=v9)\n",
+    )
+    code, out = said(url, "checkpoint", "ft-3", "500", HASH_A, "--path", "s3://b/500", capsys=capsys)
+    assert (code, out) == (0, "registered checkpoint ft-3 step 500 (manifest a1b2c3d4e5f6…, s3://b/500)\n")
+    code, out = said(
+        url,
+        "register",
+        "ranker",
+        "3",
+        "--job",
+        "ft-3",
+        "--step",
+        "500",
+        "--metric",
+        "auc=0.91",
+        capsys=capsys,
+    )
+    assert code == 0 and out.startswith("registered ranker 3\nranker 3\n")
+    code, out = said(
+        url, "promote", "search", "ranker", "3", "--alias", "champion", "--traffic", "0.25", capsys=capsys
+    )
+    assert (code, out) == (
+        0,
+        "ranker 3 now serves search at 25 % of its traffic, from checkpoint ft-3 step 500 "
+        "(manifest a1b2c3d4e5f6…, s3://b/500); @champion points at it\n",
+    )
+    code, out = said(url, "show", "ranker", "@champion", capsys=capsys)
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == "ranker 3  @champion"
+    assert "metrics: auc 0.91" in lines[2]
+    assert "checkpoint: ft-3 step 500 (manifest a1b2c3d4e5f6…, s3://b/500), saved " in lines[3]
+    assert "training run: ft-3, started " in lines[4] and lines[4].endswith(", dataset=v9")
+    assert "search: 25 % of traffic from " in lines[6]
+    assert "{" not in out  # no JSON
+    code, out = said(url, "changes", "search", capsys=capsys)
+    assert code == 0 and "what changed for search before" in out
+    (row,) = [line for line in out.splitlines() if "ranker" in line]
+    assert [cell.strip() for cell in row.split("│")[3:9]] == ["ranker", "3", "-", "25 %", "ft-3", "-"]
+    code, out = said(url, "changes", "other", capsys=capsys)
+    assert code == 0 and out.startswith("no promotion of other in the 3600 s before ")
 
 
 def test_cli_round_trips_through_the_api(

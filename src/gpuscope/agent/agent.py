@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 
 from gpuscope import __version__
-from gpuscope.agent.sender import Backoff, Sender
+from gpuscope.agent.sender import Backoff, Sender, TokenRefused
 from gpuscope.agent.spool import Spool
 from gpuscope.collect.base import Collector, CollectorError, CollectorSet
 from gpuscope.counters import Counters
@@ -68,7 +68,12 @@ def default_spool_dir(node: str) -> Path:
 
 
 class Agent:
-    """Collects from ``collectors`` every ``interval`` seconds and delivers batches to the hub."""
+    """Collects from ``collectors`` every ``interval`` seconds and delivers batches to the hub.
+
+    A hub that refuses the agent's token (401, 403) ends :meth:`run` with
+    :class:`~gpuscope.agent.sender.TokenRefused`: an agent that cannot deliver anything must not
+    look healthy. The refused batch stays in the spool for the next start.
+    """
 
     def __init__(
         self,
@@ -117,6 +122,7 @@ class Agent:
                 backoff=backoff,
                 ca_file=ca_file,
                 sender={"node": node},
+                stop_on_refused_token=True,
             )
         except Exception:
             self.spool.close()
@@ -186,6 +192,8 @@ class Agent:
                 tick += late * self.interval
             try:
                 self.step(now=tick, deadline=tick + 0.8 * self.interval)
+            except TokenRefused:
+                raise  # no round can succeed: the caller says so and stops
             except Exception as exc:  # a bug in one round must not end monitoring of the node
                 self.counters.inc("round_errors")
                 if type(exc) not in self._logged_round_errors:
@@ -210,7 +218,10 @@ class Agent:
         event = Event(ts=now, kind="agent_stopping", labels={"node": self.node}, data={"reason": reason})
         batch = Batch(source=self.node, events=[event], batch_id=f"{self.node}:{self.boot_id}:{self._seq}")
         self._seq += 1
-        self.sender.submit(encode_frame(batch), 0, deadline=now + wait)
+        try:
+            self.sender.submit(encode_frame(batch), 0, deadline=now + wait)
+        except TokenRefused as exc:  # it could not report anything either: nothing to take back
+            log.info("could not tell the hub this node is leaving: %s", exc)
 
     def close(self) -> None:
         """Close collectors, the HTTP client and the spool (what is spooled stays for next start)."""

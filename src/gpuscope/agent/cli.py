@@ -4,6 +4,14 @@ Which collectors run: the registered defaults (the host collector), plus any who
 given (``--dcgm-url`` switches on the collector that declares ``enabled_by = ("dcgm_url",)``), or
 exactly those named with ``--collector``. An option that no installed collector handles is an
 error rather than silently ignored.
+
+Exit status: 0 after SIGINT/SIGTERM, 2 on bad arguments or setup, :data:`EXIT_TOKEN_REFUSED` (77,
+``EX_NOPERM``) when the hub refuses the agent's token: said once, with the hub's reason and never
+the token. Retrying inside the process could not succeed until the token or the hub's
+``auth.tokens`` change, and a process that keeps running while it delivers nothing looks healthy
+to systemd and Kubernetes. Their restart policy retries (the shipped unit every 5 s, a DaemonSet
+with back-off), the failure shows as a failed unit or a crash-looping pod, and what was collected
+stays in the spool for the start that gets through.
 """
 
 from __future__ import annotations
@@ -14,12 +22,14 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import orjson
 
 from gpuscope.agent.agent import Agent, collect_once_json, default_node_name, run_until_signalled
 from gpuscope.agent.metrics_endpoint import MetricsEndpoint, PublishingCollectorSet, parse_listen, serve_only
+from gpuscope.agent.sender import TokenRefused
 from gpuscope.agent.spool import SpoolError
 from gpuscope.collect.base import (
     COLLECTORS,
@@ -33,6 +43,9 @@ from gpuscope.huburl import hub_urls
 from gpuscope.tls import TlsSettings
 
 log = logging.getLogger("gpuscope.agent")
+
+#: the exit status when the hub refuses the agent's token (sysexits.h EX_NOPERM)
+EXIT_TOKEN_REFUSED = 77
 
 #: command-line flag -> collector option it sets
 SOURCE_FLAGS = {
@@ -227,11 +240,27 @@ def run_agent(args: argparse.Namespace) -> int:
     )
     try:
         stats = run_until_signalled(agent)
+    except TokenRefused as exc:
+        print(f"gpuscope agent: {token_refused_message(exc, agent.spool.dir)}", file=sys.stderr)
+        return EXIT_TOKEN_REFUSED
     finally:
         if endpoint is not None:
             endpoint.close()
     log.info("agent stopped: %s", stats)
     return 0
+
+
+def token_refused_message(exc: TokenRefused, spool: Path) -> str:
+    """What the agent says, once, as it stops because the hub refused its token."""
+    fix = (
+        "check --token (or $GPUSCOPE_TOKEN) against the hub's auth.tokens; the agent needs a token "
+        "with the 'ingest' scope"
+    )
+    return (
+        f"{exc}. Stopping (exit status {EXIT_TOKEN_REFUSED}): nothing can be delivered until the hub "
+        f"accepts a token; {fix}. What was collected stays in the spool ({spool}) and is sent by the "
+        "next start the hub accepts."
+    )
 
 
 def _serve_metrics_only(collectors: list[Collector], endpoint: MetricsEndpoint, interval: float) -> int:

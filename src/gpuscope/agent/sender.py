@@ -5,8 +5,11 @@ shard (a sharded cluster), the next batches go there (:mod:`.route`). A connecti
 408, 421 or 429 means "later": the batch goes to the spool and the sender backs off (exponential, jittered,
 capped), or waits the ``Retry-After`` the hub gave. Any other status is a permanent refusal:
 retrying would never succeed, so the batch is counted as ``batches_refused``, the hub's message is
-logged once, and delivery moves on. While the spool holds anything, new batches queue behind it so the hub
-receives batches in the order they were collected.
+logged once, and delivery moves on. A sender made with ``stop_on_refused_token`` (the node agent)
+treats 401 and 403 apart: every batch would be refused alike, so it raises :class:`TokenRefused`
+instead, keeping the batch in the spool for a later start with a token the hub accepts. While the
+spool holds anything, new batches queue behind it so the hub receives batches in the order they
+were collected.
 
 A body is a JSON batch or a binary frame (:mod:`gpuscope.ingest.frame`); each is posted with its
 own content type, so spooled records of either kind replay as they were written. A hub that does
@@ -64,6 +67,20 @@ class Backoff:
         return base * (1.0 - self.jitter * rng.random())
 
 
+class TokenRefused(Exception):
+    """The hub refused this sender's token (HTTP 401 or 403): nothing can be delivered until the
+    token or the hub's configuration changes. The message names the hub and the hub's reason,
+    never the token."""
+
+    def __init__(self, url: str, status: int, reason: str, token_given: bool) -> None:
+        self.url, self.status, self.reason = url, status, reason
+        if token_given:
+            what = f"the hub at {url} refused the token (HTTP {status}: {reason})"
+        else:
+            what = f"the hub at {url} needs a token (HTTP {status}: {reason}); none was given"
+        super().__init__(what)
+
+
 class Outcome(Enum):
     DELIVERED = "delivered"
     RETRY = "retry"
@@ -91,8 +108,11 @@ class Sender:
         rng: random.Random | None = None,
         ca_file: str | None = None,
         sender: Mapping[str, str] | None = None,
+        stop_on_refused_token: bool = False,
     ) -> None:
         self.spool = spool
+        self.stop_on_refused_token = stop_on_refused_token
+        self._token_given = bool(token)
         self._lock = threading.RLock()
         self.counters = counters if counters is not None else Counters()
         #: the hub posted to: a cluster's owner of this sender's shard once a hub named it
@@ -239,9 +259,12 @@ class Sender:
         if status in (408, 429) or status >= 500:
             self._failed(f"HTTP {status}: {_hub_message(resp)}", _retry_after(resp))
             return Outcome.RETRY
+        message = _hub_message(resp)
+        if status in (401, 403) and self.stop_on_refused_token:
+            self.counters.inc(f"token_refused.{status}")
+            raise TokenRefused(self.route.base, status, message, self._token_given)
         self.counters.inc("batches_refused")
         self.counters.inc(f"batches_refused.{status}")
-        message = _hub_message(resp)
         key = (status, message)
         if key not in self._logged_refusals and len(self._logged_refusals) < _MAX_LOGGED_REFUSALS:
             self._logged_refusals.add(key)

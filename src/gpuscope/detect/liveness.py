@@ -97,6 +97,7 @@ class Liveness(Generic[K]):
         self.gap_min_senders = gap_min_senders
         self._senders: dict[K, _Sender] = {}
         self._fresh: list[_Sender] = []
+        self._resumed: list[_Sender] = []
         self._witnesses: dict[Hashable, _Witness] = {}
         self._fresh_witnesses: list[_Witness] = []
         self._traffic = False
@@ -149,6 +150,14 @@ class Liveness(Generic[K]):
     def forget(self, key: K) -> None:
         self._senders.pop(key, None)
 
+    def resume(self, key: K) -> None:
+        """Excuse ``key``'s silence so far: it is measured again from the next update, as if the
+        sender had just been heard (without counting it as a delivery for the watermark)."""
+        sender = self._senders.get(key)
+        if sender is not None:
+            sender.down = False
+            self._resumed.append(sender)
+
     def __contains__(self, key: object) -> bool:
         return key in self._senders
 
@@ -185,6 +194,9 @@ class Liveness(Generic[K]):
                     sender.offset = arrival
                 delays.append(arrival - sender.offset)
         self._fresh.clear()
+        for sender in self._resumed:
+            sender.heard_at = max(sender.heard_at, now)
+        self._resumed.clear()
         for seen in self._fresh_witnesses:
             seen.fresh = False
             arrival = now - seen.last

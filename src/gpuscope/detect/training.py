@@ -15,6 +15,15 @@ Silence is measured on the hub's clock and excused while the hub hears nothing a
 while the fleet's heartbeats all arrive late and this rank's are as recent as the fleet's
 (:class:`~gpuscope.detect.liveness.Liveness`). Stalls (steps stopped while heartbeats arrive)
 and ended jobs are judged as before.
+
+After a replay of stored history (hub start, shard takeover), a job whose every rank was already
+silent past its threshold is *dormant*: this hub never heard it live, and a job that ended unsaid
+(a simulator stopped, a scheduler's kill before any end event) looks the same as a lost one, so
+neither its ranks nor its steps are judged. When any of its ranks is heard again it is judged
+anew, each rank's silence and the wait for its next step measured from then (a rank that does not
+come back is found one threshold later); a dormant job silent for ``abandon_after`` is forgotten.
+Counted as ``jobs_silent_before_start``. A job with some ranks still heard is judged as usual, so
+a rank lost while the hub was away is still found.
 """
 
 from __future__ import annotations
@@ -81,6 +90,8 @@ class TrainingLivenessDetector(Detector):
         self._jobs = JobTracker(self.counters)
         self._runs: dict[str, _Run] = {}
         self._fresh: list[_Run] = []
+        #: job -> hub time a replay found every rank of it silent (not judged until heard again)
+        self._dormant: dict[str, float] = {}
         self._ranks: Liveness[RankKey] = Liveness(factor=rank_factor, floor=rank_floor, default_interval=1.0)
         self._suppressed = 0
         self._withheld_watermark = 0
@@ -100,6 +111,7 @@ class TrainingLivenessDetector(Detector):
                 self._lifecycle(job)
 
     def _lifecycle(self, job: Job) -> None:
+        self._dormant.pop(job.name, None)
         old = self._runs.pop(job.name, None)
         if old is not None:
             for rank in old.ranks:
@@ -114,6 +126,10 @@ class TrainingLivenessDetector(Detector):
         run = self._runs.get(name)
         if run is None:
             run = self._runs[name] = _Run()
+        if self._dormant.pop(name, None) is not None:
+            for rank in run.ranks:  # heard again: each rank's silence counts from now
+                self._ranks.resume((name, rank))
+            self._progress(run)  # and so does its wait for a step
         return job, run
 
     def _rank_of(self, event: Event) -> tuple[Job, _Run, int] | None:
@@ -210,6 +226,17 @@ class TrainingLivenessDetector(Detector):
 
     def replayed(self, now: float) -> None:
         self._ranks.replayed(now)
+        for name, run in self._runs.items():
+            job = self._jobs.jobs.get(name)
+            if job is None or not job.running or not run.ranks or name in self._dormant:
+                continue
+            if all(self._silent((name, rank), now) for rank in run.ranks):
+                self._dormant[name] = now
+                self.counters.inc("jobs_silent_before_start")
+
+    def _silent(self, key: RankKey, now: float) -> bool:
+        heard, threshold = self._ranks.heard_at(key), self._ranks.threshold(key)
+        return heard is not None and threshold is not None and now - heard >= threshold
 
     def evaluate(self, now: float) -> list[Finding]:
         overdue = self._ranks.overdue(now)
@@ -217,6 +244,13 @@ class TrainingLivenessDetector(Detector):
             run.progress_at = now
             run.fresh = False
         self._fresh.clear()
+        for name, since in list(self._dormant.items()):
+            if now - since >= self.abandon_after:
+                job = self._jobs.jobs.get(name)
+                if job is None:
+                    del self._dormant[name]
+                else:
+                    self._abandon(job, now)
         out = self._stalled(now)
         out.extend(self._lost(overdue, now))
         if self._ranks.suppressed > self._suppressed:
@@ -255,7 +289,7 @@ class TrainingLivenessDetector(Detector):
         out: list[Finding] = []
         for name, run in self._runs.items():
             job = self._jobs.jobs.get(name)
-            if job is None or not job.running or not run.progress.started:
+            if job is None or not job.running or not run.progress.started or name in self._dormant:
                 continue
             silence = now - max(run.progress_at, self._ranks.gap_end)
             threshold, base = self.stall_threshold(run.progress)
@@ -381,6 +415,8 @@ class TrainingLivenessDetector(Detector):
             if job is None or run is None or not job.running:
                 for late in lates:
                     self._ranks.forget(late.key)
+                continue
+            if name in self._dormant:
                 continue
             if len(lates) >= len(run.ranks):  # the whole job is quiet
                 if min(late.silence for late in lates) >= self.abandon_after:

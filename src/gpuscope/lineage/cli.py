@@ -1,8 +1,9 @@
 """``gpuscope lineage ...``: register runs, checkpoints and versions, promote, and ask what changed.
 
 Talks to a hub's lineage API (``--hub``, default ``$GPUSCOPE_HUB``, else the local hub), so the
-registry has one owner. Prints the hub's JSON answer; exits 1 with the hub's message when it refuses, 2 on bad
-arguments or an unreachable hub.
+registry has one owner. Prints the answer for people (a line, a version's tree, a table of
+changes; :mod:`gpuscope.lineage.render`), or the hub's JSON with ``--json``; exits 1 with the
+hub's message when it refuses, 2 on bad arguments or an unreachable hub.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any
 
 import httpx
 import orjson
+from rich.console import Console
 
 from gpuscope.cli_client import add_client_options, error_message, unreachable
+from gpuscope.lineage.render import render
 from gpuscope.tls import client_context
 
 BASE = "/api/v1/lineage"
@@ -128,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
     except ValueError:
         print(f"gpuscope lineage: {error_message(resp)}", file=sys.stderr)
         return 1
-    # the answer is JSON either way: indented for people, one line with --json for scripts
-    print(orjson.dumps(doc).decode() if args.json else orjson.dumps(doc, option=orjson.OPT_INDENT_2).decode())
+    if args.json:
+        print(orjson.dumps(doc).decode())
+    else:
+        console = Console()
+        # pipes and logs: rows kept whole
+        (console if console.is_terminal else Console(width=200)).print(render(args, doc))
     return 0

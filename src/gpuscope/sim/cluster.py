@@ -90,6 +90,15 @@ class Simulator:
         for k in range(1, n + 1):
             yield self._tick(k * s.interval, s.interval)
 
+    def stop(self, t: float) -> list[Batch]:
+        """The run is cut short at ``t`` (seconds from scenario start): every job and service still
+        running ends there, as its SDK's ``finish()`` would say, and the SDK batches carrying those
+        ends are returned. A hub told nothing would take the ranks that fell silent for lost ones,
+        then and whenever it reopens the run's store."""
+        for workload in self._workloads:
+            workload.end(t)
+        return self._sdk_batches(self.t0 + t, ":stop")  # not the id of the tick at t (deduplicated)
+
     # -- one tick ---------------------------------------------------------------------------------
 
     def _tick(self, t: float, dt: float) -> Tick:
@@ -188,7 +197,7 @@ class Simulator:
             out[node] = Batch(source=node, frames=frames, events=events, batch_id=f"{node}:{ts:.3f}")
         return out
 
-    def _sdk_batches(self, ts: float) -> list[Batch]:
+    def _sdk_batches(self, ts: float, tag: str = "") -> list[Batch]:
         out: list[Batch] = []
         for job in self._workloads:
             records = job.records if isinstance(job, TrainingJob) else []
@@ -205,7 +214,7 @@ class Simulator:
                     frames=frames,
                     events=job.events,
                     training=records,
-                    batch_id=f"{source}:{ts:.3f}",
+                    batch_id=f"{source}:{ts:.3f}{tag}",
                 )
             )
             job.events = []

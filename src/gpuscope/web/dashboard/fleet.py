@@ -110,7 +110,8 @@ def _fleet_hours(hub: Hub, window: tuple[float, float] | None) -> dict[str, Any]
 
 
 def node_view(hub: Hub, node: str, stale_after: float) -> dict[str, Any]:
-    """A node's host values, its GPUs' latest values, and the alerts that name it."""
+    """A node's host values, its GPUs' latest values, the alerts that name it and those of the
+    jobs and services running on it."""
     rows = [r for r in hub.store.snapshot(None, None) if r["labels"].get("node") == node]
     if not rows:
         raise KeyError(node)
@@ -143,7 +144,18 @@ def node_view(hub: Hub, node: str, stale_after: float) -> dict[str, Any]:
             }
         )
     gpus.sort(key=lambda g: natural_key(g["gpu"]))
-    alerts = sorted(index.by_node.get(node, []), key=lambda a: (a.severity, a.started_at))
+    own = index.by_node.get(node, [])
+    # the node's work too: an alert on a job or service running here that names no node of its
+    # own (the node was "no firing alerts" while its GPUs' job idled and its service failed)
+    jobs = sorted({g["job"] for g in gpus if g["job"]})
+    names = sorted({s["labels"]["service"] for s in services})
+    work = [a for j in jobs for a in index.by_job.get(j, [])]
+    work += [a for n in names for a in index.by_service.get(n, [])]
+    listed = {a.id: a for a in own}
+    for alert in work:
+        if "node" not in alert.entity:
+            listed.setdefault(alert.id, alert)
+    alerts = sorted(listed.values(), key=lambda a: (a.severity, a.started_at))
     return {
         "node": node,
         "host": None if host is None else {"ts": host["ts"], "values": host["values"]},

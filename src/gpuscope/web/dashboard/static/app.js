@@ -196,10 +196,27 @@ GS.chartBoxes = (root, names) =>
 
 // -- routing and the live loop ---------------------------------------------------------------
 
+// pages people reach for by another name: incidents are listed on the Alerts page
+const PAGE_ALIASES = { incidents: "alerts", incident: "alerts" };
+
+// an address that names no page says so and lists the pages (it used to show Fleet silently)
+GS.pages.missing = {
+  mount(root) {
+    const links = [...document.querySelectorAll("#nav a")]
+      .map((a) => `<a href="${GS.esc(a.getAttribute("href"))}">${GS.esc(a.textContent)}</a>`)
+      .join(", ");
+    root.innerHTML = `<h1>No such page</h1>
+      <p id="missing">There is no page ${GS.esc(location.hash)} in this dashboard. Its pages are ${links}.</p>`;
+  },
+  async update() {},
+};
+
 function route() {
   const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
-  const name = parts[0] || "fleet";
-  const page = GS.pages[name] || GS.pages.fleet;
+  const asked = parts[0] || "fleet";
+  const known = PAGE_ALIASES[asked] || asked;
+  const name = GS.pages[known] ? known : "missing";
+  const page = GS.pages[name];
   for (const a of document.querySelectorAll("#nav a")) a.classList.toggle("active", a.dataset.page === name || (a.dataset.page === "jobs" && name === "job") || (a.dataset.page === "services" && name === "service") || (a.dataset.page === "alerts" && name === "alert"));
   for (const { u } of GS.charts.values()) u.destroy();
   GS.charts.clear();

@@ -162,7 +162,10 @@
       GS.chart(root.querySelector("#c-temp"), "temperature °C", temp, [{ label: "die" }, { label: "HBM" }]);
       GS.chart(root.querySelector("#c-power"), "power W", power, [{ label: "draw" }, { label: "limit" }]);
       GS.chart(root.querySelector("#c-clock"), "SM clock MHz", clock, [{ label: "SM clock" }]);
-      GS.chart(root.querySelector("#c-throttle"), "throttle reasons (share of time)", thr, throttles.map((t) => ({ label: t.replace("gpu_throttle_", "") })));
+      // each reason is 1 while engaged: a point's mean is the share of its time, drawn as 0-100 %
+      // whatever the data (an all-zero series was scaled 0-100, a throttled one 0-1)
+      const thrPct = [thr[0], ...thr.slice(1).map((ys) => ys.map((v) => (v === null ? null : 100 * v)))];
+      GS.chart(root.querySelector("#c-throttle"), "throttle reasons (% of time)", thrPct, throttles.map((t) => ({ label: t.replace("gpu_throttle_", "") })), { y: [0, 100] });
       GS.chart(root.querySelector("#c-ecc"), "ECC errors (volatile)", ecc, [{ label: "SBE" }, { label: "DBE" }]);
     },
   };

@@ -39,10 +39,13 @@
       const earlier = d.stragglers.filter((s) => s.firing === false && !strags.includes(String(s.rank)));
       const focus = rank !== undefined ? String(rank) : null;
       const slow = d.slow_group ? d.slow_group.ranks.map(String) : [];
+      // the job's ranks are where it runs, whether or not they reported a step in this range
+      const placed = Object.keys(d.placement).length;
+      const lost = d.alerts.filter((a) => a.rule === "rank_lost" && !a.resolved_at).map((a) => String(a.entity.rank));
       root.querySelector("#jb-hours").innerHTML = GS.hours(d.productivity, "jb-hoursbar");
       root.querySelector("#jb-cards").innerHTML = `<div class="card">status<b id="jb-status" data-status="${esc(d.status)}"><span class="jst ${esc(d.status)}">${esc(d.status)}</span></b></div>
         <div class="card">last step<b>${d.last_step ?? "–"}</b></div>
-        <div class="card">ranks<b>${d.ranks.length}</b></div>
+        <div class="card">ranks<b id="jb-nranks">${Math.max(placed, d.ranks.length)}</b>${d.ranks.length < placed ? `<span class="muted" id="jb-stepping">${d.ranks.length} reporting steps in this range</span>` : ""}</div>
         <div class="card">straggler<b id="jb-strag">${strags.length ? strags.map((r) => `rank <a href="#/job/${encodeURIComponent(job)}/${r}">${r}</a>`).join(", ") : "none"}</b><span class="muted">${d.stragglers.filter((s) => s.firing !== false).map((s) => esc(s.source)).join(", ")}</span>${earlier.length ? `<span class="muted" id="jb-strag-earlier">earlier: ${earlier.map((s) => `rank <a href="#/job/${encodeURIComponent(job)}/${s.rank}">${s.rank}</a> (${esc(s.source)}, resolved)`).join(", ")}</span>` : ""}</div>
         ${d.slow_group ? `<div class="card">placement<b id="jb-placement">${sev(d.slow_group.severity)} ranks ${esc(slow.join(", "))} slower</b><span class="muted">the job's pace since it started, not a live fault: ${fmt(100 * d.slow_group.lost_share)} % of its GPU time, $${fmt(d.slow_group.cost_per_hour, 2)}/h (<a href="#/alert/${esc(d.slow_group.id)}">${esc(d.slow_group.id)}</a>)</span></div>` : ""}
         <div class="card">checkpoints<b>${d.checkpoints.filter((c) => c.completed).length}</b><span class="muted">${d.checkpoints.filter((c) => c.failed).length} failed</span></div>
@@ -71,13 +74,16 @@
           return `<i class="${cls}" style="left:${((100 * (t - start)) / span).toFixed(2)}%" title="step ${c.step}: ${c.failed ? "failed " + esc(c.failed) : c.completed ? "saved by " + c.ranks_done + " ranks" : "in progress"}"></i>`;
         })
         .join("");
-      root.querySelector("#jb-ckpt").innerHTML = `<div class="tl" id="jb-tl">${marks}</div>
+      // no empty box and header while nothing was saved: say so
+      root.querySelector("#jb-ckpt").innerHTML = d.checkpoints.length
+        ? `<div class="tl" id="jb-tl">${marks}</div>
         <table><tr><th>step</th><th>started</th><th>completed</th><th>ranks done</th><th>verified</th><th>failure</th></tr>${d.checkpoints
           .map((c) => `<tr><td>${c.step}</td><td>${GS.time(c.started)}</td><td>${GS.time(c.completed)}</td><td>${c.ranks_done}</td><td>${c.verified === undefined ? "–" : c.verified ? "ok" : "FAILED"}</td><td>${esc(c.failed || "")}</td></tr>`)
-          .join("")}</table>`;
+          .join("")}</table>`
+        : '<p class="muted" id="jb-no-ckpt">no checkpoint started in this range</p>';
       root.querySelector("#jb-alerts").innerHTML = GS.alertRows(d.alerts);
       root.querySelector("#jb-ranks").innerHTML = `<table><tr><th>rank</th><th>node</th><th>GPU</th></tr>${Object.entries(d.placement)
-        .map(([r, p]) => `<tr class="${strags.includes(r) ? "straggler" : slow.includes(r) ? "slowgroup" : ""}" data-rank="${r}"><td>${r}${strags.includes(r) ? " straggler" : ""}${slow.includes(r) ? ' <span class="muted">slow placement</span>' : ""}</td><td><a href="#/node/${encodeURIComponent(p.node)}">${esc(p.node)}</a></td><td>${p.gpu ? `<a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">GPU ${esc(p.gpu)}</a>` : "CPU"}</td></tr>`)
+        .map(([r, p]) => `<tr class="${lost.includes(r) ? "lost" : strags.includes(r) ? "straggler" : slow.includes(r) ? "slowgroup" : ""}" data-rank="${r}"><td>${r}${lost.includes(r) ? " lost (silent)" : ""}${strags.includes(r) ? " straggler" : ""}${slow.includes(r) ? ' <span class="muted">slow placement</span>' : ""}</td><td><a href="#/node/${encodeURIComponent(p.node)}">${esc(p.node)}</a></td><td>${p.gpu ? `<a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">GPU ${esc(p.gpu)}</a>` : "CPU"}</td></tr>`)
         .join("")}</table>`;
     },
   };
@@ -115,13 +121,14 @@
         many(["inference_ttft_p95_seconds", "inference_itl_p95_seconds"]),
         many(["inference_queue_depth", "inference_running_requests"]),
         many(["inference_requests_per_second", "inference_errors_per_second"]),
-        many(["inference_kv_cache_usage_ratio"]),
+        // a percentage, as on the Services page (the metric is a 0-1 ratio)
+        GS.series("inference_kv_cache_usage_ratio", lab).then((p) => GS.align([p.map(([t, r]) => [t, r === null ? null : 100 * r])])),
       ]);
       GS.chart(root.querySelector("#c-latency"), "latency s", lat, [{ label: "p50" }, { label: "p95" }, { label: "p99" }]);
       GS.chart(root.querySelector("#c-ttft"), "time to first token / inter-token s", ttft, [{ label: "TTFT p95" }, { label: "ITL p95" }]);
       GS.chart(root.querySelector("#c-queue"), "queue", queue, [{ label: "waiting" }, { label: "running" }]);
       GS.chart(root.querySelector("#c-errors"), "requests and errors /s", errs, [{ label: "requests" }, { label: "errors", stroke: "#e5484d" }]);
-      GS.chart(root.querySelector("#c-kv"), "KV cache usage", kv, [{ label: "used share" }]);
+      GS.chart(root.querySelector("#c-kv"), "KV cache used %", kv, [{ label: "used %" }], { y: [0, 100] });
       root.querySelector("#sv-versions").innerHTML = d.versions_timeline.length
         ? `<table><tr><th>time</th><th>event</th><th>version</th></tr>${d.versions_timeline.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${esc(e.data.version || e.labels.version || "")}</td></tr>`).join("")}</table>`
         : `<p class="muted">no version registered or promoted in 30 days; serving ${esc(d.versions.join(", "))}</p>`;
@@ -170,6 +177,41 @@
   };
 
   const LINEAGE_KINDS = ["checkpoint_completed", "checkpoint_verified", "model_version_registered", "model_version_promoted"];
+
+  // "ranks 0–15", or the ranks themselves when they are not a run from 0
+  function rankText(ranks) {
+    const sorted = [...new Set(ranks.map(Number))].sort((a, b) => a - b);
+    if (sorted.length === 1) return `rank ${sorted[0]}`;
+    const run = sorted[0] === 0 && sorted[sorted.length - 1] === sorted.length - 1;
+    if (run) return `ranks 0–${sorted.length - 1}`;
+    return `ranks ${sorted.slice(0, 8).join(", ")}${sorted.length > 8 ? ` … (${sorted.length})` : ""}`;
+  }
+
+  // one row per checkpoint of a job (kind, job, step), not one per rank that reported it;
+  // events come newest first, so a row keeps its newest report's time and detail
+  function byCheckpoint(events) {
+    const out = [];
+    const rows = new Map();
+    for (const e of events) {
+      const rank = e.labels.rank;
+      if (rank === undefined || !e.kind.startsWith("checkpoint_")) {
+        out.push(e);
+        continue;
+      }
+      const key = [e.kind, e.labels.job, e.data.step].join("\u0000");
+      const row = rows.get(key);
+      if (row) {
+        row.ranks.push(rank);
+        continue;
+      }
+      const { rank: _r, node: _n, gpu: _g, ...labels } = e.labels;
+      const first = { ...e, labels, ranks: [rank], own: e.labels };
+      rows.set(key, first);
+      out.push(first);
+    }
+    // a checkpoint only one rank reported keeps its rank, node and GPU links
+    return out.map((e) => (e.ranks && e.ranks.length === 1 ? { ...e, labels: e.own, ranks: undefined } : e));
+  }
   GS.pages.lineage = {
     mount(root) {
       root.innerHTML = `<h1>Lineage · run → checkpoint → version → deployment</h1><div id="l-note"></div><div id="l-body"></div>`;
@@ -190,9 +232,9 @@
       }
       const { start, end } = GS.window();
       const lists = await Promise.all(LINEAGE_KINDS.map((kind) => GS.api("/api/v1/events", { kind, start, end, limit: 200 })));
-      const events = lists.flatMap((l) => l.events).sort((a, b) => b.ts - a.ts).slice(0, 200);
+      const events = byCheckpoint(lists.flatMap((l) => l.events).sort((a, b) => b.ts - a.ts)).slice(0, 200);
       root.querySelector("#l-body").innerHTML = events.length
-        ? `<table><tr><th>time</th><th>event</th><th>where</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${GS.entityLinks(e.labels)}</td><td>${esc(GS.detail(e.data).slice(0, 160))}</td></tr>`).join("")}</table>`
+        ? `<table id="l-events"><tr><th>time</th><th>event</th><th>where</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${GS.entityLinks(e.labels)}${e.ranks ? ` ${esc(rankText(e.ranks))}` : ""}</td><td>${esc(GS.detail(e.data).slice(0, 160))}</td></tr>`).join("")}</table>`
         : '<p class="muted">no checkpoint or model-version event in this range</p>';
     },
   };
