@@ -35,6 +35,8 @@ from gpuscope import hubmem
 from gpuscope.loadgen import FleetShape, LoadOptions, run_load
 
 SAMPLE_S = 10.0
+#: how long the hub may take to answer at start: on a loaded shared machine 30 s was not enough
+READY_S = 180.0
 PROBE_S = 60.0
 WARM_S = 600.0
 #: A second, separately named figure: growth after 20 minutes, once the detectors' 15-minute
@@ -315,7 +317,7 @@ def main() -> None:
     bodies = prometheus_bodies(shape, 10)
     with (
         tempfile.TemporaryDirectory() as tmp,
-        gpuscope_hub(Path(tmp) / "soak.duckdb", args.hub_arg) as (url, proc),
+        gpuscope_hub(Path(tmp) / "soak.duckdb", args.hub_arg, ready_s=READY_S) as (url, proc),
         victoria_metrics() as vm,
     ):
         pids = {"hub": proc.pid}
