@@ -31,9 +31,12 @@ import httpx
 import psutil
 
 from common import Pacer, console, gpuscope_hub, print_table, prometheus_bodies, victoria_metrics
+from gpuscope import hubmem
 from gpuscope.loadgen import FleetShape, LoadOptions, run_load
 
 SAMPLE_S = 10.0
+#: how long the hub may take to answer at start: on a loaded shared machine 30 s was not enough
+READY_S = 180.0
 PROBE_S = 60.0
 WARM_S = 600.0
 #: A second, separately named figure: growth after 20 minutes, once the detectors' 15-minute
@@ -52,6 +55,16 @@ MEMORY_FAMILIES = {
     "gpuscope_hub_process_malloc_bytes": "state",
     "gpuscope_hub_structure_entries": "structure",
     "gpuscope_hub_store_batch_ids_remembered": "",
+    "gpuscope_hub_process_pymalloc_bytes": "state",
+    "gpuscope_hub_process_threads": "",
+}
+#: owner -> short column name, for the table of who owns the hub's resident set
+OWNER_COLUMNS = {
+    "file": "files",
+    "file_data": "libs' data",
+    "glibc_heap": "glibc heaps",
+    "thread_stacks": "thread stacks",
+    "other_anonymous": "own mappings",
 }
 
 
@@ -86,11 +99,13 @@ def parse_memory(text: str) -> dict[str, float]:
 
 
 class MemoryProbe(threading.Thread):
-    """The hub's memory by part (its ``/metrics``) every ``PROBE_S`` seconds."""
+    """The hub's memory by part (its ``/metrics``) every ``PROBE_S`` seconds, and its resident set
+    by owner (``/proc/PID/smaps``, sorted by :mod:`gpuscope.hubmem`) at the same moment."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, pid: int) -> None:
         super().__init__(daemon=True, name="memory-probe")
         self.url = url + "/metrics"
+        self.pid = pid
         self.t0 = time.monotonic()
         self.rows: list[dict[str, float]] = []
         self.errors = 0
@@ -102,7 +117,11 @@ class MemoryProbe(threading.Thread):
                 try:
                     reply = client.get(self.url)
                     reply.raise_for_status()
-                    self.rows.append({"t": time.monotonic() - self.t0, **parse_memory(reply.text)})
+                    maps = hubmem.read_smaps(self.pid) or []
+                    owners = {f"owner/{k}": float(v) for k, v in hubmem.resident_by_owner(maps).items()}
+                    row = {"t": time.monotonic() - self.t0, **parse_memory(reply.text), **owners}
+                    self.rows.append(row)
+                    console.print("  ".join(f"{c} {v}" for c, v in zip(*self.owner_row(row), strict=True)))
                 except httpx.HTTPError:
                     self.errors += 1
                 self._halt.wait(PROBE_S)
@@ -110,6 +129,53 @@ class MemoryProbe(threading.Thread):
     def stop(self) -> None:
         self._halt.set()
         self.join()
+
+    def owner_row(self, row: dict[str, float]) -> tuple[list[str], list[str]]:
+        """Who owns the RSS at one probe: each owner's resident MiB, and inside the hub's own
+        mappings what the allocators that map them say they hold (DuckDB's jemalloc resident,
+        pymalloc's arenas, glibc's large blocks); ``rest`` is what none of them accounts for."""
+        mib = {k[len("owner/") :]: v / MIB for k, v in row.items() if k.startswith("owner/")}
+        jemalloc = row.get("gpuscope_hub_store_allocator_bytes/resident", 0.0) / MIB
+        pymalloc = row.get("gpuscope_hub_process_pymalloc_bytes/arenas", 0.0) / MIB
+        mapped = row.get("gpuscope_hub_process_malloc_bytes/mmap", 0.0) / MIB
+        rest = mib.get("other_anonymous", 0.0) - jemalloc - pymalloc - mapped
+        columns = [
+            "min",
+            "RSS",
+            *OWNER_COLUMNS.values(),
+            "threads",
+            "malloc in use / free",
+            "jemalloc res.",
+            "pymalloc arenas / in use",
+            "glibc mmap",
+            "rest",
+        ]
+        values = [
+            f"{row['t'] / 60:.0f}",
+            f"{row.get('gpuscope_hub_process_resident_bytes', 0) / MIB:.0f}",
+            *(f"{mib.get(k, 0.0):.0f}" for k in OWNER_COLUMNS),
+            f"{row.get('gpuscope_hub_process_threads', 0):.0f}",
+            f"{row.get('gpuscope_hub_process_malloc_bytes/in_use', 0) / MIB:.0f}"
+            f" / {row.get('gpuscope_hub_process_malloc_bytes/free', 0) / MIB:.0f}",
+            f"{jemalloc:.0f}",
+            f"{pymalloc:.0f} / {row.get('gpuscope_hub_process_pymalloc_bytes/in_use', 0) / MIB:.0f}",
+            f"{mapped:.0f}",
+            f"{rest:.0f}",
+        ]
+        return columns, values
+
+    def owner_table(self, every_s: float = 300.0) -> tuple[list[str], list[list[str]]]:
+        """:meth:`owner_row` every ``every_s``, and at the last probe."""
+        rows: list[list[str]] = []
+        columns: list[str] = []
+        next_t = 0.0
+        for row in self.rows:
+            if row["t"] + PROBE_S / 2 < next_t and row is not self.rows[-1]:
+                continue
+            next_t = row["t"] + every_s
+            columns, values = self.owner_row(row)
+            rows.append(values)
+        return columns, rows
 
     def table(self, every_s: float = 600.0) -> tuple[list[str], list[list[str]]]:
         """One row per ``every_s``: RSS, DuckDB (total and its largest tags), Python, malloc, and the
@@ -251,7 +317,7 @@ def main() -> None:
     bodies = prometheus_bodies(shape, 10)
     with (
         tempfile.TemporaryDirectory() as tmp,
-        gpuscope_hub(Path(tmp) / "soak.duckdb", args.hub_arg) as (url, proc),
+        gpuscope_hub(Path(tmp) / "soak.duckdb", args.hub_arg, ready_s=READY_S) as (url, proc),
         victoria_metrics() as vm,
     ):
         pids = {"hub": proc.pid}
@@ -266,7 +332,7 @@ def main() -> None:
             anchor.start()
         series = RssSeries(pids)
         series.start()
-        probe = MemoryProbe(url)
+        probe = MemoryProbe(url, proc.pid)
         probe.start()
         report = run_load(
             LoadOptions(hubs=[url], shape=shape, duration=args.duration, hub_pids=[proc.pid]),
@@ -329,6 +395,10 @@ def main() -> None:
     columns, memory_rows = probe.table()
     title = f"where the hub's memory is, every 10 minutes (probe errors {probe.errors})"
     print_table(title, columns, memory_rows)
+    columns, owner_rows = probe.owner_table()
+    print_table(
+        "who owns the hub's resident set, MiB, every 5 minutes (smaps and /metrics)", columns, owner_rows
+    )
     print_table("load", ["figure", "value", "note"], report.rows())
     if args.json_out:
         out = {

@@ -1,8 +1,10 @@
-"""Where a hub process's memory is: resident set, the Python heap, glibc's malloc arenas, and the
-number of entries its own bounded structures hold (for the hub's ``/metrics``, issue 13 (d)).
+"""Where a hub process's memory is: resident set, the Python heap (its blocks and pymalloc's
+arenas), glibc's malloc arenas, the threads, and the number of entries its own bounded
+structures hold (for the hub's ``/metrics``, issue 13 (d)).
 
 Everything here is cheap enough to read on every scrape: ``/proc/self/statm``, counters the
-interpreter keeps anyway, and ``mallinfo2`` (a walk of the arenas' bin heads, not of the heap).
+interpreter keeps anyway, ``mallinfo2`` (a walk of the arenas' bin heads, not of the heap) and
+pymalloc's statistics (a walk of its pools, see :mod:`gpuscope.hubmem`).
 ``tracemalloc`` is not: it slows every allocation, so it is never switched on here.
 """
 
@@ -15,6 +17,8 @@ import os
 import sys
 from collections.abc import Iterable, Mapping, Sized
 from dataclasses import dataclass
+
+from gpuscope import hubmem
 
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
@@ -80,6 +84,8 @@ class ProcessMemory:
     malloc_in_use_bytes: int | None  # glibc: all arenas, in use by the program
     malloc_free_bytes: int | None  # glibc: free inside the arenas, still resident until trimmed
     malloc_mmap_bytes: int | None  # glibc: large blocks mapped on their own
+    pymalloc: hubmem.PyMalloc | None = None  # the interpreter's small-object arenas
+    threads: int | None = None  # native threads included
 
 
 def rss_bytes() -> int:
@@ -100,6 +106,8 @@ def snapshot() -> ProcessMemory:
         malloc_in_use_bytes=int(info.uordblks) if info is not None else None,
         malloc_free_bytes=int(info.fordblks) if info is not None else None,
         malloc_mmap_bytes=int(info.hblkhd) if info is not None else None,
+        pymalloc=hubmem.pymalloc(),
+        threads=hubmem.threads(),
     )
 
 

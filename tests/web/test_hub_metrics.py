@@ -103,6 +103,11 @@ def test_hub_metrics_say_where_the_memory_is(server: HubServer) -> None:
     assert _gauges(text, "gpuscope_hub_process_resident_bytes")[""] > 10 * 2**20
     assert _gauges(text, "gpuscope_hub_process_python_blocks")[""] > 1000
     assert _gauges(text, "gpuscope_hub_process_malloc_bytes")['{state="in_use"}'] > 0
+    # the interpreter's own arenas and the threads' stacks: the rest of the resident set's owners
+    pymalloc = _gauges(text, "gpuscope_hub_process_pymalloc_bytes")
+    assert 0 < pymalloc['{state="in_use"}'] <= pymalloc['{state="arenas"}']
+    assert pymalloc['{state="in_use"}'] + pymalloc['{state="free"}'] == pymalloc['{state="arenas"}']
+    assert _gauges(text, "gpuscope_hub_process_threads")[""] >= 2
     assert set(_gauges(text, "gpuscope_hub_process_gc_objects")) == {
         '{generation="0"}',
         '{generation="1"}',

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from gpuscope import __version__, procmem
+from gpuscope import __version__, hubmem, procmem
 from gpuscope.hub import Hub
 from gpuscope.model import Batch
 
@@ -123,6 +123,16 @@ def _by(label: str, values: object) -> Rows | None:
     if not isinstance(values, dict):
         return None
     return [({label: str(k)}, float(v)) for k, v in sorted(values.items())]
+
+
+def _pymalloc_rows(stats: hubmem.PyMalloc | None) -> Rows | None:
+    if stats is None:
+        return None
+    return [
+        ({"state": "arenas"}, float(stats.arena_bytes)),
+        ({"state": "free"}, float(stats.free_bytes)),
+        ({"state": "in_use"}, float(stats.in_use_bytes)),
+    ]
 
 
 def _store_scalar(key: str) -> Callable[[Reading], Rows | None]:
@@ -280,6 +290,19 @@ FAMILIES: tuple[_Family, ...] = (
             for state, attr in _MALLOC.items()
             if (value := getattr(r.memory, attr)) is not None
         ],
+    ),
+    _Family(
+        "gpuscope_hub_process_pymalloc_bytes",
+        "gauge",
+        "The Python interpreter's small-object allocator: its arenas (mapped), the bytes in use in "
+        "them, and the free bytes inside them (an arena is returned only once all of it is free).",
+        lambda r: _pymalloc_rows(r.memory.pymalloc),
+    ),
+    _Family(
+        "gpuscope_hub_process_threads",
+        "gauge",
+        "Threads of the hub process, native ones included (each has a stack of its own).",
+        lambda r: _one(r.memory.threads) if r.memory.threads is not None else None,
     ),
     _Family(
         "gpuscope_hub_structure_entries",
