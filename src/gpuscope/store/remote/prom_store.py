@@ -29,6 +29,7 @@ wall clock, not from the newest sample.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import re
@@ -44,13 +45,13 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuscope.counters import Counters
-from gpuscope.model import ATTRIBUTION_LABELS, Batch, Labels
+from gpuscope.model import ATTRIBUTION_LABELS, Batch, Event, Labels, TrainingRecord
 from gpuscope.signals import ALL_METRICS
 from gpuscope.store.base import AppendResult, Durable, SeriesPoint
 from gpuscope.store.batch_ids import BatchIds, Claim
 from gpuscope.store.errors import StoreError
 from gpuscope.store.group import GroupCommitter
-from gpuscope.store.prepare import Prepared, Preparer
+from gpuscope.store.prepare import Prepared, Preparer, to_ms
 from gpuscope.store.registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
 from gpuscope.store.remote import wire
 from gpuscope.store.remote.meta import MetaStore
@@ -148,6 +149,8 @@ class PromStore(MetaRecords):
         self._tlast: bool | None = None  # whether the TSDB has MetricsQL's tlast_over_time
         self._closed = False
         self._lock = threading.Lock()
+        #: seconds of telemetry :meth:`replay` reads and turns into batches at a time
+        self.replay_chunk_s = 30.0
 
     # ------------------------------------------------------------------ append
 
@@ -544,19 +547,68 @@ class PromStore(MetaRecords):
         nodes: Iterable[str] | None = None,
         jobs: Iterable[str] | None = None,
     ) -> Iterator[Batch]:
-        """The raw samples of [start, end] (a range selector read at ``end`` returns them with
+        """The raw samples of [start, end] (a range selector read at a chunk's end returns them with
         their own timestamps, not resampled to a step) of the known signals and of the metrics
-        this process has seen, with events and training records from the meta store."""
+        this process has seen, with events and training records from the meta store.
+
+        Telemetry is read and turned into batches ``replay_chunk_s`` at a time: a takeover's
+        warm-up reads up to 15 minutes of every node of the shards taken, millions of samples at
+        hundreds of nodes, and all of them at once as JSON, rows and frames took gigabytes. The
+        batches are the same as one read of the whole window (every timestamp falls in one chunk)."""
         self._check_open()
         check_window(start, end)
         scope = Scope.of(nodes, jobs)
         a, b = ms_range(start, end)
         names = sorted({*ALL_METRICS, *(n for n in self.columns.names() if METRIC_NAME_RE.fullmatch(n))})
-        win = duration(b - a - 1 if self._left_closed() else b - a)  # see series
         matchers = [""] if scope.everything else []
         for label, values in (("node", scope.nodes), ("job", scope.jobs)):
             if values:
                 matchers.append(f", {label}=~{quote('|'.join(re.escape(v) for v in sorted(values)))}")
+        events = self.meta.events(start, end, limit=REPLAY_LIMIT)
+        if scope.everything:
+            found = self._jobs_in(names, a, b) | {e.labels.get("job") for e in events}
+            wanted: Iterable[str] = {j for j in found if j}
+        else:
+            wanted = scope.jobs or ()
+        training = sorted(
+            (
+                rec
+                for job in sorted(wanted)
+                for rec in self.meta.training(job, start, end, limit=REPLAY_LIMIT)
+            ),
+            key=lambda rec: rec.ts,
+        )
+        step = max(1, round(self.replay_chunk_s * 1000))
+        edges = list(range(a, b, step))[1:]
+        if edges and b - edges[-1] < 2:  # a window of 1 ms may not be expressible: join it
+            edges.pop()
+        chunks = list(itertools.pairwise([a, *edges, b]))
+        return self._replay_chunks(names, matchers, chunks, events, training, scope)
+
+    def _replay_chunks(
+        self,
+        names: list[str],
+        matchers: list[str],
+        chunks: list[tuple[int, int]],
+        events: list[Event],
+        training: list[TrainingRecord],
+        scope: Scope,
+    ) -> Iterator[Batch]:
+        """The batches of each chunk [a, b) ms in turn (see replay)."""
+        # events and training records in the chunk of their ms, as the telemetry rows are
+        event_ms = [to_ms(e.ts) for e in events]
+        train_ms = [to_ms(r.ts) for r in training]
+        event_at = [bisect.bisect_left(event_ms, cb) for _, cb in chunks[:-1]]
+        train_at = [bisect.bisect_left(train_ms, cb) for _, cb in chunks[:-1]]
+        event_cuts = list(itertools.pairwise([0, *event_at, len(events)]))
+        train_cuts = list(itertools.pairwise([0, *train_at, len(training)]))
+        for (ca, cb), (ea, eb), (ta, tb) in zip(chunks, event_cuts, train_cuts, strict=True):
+            rows = self._replay_rows(names, matchers, ca, cb)
+            yield from batches(rows, events[ea:eb], training[ta:tb], scope)
+
+    def _replay_rows(self, names: list[str], matchers: list[str], a: int, b: int) -> list[Row]:
+        """The telemetry rows of [a, b) ms, in time order."""
+        win = duration(b - a - 1 if self._left_closed() else b - a)  # see series
         series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
         for extra in matchers:
             query = f"{names_selector(names)[:-1]}{extra}}}[{win}]"
@@ -570,18 +622,13 @@ class PromStore(MetaRecords):
             for t, v in r.get("values") or []:
                 ts = round(float(t) * 1000) / 1000
                 rows.setdefault((ts, entity), (ts, labels, {}))[2][name] = float(v)
-        events = self.meta.events(start, end, limit=REPLAY_LIMIT)
-        found = {lb.get("job") for _, lb, _ in rows.values()} | {e.labels.get("job") for e in events}
-        wanted = scope.jobs if not scope.everything else {j for j in found if j}
-        training = sorted(
-            (
-                rec
-                for job in sorted(wanted or ())
-                for rec in self.meta.training(job, start, end, limit=REPLAY_LIMIT)
-            ),
-            key=lambda rec: rec.ts,
-        )
-        return batches(sorted(rows.values(), key=lambda row: row[0]), events, training, scope)
+        return sorted(rows.values(), key=lambda row: row[0])
+
+    def _jobs_in(self, names: list[str], a: int, b: int) -> set[str]:
+        """The ``job`` labels of the series of ``names`` with samples in [a, b) ms."""
+        win = duration(b - a - 1 if self._left_closed() else b - a)
+        query = f"count by (job) (count_over_time({names_selector(names)}[{win}]))"
+        return {str(r["metric"].get("job", "")) for r in self.promql.instant(query, (b - 1) / 1000)}
 
     def rollup(self, now: float) -> dict[str, int]:
         """Nothing to do: the TSDB downsamples (or queries raw data fast enough)."""
