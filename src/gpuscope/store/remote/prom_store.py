@@ -74,6 +74,9 @@ MAX_POINTS = 11_000  # Prometheus refuses range queries of more points per serie
 #: One entity's series heads for a set of metric columns (an object array of bytes, None where
 #: refused) and the refused columns with the reason.
 _Row = tuple[npt.NDArray[np.object_], tuple[tuple[int, str], ...]]
+#: The series heads of a frame's rows (rows × metric columns, None where refused) and its refused
+#: cells (row, column, reason).
+_Block = tuple[npt.NDArray[np.object_], tuple[tuple[int, int, str], ...]]
 #: The series heads and sample fields of one request's worth of samples.
 _Lane = tuple[list[bytes], list[bytes]]
 #: What became of a request: taken (None), (samples refused, the TSDB's answer), or a failure.
@@ -141,6 +144,10 @@ class PromStore(MetaRecords):
         self._heads: dict[tuple[tuple[int, ...], int, int, int], _Row] = {}
         self._cached = 0  # series in _heads
         self._cache_lock = threading.Lock()
+        # a whole frame's heads (an agent repeats its layout every tick) per (metric columns,
+        # sample size, entity ids, attribution codes): no per-row lookups and stacking; see _block
+        self._blocks: dict[tuple[tuple[int, ...], int, bytes, bytes], _Block] = {}
+        self._blocked = 0  # series in _blocks
         self._pool: ThreadPoolExecutor | None = None  # senders of a batch's requests, made on need
         #: small batches of concurrent appends (an agent's tick each) share one remote-write request
         self.group_writes = group_writes
@@ -232,6 +239,31 @@ class PromStore(MetaRecords):
             self._cached += len(cols)
         return row
 
+    def _block(
+        self, cols: tuple[int, ...], size: int, ent: npt.NDArray[Any], attr: npt.NDArray[Any]
+    ) -> _Block:
+        """The heads of a frame's rows (entities ``ent`` with attributions ``attr``) for the metric
+        columns ``cols``, built from :meth:`_row` and cached, the oldest half dropped when the
+        cache holds ``label_cache_series`` series."""
+        key = (cols, size, ent.dtype.str.encode() + ent.tobytes(), attr.dtype.str.encode() + attr.tobytes())
+        block = self._blocks.get(key)
+        if block is not None:
+            return block
+        rows = [self._row(cols, size, e, a) for e, a in zip(ent.tolist(), attr.tolist(), strict=True)]
+        heads = np.empty((len(rows), len(cols)), dtype=object)
+        for i, (row, _) in enumerate(rows):
+            heads[i] = row
+        block = (heads, tuple((i, j, why) for i, (_, bad) in enumerate(rows) for j, why in bad))
+        with self._cache_lock:
+            if key in self._blocks:
+                return self._blocks[key]
+            if self._blocked + heads.size > self.label_cache_series:
+                for old in list(itertools.islice(self._blocks, len(self._blocks) // 2 + 1)):
+                    self._blocked -= self._blocks.pop(old)[0].size
+            self._blocks[key] = block
+            self._blocked += heads.size
+        return block
+
     def _encode(
         self, prepared: Prepared, result: AppendResult
     ) -> tuple[list[bytes], list[bytes], npt.NDArray[np.int64], bool]:
@@ -254,14 +286,13 @@ class PromStore(MetaRecords):
         refused: dict[str, int] = {}
         for t, cols, ent, attr, values in chunks:
             size = wire.sample_size(t)
-            rows = [self._row(cols, size, e, a) for e, a in zip(ent.tolist(), attr.tolist(), strict=True)]
+            block, bad = self._block(cols, size, ent, attr)
             present = ~np.isnan(values)
-            for i, (_, bad) in enumerate(rows):
-                for j, why in bad:
-                    if present[i, j]:
-                        present[i, j] = False
-                        refused[why] = refused.get(why, 0) + 1
-            heads += np.stack([heads_ for heads_, _ in rows])[present].tolist()
+            for i, j, why in bad:
+                if present[i, j]:
+                    present[i, j] = False
+                    refused[why] = refused.get(why, 0) + 1
+            heads += block[present].tolist()
             fields += wire.samples(t, values[present])
             entities.append(np.broadcast_to(ent.astype(np.int64)[:, None], present.shape)[present])
         for why, n in refused.items():
