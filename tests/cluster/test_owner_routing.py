@@ -113,6 +113,9 @@ def test_sender_follows_the_owner_and_moves_on_when_it_dies(
         assert ops_a.get("cluster_batches_forwarded") == 2  # the probe above and the sender's first
         assert ops_b.get("cluster_batches_local") == 19  # every later batch went straight to b
         assert "cluster_batches_forwarded" not in ops_b
+        # the owner took both forwarded parts (binary frames, several to a request when queued)
+        wait_until(lambda: _ops(a).get("cluster_forwarded") == 2, 5, "the owner to take both parts")
+        assert "cluster_forward_failed" not in _ops(a)
 
         b.kill(signal.SIGKILL)
         deadline = time.monotonic() + 20

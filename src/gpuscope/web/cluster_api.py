@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gpuscope.cluster import parts
 from gpuscope.cluster.forward import HOPS_HEADER, OBSERVE_PATH
 from gpuscope.cluster.member import ClusterMember
 from gpuscope.cluster.placement import MAX_HOPS
@@ -37,17 +38,25 @@ def cluster_routes(member: ClusterMember | None, guard: Guard, limits: Limits) -
         hops_raw = request.headers.get(HOPS_HEADER, "1")
         if not hops_raw.isdigit() or int(hops_raw) > MAX_HOPS:
             raise ApiError(400, HOPS_HEADER, f"must be an integer in 0..{MAX_HOPS}")
+        ctype = request.headers.get("content-type", "application/json").split(";")[0].strip()
         body = await request.body()
-        if len(body) > limits.max_body_bytes:
+        if len(body) > max(limits.max_body_bytes, parts.MAX_REQUEST_BYTES):
             raise ApiError(413, "body", f"over the limit of {limits.max_body_bytes} bytes")
 
         def work() -> dict[str, Any]:
             try:
-                batch = parse_batch(decode_json(body, limits), limits)
+                if ctype == parts.CONTENT_TYPE:
+                    batches = parts.decode_parts(body, limits)
+                else:  # one JSON batch, from a peer of an earlier version
+                    batches = [parse_batch(decode_json(body, limits), limits)]
             except PayloadError as exc:
                 member.counters.inc("cluster_observe_rejected")
                 raise ApiError(400, exc.field, exc.message) from None
-            return member.route(batch, int(hops_raw))
+            counts = {"observed": 0, "forwarded": 0}
+            for batch in batches:
+                for key, n in member.route(batch, int(hops_raw)).items():
+                    counts[key] = counts.get(key, 0) + n
+            return counts
 
         return JSONResponse(await run_in_threadpool(work))
 

@@ -29,6 +29,7 @@ wall clock, not from the newest sample.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import math
 import re
@@ -44,13 +45,13 @@ import numpy as np
 import numpy.typing as npt
 
 from gpuscope.counters import Counters
-from gpuscope.model import ATTRIBUTION_LABELS, Batch, Labels
+from gpuscope.model import ATTRIBUTION_LABELS, Batch, Event, Labels, TrainingRecord
 from gpuscope.signals import ALL_METRICS
 from gpuscope.store.base import AppendResult, Durable, SeriesPoint
 from gpuscope.store.batch_ids import BatchIds, Claim
 from gpuscope.store.errors import StoreError
 from gpuscope.store.group import GroupCommitter
-from gpuscope.store.prepare import Prepared, Preparer
+from gpuscope.store.prepare import Prepared, Preparer, to_ms
 from gpuscope.store.registry import ATTR_COLUMNS, ColumnRegistry, EntityRegistry
 from gpuscope.store.remote import wire
 from gpuscope.store.remote.meta import MetaStore
@@ -73,6 +74,9 @@ MAX_POINTS = 11_000  # Prometheus refuses range queries of more points per serie
 #: One entity's series heads for a set of metric columns (an object array of bytes, None where
 #: refused) and the refused columns with the reason.
 _Row = tuple[npt.NDArray[np.object_], tuple[tuple[int, str], ...]]
+#: The series heads of a frame's rows (rows × metric columns, None where refused) and its refused
+#: cells (row, column, reason).
+_Block = tuple[npt.NDArray[np.object_], tuple[tuple[int, int, str], ...]]
 #: The series heads and sample fields of one request's worth of samples.
 _Lane = tuple[list[bytes], list[bytes]]
 #: What became of a request: taken (None), (samples refused, the TSDB's answer), or a failure.
@@ -140,6 +144,10 @@ class PromStore(MetaRecords):
         self._heads: dict[tuple[tuple[int, ...], int, int, int], _Row] = {}
         self._cached = 0  # series in _heads
         self._cache_lock = threading.Lock()
+        # a whole frame's heads (an agent repeats its layout every tick) per (metric columns,
+        # sample size, entity ids, attribution codes): no per-row lookups and stacking; see _block
+        self._blocks: dict[tuple[tuple[int, ...], int, bytes, bytes], _Block] = {}
+        self._blocked = 0  # series in _blocks
         self._pool: ThreadPoolExecutor | None = None  # senders of a batch's requests, made on need
         #: small batches of concurrent appends (an agent's tick each) share one remote-write request
         self.group_writes = group_writes
@@ -148,6 +156,8 @@ class PromStore(MetaRecords):
         self._tlast: bool | None = None  # whether the TSDB has MetricsQL's tlast_over_time
         self._closed = False
         self._lock = threading.Lock()
+        #: seconds of telemetry :meth:`replay` reads and turns into batches at a time
+        self.replay_chunk_s = 30.0
 
     # ------------------------------------------------------------------ append
 
@@ -229,6 +239,31 @@ class PromStore(MetaRecords):
             self._cached += len(cols)
         return row
 
+    def _block(
+        self, cols: tuple[int, ...], size: int, ent: npt.NDArray[Any], attr: npt.NDArray[Any]
+    ) -> _Block:
+        """The heads of a frame's rows (entities ``ent`` with attributions ``attr``) for the metric
+        columns ``cols``, built from :meth:`_row` and cached, the oldest half dropped when the
+        cache holds ``label_cache_series`` series."""
+        key = (cols, size, ent.dtype.str.encode() + ent.tobytes(), attr.dtype.str.encode() + attr.tobytes())
+        block = self._blocks.get(key)
+        if block is not None:
+            return block
+        rows = [self._row(cols, size, e, a) for e, a in zip(ent.tolist(), attr.tolist(), strict=True)]
+        heads = np.empty((len(rows), len(cols)), dtype=object)
+        for i, (row, _) in enumerate(rows):
+            heads[i] = row
+        block = (heads, tuple((i, j, why) for i, (_, bad) in enumerate(rows) for j, why in bad))
+        with self._cache_lock:
+            if key in self._blocks:
+                return self._blocks[key]
+            if self._blocked + heads.size > self.label_cache_series:
+                for old in list(itertools.islice(self._blocks, len(self._blocks) // 2 + 1)):
+                    self._blocked -= self._blocks.pop(old)[0].size
+            self._blocks[key] = block
+            self._blocked += heads.size
+        return block
+
     def _encode(
         self, prepared: Prepared, result: AppendResult
     ) -> tuple[list[bytes], list[bytes], npt.NDArray[np.int64], bool]:
@@ -251,14 +286,13 @@ class PromStore(MetaRecords):
         refused: dict[str, int] = {}
         for t, cols, ent, attr, values in chunks:
             size = wire.sample_size(t)
-            rows = [self._row(cols, size, e, a) for e, a in zip(ent.tolist(), attr.tolist(), strict=True)]
+            block, bad = self._block(cols, size, ent, attr)
             present = ~np.isnan(values)
-            for i, (_, bad) in enumerate(rows):
-                for j, why in bad:
-                    if present[i, j]:
-                        present[i, j] = False
-                        refused[why] = refused.get(why, 0) + 1
-            heads += np.stack([heads_ for heads_, _ in rows])[present].tolist()
+            for i, j, why in bad:
+                if present[i, j]:
+                    present[i, j] = False
+                    refused[why] = refused.get(why, 0) + 1
+            heads += block[present].tolist()
             fields += wire.samples(t, values[present])
             entities.append(np.broadcast_to(ent.astype(np.int64)[:, None], present.shape)[present])
         for why, n in refused.items():
@@ -544,19 +578,68 @@ class PromStore(MetaRecords):
         nodes: Iterable[str] | None = None,
         jobs: Iterable[str] | None = None,
     ) -> Iterator[Batch]:
-        """The raw samples of [start, end] (a range selector read at ``end`` returns them with
+        """The raw samples of [start, end] (a range selector read at a chunk's end returns them with
         their own timestamps, not resampled to a step) of the known signals and of the metrics
-        this process has seen, with events and training records from the meta store."""
+        this process has seen, with events and training records from the meta store.
+
+        Telemetry is read and turned into batches ``replay_chunk_s`` at a time: a takeover's
+        warm-up reads up to 15 minutes of every node of the shards taken, millions of samples at
+        hundreds of nodes, and all of them at once as JSON, rows and frames took gigabytes. The
+        batches are the same as one read of the whole window (every timestamp falls in one chunk)."""
         self._check_open()
         check_window(start, end)
         scope = Scope.of(nodes, jobs)
         a, b = ms_range(start, end)
         names = sorted({*ALL_METRICS, *(n for n in self.columns.names() if METRIC_NAME_RE.fullmatch(n))})
-        win = duration(b - a - 1 if self._left_closed() else b - a)  # see series
         matchers = [""] if scope.everything else []
         for label, values in (("node", scope.nodes), ("job", scope.jobs)):
             if values:
                 matchers.append(f", {label}=~{quote('|'.join(re.escape(v) for v in sorted(values)))}")
+        events = self.meta.events(start, end, limit=REPLAY_LIMIT)
+        if scope.everything:
+            found = self._jobs_in(names, a, b) | {e.labels.get("job") for e in events}
+            wanted: Iterable[str] = {j for j in found if j}
+        else:
+            wanted = scope.jobs or ()
+        training = sorted(
+            (
+                rec
+                for job in sorted(wanted)
+                for rec in self.meta.training(job, start, end, limit=REPLAY_LIMIT)
+            ),
+            key=lambda rec: rec.ts,
+        )
+        step = max(1, round(self.replay_chunk_s * 1000))
+        edges = list(range(a, b, step))[1:]
+        if edges and b - edges[-1] < 2:  # a window of 1 ms may not be expressible: join it
+            edges.pop()
+        chunks = list(itertools.pairwise([a, *edges, b]))
+        return self._replay_chunks(names, matchers, chunks, events, training, scope)
+
+    def _replay_chunks(
+        self,
+        names: list[str],
+        matchers: list[str],
+        chunks: list[tuple[int, int]],
+        events: list[Event],
+        training: list[TrainingRecord],
+        scope: Scope,
+    ) -> Iterator[Batch]:
+        """The batches of each chunk [a, b) ms in turn (see replay)."""
+        # events and training records in the chunk of their ms, as the telemetry rows are
+        event_ms = [to_ms(e.ts) for e in events]
+        train_ms = [to_ms(r.ts) for r in training]
+        event_at = [bisect.bisect_left(event_ms, cb) for _, cb in chunks[:-1]]
+        train_at = [bisect.bisect_left(train_ms, cb) for _, cb in chunks[:-1]]
+        event_cuts = list(itertools.pairwise([0, *event_at, len(events)]))
+        train_cuts = list(itertools.pairwise([0, *train_at, len(training)]))
+        for (ca, cb), (ea, eb), (ta, tb) in zip(chunks, event_cuts, train_cuts, strict=True):
+            rows = self._replay_rows(names, matchers, ca, cb)
+            yield from batches(rows, events[ea:eb], training[ta:tb], scope)
+
+    def _replay_rows(self, names: list[str], matchers: list[str], a: int, b: int) -> list[Row]:
+        """The telemetry rows of [a, b) ms, in time order."""
+        win = duration(b - a - 1 if self._left_closed() else b - a)  # see series
         series: dict[tuple[tuple[str, str], ...], dict[str, Any]] = {}
         for extra in matchers:
             query = f"{names_selector(names)[:-1]}{extra}}}[{win}]"
@@ -570,18 +653,13 @@ class PromStore(MetaRecords):
             for t, v in r.get("values") or []:
                 ts = round(float(t) * 1000) / 1000
                 rows.setdefault((ts, entity), (ts, labels, {}))[2][name] = float(v)
-        events = self.meta.events(start, end, limit=REPLAY_LIMIT)
-        found = {lb.get("job") for _, lb, _ in rows.values()} | {e.labels.get("job") for e in events}
-        wanted = scope.jobs if not scope.everything else {j for j in found if j}
-        training = sorted(
-            (
-                rec
-                for job in sorted(wanted or ())
-                for rec in self.meta.training(job, start, end, limit=REPLAY_LIMIT)
-            ),
-            key=lambda rec: rec.ts,
-        )
-        return batches(sorted(rows.values(), key=lambda row: row[0]), events, training, scope)
+        return sorted(rows.values(), key=lambda row: row[0])
+
+    def _jobs_in(self, names: list[str], a: int, b: int) -> set[str]:
+        """The ``job`` labels of the series of ``names`` with samples in [a, b) ms."""
+        win = duration(b - a - 1 if self._left_closed() else b - a)
+        query = f"count by (job) (count_over_time({names_selector(names)}[{win}]))"
+        return {str(r["metric"].get("job", "")) for r in self.promql.instant(query, (b - 1) / 1000)}
 
     def rollup(self, now: float) -> dict[str, int]:
         """Nothing to do: the TSDB downsamples (or queries raw data fast enough)."""
