@@ -1,5 +1,6 @@
 """Each answer in one write: what the HTTP protocol writes within one loop turn goes out joined. A
-client's TLS handshake or upgrade request at a plain-HTTP hub leaves no uvicorn warning behind."""
+client's TLS handshake or upgrade request at a plain-HTTP hub leaves no uvicorn warning behind. An
+idle keep-alive connection is closed after the timeout, without a timer per request."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import asyncio
 import logging
 import re
 import socket
+from collections.abc import Callable
+
+import pytest
 
 from gpuscope.hub import Hub
 from gpuscope.store.duckdb import DuckDBStore
-from gpuscope.web.http_protocol import FLUSH_BYTES, JoinedWrites
+from gpuscope.web.http_protocol import FLUSH_BYTES, IdleTimer, JoinedWrites
 from gpuscope.web.server import HubServer
 
 
@@ -116,3 +120,117 @@ def test_tls_or_an_upgrade_at_a_plain_hub_is_answered_without_uvicorn_s_warnings
         uvicorn_log.removeHandler(kept)
     warnings = [line for line in kept.lines if line.startswith("WARNING")]
     assert warnings == ["WARNING Invalid HTTP request received."]
+
+
+class Handle:
+    def __init__(self) -> None:
+        self.off = False
+
+    def cancel(self) -> None:
+        self.off = True
+
+
+class ManualLoop:
+    """The two calls an idle timer makes of its loop, on a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.timers: list[tuple[float, Callable[[], None], Handle]] = []
+        self.armed = 0
+
+    def time(self) -> float:
+        return self.now
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Handle:
+        self.armed += 1
+        handle = Handle()
+        self.timers.append((self.now + delay, callback, handle))
+        return handle
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock, firing what falls due in order (and what they arm meanwhile)."""
+        end = self.now + seconds
+        while due := sorted((t for t in self.timers if t[0] <= end), key=lambda t: t[0]):
+            when, callback, handle = due[0]
+            self.timers.remove(due[0])
+            self.now = max(self.now, when)
+            if not handle.off:
+                callback()
+        self.now = end
+
+
+def _timer(timeout: float = 30.0) -> tuple[ManualLoop, IdleTimer, list[float]]:
+    loop = ManualLoop()
+    closed: list[float] = []
+    timer = IdleTimer(loop, timeout, lambda: closed.append(loop.now))  # type: ignore[arg-type]
+    return loop, timer, closed
+
+
+def test_an_idle_connection_is_closed_when_the_keep_alive_timeout_has_passed_since_its_last_answer() -> None:
+    loop, timer, closed = _timer()
+    timer.idle()
+    loop.advance(29.9)
+    assert closed == []
+    loop.advance(0.2)
+    assert closed == [30.0]
+    loop.advance(100)
+    assert closed == [30.0]  # once
+
+
+def test_a_connection_busy_every_second_is_never_closed_and_its_timer_is_not_rearmed_per_request() -> None:
+    loop, timer, closed = _timer()
+    for _ in range(300):  # a request a second, answered at once: busy, then idle again
+        timer.busy()
+        timer.idle()
+        loop.advance(1.0)
+    assert closed == []
+    # about once a timeout (uvicorn's own timer: one cancelled and one armed per request)
+    assert loop.armed <= 12
+    loop.advance(28.9)  # the last answer was at 299 s
+    assert closed == []
+    loop.advance(0.2)
+    assert closed == pytest.approx([329.0])  # 30 s after it, as uvicorn's timer would
+
+
+def test_a_connection_busy_when_the_timer_fires_stays_open_until_the_timeout_after_its_next_answer() -> None:
+    loop, timer, closed = _timer(timeout=10.0)
+    timer.idle()
+    loop.advance(5.0)
+    timer.busy()  # a request arrives at 5 s and takes 20 s to answer
+    loop.advance(20.0)
+    assert closed == []
+    timer.idle()  # answered at 25 s
+    loop.advance(9.0)
+    assert closed == []
+    loop.advance(2.0)
+    assert closed == pytest.approx([35.0])
+
+
+def test_a_stopped_timer_never_closes() -> None:
+    loop, timer, closed = _timer(timeout=10.0)
+    timer.idle()
+    timer.stop()
+    loop.advance(60.0)
+    assert closed == []
+
+
+def test_a_served_connection_stays_open_between_requests_and_is_closed_once_idle() -> None:
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    server = HubServer(hub, "127.0.0.1", 0, evaluate_interval=None)
+    server.server.config.timeout_keep_alive = 1
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=20) as s:
+            for _ in range(3):  # kept alive: three answers on one connection
+                s.sendall(b"GET /api/v1/health HTTP/1.1\r\nHost: x\r\n\r\n")
+                answer = b""
+                while b"\r\n\r\n" not in answer:
+                    answer += s.recv(65536)
+                assert answer.startswith(b"HTTP/1.1 200 ")
+                head, _, body = answer.partition(b"\r\n\r\n")
+                length = int(re.search(rb"(?i)content-length: (\d+)", head).group(1))  # type: ignore[union-attr]
+                while len(body) < length:
+                    body += s.recv(65536)
+            assert s.recv(65536) == b""  # then idle past the timeout: the hub closed it
+    finally:
+        server.stop()

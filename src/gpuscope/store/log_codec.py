@@ -18,25 +18,47 @@ _HEAD = struct.Struct("<I")  # length of the JSON part
 _F64 = np.dtype("<f8")
 
 
+#: the JSON of a decoded frame's metric names, entities and shape (all of its entry in the record
+#: but its timestamp) by its layout number (:attr:`Frame.layout`): an agent repeats its layout every
+#: tick, so its record is mostly made of bytes already made. Bounded: cleared when full.
+_MAX_LAYOUTS = 4096
+_layouts: dict[int, bytes] = {}
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+def _frame_json(f: Frame) -> bytes:
+    """``[ts, metrics, entities, rows, cols]`` as JSON (validated: values are rows x cols)."""
+    rest = None if f.layout is None else _layouts.get(f.layout)
+    if rest is None:
+        rest = orjson.dumps([f.metrics, f.entities, len(f.entities), len(f.metrics)], option=_NUMPY)[1:]
+        if f.layout is not None:
+            if len(_layouts) >= _MAX_LAYOUTS:
+                _layouts.clear()
+            _layouts[f.layout] = rest
+    return b"[" + orjson.dumps(f.ts, option=_NUMPY) + b"," + rest
+
+
 def encode(batch: Batch) -> bytes:
-    frames, values = [], []
-    for f in batch.frames:
-        # validated: values are len(entities) x len(metrics)
-        frames.append((f.ts, f.metrics, f.entities, len(f.entities), len(f.metrics)))
-        values.append(np.ascontiguousarray(f.values, dtype=_F64).tobytes())
+    values = [np.ascontiguousarray(f.values, dtype=_F64).tobytes() for f in batch.frames]
     training = []
     for t in batch.training:
         training.append((t.ts, t.job, t.rank, t.step, list(t.metrics), t.labels))
         values.append(np.fromiter(t.metrics.values(), dtype=_F64, count=len(t.metrics)).tobytes())
-    head = orjson.dumps(
-        {
-            "s": batch.source,
-            "b": batch.batch_id,
-            "f": frames,
-            "e": [(e.ts, e.kind, e.labels, e.data) for e in batch.events],
-            "t": training,
-        },
-        option=orjson.OPT_SERIALIZE_NUMPY,
+    # the bytes orjson makes of {"s": source, "b": batch id, "f": frames, "e": events, "t": training}
+    head = b"".join(
+        [
+            b'{"s":',
+            orjson.dumps(batch.source),
+            b',"b":',
+            orjson.dumps(batch.batch_id),
+            b',"f":[',
+            b",".join([_frame_json(f) for f in batch.frames]),
+            b'],"e":',
+            orjson.dumps([(e.ts, e.kind, e.labels, e.data) for e in batch.events], option=_NUMPY),
+            b',"t":',
+            orjson.dumps(training, option=_NUMPY),
+            b"}",
+        ]
     )
     return b"".join([_HEAD.pack(len(head)), head, *values])
 

@@ -231,7 +231,7 @@ class LeanHttpProtocol(HttpProtocol):
     ingest: ClassVar[LeanIngest]
 
     def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        super().__init__(*args, **kwargs)
         # the configured access log (uvicorn logs to any handler found, such as a test run's capture)
         self.lean_on = not self.root_path and self.limit_concurrency is None and not self.config.access_log
         #: the lean request whose headers were parsed last, while its body arrives
