@@ -25,7 +25,12 @@ raised (1 is one page); TTD is also given for the 1-s and the 10-s logs apart. S
 scored by ``sim-eval --report``'s rules. Results and what they showed are in docs/scenarios.md
 ("Issue 18, seventh round" and after).
 
-usage: python eval/eval_training_sweep.py [--seeds 1,2] [--only SUBSTRING ...] [--sim]
+``--trace`` prints, for each straggler verdict of the per-worker logs, the rank's state at the step
+it was flagged: the clause that sustained it (``new5``: 5 new readings, ``30s``: 30 s with 3 new,
+``short``: the short window), the long window's rise over its normal and its bar, the evidence and
+its bar, the steps and new readings of the run, the spread, and the rank's last 12 readings.
+
+usage: python eval/eval_training_sweep.py [--seeds 1,2] [--only SUBSTRING ...] [--sim] [--trace]
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from gpuscope.detect.ranks import RankDetector
 from gpuscope.sim.scenario import load_scenario
 from gpuscope.simeval.replay import replay_document
 from gpuscope.simeval.report import evaluate
@@ -189,6 +195,47 @@ def score(shape: Shape, alerts: list[dict[str, Any]]) -> Score:
         out.step_slowdowns += 1
         out.step_found += any(a <= x["started_at"] <= b + GRACE for x in regressions)
     return out
+
+
+def trace_verdicts() -> None:
+    """Print each straggler verdict with the evidence it rested on (``--trace``)."""
+    judge = RankDetector._judge
+    readings: dict[int, list[float]] = {}
+
+    def traced(
+        self: RankDetector,
+        job: Any,
+        rank_ids: list[int],
+        raw: Any,
+        additive: bool,
+        ts: float,
+        only: set[int] | None = None,
+    ) -> None:
+        before = {r: s.flagged for r, s in job.ranks.items()}
+        judge(self, job, rank_ids, raw, additive, ts, only)
+        for r, x in zip(rank_ids, raw.tolist(), strict=True):
+            state = job.ranks.get(r)
+            if state is None or (only is not None and r not in only):
+                continue
+            last = readings.setdefault(id(state), [])
+            last[:] = [*last[-11:], x]
+            if not state.flagged or before.get(r, False):
+                continue
+            long_bar, _ = self._bars(state, additive)
+            if self._sustained(state, ts):
+                clause = "new5" if state.new_hits >= self.sustain else "30s"
+            else:
+                clause = "short" if self._short_slow(state) else "held"
+            rise = self._rise(state.lag, state.lag_base, additive)
+            print(
+                f"  verdict at {ts:.0f} s, rank {r}: {clause}, long window {rise:+.3f} (bar {long_bar:.3f}), "
+                f"evidence {state.evidence:.3f} (bar {self._evidence_bar(state):.3f}), "
+                f"{state.lag_hits} steps / {state.new_hits} new, spread {state.lag_spread:.3f}, "
+                f"readings {[round(v, 3) for v in last]}",
+                flush=True,
+            )
+
+    RankDetector._judge = traced  # type: ignore[method-assign]
 
 
 def _ttd(values: list[float]) -> str:
@@ -369,7 +416,10 @@ def main() -> None:
     parser.add_argument("--seeds", default="1,2", help="comma-separated seeds")
     parser.add_argument("--only", nargs="*", default=[], help="shapes whose name contains one of these")
     parser.add_argument("--sim", action="store_true", help="the simulated jobs instead of per-worker logs")
+    parser.add_argument("--trace", action="store_true", help="print the evidence at each straggler verdict")
     args = parser.parse_args()
+    if args.trace:
+        trace_verdicts()
     seeds = [int(s) for s in args.seeds.split(",")]
     if args.sim:
         sim_sweep(seeds, args.only)

@@ -555,9 +555,12 @@ class RankDetector(StepDetector):
                 # evidence is measured from, so it is learned as before)
                 slowly = rising or state.flagged or state.evidence > 0.5 * self._evidence_bar(state)
                 state.lag_base = base + (self.step_learn_rate * alpha if slowly else alpha) * (learn - base)
-                # a data-loader hiccup is an outlier, not the spread of the rank's pace
-                spread = min(abs(self._rise(x, state.lag, additive)), 0.1)
-                state.lag_spread += alpha * (spread - state.lag_spread)
+                # a data-loader hiccup is an outlier, not the spread of the rank's pace; a repeated
+                # reading is no measure of it either: it sits on the median its copies make, so
+                # repeats made the spread, and every bar drawn from it, too low
+                if new:
+                    spread = min(abs(self._rise(x, state.lag, additive)), 0.1)
+                    state.lag_spread += alpha * (spread - state.lag_spread)
                 state.level_n += 1
                 level = state.level if math.isfinite(state.level) else mine
                 state.level = level + max(alpha, 1.0 / state.level_n) * (mine - level)
