@@ -26,6 +26,7 @@ class NoisyClocks:
             self.part[i] -= math.log(factor)
         self.common = 0.0
         self.factor = np.ones(16)
+        self.paused = False  # a checkpoint: no kernels, so no GPU is under load
         self.cluster = FakeCluster(nodes=2, gpus=8)
         self.cluster.allocate("llm", [(i, node, gpu) for i, (node, gpu) in enumerate(KEYS)])
 
@@ -35,6 +36,8 @@ class NoisyClocks:
         mhz = BASE * np.exp(self.part + self.common + noise) / self.factor
         for i, key in enumerate(KEYS):
             self.cluster.overrides[key] = {"gpu_sm_clock_mhz": round(mhz[i] / 15.0) * 15.0}
+            if self.paused:
+                self.cluster.overrides[key]["gpu_utilization_percent"] = 3.0
         return self.cluster.batches(t)
 
 
@@ -99,3 +102,18 @@ def test_a_slowdown_that_ends_resolves_and_the_gpu_keeps_its_pace() -> None:
     clocks.factor[2] = 1.05  # the same slowdown again: the pace did not learn it as normal
     driver.run(1800, 2100, clocks.batches)
     assert len(driver.alerts_of("gpu_underperforming")) == 2
+
+
+def test_a_checkpoint_inside_a_small_slowdown_does_not_split_its_alert() -> None:
+    clocks = NoisyClocks(5)
+    driver = Driver([ClockDetector()])
+    driver.run(0, 900, clocks.batches)
+    clocks.factor[9] = 1.04
+    driver.run(900, 1500, clocks.batches)
+    clocks.paused = True  # a 45-s checkpoint while the GPU is flagged
+    driver.run(1500, 1545, clocks.batches)
+    clocks.paused = False
+    driver.run(1545, 1700, clocks.batches)
+    (alert,) = driver.alerts_of("gpu_underperforming")
+    assert (alert.entity["node"], alert.entity["gpu"]) == KEYS[9]
+    assert alert.firing

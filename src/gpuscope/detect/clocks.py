@@ -132,7 +132,7 @@ class ClockDetector(GpuTableDetector):
         self._ratio = ratio
         clean = judged & np.isfinite(ratio) & ~power & ~thermal & ~hw
         own = np.exp(self._pace.own(n))
-        evident = self._pace.update(now, ratio, clean, t.job[:n], self._peers.group_ids(n)) & loaded
+        evident = self._pace.update(now, ratio, clean, t.job[:n], self._peers.group_ids(n))
         slow = clean & (ratio < self.lag_ratio * own)
         lagging = self._slow.update(now, slow)
         self._held = lagging | evident

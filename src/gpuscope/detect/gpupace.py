@@ -45,10 +45,13 @@ class OwnPace:
         clip: float = 0.15,
         noise_k: float = 4.5,
         noise0: float = 0.005,
+        stale: float = 120.0,
     ) -> None:
         self.early, self.learn, self.tau, self.max_pace = early, learn, tau, max_pace
         self.drift, self.bar, self.recent, self.clip = drift, bar, recent, clip
-        self.noise_k, self.noise0 = noise_k, noise0
+        self.noise_k, self.noise0, self.stale = noise_k, noise0, stale
+        #: per GPU, when it was last judged (a firing GPU unjudged for ``stale`` seconds stops firing)
+        self.seen: FloatArray = np.zeros(0)
         #: per GPU, the mean square of its recent shortfall while quiet (its wander at that scale)
         self.square: FloatArray = np.zeros(0)
         self.pace: FloatArray = np.zeros(0)
@@ -68,6 +71,7 @@ class OwnPace:
         self.evidence, self.shortfall = grow(self.evidence, n, 0.0), grow(self.shortfall, n, 0.0)
         self._job, self._group = grow(self._job, n, -1.0), grow(self._group, n, -1.0)
         self.square = grow(self.square, n, self.noise0**2)
+        self.seen = grow(self.seen, n, -math.inf)
         firing = np.zeros(len(self.pace), bool)
         firing[: len(self.firing)] = self.firing
         self.firing = firing
@@ -134,6 +138,10 @@ class OwnPace:
         square[quiet] += slow * (shortfall[quiet] ** 2 - square[quiet])
         fire = judged & ~firing & (evidence >= self.bar) & (shortfall >= drift)
         clear = judged & firing & (shortfall < drift / 2.0)
+        seen = self.seen[:n]
+        seen[clean] = now
+        # a checkpoint or a pause leaves a firing GPU unjudged: it keeps firing through it, not after
+        clear |= firing & (now - seen > self.stale)
         firing[fire] = True
         firing[clear] = False
         evidence[clear] = 0.0
