@@ -9,7 +9,11 @@ recurring throttle does not flap. Vectorised over every GPU.
 Peers are the loaded GPUs of the same job, judged within their speed group against its fast end
 (:class:`~gpuscope.detect.peers.ClockPeers`, shared with ``gpu_failure_risk``): a group that was
 slower from the start is the job's placement, not a live fault, and a GPU that is firing keeps
-its group when the job's groups are learned again.
+its group when the job's groups are learned again. Once a GPU's own pace against its group is
+learned (:class:`~gpuscope.detect.gpupace.OwnPace`), its ratio is taken from that pace, so a part
+that always runs a few per cent slower is no fault; ``gpu_underperforming`` then fires on either
+path: the share of the last minute spent ``lag_ratio`` below the pace (large slowdowns, fast), or
+the pace's evidence (small ones, 1.03-1.05x, over minutes).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import numpy as np
 
 from gpuscope.detect.base import GpuTableDetector, register
 from gpuscope.detect.frames import BoolArray
+from gpuscope.detect.gpupace import OwnPace
 from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.peers import ClockPeers
 from gpuscope.detect.vectors import grow
@@ -93,6 +98,7 @@ class ClockDetector(GpuTableDetector):
         load_percent: float = 50.0,
         lag_ratio: float = 0.96,
         peers: ClockPeers | None = None,
+        pace: OwnPace | None = None,
     ) -> None:
         super().__init__()
         self.load_percent, self.lag_ratio = load_percent, lag_ratio
@@ -100,6 +106,8 @@ class ClockDetector(GpuTableDetector):
         self._slow = _Share(tau, 0.6, 0.3)
         self._ratio: FloatArray = np.zeros(0)
         self._peers = peers if peers is not None else ClockPeers()
+        self._pace = pace if pace is not None else OwnPace()
+        self._held: BoolArray = np.zeros(0, bool)
 
     def evaluate(self, now: float) -> list[Finding]:
         t = self.table
@@ -119,15 +127,20 @@ class ClockDetector(GpuTableDetector):
         )
         hw = _flag(t, "gpu_throttle_hw_slowdown") | _bits(t, HW_SLOWDOWN)
         clock = np.where(loaded, t.column("gpu_sm_clock_mhz"), math.nan)
-        peers, judged = self._peers.references(clock, t.job[:n], recent, self._slow.firing)
+        peers, judged = self._peers.references(clock, t.job[:n], recent, self._held)
         ratio = clock / peers
         self._ratio = ratio
-        slow = judged & (ratio < self.lag_ratio) & ~power & ~thermal & ~hw
+        clean = judged & np.isfinite(ratio) & ~power & ~thermal & ~hw
+        own = np.exp(self._pace.own(n))
+        evident = self._pace.update(now, ratio, clean, t.job[:n], self._peers.group_ids(n))
+        slow = clean & (ratio < self.lag_ratio * own)
+        lagging = self._slow.update(now, slow)
+        self._held = lagging | evident
         out: list[Finding] = []
         for i in np.flatnonzero(self._power.update(now, power) & recent).tolist():
             out.append(self._power_finding(i, bool(brake[i])))
-        for i in np.flatnonzero(self._slow.update(now, slow) & recent).tolist():
-            out.append(self._slow_finding(i, float(ratio[i]), float(peers[i])))
+        for i in np.flatnonzero(self._held & recent).tolist():
+            out.append(self._slow_finding(i, float(ratio[i]), float(peers[i]), float(own[i])))
         return out
 
     def _power_finding(self, i: int, brake: bool) -> Finding:
@@ -153,20 +166,27 @@ class ClockDetector(GpuTableDetector):
             },
         )
 
-    def _slow_finding(self, i: int, ratio: float, peers: float) -> Finding:
+    def _slow_finding(self, i: int, ratio: float, peers: float, own: float) -> Finding:
         node, gpu = self.table.keys[i]
         code = int(self.table.job[i])
         job = self.table.job_names[code] if code >= 0 else "?"
         group = self._peers.group_of(code, i)
         clock = ratio * peers
+        # the recent shortfall once the pace is learned: one reading of a small slowdown is mostly noise
+        learned = bool(self._pace.count[i] >= self._pace.learn)
+        pace = math.exp(-float(self._pace.shortfall[i])) if learned else ratio
+        usual = f", its usual pace {own:.0%} of theirs" if abs(own - 1.0) >= 0.005 else ""
+        finite = math.isfinite(pace)
         return Finding(
             SLOW,
             {"node": node, "gpu": gpu},
-            f"{node} GPU {gpu} runs at {clock:.0f} MHz, {1 - ratio:.0%} below the other GPUs of job {job} "
-            f"({peers:.0f} MHz) with no throttle reason",
-            value=ratio if math.isfinite(ratio) else None,
+            f"{node} GPU {gpu} runs at {clock:.0f} MHz, {1 - pace:.1%} below its pace against the other GPUs "
+            f"of job {job} ({peers:.0f} MHz{usual}) with no throttle reason",
+            value=pace if finite else None,
             details={
                 "clock_ratio_to_peers": ratio if math.isfinite(ratio) else None,
+                "ratio_to_own_pace": pace if finite else None,
+                "own_pace": own,
                 "job": job,
                 "speed_group": group,
             },

@@ -102,6 +102,11 @@ class ClockPeers:
             judged[ids] = groups >= 0
         return ref, judged
 
+    def group_ids(self, n: int) -> IntArray:
+        """Per GPU id (the first ``n``), its speed group in its job (-1: not learned yet)."""
+        out: IntArray = self._gid[:n].copy()
+        return out
+
     def group_of(self, job: int, gpu: int) -> int:
         """The speed group (0: fastest) of a GPU id in a job (code), 0 while not learned."""
         known = self._jobs.get(job)
