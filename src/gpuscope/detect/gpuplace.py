@@ -5,15 +5,17 @@ start as its own normal, so ``gpu_underperforming`` stays quiet on it; the job s
 GPU's pace (a synchronous job waits for its slowest GPU). This is judged once, when the GPU's pace
 is learned: its lag is the median learned pace of its job's speed group less its own, and it is a
 placement when that lag is at least ``min_lag`` and ``spread_k`` times the group's robust spread
-(1.4826 x the MAD of the paces, the normal sigma). ``min_lag`` (3 %) sits above the part-to-part
-spread of one model's sustained clocks (a per cent or two) and ``spread_k`` keeps a group whose
-parts spread wider from reporting its ordinary tail; the median and the MAD are not moved by the
-slow GPU itself. Only an offset from the start counts: the mean of the GPU's first ``early``
-readings must lag by half the bar too (a GPU that slowed down while its pace was learned has a live
-fault, not a placement). A lag past the pace's ``max_pace`` is still judged as a live fault by
-``gpu_underperforming`` and is not reported here. The verdict holds, without being judged again,
-until the GPU leaves the job or its speed group (its pace is then learned again), so it is one
-alert that resolves when the job ends.
+(1.4826 x the MAD of the paces, the normal sigma); the median and the MAD are not moved by the slow
+GPU itself. ``min_lag`` (4 %) sits above the tail of one model's part-to-part spread: with parts
+1 % apart (sigma), a healthy part at 2.5 sigma plus its wander while its pace is learned lags by up
+to 3.5 %. ``spread_k`` (2.5) keeps a group whose parts spread wider from reporting its ordinary
+tail; it is not larger because the MAD of 16 paces alone misjudges the sigma by up to 1.6x, and a
+larger factor then hides a 5 % part in a group 1 % apart. Only an offset from the start counts:
+the mean of the GPU's first ``early`` readings must lag by half the bar too (a GPU that slowed down
+while its pace was learned has a live fault, not a placement). A lag past the pace's ``max_pace``
+is still judged as a live fault by ``gpu_underperforming`` and is not reported here. The verdict
+holds, without being judged again, until the GPU leaves the job or its speed group (its pace is
+then learned again), so it is one alert that resolves when the job ends.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ _MAD_SIGMA = 1.4826
 class GpuPlacement:
     """Per GPU id: its lag behind its speed group when its pace was learned (NaN: no placement)."""
 
-    def __init__(self, min_lag: float = 0.03, spread_k: float = 3.0, min_group: int = 4) -> None:
+    def __init__(self, min_lag: float = 0.04, spread_k: float = 2.5, min_group: int = 4) -> None:
         self.min_lag, self.spread_k, self.min_group = min_lag, spread_k, min_group
         #: per GPU, its lag (log ratio of its group's median pace to its own) while it is placed
         self.lag: FloatArray = np.zeros(0)
