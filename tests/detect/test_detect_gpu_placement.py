@@ -55,3 +55,15 @@ def test_a_slow_placed_gpu_that_slows_down_further_is_a_live_fault_and_its_place
         assert (slow.entity["node"], slow.entity["gpu"]) == KEYS[6] and slow.severity == "P2"
         assert slow.started_at - 1200 <= 180, f"seed {seed}: found after {slow.started_at - 1200:.0f} s"
         assert driver.only("slow_placement").firing
+
+
+def test_a_gpu_that_slows_down_while_its_pace_is_learned_is_a_live_fault_not_a_placement() -> None:
+    for seed in (1, 2):
+        clocks = placed_at(seed, 6, 1.0)
+        driver = Driver([ClockDetector()])
+        driver.run(0, 150, clocks.batches)
+        clocks.factor[6] = 1.08  # after its first readings, before its pace is learned
+        driver.run(150, 600, clocks.batches)
+        slow = driver.only("gpu_underperforming")
+        assert (slow.entity["node"], slow.entity["gpu"]) == KEYS[6] and slow.severity == "P2"
+        assert driver.alerts_of("slow_placement") == [], f"seed {seed}"
