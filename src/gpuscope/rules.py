@@ -246,12 +246,13 @@ RULES: dict[str, RuleSpec] = _table(
         "P3",
         "platform",
         # the finding carries the share it measured: the slow group's lag / (1 + lag) of every GPU
+        # (a slow GPU: its clock lag behind its group)
         0.2,
         "training",
         False,
-        "A group of ranks has been slower than the rest of the job since it started (mixed hardware or "
-        "placement); the job runs at their pace. Reported once, not a live fault; its cost is the "
-        "share of the job's GPU time lost.",
+        "A group of ranks, or one GPU against the others of its speed group, has been slower than the "
+        "rest of the job since it started (mixed hardware, a slow part or placement); the job runs at "
+        "their pace. Reported once, not a live fault; its cost is the share of the job's GPU time lost.",
     ),
     RuleSpec(
         STEP_TIME_REGRESSION,

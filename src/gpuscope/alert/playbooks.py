@@ -181,11 +181,12 @@ PLAYBOOKS: dict[str, Playbook] = {
         ("Move the rank off the slow GPU/node", "Check data loading skew on that rank"),
     ),
     "slow_placement": Playbook(
-        "The whole job runs at the pace of its slowest group of ranks, from its first step.",
-        (S("The GPUs the slow ranks run on", "gpu_state"), _HW_NEARBY, _STEP_TREND),
+        "The whole job runs at the pace of its slowest group of ranks or GPU, from its first step.",
+        (S("The slow GPU, or the GPUs the slow ranks run on", "gpu_state"), _HW_NEARBY, _STEP_TREND),
         (
             "Place the job on one kind of GPU and one fabric at the next restart",
-            "Check the slow group's nodes for a lower clock, power cap or PCIe/NVLink width",
+            "Check the slow GPU or group's nodes for a lower clock, power cap or PCIe/NVLink width",
+            "Drain a GPU that is slow in every job it runs and have it checked (application clocks, cooling)",
         ),
     ),
     "step_time_regression": Playbook(

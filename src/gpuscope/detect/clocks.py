@@ -13,7 +13,10 @@ its group when the job's groups are learned again. Once a GPU's own pace against
 learned (:class:`~gpuscope.detect.gpupace.OwnPace`), its ratio is taken from that pace, so a part
 that always runs a few per cent slower is no fault; ``gpu_underperforming`` then fires on either
 path: the share of the last minute spent ``lag_ratio`` below the pace (large slowdowns, fast), or
-the pace's evidence (small ones, 1.03-1.05x, over minutes).
+the pace's evidence (small ones, 1.03-1.05x, over minutes). A GPU whose learned pace lags its
+group's by more than the parts' spread from its start is reported once as a ``slow_placement`` of
+that GPU (:class:`~gpuscope.detect.gpuplace.GpuPlacement`): the job runs at its pace, but it is no
+live fault.
 """
 
 from __future__ import annotations
@@ -25,12 +28,13 @@ import numpy as np
 from gpuscope.detect.base import GpuTableDetector, register
 from gpuscope.detect.frames import BoolArray
 from gpuscope.detect.gpupace import OwnPace
+from gpuscope.detect.gpuplace import GpuPlacement
 from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.peers import ClockPeers
 from gpuscope.detect.vectors import grow
 from gpuscope.model import Finding, FloatArray
 
-POWER, SLOW = "gpu_power_throttle", "gpu_underperforming"
+POWER, SLOW, PLACEMENT = "gpu_power_throttle", "gpu_underperforming", "slow_placement"
 SW_POWER, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
 _METRICS = (
     "gpu_utilization_percent",
@@ -89,7 +93,7 @@ class _Share:
 
 @register
 class ClockDetector(GpuTableDetector):
-    rules = (POWER, SLOW)
+    rules = (POWER, SLOW, PLACEMENT)
     metrics = _METRICS
 
     def __init__(
@@ -99,6 +103,7 @@ class ClockDetector(GpuTableDetector):
         lag_ratio: float = 0.96,
         peers: ClockPeers | None = None,
         pace: OwnPace | None = None,
+        placement: GpuPlacement | None = None,
     ) -> None:
         super().__init__()
         self.load_percent, self.lag_ratio = load_percent, lag_ratio
@@ -107,6 +112,7 @@ class ClockDetector(GpuTableDetector):
         self._ratio: FloatArray = np.zeros(0)
         self._peers = peers if peers is not None else ClockPeers()
         self._pace = pace if pace is not None else OwnPace()
+        self._placement = placement if placement is not None else GpuPlacement()
         self._held: BoolArray = np.zeros(0, bool)
 
     def evaluate(self, now: float) -> list[Finding]:
@@ -132,7 +138,11 @@ class ClockDetector(GpuTableDetector):
         self._ratio = ratio
         clean = judged & np.isfinite(ratio) & ~power & ~thermal & ~hw
         own = np.exp(self._pace.own(n))
-        evident = self._pace.update(now, ratio, clean, t.job[:n], self._peers.group_ids(n))
+        before = self._pace.learned(n)
+        groups = self._peers.group_ids(n)
+        evident = self._pace.update(now, ratio, clean, t.job[:n], groups)
+        newly = self._pace.learned(n) & ~before
+        placed = self._placement.update(self._pace, newly, t.job[:n], groups)
         slow = clean & (ratio < self.lag_ratio * own)
         lagging = self._slow.update(now, slow)
         self._held = lagging | evident
@@ -141,7 +151,31 @@ class ClockDetector(GpuTableDetector):
             out.append(self._power_finding(i, bool(brake[i])))
         for i in np.flatnonzero(self._held & recent).tolist():
             out.append(self._slow_finding(i, float(ratio[i]), float(peers[i]), float(own[i])))
+        for i in np.flatnonzero(placed & recent).tolist():
+            out.append(self._placement_finding(i))
         return out
+
+    def _placement_finding(self, i: int) -> Finding:
+        t = self.table
+        node, gpu = t.keys[i]
+        code = int(t.job[i])
+        job = t.job_names[code]
+        lag = 1.0 - math.exp(-float(self._placement.lag[i]))
+        world = int(np.count_nonzero(t.job[: t.n] == code))
+        group = self._peers.group_of(code, i)
+        # a synchronous job waits for its slowest GPU: running ``lag`` slower loses that share of
+        # every GPU's time, the same cost basis as a slow group of ranks
+        return Finding(
+            PLACEMENT,
+            {"job": job, "node": node, "gpu": gpu},
+            f"{node} GPU {gpu} has run {lag:.1%} slower than the other GPUs of its speed group in job "
+            f"{job} since it started (its part or its placement, not a live fault); a synchronous job "
+            f"runs at its pace, so it loses {lag:.1%} of its {world} GPUs' time",
+            value=lag,
+            affected_gpus=world,
+            at_risk=lag,
+            details={"lag_share": lag, "lost_share": lag, "job": job, "speed_group": group},
+        )
 
     def _power_finding(self, i: int, brake: bool) -> Finding:
         node, gpu = self.table.keys[i]

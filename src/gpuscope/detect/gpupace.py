@@ -55,6 +55,8 @@ class OwnPace:
         #: per GPU, the mean square of its recent shortfall while quiet (its wander at that scale)
         self.square: FloatArray = np.zeros(0)
         self.pace: FloatArray = np.zeros(0)
+        #: per GPU, the mean of its first ``early`` clean readings (NaN until then): its pace at the start
+        self.first: FloatArray = np.zeros(0)
         self.count: FloatArray = np.zeros(0)
         self.evidence: FloatArray = np.zeros(0)
         self.shortfall: FloatArray = np.zeros(0)
@@ -68,6 +70,7 @@ class OwnPace:
         if len(self.pace) >= n:
             return
         self.pace, self.count = grow(self.pace, n, 0.0), grow(self.count, n, 0.0)
+        self.first = grow(self.first, n)
         self.evidence, self.shortfall = grow(self.evidence, n, 0.0), grow(self.shortfall, n, 0.0)
         self._job, self._group = grow(self._job, n, -1.0), grow(self._group, n, -1.0)
         self.square = grow(self.square, n, self.noise0**2)
@@ -109,6 +112,7 @@ class OwnPace:
         if moved.any():  # a GPU in a new job or speed group: its pace is learned again
             self.count[:n][moved] = 0.0
             self.pace[:n][moved] = 0.0
+            self.first[:n][moved] = math.nan
             self.evidence[:n][moved] = 0.0
             self.shortfall[:n][moved] = 0.0
             self.square[:n][moved] = self.noise0**2
@@ -122,6 +126,8 @@ class OwnPace:
         count[learning] += 1.0
         first = np.clip(x, -self.clip, self.clip)
         pace[learning] += (first[learning] - pace[learning]) / count[learning]
+        start = learning & (count == self.early)
+        self.first[:n][start] = pace[start]
         judged = clean & ~learning
         short = np.clip(self.own(n) - x, -self.clip, self.clip)
         evidence = self.evidence[:n]

@@ -1,0 +1,72 @@
+"""A GPU slower than its speed group from its start: a ``slow_placement`` of one GPU, not a live fault.
+
+:class:`~gpuscope.detect.gpupace.OwnPace` takes a part that runs a few per cent slower from the
+start as its own normal, so ``gpu_underperforming`` stays quiet on it; the job still runs at that
+GPU's pace (a synchronous job waits for its slowest GPU). This is judged once, when the GPU's pace
+is learned: its lag is the median learned pace of its job's speed group less its own, and it is a
+placement when that lag is at least ``min_lag`` and ``spread_k`` times the group's robust spread
+(1.4826 x the MAD of the paces, the normal sigma); the median and the MAD are not moved by the slow
+GPU itself. ``min_lag`` (4 %) sits above the tail of one model's part-to-part spread: with parts
+1 % apart (sigma), a healthy part at 2.5 sigma plus its wander while its pace is learned lags by up
+to 3.5 %. ``spread_k`` (2.5) keeps a group whose parts spread wider from reporting its ordinary
+tail; it is not larger because the MAD of 16 paces alone misjudges the sigma by up to 1.6x, and a
+larger factor then hides a 5 % part in a group 1 % apart. Only an offset from the start counts:
+the mean of the GPU's first ``early`` readings must lag by half the bar too (a GPU that slowed down
+while its pace was learned has a live fault, not a placement). A lag past the pace's ``max_pace``
+is still judged as a live fault by ``gpu_underperforming`` and is not reported here. The verdict
+holds, without being judged again, until the GPU leaves the job or its speed group (its pace is
+then learned again), so it is one alert that resolves when the job ends.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from gpuscope.detect.frames import BoolArray
+from gpuscope.detect.gpupace import OwnPace
+from gpuscope.detect.vectors import IntArray, grow
+from gpuscope.model import FloatArray
+
+#: 1 / Phi^-1(0.75): the MAD of a normal sample times this is its sigma
+_MAD_SIGMA = 1.4826
+
+
+class GpuPlacement:
+    """Per GPU id: its lag behind its speed group when its pace was learned (NaN: no placement)."""
+
+    def __init__(self, min_lag: float = 0.04, spread_k: float = 2.5, min_group: int = 4) -> None:
+        self.min_lag, self.spread_k, self.min_group = min_lag, spread_k, min_group
+        #: per GPU, its lag (log ratio of its group's median pace to its own) while it is placed
+        self.lag: FloatArray = np.zeros(0)
+        self._job: FloatArray = np.zeros(0)
+        self._group: FloatArray = np.zeros(0)
+
+    def update(self, pace: OwnPace, newly: BoolArray, job: IntArray, group: IntArray) -> BoolArray:
+        """Judge the GPUs whose pace was ``newly`` learned; drop those that left their job or group.
+        Returns the GPUs that are a slow placement."""
+        n = len(job)
+        self.lag = grow(self.lag, n)
+        self._job, self._group = grow(self._job, n, -1.0), grow(self._group, n, -1.0)
+        lag = self.lag[:n]
+        lag[(self._job[:n] != job) | (self._group[:n] != group)] = math.nan
+        learned = pace.count[:n] >= pace.early
+        for j, g in {(int(a), int(b)) for a, b in zip(job[newly], group[newly], strict=True)}:
+            if j < 0 or g < 0:
+                continue
+            peers = learned & (job == j) & (group == g)
+            if int(peers.sum()) < self.min_group:
+                continue
+            paces = pace.pace[:n][peers]
+            middle = float(np.median(paces))
+            spread = _MAD_SIGMA * float(np.median(np.abs(paces - middle)))
+            bar = max(self.min_lag, self.spread_k * spread)
+            ids = np.flatnonzero(newly & (job == j) & (group == g))
+            behind = middle - pace.pace[:n][ids]
+            early = middle - pace.first[:n][ids]
+            placed = (behind >= bar) & (behind <= pace.max_pace) & (early >= bar / 2.0)
+            lag[ids[placed]] = behind[placed]
+            self._job[ids], self._group[ids] = j, g
+        out: BoolArray = np.isfinite(lag)
+        return out
