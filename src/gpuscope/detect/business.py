@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.model import Finding, Frame, Labels
+from gpuscope.rules import BUSINESS_METRIC_DROP as RULE
 
-RULE = "business_metric_drop"
 BASELINE, RATIO = "model_business_metric_baseline", "model_business_metric_ratio"
 
 

@@ -33,8 +33,10 @@ from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.peers import ClockPeers
 from gpuscope.detect.vectors import grow
 from gpuscope.model import Finding, FloatArray
+from gpuscope.rules import GPU_POWER_THROTTLE as POWER
+from gpuscope.rules import GPU_UNDERPERFORMING as SLOW
+from gpuscope.rules import SLOW_PLACEMENT as PLACEMENT
 
-POWER, SLOW, PLACEMENT = "gpu_power_throttle", "gpu_underperforming", "slow_placement"
 SW_POWER, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
 _METRICS = (
     "gpu_utilization_percent",

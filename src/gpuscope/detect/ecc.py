@@ -19,8 +19,8 @@ from gpuscope.detect.base import Detector, register
 from gpuscope.detect.frames import GpuKey, view
 from gpuscope.detect.refusals import event_gpu, refuse
 from gpuscope.model import Event, Finding, Frame
+from gpuscope.rules import GPU_ECC_UNCORRECTABLE as RULE
 
-RULE = "gpu_ecc_uncorrectable"
 VOLATILE = "gpu_ecc_dbe_volatile_total"
 AGGREGATE = "gpu_ecc_dbe_aggregate_total"
 REMAPPED = "gpu_remapped_rows_uncorrectable"

@@ -17,8 +17,7 @@ import numpy as np
 from gpuscope.detect.base import GpuTableDetector, register
 from gpuscope.detect.vectors import group_count, grow
 from gpuscope.model import Finding, FloatArray
-
-RULE = "gpu_idle_allocated"
+from gpuscope.rules import GPU_IDLE_ALLOCATED as RULE
 
 
 @register

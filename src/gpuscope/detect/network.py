@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.frames import view
 from gpuscope.model import Finding, Frame
+from gpuscope.rules import NETWORK_DEGRADED as RULE
 
-RULE = "network_degraded"
 _COUNTERS = (
     "node_tcp_out_segs_total",
     "node_tcp_retrans_segs_total",

@@ -41,8 +41,7 @@ from gpuscope.detect.base import StepDetector, register
 from gpuscope.detect.steps import StepView
 from gpuscope.detect.vectors import Cusum
 from gpuscope.model import Event, Finding, FloatArray
-
-RULE = "step_time_regression"
+from gpuscope.rules import STEP_TIME_REGRESSION as RULE
 
 
 @dataclass(slots=True)

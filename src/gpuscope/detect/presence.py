@@ -22,8 +22,7 @@ from gpuscope.detect.frames import GpuKey, view
 from gpuscope.detect.liveness import Liveness
 from gpuscope.detect.refusals import event_gpu
 from gpuscope.model import Event, Finding, Frame
-
-GPU_LOST, NODE_UNREACHABLE = "gpu_lost", "node_unreachable"
+from gpuscope.rules import GPU_LOST, NODE_UNREACHABLE
 
 
 @dataclass(slots=True)

@@ -83,9 +83,10 @@ from gpuscope.detect.jobs import place_text
 from gpuscope.detect.steps import StepView
 from gpuscope.detect.vectors import speed_groups
 from gpuscope.model import Event, Finding, FloatArray
-
-STRAGGLER, SKEW, FRAG = "training_straggler", "gradient_skew", "memory_fragmentation"
-PLACEMENT = "slow_placement"
+from gpuscope.rules import GRADIENT_SKEW as SKEW
+from gpuscope.rules import MEMORY_FRAGMENTATION as FRAG
+from gpuscope.rules import SLOW_PLACEMENT as PLACEMENT
+from gpuscope.rules import TRAINING_STRAGGLER as STRAGGLER
 
 
 @dataclass(slots=True)

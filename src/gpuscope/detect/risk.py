@@ -24,9 +24,9 @@ from gpuscope.detect.frames import BoolArray
 from gpuscope.detect.peers import ClockPeers
 from gpuscope.detect.vectors import grow
 from gpuscope.model import Event, Finding, FloatArray
+from gpuscope.rules import GPU_FAILURE_RISK as RULE
 from gpuscope.signals import FATAL_XIDS
 
-RULE = "gpu_failure_risk"
 _FLAGS = ("gpu_throttle_sw_thermal", "gpu_throttle_hw_thermal")
 _KINDS = ("ecc", "rows", "throttle", "xid", "lag")
 ROWS = "gpu_remapped_rows_correctable"

@@ -22,8 +22,8 @@ from gpuscope.detect.base import Detector, register
 from gpuscope.detect.baseline import FlagWindow, finite_or_none
 from gpuscope.detect.frames import BoolArray, FrameView, GpuKey, view
 from gpuscope.model import Finding, FloatArray, Frame
+from gpuscope.rules import GPU_THERMAL_THROTTLE as RULE
 
-RULE = "gpu_thermal_throttle"
 #: NVML clock event reasons: software (0x20) and hardware (0x40) thermal slowdown.
 THERMAL_REASONS = 0x20 | 0x40
 _FLAGS = ("gpu_throttle_sw_thermal", "gpu_throttle_hw_thermal")

@@ -41,8 +41,9 @@ from gpuscope.detect.liveness import Liveness, Overdue
 from gpuscope.detect.progress import ROLLED_BACK, Progress
 from gpuscope.detect.refusals import refuse
 from gpuscope.model import Event, Finding, Frame, TrainingRecord
+from gpuscope.rules import RANK_LOST
+from gpuscope.rules import TRAINING_STALLED as STALLED
 
-STALLED, RANK_LOST = "training_stalled", "rank_lost"
 RankKey = tuple[str, int]
 _CHECKPOINT = frozenset({"checkpoint_started", "checkpoint_completed", "checkpoint_failed"})
 _BUSY_PERCENT = 50.0

@@ -21,8 +21,7 @@ import numpy as np
 from gpuscope.detect.base import ServiceDetector, register
 from gpuscope.detect.services import Snapshot
 from gpuscope.model import Event, Finding
-
-RULE = "version_regression"
+from gpuscope.rules import VERSION_REGRESSION as RULE
 
 
 @dataclass(slots=True)

@@ -25,11 +25,12 @@ from gpuscope.detect.baseline import IntervalEstimator
 from gpuscope.detect.frames import GpuKey, view
 from gpuscope.detect.refusals import event_gpu, refuse
 from gpuscope.model import Event, Finding, Frame
+from gpuscope.rules import GPU_XID_APP as APP
+from gpuscope.rules import GPU_XID_FATAL as FATAL
 from gpuscope.signals import APP_XIDS, FATAL_XIDS, NVIDIA_FATAL_ACTIONS, XID_ACTION
 
 log = logging.getLogger(__name__)
 
-FATAL, APP = "gpu_xid_fatal", "gpu_xid_app"
 
 #: Short meanings for the summary when the event carries no message (NVIDIA XID catalog).
 MEANINGS: dict[int, str] = {

@@ -13,7 +13,7 @@ from typing import Any
 from gpuscope.detect.jobs import gpu_of, place_labels
 from gpuscope.hub import Hub
 from gpuscope.model import Alert, Event, TrainingRecord
-from gpuscope.rules import SLOW_PLACEMENT
+from gpuscope.rules import GPU_UNDERPERFORMING, SLOW_PLACEMENT, STEP_TIME_REGRESSION, TRAINING_STRAGGLER
 from gpuscope.web.dashboard.common import AlertIndex, alert_brief, finite, natural_key, worst
 
 JOB_EVENTS = ("job_started", "job_ended", "job_failed")
@@ -70,7 +70,7 @@ def jobs_view(hub: Hub, now: float) -> dict[str, Any]:
 
 #: firing alerts that settle a job's status whatever the GPUs show (the alert text and the list agree)
 STALL_RULES = frozenset({"training_stalled", "rank_lost"})
-DEGRADE_RULES = frozenset({"training_straggler", "step_time_regression", "gpu_underperforming"})
+DEGRADE_RULES = frozenset({TRAINING_STRAGGLER, STEP_TIME_REGRESSION, GPU_UNDERPERFORMING})
 
 
 def job_status(hub: Hub, job: str, now: float, alerts: list[Alert], lifecycle_state: str) -> str:
