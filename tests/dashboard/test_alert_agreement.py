@@ -69,6 +69,8 @@ def test_a_slow_placement_reads_as_a_p3_with_its_cost_on_a_running_job(served: S
     assert "not a live fault" in page.inner_text("#jb-cards")
     marked = [int(r.get_attribute("data-rank") or -1) for r in page.locator("tr.slowgroup").all()]
     assert marked == sorted(placed.details["slow_ranks"]) == [4, 5, 6, 7]
+    assert page.get_attribute("#jb-placement", "data-ranks") == "4,5,6,7"
+    assert page.locator(".jb-placement-gpu").count() == 0  # no GPU of its own is slower than its group
 
     # its GPUs work at the job's pace: productive, no GPU fault
     open_page(page, served, "#/fleet")
