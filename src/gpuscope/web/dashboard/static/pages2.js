@@ -41,11 +41,12 @@
       // every firing slow_placement: the ranks' group and each GPU slower than its speed group
       const placements = d.slow_placements || [];
       const slow = [...new Set(placements.flatMap((p) => p.ranks.map(String)))];
-      const cost = (p) => `${fmt(100 * p.lost_share)} % of its GPU time, $${fmt(p.cost_per_hour, 2)}/h (<a href="#/alert/${esc(p.id)}">${esc(p.id)}</a>)`;
+      const pct = (share) => (share === null || share === undefined ? "–" : fmt(100 * share));
+      const cost = (p) => `${pct(p.lost_share)} % of its GPU time, $${fmt(p.cost_per_hour, 2)}/h (<a href="#/alert/${esc(p.id)}">${esc(p.id)}</a>)`;
       const rankList = (rs) => (rs.length ? `rank${rs.length > 1 ? "s" : ""} ${rs.map((r) => `<a href="#/job/${encodeURIComponent(job)}/${r}">${r}</a>`).join(", ")}` : "no rank placed");
       const placementCard = (p) =>
         p.kind === "gpu"
-          ? `<div class="card" title="${esc(p.summary)}">placement<b class="jb-placement-gpu" data-node="${esc(p.node)}" data-gpu="${esc(p.gpu)}" data-ranks="${esc(p.ranks.join(","))}">${sev(p.severity)} <a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">${esc(p.node)} GPU ${esc(p.gpu)}</a> ${fmt(100 * p.lag_share)} % slower than its speed group</b><span class="muted">${rankList(p.ranks)} on it; since it started (its part or its placement, not a live fault): the job loses ${cost(p)}</span></div>`
+          ? `<div class="card" title="${esc(p.summary)}">placement<b class="jb-placement-gpu" data-node="${esc(p.node)}" data-gpu="${esc(p.gpu)}" data-ranks="${esc(p.ranks.join(","))}">${sev(p.severity)} <a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">${esc(p.node)} GPU ${esc(p.gpu)}</a> ${pct(p.lag_share)} % slower than its speed group</b><span class="muted">${rankList(p.ranks)} on it; since it started (its part or its placement, not a live fault): the job loses ${cost(p)}</span></div>`
           : `<div class="card" title="${esc(p.summary)}">placement<b id="jb-placement" data-ranks="${esc(p.ranks.join(","))}">${sev(p.severity)} ranks ${esc(p.ranks.join(", "))} slower</b><span class="muted">the job's pace since it started, not a live fault: ${cost(p)}</span></div>`;
       // the job's ranks are where it runs, whether or not they reported a step in this range
       const placed = Object.keys(d.placement).length;
