@@ -8,6 +8,7 @@ owner are the rule table's. Real headless Chromium against a real hub replaying
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +17,11 @@ import pytest
 from playwright.sync_api import Page
 
 from dashboard.conftest import Served, serve_replay
-from gpuscope.model import Alert
+from gpuscope.hub import Hub
+from gpuscope.model import Alert, Batch, Event, Finding, TrainingRecord
 from gpuscope.rules import spec
+from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.web.server import HubServer
 
 # headless Chromium; without it the module is skipped before the replay is served
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("browser")]
@@ -69,6 +73,8 @@ def test_a_slow_placement_reads_as_a_p3_with_its_cost_on_a_running_job(served: S
     assert "not a live fault" in page.inner_text("#jb-cards")
     marked = [int(r.get_attribute("data-rank") or -1) for r in page.locator("tr.slowgroup").all()]
     assert marked == sorted(placed.details["slow_ranks"]) == [4, 5, 6, 7]
+    assert page.get_attribute("#jb-placement", "data-ranks") == "4,5,6,7"
+    assert page.locator(".jb-placement-gpu").count() == 0  # no GPU of its own is slower than its group
 
     # its GPUs work at the job's pace: productive, no GPU fault
     open_page(page, served, "#/fleet")
@@ -160,3 +166,52 @@ def test_tiers_and_owners_on_the_alerts_page_are_the_rule_table_s(served: Served
     for incident in incidents["incidents"]:
         state = page.get_attribute(f'#a-inc tr[data-incident="{incident["id"]}"]', "data-state")
         assert state == ("resolved" if incident["resolved_at"] else "open")
+
+
+def test_a_slow_gpu_and_a_slow_group_of_ranks_are_both_shown_on_the_jobs_page(page: Page) -> None:
+    """Seen: the job page read only the first slow_placement and only its ranks, so a GPU slower
+    than its speed group read as a placement of no ranks, and one kind hid the other."""
+    hub = Hub(DuckDBStore(":memory:", durable=False), price_per_gpu_hour=2.5)
+    now = time.time()
+    place = [[r, "node-0", str(r)] for r in range(4)]
+    started = Event(now - 300, "job_started", {"job": "p"}, {"kind": "training", "placement": place})
+    rows = [TrainingRecord(now - 200 + s, "p", r, s, {"loss": 1.0}) for s in range(100) for r in range(4)]
+    hub.ingest(Batch("sdk", events=[started], training=rows))
+    gpu = Finding(
+        "slow_placement",
+        {"job": "p", "node": "node-0", "gpu": "2"},
+        "node-0 GPU 2 has run 6.4% slower than the other GPUs of its speed group in job p since it started",
+        value=0.064,
+        affected_gpus=4,
+        at_risk=0.064,
+        details={"lag_share": 0.064, "lost_share": 0.064},
+    )
+    ranks = Finding(
+        "slow_placement",
+        {"job": "p"},
+        "Job p has run at two speeds since it started: ranks 0-1 are 30% of a step slower",
+        value=0.23,
+        affected_gpus=4,
+        at_risk=0.23,
+        details={"slow_ranks": [0, 1], "lost_share": 0.23},
+    )
+    for t in (now - 900, now - 400, now):  # past any pending hold of the rule
+        hub.alerts.update(t, [gpu, ranks])
+    server = HubServer(hub, "127.0.0.1", 0, evaluate_interval=None)
+    server.start()
+    try:
+        open_page(page, Served(hub, server, now), "#/job/p")
+        assert page.get_attribute("#jb-placement", "data-ranks") == "0,1"
+        assert page.inner_text("#jb-placement").startswith("P3")
+        (slow_gpu,) = page.locator(".jb-placement-gpu").all()
+        assert (slow_gpu.get_attribute("data-node"), slow_gpu.get_attribute("data-gpu")) == ("node-0", "2")
+        assert slow_gpu.get_attribute("data-ranks") == "2"
+        said = slow_gpu.inner_text()
+        assert said.startswith("P3") and "node-0 GPU 2 6.4 % slower than its speed group" in said
+        cards = page.inner_text("#jb-cards")
+        assert "rank 2 on it" in cards and "not a live fault" in cards
+        marked = [int(r.get_attribute("data-rank") or -1) for r in page.locator("tr.slowgroup").all()]
+        assert marked == [0, 1, 2]  # the slower group's ranks and the rank on the slow GPU
+    finally:
+        server.stop()
+        hub.store.close()

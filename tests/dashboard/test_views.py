@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import numpy as np
 import pytest
 
 from dashboard.conftest import Served
 from gpuscope.hub import Hub
-from gpuscope.model import Batch, Event, Frame, TrainingRecord
+from gpuscope.model import Batch, Event, Finding, Frame, TrainingRecord
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.dashboard.fleet import node_view
 from gpuscope.web.dashboard.jobs import _stragglers, goodput, job_view, jobs_view
@@ -244,3 +246,59 @@ def test_goodput_counts_no_stall_from_the_rounding_of_its_sums() -> None:
     assert g["stalled"] == 0.0
     records.append(TrainingRecord(3.0, "tenths", 0, 11, {"step_seconds": 0.1}, {"node": "n"}))
     assert goodput(records, [], 0.0, 10.0)["stalled"] == pytest.approx(1.9)  # a real pause still counts
+
+
+def _placed_job(findings: list[Finding]) -> dict[str, Any]:
+    """The job page's data for job ``p`` on node-0's GPUs 0-3 (rank r on GPU r) with ``findings``."""
+    hub = Hub(DuckDBStore(":memory:", durable=False))
+    try:
+        place = [[r, "node-0", str(r)] for r in range(4)]
+        data = {"kind": "training", "world_size": 4, "placement": place}
+        started = Event(0.0, "job_started", {"job": "p"}, data)
+        rows = [TrainingRecord(1.0 + s, "p", r, s, {"loss": 1.0}) for s in range(5) for r in range(4)]
+        hub.ingest(Batch("sdk", events=[started], training=rows))
+        for t in (10.0, 400.0, 800.0):  # past any pending hold of the rule
+            hub.alerts.update(t, findings)
+        assert {a.rule for a in hub.firing()} == {"slow_placement"}
+        return job_view(hub, "p", 0.0, 800.0, 10)
+    finally:
+        hub.store.close()
+
+
+GPU_SLOW = Finding(
+    "slow_placement",
+    {"job": "p", "node": "node-0", "gpu": "2"},
+    "node-0 GPU 2 has run 6.0% slower than the other GPUs of its speed group in job p since it started",
+    value=0.06,
+    affected_gpus=4,
+    at_risk=0.06,
+    details={"lag_share": 0.06, "lost_share": 0.06, "job": "p", "speed_group": 0},
+)
+RANKS_SLOW = Finding(
+    "slow_placement",
+    {"job": "p"},
+    "Job p has run at two speeds since it started: ranks 0-1 on node-0 are 30% of a step slower",
+    value=0.23,
+    affected_gpus=4,
+    at_risk=0.23,
+    details={"slow_ranks": [0, 1], "slow_nodes": ["node-0"], "group_lag_share": 0.3, "lost_share": 0.23},
+)
+
+
+def test_a_slow_gpus_placement_names_its_gpu_and_the_rank_on_it() -> None:
+    """Seen: the job page read a GPU's slow_placement as a placement of no slow ranks."""
+    view = _placed_job([GPU_SLOW])
+    (gpu,) = view["slow_placements"]
+    assert (gpu["kind"], gpu["node"], gpu["gpu"], gpu["ranks"]) == ("gpu", "node-0", "2", [2])
+    assert gpu["lag_share"] == pytest.approx(0.06) and gpu["severity"] == "P3"
+    assert gpu["cost_per_hour"] > 0 and gpu["summary"] == GPU_SLOW.summary
+    assert view["slow_group"] is None  # no group of ranks is slower: no ranks' placement to show
+
+
+def test_both_kinds_of_slow_placement_are_listed_and_neither_hides_the_other() -> None:
+    view = _placed_job([GPU_SLOW, RANKS_SLOW])
+    ranks, gpu = view["slow_placements"]
+    assert (ranks["kind"], ranks["ranks"], ranks["lost_share"]) == ("ranks", [0, 1], pytest.approx(0.23))
+    assert (gpu["kind"], gpu["node"], gpu["gpu"], gpu["ranks"]) == ("gpu", "node-0", "2", [2])
+    assert view["slow_group"] is not None and view["slow_group"]["ranks"] == [0, 1]
+    assert view["slow_group"]["id"] == ranks["id"] != gpu["id"]

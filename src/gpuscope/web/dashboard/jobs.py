@@ -156,9 +156,12 @@ def _rank_medians(records: list[TrainingRecord], metric: str) -> dict[int, float
 
 
 def _slow_group(alerts: list[Alert]) -> dict[str, Any] | None:
-    """The ranks a firing slow_placement alert names: the job's pace, not a live fault."""
+    """The ranks a firing slow_placement of the job's ranks names: the job's pace, not a live fault.
+
+    A slow placement of one GPU names no ranks; it is listed in :func:`_slow_placements` only (it
+    used to be read here as a placement of no ranks, and hid the ranks' one when both fired)."""
     for alert in alerts:
-        if alert.rule == SLOW_PLACEMENT:
+        if alert.rule == SLOW_PLACEMENT and "gpu" not in alert.entity:
             return {
                 "id": alert.id,
                 "severity": alert.severity,
@@ -167,6 +170,40 @@ def _slow_group(alerts: list[Alert]) -> dict[str, Any] | None:
                 "cost_per_hour": finite(alert.cost_per_hour),
             }
     return None
+
+
+def _slow_placements(alerts: list[Alert], placement: dict[int, dict[str, str]]) -> list[dict[str, Any]]:
+    """Every firing slow_placement of the job: its ranks' group, and each GPU slower than its speed
+    group with the ranks the job placed on it; the ranks' group first, then the GPUs by place."""
+    out: list[dict[str, Any]] = []
+    for alert in alerts:
+        if alert.rule != SLOW_PLACEMENT:
+            continue
+        entry: dict[str, Any] = {
+            "id": alert.id,
+            "severity": alert.severity,
+            "summary": alert.summary,
+            "lost_share": finite(alert.details.get("lost_share")),
+            "cost_per_hour": finite(alert.cost_per_hour),
+        }
+        node, gpu = alert.entity.get("node"), alert.entity.get("gpu")
+        if node is not None and gpu is not None:
+            at = place_labels(node, gpu)
+            entry |= {
+                "kind": "gpu",
+                "node": node,
+                "gpu": gpu,
+                "ranks": sorted(r for r, p in placement.items() if p == at),
+                "lag_share": finite(alert.details.get("lag_share", alert.value)),
+            }
+        else:
+            entry |= {"kind": "ranks", "ranks": [int(r) for r in alert.details.get("slow_ranks", [])]}
+        out.append(entry)
+    return sorted(out, key=_placement_order)
+
+
+def _placement_order(entry: dict[str, Any]) -> tuple[bool, tuple[Any, ...], tuple[Any, ...]]:
+    return (entry["kind"] == "gpu", natural_key(entry.get("node", "")), natural_key(entry.get("gpu", "")))
 
 
 def _checkpoints(events: list[Event]) -> list[dict[str, Any]]:
@@ -268,6 +305,7 @@ def job_view(hub: Hub, job: str, start: float, end: float, points: int) -> dict[
         "curves": {c: {str(r): v for r, v in per.items()} for c, per in curves.items()},
         "stragglers": _stragglers(hub, job, records),
         "slow_group": _slow_group(alerts),
+        "slow_placements": _slow_placements(alerts, placement),
         "checkpoints": checkpoints,
         "goodput": goodput(records, checkpoints, start, end),
         "placement": {str(r): p for r, p in sorted(placement.items())},
