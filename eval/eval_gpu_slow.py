@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscope.alert.engine import AlertEngine
-from gpuscope.detect.clocks import ClockDetector
+from gpuscope.detect.clocks import METRICS, ClockDetector
 from gpuscope.detect.engine import DetectionEngine
 from gpuscope.model import Batch, Frame
 
@@ -53,18 +53,6 @@ FAULT_AT, FAULT_FOR = 1200, 900
 GRACE = 60.0
 BASE_MHZ, MAX_MHZ, BIN = 1830.0, 1980.0, 15.0
 WINDOW = 300
-METRICS = [
-    "gpu_utilization_percent",
-    "gpu_sm_clock_mhz",
-    "gpu_clock_event_reasons",
-    "gpu_throttle_sw_power",
-    "gpu_throttle_hw_power_brake",
-    "gpu_throttle_sw_thermal",
-    "gpu_throttle_hw_thermal",
-    "gpu_throttle_hw_slowdown",
-    "gpu_power_watts",
-    "gpu_power_limit_watts",
-]
 NOISE = {  # part offset, per-GPU wander, reading noise (sigmas)
     "low": (0.01, 0.002, 0.003),
     "mid": (0.01, 0.004, 0.005),
@@ -144,9 +132,15 @@ def _batches(t: int, c: Clocks) -> list[Batch]:
         for g in range(PER_NODE):
             i = n * PER_NODE + g
             cap = bool(c.capped[t, i])
-            rows.append(
-                [96.0, c.mhz[t, i], 4.0 if cap else 0.0, float(cap), 0.0, 0.0, 0.0, 0.0, 600.0, 700.0]
-            )
+            reading = {
+                "gpu_utilization_percent": 96.0,
+                "gpu_sm_clock_mhz": float(c.mhz[t, i]),
+                "gpu_clock_event_reasons": 4.0 if cap else 0.0,
+                "gpu_throttle_sw_power": float(cap),
+                "gpu_power_watts": 600.0,
+                "gpu_power_limit_watts": 700.0,
+            }
+            rows.append([reading.get(m, 0.0) for m in METRICS])
             entities.append({"node": node, "gpu": str(g), "uuid": f"GPU-{node}-{g}", "job": "llm"})
         out.append(Batch(source=node, frames=[Frame(float(t), list(METRICS), entities, np.array(rows))]))
     return out

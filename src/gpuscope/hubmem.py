@@ -41,12 +41,19 @@ class PyMalloc:
 _STAT = re.compile(r"^#?\s*(.+?)\s*=\s*([\d,]+)\s*$")
 
 
-def _libc_streams() -> ctypes.CDLL | None:
+def open_libc() -> ctypes.CDLL | None:
+    """The C library, or None where it cannot be found or loaded."""
     name = ctypes.util.find_library("c")
+    if name is None:
+        return None
     try:
-        lib = ctypes.CDLL(name) if name is not None else None
+        return ctypes.CDLL(name)
     except OSError:
         return None
+
+
+def _libc_streams() -> ctypes.CDLL | None:
+    lib = open_libc()
     if lib is None or not hasattr(lib, "open_memstream"):
         return None
     lib.open_memstream.restype = ctypes.c_void_p

@@ -11,7 +11,6 @@ pymalloc's statistics (a walk of its pools, see :mod:`gpuscope.hubmem`).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 import os
 import sys
@@ -55,14 +54,8 @@ MMAP_THRESHOLD_BYTES = 256 * 1024
 
 
 def _libc() -> ctypes.CDLL | None:
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return None
-    try:
-        lib = ctypes.CDLL(name)
-    except OSError:
-        return None
-    if not hasattr(lib, "mallinfo2") or not hasattr(lib, "malloc_trim"):
+    lib = hubmem.open_libc()
+    if lib is None or not hasattr(lib, "mallinfo2") or not hasattr(lib, "malloc_trim"):
         return None  # not glibc, or a glibc older than 2.33
     lib.mallinfo2.restype = _MallInfo2
     lib.mallinfo2.argtypes = []

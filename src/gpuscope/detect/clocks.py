@@ -38,7 +38,7 @@ from gpuscope.rules import GPU_UNDERPERFORMING as SLOW
 from gpuscope.rules import SLOW_PLACEMENT as PLACEMENT
 
 SW_POWER, HW_SLOWDOWN, SW_THERMAL, HW_THERMAL, POWER_BRAKE = 0x4, 0x8, 0x20, 0x40, 0x80
-_METRICS = (
+METRICS = (
     "gpu_utilization_percent",
     "gpu_sm_clock_mhz",
     "gpu_clock_event_reasons",
@@ -96,7 +96,7 @@ class _Share:
 @register
 class ClockDetector(GpuTableDetector):
     rules = (POWER, SLOW, PLACEMENT)
-    metrics = _METRICS
+    metrics = METRICS
 
     def __init__(
         self,
