@@ -117,7 +117,7 @@ class DashboardApi:
         return _json(await run_in_threadpool(job_view, self.hub, job, start, end, points))
 
     async def services(self, request: Request) -> Response:
-        return _json(await run_in_threadpool(services_view, self.hub))
+        return _json(await run_in_threadpool(services_view, self.hub, self.clock()))
 
     async def service(self, request: Request) -> Response:
         name = _text(request, "service")

@@ -105,11 +105,20 @@
       const d = await GS.api("/api/v1/ui/services");
       root.querySelector("#s-list").innerHTML = d.services.length
         ? `<table><tr><th>service</th><th>model</th><th>version</th><th>nodes</th><th>req/s</th><th>errors/s</th><th>p95 latency s</th><th>TTFT p95 s</th><th>queue</th><th>KV cache</th><th>alerts</th></tr>${d.services
-            .map((s) => `<tr data-service="${esc(s.service)}"><td><a href="#/service/${encodeURIComponent(s.service)}">${esc(s.service)}</a></td><td>${esc(s.model)}</td><td>${esc(s.versions.join(", "))}</td><td>${s.nodes.map((n) => `<a href="#/node/${encodeURIComponent(n)}">${esc(n)}</a>`).join(" ")}</td><td>${fmt(s.values.inference_requests_per_second)}</td><td>${fmt(s.values.inference_errors_per_second)}</td><td>${fmt(s.values.inference_latency_p95_seconds)}</td><td>${fmt(s.values.inference_ttft_p95_seconds)}</td><td>${fmt(s.values.inference_queue_depth)}</td><td>${fmt(100 * (s.values.inference_kv_cache_usage_ratio ?? NaN))} %</td><td>${s.alerts ? sev(s.worst) + " " + s.alerts : "–"}</td></tr>`)
+            .map((s) => `<tr data-service="${esc(s.service)}"><td><a href="#/service/${encodeURIComponent(s.service)}">${esc(s.service)}</a></td><td>${esc(s.model)}</td><td class="version">${esc(s.serving.version || "–")}</td><td>${s.nodes.map((n) => `<a href="#/node/${encodeURIComponent(n)}">${esc(n)}</a>`).join(" ")}</td><td>${fmt(s.values.inference_requests_per_second)}</td><td>${fmt(s.values.inference_errors_per_second)}</td><td>${fmt(s.values.inference_latency_p95_seconds)}</td><td>${fmt(s.values.inference_ttft_p95_seconds)}</td><td>${fmt(s.values.inference_queue_depth)}</td><td>${fmt(100 * (s.values.inference_kv_cache_usage_ratio ?? NaN))} %</td><td>${s.alerts ? sev(s.worst) + " " + s.alerts : "–"}</td></tr>`)
             .join("")}</table>`
         : '<p class="muted">no inference service has reported</p>';
     },
   };
+
+  // the version serving now (the latest promotion's, which version_regression blames), with when
+  // and how much traffic, and what the service's reports name when that is something else
+  function versionCard(sv) {
+    const when = sv.since ? `promoted ${GS.time(sv.since)}${sv.traffic_share !== null && sv.traffic_share < 1 ? ` · ${fmt(100 * sv.traffic_share)} % of traffic` : ""}` : "from the service's reports";
+    const other = sv.reported.length && !(sv.reported.length === 1 && sv.reported[0] === sv.version)
+      ? `<span class="muted" id="sv-reported">reports name ${esc(sv.reported.join(", "))}</span>` : "";
+    return `<div class="card">version serving<b id="sv-version">${esc(sv.version || "–")}</b><span class="muted">${esc(when)}</span>${other}</div>`;
+  }
 
   GS.pages.service = {
     mount(root, [svc]) {
@@ -120,7 +129,7 @@
     async update(root, [svc]) {
       const d = await GS.api("/api/v1/ui/service", { service: svc });
       const v = d.values;
-      root.querySelector("#sv-cards").innerHTML = `<div class="card">model<b>${esc(d.model)}</b></div><div class="card">version<b>${esc(d.versions.join(", "))}</b></div>
+      root.querySelector("#sv-cards").innerHTML = `<div class="card">model<b>${esc(d.model)}</b></div>${versionCard(d.serving)}
         <div class="card">req/s<b>${fmt(v.inference_requests_per_second)}</b></div><div class="card">p95 latency<b>${fmt(v.inference_latency_p95_seconds)} s</b></div>
         <div class="card">nodes<b>${d.nodes.map((n) => `<a href="#/node/${encodeURIComponent(n)}">${esc(n)}</a>`).join(" ")}</b></div>`;
       const lab = { service: svc };
@@ -140,7 +149,7 @@
       GS.chart(root.querySelector("#c-kv"), "KV cache used %", kv, [{ label: "used %" }], { y: [0, 100] });
       root.querySelector("#sv-versions").innerHTML = d.versions_timeline.length
         ? `<table><tr><th>time</th><th>event</th><th>version</th></tr>${d.versions_timeline.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${esc(e.data.version || e.labels.version || "")}</td></tr>`).join("")}</table>`
-        : `<p class="muted">no version registered or promoted in 30 days; serving ${esc(d.versions.join(", "))}</p>`;
+        : `<p class="muted">no version registered or promoted in 30 days; serving ${esc(d.serving.version || "–")}</p>`;
       root.querySelector("#sv-drift").innerHTML = d.drift.length
         ? `<table><tr><th>rule</th><th>score</th><th>since</th><th>state</th></tr>${d.drift.map((x) => `<tr><td><a href="#/alert/${esc(x.id)}">${esc(x.rule)}</a></td><td>${fmt(x.score)}</td><td>${GS.time(x.started_at)}</td><td>${x.firing ? "firing" : "resolved"}</td></tr>`).join("")}</table>`
         : '<p class="muted">no drift score reported for this service (drift detectors have raised nothing)</p>';
