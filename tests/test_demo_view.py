@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import io
+import re
 import warnings
 from pathlib import Path
 
 import numpy as np
-from rich.console import Console
+from rich.console import Console, Group
+from rich.text import Text
 
 with warnings.catch_warnings():  # starlette prefers httpx2 for its test client; httpx works as well
     warnings.simplefilter("ignore")
     from starlette.testclient import TestClient
 
-from gpuscope.demo import DemoView, faults_played
+from gpuscope.demo import DemoView, LiveFrames, faults_played
 from gpuscope.hub import Hub
 from gpuscope.model import Batch, Event, Frame, TrainingRecord
 from gpuscope.sim.scenario import builtin_scenario, load_scenario
@@ -74,3 +77,75 @@ def test_a_shortened_run_announces_the_faults_it_plays() -> None:
     scenario = load_scenario(builtin_scenario("demo"))
     assert faults_played(scenario, scenario.duration) == "8 faults"
     assert faults_played(scenario, 30.0) == "1 of its 8 faults"
+
+
+CSI = re.compile(r"\x1b\[(\??)([\d;]*)([A-Za-z])")
+
+
+def terminal(stream: str, width: int, height: int) -> list[str]:
+    """What a terminal of ``height`` rows shows and keeps in its scrollback after ``stream``:
+    text, CR, LF, cursor up (never above the screen's top row), erase line; colours ignored."""
+    lines, row, col = [""], 0, 0
+    pos = 0
+    while pos < len(stream):
+        match = CSI.match(stream, pos) if stream[pos] == "\x1b" else None
+        if match is not None:
+            pos = match.end()
+            private, arg, op = match.groups()
+            if private or op == "m":
+                continue
+            if op == "A":
+                row = max(len(lines) - height, 0, row - int(arg or 1))
+            elif op == "K":
+                lines[row] = "" if arg == "2" else lines[row][:col]
+            continue
+        ch = stream[pos]
+        pos += 1
+        if ch == "\r":
+            col = 0
+            continue
+        if ch == "\n" or col >= width:
+            row, col = row + 1, 0
+            if row == len(lines):
+                lines.append("")
+            if ch == "\n":
+                continue
+        line = lines[row].ljust(col)
+        lines[row] = line[:col] + ch + line[col + 1 :]
+        col += 1
+    return lines
+
+
+def play(frames: int, rows: int, height: int) -> tuple[str, str]:
+    """The stream a terminal of ``height`` rows gets from the demo's live view of ``frames``
+    frames of ``rows`` lines each, with an event logged above the view after each; and the part
+    written from the moment the view stops."""
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=60, height=height, log_path=False)
+    with LiveFrames(console=console, auto_refresh=False) as live:
+        for k in range(frames):
+            live.update(Group(*(Text(f"frame {k} row {r}") for r in range(rows))), refresh=True)
+            console.log(f"event {k}")
+        running = out.getvalue()
+    console.print("the run's report")
+    return out.getvalue(), out.getvalue()[len(running) :]
+
+
+def test_the_live_view_leaves_its_last_frame_on_the_terminal_once() -> None:
+    """Seen: ``make demo`` in a terminal (through ``script``) printed the last frame twice at exit."""
+    stream, at_exit = play(frames=3, rows=10, height=30)
+    # on the screen already, so not written again when the view stops
+    assert "frame 2" not in at_exit
+    shown = "\n".join(terminal(stream, 60, 30))
+    assert shown.count("frame 2 row 0") == 1 and "frame 1 row 0" not in shown
+    assert shown.index("frame 2 row 9") < shown.index("the run's report")
+
+
+def test_a_last_frame_taller_than_the_screen_is_left_whole_once() -> None:
+    stream, _ = play(frames=3, rows=30, height=12)
+    shown = terminal(stream, 60, 12)
+    text = "\n".join(shown)
+    # cut to the screen while live, then shown whole, once, above the report
+    assert [text.count(f"frame 2 row {r}") for r in (0, 15, 29)] == [1, 1, 1]
+    assert "frame 1 row" not in text
+    assert text.index("frame 2 row 29") < text.index("the run's report")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
@@ -277,11 +277,7 @@ def run_demo(
         sdk.post("/api/v1/ingest", content=encode_batch(batch), headers={"Content-Type": "application/json"})
 
     try:
-        with (
-            Live(console=console, refresh_per_second=2, auto_refresh=False)
-            if interactive
-            else _NoLive() as live
-        ):
+        with LiveFrames(console=console, auto_refresh=False) if interactive else _NoLive() as live:
             for tick in sim.ticks():
                 if tick.t > end:
                     break
@@ -394,6 +390,27 @@ def sim_nvml_nodes(sim: Simulator, proc_root: Path) -> dict[str, SimNvmlNode]:
         name: SimNvmlNode(name, per, proc_root / name, uuids=world.fleet.uuids[k * per : (k + 1) * per])
         for k, name in enumerate(world.node_names)
     }
+
+
+class LiveFrames(Live):
+    """The demo's live view: each frame drawn over the last, and the last left on the terminal once.
+
+    rich's ``Live.stop()`` draws the frame on screen a second time, so that one cut to fit the
+    screen is seen whole at the end. Where the terminal cannot move the cursor back over all of
+    the first copy (its height unknown to rich, as under ``script``, or smaller than rich
+    assumes; a log of the session) the last frame stood there twice. Here ``stop()`` draws again
+    only a frame that was cut to fit: one drawn whole already stays as it is.
+    """
+
+    drawn: RenderableType | None = None  # the frame last drawn
+
+    def refresh(self) -> None:
+        frame = self.get_renderable()
+        whole = self._live_render.last_render_height < self.console.height
+        if not self.is_started and frame is self.drawn and whole:
+            return
+        self.drawn = frame
+        super().refresh()
 
 
 class _NoLive:
