@@ -240,7 +240,7 @@ def test_dashboard_pages_of_every_member_read_the_clusters_alerts(pair: tuple[Me
     assert b.member.state.fired(alert, None, now) is None
     assert a.hub.store.alerts() == [] and b.hub.store.alerts() == []  # no member keeps a local copy
     for member in (a, b):
-        idle = reports_view(member.hub, now, 1)["idle_allocated"]
+        idle = reports_view(member.hub, now, 86400.0)["idle_allocated"]
         assert idle["by_job"] == {job: pytest.approx(1.0, abs=0.01)}, member.member.cfg.hub_id
 
 

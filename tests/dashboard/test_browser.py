@@ -53,8 +53,8 @@ def page(browser: Browser) -> Iterator[Page]:
     assert errors == [], f"console errors: {errors}"
 
 
-def open_page(page: Page, served: Served, fragment: str, refresh: float = 60) -> None:
-    page.goto(f"{served.url}/ui/?refresh={refresh}{fragment}")
+def open_page(page: Page, served: Served, fragment: str, refresh: float = 60, query: str = "") -> None:
+    page.goto(f"{served.url}/ui/?refresh={refresh}{query}{fragment}")
     page.wait_for_selector('body[data-ready="1"]', timeout=15_000)
 
 
@@ -198,7 +198,7 @@ def test_node_page_names_each_service_once_and_timelines_read_as_words(page: Pag
 
 def test_reports_trend_axis_spans_the_report_window(page: Page, served: Served) -> None:
     """Seen: one dot on an axis running from 2027 to 2029, y up to 150 %."""
-    open_page(page, served, "#/reports")
+    open_page(page, served, "#/reports", query="&range=2592000")
     x0, x1, y0, y1 = page.evaluate(
         "(() => { const u = GS.charts.get('c-trend').u;"
         " return [u.scales.x.min, u.scales.x.max, u.scales.y.min, u.scales.y.max]; })()"
@@ -210,8 +210,30 @@ def test_reports_trend_axis_spans_the_report_window(page: Page, served: Served) 
     assert "2027" not in ticks and "2029" not in ticks
 
 
+def test_the_range_picker_sets_the_reports_range(page: Page, served: Served) -> None:
+    """Seen: "Reports · last 30 days" whatever range was picked."""
+    open_page(page, served, "#/reports", query="&range=2592000")
+    assert page.inner_text("#r-title") == "Reports · last 30 days"
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if "/api/v1/ui/reports" in r.url else None)
+    page.select_option("#range", "604800")
+    page.wait_for_function("() => document.querySelector('#r-title').textContent.endsWith('7 days')")
+    assert page.inner_text("#r-title") == "Reports · last 7 days"
+    assert any("range=604800" in url for url in asked)
+    x0, x1 = page.evaluate("(({ min, max }) => [min, max])(GS.charts.get('c-trend').u.scales.x)")
+    now = time.time()
+    assert x1 <= now and x1 - x0 == pytest.approx(7 * 86400, abs=1)
+    assert page.inner_text("#c-trend .title").endswith("daily mean")
+    # an hour is drawn in five-minute steps, not as one daily dot
+    page.select_option("#range", "3600")
+    page.wait_for_function("() => document.querySelector('#r-title').textContent.endsWith('1 hour')")
+    x0, x1 = page.evaluate("(({ min, max }) => [min, max])(GS.charts.get('c-trend').u.scales.x)")
+    assert x1 - x0 == pytest.approx(3600, abs=1)
+    assert page.inner_text("#c-trend .title").endswith("5-minute mean")
+
+
 def test_reports_chart_the_scheduler_s_demand_and_capacity(page: Page, slurm_served: Served) -> None:
-    open_page(page, slurm_served, "#/reports")
+    open_page(page, slurm_served, "#/reports", query="&range=2592000")
     row = page.locator('#r-sched-table tr[data-partition="debug"]')
     assert row.locator("td").all_inner_texts()[1:] == ["1 s", "1 s", "3", "3", "0", "0"]
     box = page.locator('[data-chart="sched-debug"]')

@@ -116,6 +116,21 @@ def test_jobs_services_reports(client: httpx.Client) -> None:
     assert rep["trend"] and rep["trend"][0][1] is not None
 
 
+def test_reports_cover_the_range_asked_for(client: httpx.Client) -> None:
+    month = client.get("/api/v1/ui/reports", params={"range": 30 * 86400}).json()
+    hour = client.get("/api/v1/ui/reports", params={"range": 3600}).json()
+    assert (month["range_seconds"], month["trend_bucket_seconds"]) == (30 * 86400, 86400)
+    assert (hour["range_seconds"], hour["trend_bucket_seconds"]) == (3600, 300)
+    assert hour["end"] - hour["start"] == pytest.approx(3600)
+    assert all(hour["start"] <= ts <= hour["end"] for ts, _ in hour["trend"])
+    # the replayed five minutes lie in both, so both count the same idle GPU-hours
+    assert hour["idle_allocated"]["gpu_hours"] == month["idle_allocated"]["gpu_hours"] > 0
+    old = client.get("/api/v1/ui/reports", params={"days": 7}).json()
+    assert old["range_seconds"] == 7 * 86400
+    bad = client.get("/api/v1/ui/reports", params={"range": "10"})
+    assert bad.status_code == 400 and bad.json()["field"] == "range"
+
+
 def test_bad_parameters_are_named(client: httpx.Client) -> None:
     res = client.get("/api/v1/ui/job", params={"job": "llm-pretrain", "start": "x"})
     assert res.status_code == 400 and res.json()["field"] == "start"

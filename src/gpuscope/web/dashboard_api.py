@@ -124,8 +124,9 @@ class DashboardApi:
         return _json(await run_in_threadpool(service_view, self.hub, name, self.clock()))
 
     async def reports(self, request: Request) -> Response:
-        days = int(_num(request, "days", 30, 1, 366))
-        return _json(await run_in_threadpool(reports_view, self.hub, self.clock(), days))
+        days = _num(request, "days", 30, 1, 366)
+        seconds = _num(request, "range", days * 86400.0, 60.0, 366 * 86400.0)
+        return _json(await run_in_threadpool(reports_view, self.hub, self.clock(), seconds))
 
     async def capabilities(self, request: Request) -> Response:
         """What this hub offers beyond the core API, so pages need not probe (and log 404s)."""

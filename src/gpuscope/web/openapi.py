@@ -317,7 +317,10 @@ _UI_PARAMS: dict[str, list[dict[str, Any]]] = {
         _query("points", {"type": "integer", "minimum": 10, "maximum": 2000}),
     ],
     "service": [_query("service", {"type": "string", "minLength": 1, "maxLength": 256}, True)],
-    "reports": [_query("days", {"type": "integer", "minimum": 1, "maximum": 366})],
+    "reports": [
+        _query("range", {"type": "number", "minimum": 60, "maximum": 366 * 86400}, text="Seconds back"),
+        _query("days", {"type": "integer", "minimum": 1, "maximum": 366}, text="Days back (when no range)"),
+    ],
 }
 _UI_PATHS: dict[str, Any] = {
     f"/api/v1/ui/{page}": {

@@ -1,5 +1,8 @@
 """The reports page's data: idle GPU-hours and their cost, failing-GPU candidates, utilization trends.
 
+Every figure covers the dashboard's range (``range`` seconds, up to 366 days; ``days`` is the
+older spelling); the trend's step follows it (days, hours or five minutes).
+
 Everything is read through the store seam (fleet-wide series, per-group aggregates) and the
 alert history, so it works the same on a remote TSDB backend. Idle-allocated hours come from
 ``gpu_idle_allocated`` alerts (the GPUs a job held while doing nothing); unused capacity is the
@@ -34,9 +37,18 @@ def _overlap(a0: float, a1: float, b0: float, b1: float) -> float:
     return max(0.0, min(a1, b1) - max(a0, b0))
 
 
-def reports_view(hub: Hub, now: float, days: int) -> dict[str, Any]:
-    """Capacity-planning figures over the last ``days`` days."""
-    start = now - days * 86400.0
+def trend_bucket(seconds: float) -> float:
+    """The trend's step for a report over ``seconds``: days over two days or more, hours over six
+    hours or more, else five minutes (a 15-minute report still draws a line)."""
+    if seconds >= 2 * 86400.0:
+        return 86400.0
+    return 3600.0 if seconds >= 6 * 3600.0 else OBSERVED_BUCKET_SECONDS
+
+
+def reports_view(hub: Hub, now: float, seconds: float) -> dict[str, Any]:
+    """Capacity-planning figures over the last ``seconds`` (the dashboard's range)."""
+    start = now - seconds
+    bucket = trend_bucket(seconds)
     price = hub.alerts.price_per_gpu_hour
     history = hub.stored_alerts(False, 100_000)
     idle_hours = 0.0
@@ -52,17 +64,19 @@ def reports_view(hub: Hub, now: float, days: int) -> dict[str, Any]:
         job = alert.entity.get("job", "?")
         idle_jobs[job] = idle_jobs.get(job, 0.0) + hours * gpus
     per_gpu = hub.store.aggregate(UTIL, "uuid", start, now)
-    daily = hub.store.series(UTIL, {}, start, now, days)
+    trend = hub.store.series(UTIL, {}, start, now, max(1, round(seconds / bucket)))
     per_node = sorted(hub.store.aggregate(UTIL, "node", start, now), key=lambda g: natural_key(g["group"]))
     # observed span: five-minute buckets that hold any sample (data may cover a fraction of the window)
-    fine = hub.store.series(UTIL, {}, start, now, days * 24 * 12)
+    fine = hub.store.series(UTIL, {}, start, now, max(1, round(seconds / OBSERVED_BUCKET_SECONDS)))
     span_hours = sum(1 for p in fine if finite(p.value) is not None) * OBSERVED_BUCKET_SECONDS / 3600.0
     mean_util = (
         sum(g["mean"] * g["count"] for g in per_gpu) / sum(g["count"] for g in per_gpu) if per_gpu else None
     )
     unused_hours = None if mean_util is None else len(per_gpu) * span_hours * (1 - mean_util / 100.0)
     return {
-        "days": days,
+        "range_seconds": seconds,
+        "days": round(seconds / 86400.0, 4),
+        "trend_bucket_seconds": bucket,
         "start": start,
         "end": now,
         "price_per_gpu_hour": price,
@@ -80,11 +94,11 @@ def reports_view(hub: Hub, now: float, days: int) -> dict[str, Any]:
         },
         "failing_candidates": failing_candidates(history, start),
         "waste": waste_ranking(hub, start, now),
-        "trend": [[p.ts, finite(p.value)] for p in daily],
+        "trend": [[p.ts, finite(p.value)] for p in trend],
         "by_node": [
             {"node": g["group"], "mean": finite(g["mean"]), "max": finite(g["max"])} for g in per_node
         ],
-        "scheduler": scheduler_history(hub, start, now, days * 24),
+        "scheduler": scheduler_history(hub, start, now, max(2, round(seconds / 3600.0))),
     }
 
 

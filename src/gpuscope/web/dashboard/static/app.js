@@ -166,7 +166,14 @@ GS.chart = (box, title, data, series, opts = {}) => {
     box.innerHTML = `<div class="title">${GS.esc(title)}</div><div class="empty">no data in this range</div>`;
     return;
   }
-  if (entry) { entry.u.setData(data); return; }
+  if (entry) {
+    // a redraw for another range keeps the chart, with this draw's title and fixed scales
+    entry.held.opts = opts;
+    box.querySelector(".title").textContent = title;
+    entry.u.setData(data);
+    return;
+  }
+  const held = { opts };
   box.innerHTML = `<div class="title">${GS.esc(title)}</div>`;
   const width = Math.max(280, box.clientWidth - 14);
   const u = new uPlot(
@@ -181,14 +188,14 @@ GS.chart = (box, title, data, series, opts = {}) => {
       legend: { show: series.length <= 12 },
       cursor: { drag: { x: true, y: false } },
       scales: {
-        x: { time: true, ...(opts.x ? { range: () => opts.x } : {}) },
-        ...(opts.y ? { y: { range: () => opts.y } } : {}),
+        x: { time: true, ...(opts.x ? { range: (u, lo, hi) => held.opts.x || [lo, hi] } : {}) },
+        ...(opts.y ? { y: { range: (u, lo, hi) => held.opts.y || [lo, hi] } } : {}),
       },
     },
     data,
     box,
   );
-  GS.charts.set(key, { u, sig });
+  GS.charts.set(key, { u, sig, held });
 };
 
 GS.chartBoxes = (root, names) =>

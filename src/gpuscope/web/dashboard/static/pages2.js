@@ -157,15 +157,25 @@
     },
   };
 
+  // "7 days", "24 hours", "15 minutes": the range picker's span as the report's title says it
+  function spanText(seconds) {
+    const unit = (n, word) => `${Number(n.toFixed(1))} ${word}${n === 1 ? "" : "s"}`;
+    if (seconds >= 2 * 86400) return unit(seconds / 86400, "day");
+    if (seconds >= 3600) return unit(seconds / 3600, "hour");
+    return unit(seconds / 60, "minute");
+  }
+
   GS.pages.reports = {
     mount(root) {
-      root.innerHTML = `<h1>Reports · last 30 days</h1><div class="cards" id="r-cards"></div>
+      root.innerHTML = `<h1 id="r-title">Reports</h1><p class="muted" id="r-span"></p><div class="cards" id="r-cards"></div>
         <div class="charts"><div class="chart" id="r-waste" data-chart="waste"></div><div class="chart" id="c-trend" data-chart="trend"></div></div>
         <h2>Failing-GPU candidates</h2><div id="r-fail"></div><h2>Utilization by node</h2><div id="r-nodes"></div>
         <h2>Scheduler · queue wait and demand vs capacity per partition</h2><div id="r-sched"></div><div class="charts" id="r-sched-charts"></div>`;
     },
     async update(root) {
-      const d = await GS.api("/api/v1/ui/reports", { days: 30 });
+      const d = await GS.api("/api/v1/ui/reports", { range: GS.range() });
+      root.querySelector("#r-title").textContent = `Reports · last ${spanText(d.range_seconds)}`;
+      root.querySelector("#r-span").textContent = `${GS.time(d.start)} → ${GS.time(d.end)}`;
       const ia = d.idle_allocated, uc = d.unused_capacity;
       root.querySelector("#r-cards").innerHTML = `<div class="card">idle allocated GPU-hours<b id="r-idle-hours">${fmt(ia.gpu_hours, 2)}</b><span class="muted">$${fmt(ia.cost, 2)} at $${fmt(d.price_per_gpu_hour, 2)}/GPU-h</span></div>
         <div class="card">unused capacity<b>${fmt(uc.gpu_hours, 2)} GPU-h</b><span class="muted">$${fmt(uc.cost, 2)} · mean util ${fmt(uc.mean_utilization_percent)} % over ${uc.gpus} GPUs</span></div>
@@ -176,7 +186,8 @@
         ${rank("by cause", "r-by-cause", w.by_cause, "cause", (c) => `${esc(c.replace(/_/g, " "))}`)}
         ${rank("by team", "r-by-team", w.by_team.map((r) => ({ ...r, team: r.group })), "team", (t) => esc(t))}
         ${rank("by job", "r-by-job", w.by_job.map((r) => ({ ...r, job: r.group })), "job", jobLink)}`;
-      GS.chart(root.querySelector("#c-trend"), "fleet GPU utilization %, daily mean", [d.trend.map((p) => p[0]), d.trend.map((p) => p[1])], [{ label: "mean utilization %", points: { show: true, size: 6 } }], { x: [d.start, d.end], y: [0, 100] });
+      const step = { 86400: "daily", 3600: "hourly" }[d.trend_bucket_seconds] || "5-minute";
+      GS.chart(root.querySelector("#c-trend"), `fleet GPU utilization %, ${step} mean`, [d.trend.map((p) => p[0]), d.trend.map((p) => p[1])], [{ label: "mean utilization %", points: { show: true, size: 6 } }], { x: [d.start, d.end], y: [0, 100] });
       root.querySelector("#r-fail").innerHTML = d.failing_candidates.length
         ? `<table><tr><th>GPU</th><th>score</th><th>alerts by rule</th><th>firing</th></tr>${d.failing_candidates.map((c) => `<tr data-candidate="${esc(c.node)}/${esc(c.gpu)}"><td><a href="#/gpu/${encodeURIComponent(c.node)}/${encodeURIComponent(c.gpu)}">${esc(c.node)} GPU ${esc(c.gpu)}</a></td><td>${c.score}</td><td>${Object.entries(c.rules).map(([r, n]) => `${esc(r)}×${n}`).join(", ")}</td><td>${c.firing}</td></tr>`).join("")}</table>`
         : '<p class="muted">no GPU raised a hardware alert</p>';
