@@ -278,3 +278,22 @@ def test_throttle_reasons_are_drawn_in_percent_of_time_on_a_fixed_scale(page: Pa
     assert scale == [0, 100]
     drawn = page.evaluate("GS.charts.get('c-throttle').u.data.slice(1).flat().filter((v) => v !== null)")
     assert max(drawn) > 1  # a throttled stretch reads as a percentage, not a 0-1 share
+
+
+def test_the_fleet_page_names_the_team_that_must_act(page: Page, served: Served) -> None:
+    """Seen: no owner or team anywhere on the Fleet page; only the Alerts page named one."""
+    firing = served.hub.firing()
+    open_page(page, served, "#/fleet")
+    owners = {a.owner for a in firing}
+    assert owners and page.locator("#f-owner-table tr[data-owner]").count() == len(owners)
+    for owner in owners:
+        mine = [a for a in firing if a.owner == owner]
+        cells = page.locator(f'#f-owner-table tr[data-owner="{owner}"] td').all_inner_texts()
+        counted = {t: sum(1 for a in mine if a.severity == t) for t in ("P1", "P2", "P3")}
+        assert cells[1:4] == [f"{t} {n}" if n else "–" for t, n in counted.items()]
+        assert all(a.rule in cells[5] for a in mine)
+    # the idle allocation's GPUs name the owner of the rule they raise, as its alert does
+    idle_owner = next(a.owner for a in firing if a.rule == "gpu_idle_allocated")
+    rows = page.locator("#f-idle-table tr", has_text="eval-sweep")
+    assert rows.count() == 4
+    assert set(rows.locator("td.owner").all_inner_texts()) == {idle_owner}

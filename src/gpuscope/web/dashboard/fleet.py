@@ -12,6 +12,9 @@ from collections import Counter
 from typing import Any
 
 from gpuscope.hub import Hub
+from gpuscope.model import Alert
+from gpuscope.productivity.states import owner_of
+from gpuscope.rules import GPU_IDLE_ALLOCATED, spec
 from gpuscope.signals import GPU_METRICS
 from gpuscope.web.dashboard.common import AlertIndex, alert_brief, finite, natural_key
 
@@ -54,12 +57,12 @@ def fleet_view(
         state = (index.gpu_severity(node, gpu) if alerted else None) or ("stale" if stale else "ok")
         is_idle = not stale and util is not None and util < IDLE_UTIL_PERCENT
         job = labels.get("job")
+        now = now_states.get((node, gpu), {})
         if is_idle:
-            idle.append({"node": node, "gpu": gpu, "job": job})
+            idle.append({"node": node, "gpu": gpu, "job": job, "owner": idle_owner(now.get("owner"), job)})
         if value is not None and not stale:
             lo = value if lo is None or value < lo else lo
             hi = value if hi is None or value > hi else hi
-        now = now_states.get((node, gpu), {})
         # one short list per GPU keeps 8,192 GPUs a small payload
         nodes.setdefault(node, []).append(
             [gpu, value, state, job, is_idle, now.get("state"), now.get("cause")]
@@ -95,11 +98,39 @@ def fleet_view(
             "gpus": len(gpu_rows),
             "firing": {sev: sum(1 for a in firing if a.severity == sev) for sev in ("P1", "P2", "P3")},
         },
+        "owners": firing_by_owner(firing),
         "metrics": list(PICKER_METRICS),
         "states_now": Counter(g["state"] for g in now_states.values()),
         "productivity": _fleet_hours(hub, window),
         "waste_by_cause": [] if window is None else hub.productivity.waste_by_cause(*window)[:8],
     }
+
+
+def idle_owner(model_owner: str | None, job: str | None) -> str:
+    """Who must act on an idle GPU: the owner of its cause in the productivity model (a dead
+    rank's GPUs are the model team's), else the owner of the rule an idle allocation raises, or
+    of free capacity."""
+    if model_owner:
+        return model_owner
+    return spec(GPU_IDLE_ALLOCATED).owner if job else owner_of("no_job")
+
+
+def firing_by_owner(firing: list[Alert]) -> list[dict[str, Any]]:
+    """Per owning team (the alert rule's owner, as routing and the alerts page name it): firing
+    alerts per tier, their cost of delay and rules; the team with the gravest work first."""
+    rows: dict[str, dict[str, Any]] = {}
+    for alert in firing:
+        row = rows.setdefault(
+            alert.owner, {"owner": alert.owner, "P1": 0, "P2": 0, "P3": 0, "cost_per_hour": 0.0, "rules": {}}
+        )
+        row[alert.severity] = row.get(alert.severity, 0) + 1
+        row["cost_per_hour"] += finite(alert.cost_per_hour) or 0.0
+        row["rules"][alert.rule] = row["rules"].get(alert.rule, 0) + 1
+    for row in rows.values():
+        row["cost_per_hour"] = round(row["cost_per_hour"], 2)
+    return sorted(
+        rows.values(), key=lambda r: (-r["P1"], -r["P2"], -r["P3"], -r["cost_per_hour"], r["owner"])
+    )
 
 
 def _fleet_hours(hub: Hub, window: tuple[float, float] | None) -> dict[str, Any] | None:

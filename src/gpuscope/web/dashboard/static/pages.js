@@ -15,6 +15,7 @@
     mount(root) {
       root.innerHTML = `<h1>Fleet</h1>
         <div class="cards" id="f-cards"></div>
+        <h2>Who must act · firing alerts by owning team</h2><div id="f-owners"></div>
         <h2>GPU time in this range</h2><div id="f-hours"></div>
         <div class="legend">colour by <select id="f-metric"></select> <span id="f-states">${GS.STATES.map(([k, c]) => `<span><i style="background:${c}"></i>${k.replace(/_/g, " ")}</span>`).join("")}</span>
           <span><span class="grad"></span> <span id="f-lo"></span> → <span id="f-hi"></span></span>
@@ -65,10 +66,15 @@
         parts.push("</div></div>");
       }
       root.querySelector("#f-heat").innerHTML = parts.join("");
+      root.querySelector("#f-owners").innerHTML = d.owners.length
+        ? `<table id="f-owner-table"><tr><th>owner</th><th>P1</th><th>P2</th><th>P3</th><th>cost of delay</th><th>rules</th></tr>${d.owners
+            .map((o) => `<tr data-owner="${esc(o.owner)}"><td><b>${esc(o.owner)}</b></td>${["P1", "P2", "P3"].map((t) => `<td class="num" data-tier="${t}">${o[t] ? sev(t) + " " + o[t] : "–"}</td>`).join("")}<td class="num">$${fmt(o.cost_per_hour, 2)}/h</td><td>${Object.entries(o.rules).map(([r, n]) => `<a href="#/alerts">${esc(r)}</a>${n > 1 ? ` ×${n}` : ""}`).join(", ")}</td></tr>`)
+            .join("")}</table>`
+        : '<p class="muted">no firing alerts: nobody needs to act</p>';
       const idle = d.idle.gpus.slice(0, 50);
       root.querySelector("#f-idle").innerHTML = idle.length
-        ? `<table><tr><th>node</th><th>GPU</th><th>job</th></tr>${idle
-            .map((g) => `<tr><td><a href="#/node/${encodeURIComponent(g.node)}">${esc(g.node)}</a></td><td><a href="#/gpu/${encodeURIComponent(g.node)}/${encodeURIComponent(g.gpu)}">${esc(g.gpu)}</a></td><td>${g.job ? `<a href="#/job/${encodeURIComponent(g.job)}">${esc(g.job)}</a>` : '<span class="muted">unallocated</span>'}</td></tr>`)
+        ? `<table id="f-idle-table"><tr><th>node</th><th>GPU</th><th>job</th><th>owner</th></tr>${idle
+            .map((g) => `<tr data-owner="${esc(g.owner)}"><td><a href="#/node/${encodeURIComponent(g.node)}">${esc(g.node)}</a></td><td><a href="#/gpu/${encodeURIComponent(g.node)}/${encodeURIComponent(g.gpu)}">${esc(g.gpu)}</a></td><td>${g.job ? `<a href="#/job/${encodeURIComponent(g.job)}">${esc(g.job)}</a>` : '<span class="muted">unallocated</span>'}</td><td class="owner">${esc(g.owner)}</td></tr>`)
             .join("")}</table>`
         : `<p class="muted">no GPU below ${d.idle.threshold_percent} % utilization</p>`;
     },
