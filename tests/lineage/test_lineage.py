@@ -178,3 +178,33 @@ def test_cli_round_trips_through_the_api(
     assert "model_version_promoted" in kinds and "model_version_registered" in kinds
     bad = httpx.post(url + "/api/v1/lineage/promotions", content=b"[1]")
     assert bad.status_code == 400 and bad.json()["field"] == "body"
+
+
+def test_history_registered_after_the_fact_keeps_its_own_times(hub_url: tuple[str, Hub]) -> None:
+    """A version that has served since last week is promoted then, not when the hub heard of it:
+    the service page, the deployment list and version_regression read that time."""
+    url, hub = hub_url
+    api = url + "/api/v1/lineage"
+    week = 1_796_000_000.0
+    for path, body in [
+        ("checkpoints", {"job": "sft-2", "step": 40, "manifest_hash": HASH_B, "at": week - 7200}),
+        ("versions", {"model": "chat", "version": "v7", "job": "sft-2", "step": 40, "at": week - 3600}),
+        ("promotions", {"service": "chat-api", "model": "chat", "version": "v7", "at": week}),
+    ]:
+        res = httpx.post(f"{api}/{path}", json=body)
+        assert res.status_code == 200, res.text
+    shown = httpx.get(f"{api}/versions/chat/v7").json()
+    assert (shown["checkpoint"]["at"], shown["registered_at"]) == (week - 7200, week - 3600)
+    assert [d["promoted_at"] for d in shown["deployments"]] == [week]
+    promoted = [
+        e for e in hub.store.events(0, 2e10, "model_version_promoted") if e.labels["service"] == "chat-api"
+    ]
+    assert [e.ts for e in promoted] == [week]
+    future = httpx.post(
+        f"{api}/promotions", json={"service": "chat-api", "model": "chat", "version": "v7", "at": 4e9}
+    )
+    assert future.status_code == 400 and future.json()["field"] == "at"
+    wrong = httpx.post(
+        f"{api}/checkpoints", json={"job": "sft-2", "step": 41, "manifest_hash": HASH_A, "at": "now"}
+    )
+    assert wrong.status_code == 400 and wrong.json()["field"] == "at"

@@ -3,7 +3,8 @@
 ``LineageApi(registry, authorize_write).routes()`` gives Starlette routes under
 ``/api/v1/lineage``. Writes (runs, checkpoints, versions, promotions) go through the hub's
 ``authorize_write`` (bearer tokens); every refusal is a 4xx whose JSON names the field, as in
-the rest of the API.
+the rest of the API. Checkpoints, versions and promotions take an optional ``at`` (Unix seconds, not
+in the future) so that history that happened before the hub heard of it keeps its own times.
 """
 
 from __future__ import annotations
@@ -89,19 +90,32 @@ class LineageApi:
         meta = self._get(d, "meta", {})
         if not isinstance(meta, dict):
             raise LineageError("meta", "must be an object")
-        started = d.get("started_at")
-        if started is not None and (
-            isinstance(started, bool) or not isinstance(started, int | float) or not math.isfinite(started)
-        ):
-            raise LineageError("started_at", "must be a Unix time in seconds")
+        started = self._time(d, "started_at")
         await run_in_threadpool(self.registry.add_run, self._get(d, "job"), meta, started)
         return {"ok": True}
+
+    def _time(self, data: dict[str, Any], key: str) -> float | None:
+        """An optional Unix time (history registered after the fact); not in the future."""
+        value = data.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+            raise LineageError(key, "must be a Unix time in seconds")
+        if not 0 <= value <= self.registry.clock() + 60.0:
+            raise LineageError(key, "must be a Unix time in seconds, not in the future")
+        return float(value)
 
     async def add_checkpoint(self, request: Request) -> dict[str, Any]:
         d = await self._body(request)
         g = self._get
+        at = self._time(d, "at")
         await run_in_threadpool(
-            self.registry.add_checkpoint, g(d, "job"), g(d, "step"), g(d, "manifest_hash"), g(d, "path", "")
+            self.registry.add_checkpoint,
+            g(d, "job"),
+            g(d, "step"),
+            g(d, "manifest_hash"),
+            g(d, "path", ""),
+            at,
         )
         return {"ok": True}
 
@@ -113,14 +127,22 @@ class LineageApi:
             isinstance(v, int | float) and not isinstance(v, bool) for v in metrics.values()
         ):
             raise LineageError("metrics", "must be an object of numbers")
+        at = self._time(d, "at")
         await run_in_threadpool(
-            self.registry.register_version, g(d, "model"), g(d, "version"), g(d, "job"), g(d, "step"), metrics
+            self.registry.register_version,
+            g(d, "model"),
+            g(d, "version"),
+            g(d, "job"),
+            g(d, "step"),
+            metrics,
+            at,
         )
         return await run_in_threadpool(self.registry.version, d["model"], d["version"])
 
     async def promote(self, request: Request) -> dict[str, Any]:
         d = await self._body(request)
         g = self._get
+        at = self._time(d, "at")
 
         def work() -> dict[str, Any]:
             return self.registry.promote(
@@ -129,6 +151,7 @@ class LineageApi:
                 g(d, "version"),
                 traffic_share=g(d, "traffic_share", 1.0),
                 alias=g(d, "alias", None),
+                at=at,
             )
 
         return await run_in_threadpool(work)

@@ -158,6 +158,7 @@ BODIES: dict[str, dict[str, Any]] = {
         step=_COUNT,
         manifest_hash={"type": "string", "pattern": "^[0-9a-fA-F]{8,128}$"},
         path={"type": "string"},
+        at={"type": "number", "minimum": 0},
     ),
     "version": _obj(
         ["model", "version", "job", "step"],
@@ -166,6 +167,7 @@ BODIES: dict[str, dict[str, Any]] = {
         job=_LINEAGE_NAME,
         step=_COUNT,
         metrics={"type": "object", "additionalProperties": {"type": "number"}},
+        at={"type": "number", "minimum": 0},
     ),
     "promotion": _obj(
         ["service", "model", "version"],
@@ -174,6 +176,7 @@ BODIES: dict[str, dict[str, Any]] = {
         version=_LINEAGE_NAME,
         traffic_share={"type": "number", "exclusiveMinimum": 0, "maximum": 1},
         alias={"type": "string", "pattern": "^@?[a-z][a-z0-9_-]{0,31}$"},
+        at={"type": "number", "minimum": 0},
     ),
 }
 
