@@ -4,7 +4,8 @@ The simulator plays the cluster in real time; each node's telemetry goes through
 :class:`~gpuscope.agent.agent.Agent` (collector → batch → send, spooling if the hub is away), its
 GPUs read by the real NVML collector from a fake NVML that the simulator drives
 (:class:`~gpuscope.collect.sim_node.SimNvmlNode`), and the training processes' records go through
-the same HTTP ingest an SDK uses. The terminal shows
+the same HTTP ingest an SDK uses; the services' versions, the runs and checkpoints they came from
+and their promotions go through the lineage API (:mod:`gpuscope.demo_lineage`). The terminal shows
 the fleet, the jobs and the alerts as the hub raises them.
 """
 
@@ -34,6 +35,7 @@ from gpuscope.alert.engine import AlertChange
 from gpuscope.cli_alerts import dollars_per_hour
 from gpuscope.collect.sim_node import SimNvmlNode
 from gpuscope.config import DEFAULT_PORT, load_config
+from gpuscope.demo_lineage import DemoLineage
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Batch
@@ -269,12 +271,17 @@ def run_demo(
     sdk = httpx.Client(base_url=server.url, headers=headers, timeout=10)
     reader = httpx.Client(base_url=server.url, headers=headers, timeout=10)
     view = DemoView(reader, scenario, server.url, end)
+    lineage = DemoLineage(sdk, scenario, lambda why: say(Text(why, style="yellow")))
+    lineage.start(t0)
     injected: list[str] = []
     interrupted = refused = False
     played = 0.0  # scenario seconds played
 
     def post(batch: Batch) -> None:
-        sdk.post("/api/v1/ingest", content=encode_batch(batch), headers={"Content-Type": "application/json"})
+        """An SDK's batch; the promotions in it go through the lineage API, as a user's would."""
+        sent, promotions = lineage.split(batch)
+        sdk.post("/api/v1/ingest", content=encode_batch(sent), headers={"Content-Type": "application/json"})
+        lineage.promote(promotions)
 
     try:
         with LiveFrames(console=console, auto_refresh=False) if interactive else _NoLive() as live:
