@@ -80,6 +80,13 @@ def test_the_demo_s_versions_are_drawn_with_their_runs_and_checkpoints(tmp_path:
         assert "chat-finetune" in v7_row and f"step {ORIGIN_STEP}" in v7_row and "@champion" in v7_row
         v8_row = page.inner_text('[data-version="chat:v8"]')
         assert "llm-pretrain" in v8_row and f"step {step}" in v8_row and "chat-api" in v8_row
+        # the events read as words: no JSON of the version's source
+        table = page.inner_text("#l-events")
+        assert "{" not in table and '"' not in table
+        promoted = page.locator("#l-events tr", has_text="model_version_promoted").all_inner_texts()
+        assert any(f"chat v8 → chat-api from llm-pretrain step {step}" in row for row in promoted)
+        saved = page.locator("#l-events tr", has_text="checkpoint_completed").first.inner_text()
+        assert f"manifest {manifest_hash('llm-pretrain', step)[:12]}" in saved
     finally:
         linger.set()
         thread.join(timeout=60)

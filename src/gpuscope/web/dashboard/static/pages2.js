@@ -231,6 +231,7 @@
       const row = rows.get(key);
       if (row) {
         row.ranks.push(rank);
+        row.data = { ...e.data, ...row.data }; // what only one rank reports (rank 0's manifest) too
         continue;
       }
       const { rank: _r, node: _n, gpu: _g, ...labels } = e.labels;
@@ -241,6 +242,28 @@
     // a checkpoint only one rank reported keeps its rank, node and GPU links
     return out.map((e) => (e.ranks && e.ranks.length === 1 ? { ...e, labels: e.own, ranks: undefined } : e));
   }
+  // a lineage event's detail in words: the version, where it came from and where it serves
+  // (nested source and metrics read as JSON before)
+  function lineageDetail(e) {
+    const d = e.data || {};
+    const src = d.source && d.source.job ? ` from ${d.source.job} step ${d.source.step}` : "";
+    const metrics = Object.entries(d.metrics || {}).map(([k, v]) => `${k} ${fmt(v)}`).join(", ");
+    if (e.kind === "model_version_promoted") {
+      const share = typeof d.traffic_share === "number" && d.traffic_share < 1 ? ` (${fmt(100 * d.traffic_share)} % of traffic)` : "";
+      return `${d.model} ${d.version} → ${d.service}${share}${src}`;
+    }
+    if (e.kind === "model_version_registered") return `${d.model} ${d.version}${src}${metrics ? ` · ${metrics}` : ""}`;
+    if (e.kind === "checkpoint_completed") {
+      const parts = [`step ${d.step}`];
+      if (typeof d.bytes === "number") parts.push(`${fmt(d.bytes)}B`);
+      if (typeof d.seconds === "number") parts.push(`${fmt(d.seconds)} s`);
+      if (d.manifest_hash) parts.push(`manifest ${String(d.manifest_hash).slice(0, 12)}`);
+      return parts.join(" · ");
+    }
+    if (e.kind === "checkpoint_verified") return `step ${d.step} · ${d.ok === false ? "FAILED verification" : "verified"}`;
+    return GS.detail(d);
+  }
+
   GS.pages.lineage = {
     mount(root) {
       root.innerHTML = `<h1>Lineage · run → checkpoint → version → deployment</h1><div id="l-note"></div><div id="l-body"></div>`;
@@ -263,7 +286,7 @@
       const lists = await Promise.all(LINEAGE_KINDS.map((kind) => GS.api("/api/v1/events", { kind, start, end, limit: 200 })));
       const events = byCheckpoint(lists.flatMap((l) => l.events).sort((a, b) => b.ts - a.ts)).slice(0, 200);
       root.querySelector("#l-body").innerHTML = events.length
-        ? `<table id="l-events"><tr><th>time</th><th>event</th><th>where</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${GS.entityLinks(e.labels)}${e.ranks ? ` ${esc(rankText(e.ranks))}` : ""}</td><td>${esc(GS.detail(e.data).slice(0, 160))}</td></tr>`).join("")}</table>`
+        ? `<table id="l-events"><tr><th>time</th><th>event</th><th>where</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind)}</td><td>${GS.entityLinks(e.labels)}${e.ranks ? ` ${esc(rankText(e.ranks))}` : ""}</td><td>${esc(lineageDetail(e).slice(0, 160))}</td></tr>`).join("")}</table>`
         : '<p class="muted">no checkpoint or model-version event in this range</p>';
     },
   };
