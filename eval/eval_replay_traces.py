@@ -12,20 +12,30 @@ CSV (``ts,job,rank,step,node,gpu,step_seconds``; ``ts`` the trace's own clock, o
 The source labels workers (job 1: worker 6 turns slow mid-training; job 2: stable, fixed offsets),
 not episodes, so the episodes are found by this written rule, the same for every job:
 
+* a sample of a worker whose value equals its previous one is that reading logged again, not a
+  new measurement: the logs repeat 28-60 % of their readings, and a repeat is an exact copy of a
+  noisy integer, 6 to 190 times as frequent as a difference of one unit (docs/scenarios.md,
+  twelfth round). A worker's *new readings* are its samples that are not copies;
 * a worker's *pace* at a sample is its time over its own level, after the job-wide factor (the
   median over the workers of their time over their level) is taken out: fixed offsets and speed
   groups do not move the reference, and it holds while fewer than half of the workers slow down.
-  Its level is the median of its last 30 samples with a pace below 1.15 (its first 30 samples
-  seed it): a worker that gets faster or drifts slowly sets a new level, a slowdown never does.
-  Only samples with at least 3 workers count (a lone worker has no peers);
+  Its level is the median of its last 30 new readings with a pace below 1.15 (the new readings of
+  its first 30 samples seed it): a worker that gets faster or drifts slowly sets a new level, a
+  slowdown never does. Only samples with at least 3 workers count (a lone worker has no peers); a
+  copy keeps its reading's time (the latest measurement);
 * a straggler episode is a run of samples with a pace of at least 1.15 (one sample below it
-  inside the run does not end it) lasting at least 60 s (6 samples at this trace's 10 s): a P2
-  alert asks someone to act, and a 15 % slowdown that is over in half a minute costs the job
-  less than 5 s;
-* shorter runs at 1.15 (2 samples or more), runs at 1.10 of at least 3 samples, and runs that
-  start while the level is still being learned (a placement, slow from the start, is
+  inside the run does not end it) lasting at least 60 s (6 samples at this trace's 10 s) *with
+  at least 3 new readings at 1.15 or more*: a P2 alert asks someone to act, a 15 % slowdown that
+  is over in half a minute costs the job less than 5 s, and one or two readings logged again for
+  a minute are one or two measurements, not a slowdown known to have lasted;
+* shorter runs at 1.15 (2 new readings or more), runs at 1.10 with at least 3 new readings, and
+  runs that start while the level is still being learned (a placement, slow from the start, is
   ``slow_placement``'s business) are real but not required: an alert on one is not a false
   positive, and missing one is not a miss.
+
+The third round's rule, which counted a copy as a sample (its level the median of its last 30
+samples, an episode 6 samples at 1.15, allowed runs 2 samples at 1.15 or 3 at 1.10), is scored
+beside it on the same alerts (``samples rule``).
 
 Scores per job: episode recall (an episode is detected when a ``training_straggler`` alert of that
 worker starts between its first sample and 60 s after its last), alert precision (an alert is
@@ -101,19 +111,44 @@ def _runs(flags: list[bool]) -> list[tuple[int, int, int]]:
     return out
 
 
-def paces(times: Times) -> dict[int, dict[int, float]]:
+Fresh = dict[int, dict[int, bool]]  # worker -> sample -> a new reading (not a copy of its last)
+
+
+def fresh(times: Times) -> Fresh:
+    """Worker -> sample -> whether its value is a new reading: one equal to the worker's previous
+    sample is that reading logged again (samples with at least 3 workers, as the rule reads)."""
+    out: Fresh = defaultdict(dict)
+    last: dict[int, float] = {}
+    for s in sorted(times):
+        if len(times[s]) < MIN_WORKERS:
+            continue
+        for w, t in times[s].items():
+            out[w][s] = t != last.get(w)
+            last[w] = t
+    return out
+
+
+def paces(times: Times, new: Fresh | None = None) -> dict[int, dict[int, float]]:
     """Worker -> sample -> its pace against its peers (samples with at least 3 workers).
 
     A worker's level is the median of its last ``LEARN`` times below ``RATIO`` of it, over the
     job-wide factor (the median over the workers of their time over their level; the first
     ``LEARN`` samples seed each level): a slowdown never becomes its own reference, a worker that
-    gets faster or drifts slowly sets a new one."""
+    gets faster or drifts slowly sets a new one. With ``new``, each reading counts once in a
+    level (copies are left out of it); without, every sample does (the third round's rule)."""
     samples = [s for s in sorted(times) if len(times[s]) >= MIN_WORKERS]
+
+    def counts(w: int, s: int) -> bool:
+        return new is None or new[w][s]
+
     first: dict[int, list[float]] = defaultdict(list)
+    taken: dict[int, int] = defaultdict(int)
     for s in samples:
         for w, t in times[s].items():
-            if len(first[w]) < LEARN:
-                first[w].append(t)
+            if taken[w] < LEARN:
+                taken[w] += 1
+                if counts(w, s):
+                    first[w].append(t)
     seen = {w: deque(ts, maxlen=LEARN) for w, ts in first.items()}
     out: dict[int, dict[int, float]] = defaultdict(dict)
     for s in samples:
@@ -121,7 +156,7 @@ def paces(times: Times) -> dict[int, dict[int, float]]:
         common = float(np.median([t / level[w] for w, t in times[s].items()]))
         for w, t in times[s].items():
             out[w][s] = t / common / level[w]
-            if out[w][s] < RATIO:
+            if out[w][s] < RATIO and counts(w, s):
                 seen[w].append(t / common)
     return out
 
@@ -137,22 +172,32 @@ def _own(values: list[tuple[int, float]]) -> dict[int, float]:
     return out
 
 
-def _episodes(pace: dict[int, float], interval: float) -> list[Run]:
+def _episodes(pace: dict[int, float], interval: float, new: dict[int, bool] | None = None) -> list[Run]:
+    """Episodes (``must``) and below-the-bar runs of one series. With ``new`` (sample -> a new
+    reading), an episode also needs ``NEAR_SAMPLES`` new readings at the bar, and a run below it
+    its shortest length in new readings; without, every sample is a reading."""
     ss = sorted(pace)
     need = max(NEAR_SAMPLES, int(np.ceil(MIN_SECONDS / interval)))
     runs = []
     for level, shortest in ((RATIO, 2), (NEAR, NEAR_SAMPLES)):
-        for a, b, n in _runs([pace[s] >= level for s in ss]):
-            if n >= shortest:
+        slow = [pace[s] >= level for s in ss]
+        for a, b, n in _runs(slow):
+            readings = n if new is None else sum(slow[i] and new[ss[i]] for i in range(a, b + 1))
+            if readings >= shortest:
                 # slow while its level was being learned: a placement, or no healthy pace yet
                 learned = a >= LEARN
-                runs.append(Run(ss[a], ss[b] + interval, level == RATIO and n >= need and learned))
+                must = level == RATIO and n >= need and readings >= NEAR_SAMPLES and learned
+                runs.append(Run(ss[a], ss[b] + interval, must))
     return runs
 
 
-def truth(times: Times, interval: float) -> dict[int, list[Run]]:
-    """Worker -> its straggler episodes and below-the-bar runs, by the written rule."""
-    return {w: _episodes(pace, interval) for w, pace in paces(times).items()}
+def truth(times: Times, interval: float, readings: bool = True) -> dict[int, list[Run]]:
+    """Worker -> its straggler episodes and below-the-bar runs, by the written rule (``readings``:
+    each reading counts once; otherwise the third round's rule, every sample a reading)."""
+    new = fresh(times) if readings else None
+    return {
+        w: _episodes(pace, interval, None if new is None else new[w]) for w, pace in paces(times, new).items()
+    }
 
 
 def job_truth(times: Times, interval: float) -> list[Run]:
@@ -261,6 +306,7 @@ def evaluate(path: Path, workdir: Path, legacy: bool, totals: Totals) -> None:
             step_time[job].append(_span(a))
     others = sorted({a["rule"] for a in doc["alerts"]} - {"training_straggler", "step_time_regression"})
     workers = {str(w): runs for w, runs in truth(times, interval).items()}
+    by_samples = {str(w): runs for w, runs in truth(times, interval, readings=False).items()}
     world = len({w for by in times.values() for w in by})
     print(
         f"{job}: {len(samples)} samples every {interval:.0f} s x {world} workers, "
@@ -269,15 +315,17 @@ def evaluate(path: Path, workdir: Path, legacy: bool, totals: Totals) -> None:
     # the job's step time is read from its workers, so a worker's straggler episode moves it by
     # that worker's weight in the median: a step-time alert during that slowdown (the episode and
     # the run at 1.10 around it) is its knock-on, as sim-eval counts an alert on the faulty job:
-    # explained, never required
+    # explained, never required (the job's step time is a median over every worker's latest
+    # reading at each sample, so its rule and its knock-ons count samples, as before)
     knock_ons = [
         r
-        for rs in workers.values()
+        for rs in by_samples.values()
         for r in rs
         if any(e.must and e.start <= r.end and r.start <= e.end for e in rs)
     ]
     for rule, runs, alerts, explained in (
         ("training_straggler", workers, stragglers, None),
+        ("training_straggler, samples rule", by_samples, stragglers, None),
         ("step_time_regression", {job: job_truth(times, interval)}, step_time, knock_ons),
     ):
         got = score(runs, alerts, explained)
