@@ -7,11 +7,12 @@ is taken once, then), and counts the ``slow_placement`` alerts of ``ClockDetecto
 * ``healthy``, ``two-speed-3``, ``two-speed-6``: no GPU is a planted slow part, so every
   placement names a part at the tail of the drawn spread (clipped at 2.5 sigma);
 * ``plant-1.05`` / ``plant-1.03``: GPU 3 (node-0 GPU 3) runs 1.05x / 1.03x slower than its drawn
-  part for the whole run: found when a placement names it.
+  part for the whole run: found when a placement names it (``--shapes`` takes any ``plant-F``:
+  ``plant-1.12`` is a part past the own pace's 10 % bound).
 
 It also counts P1/P2 alerts (there should be none: a slow part from the start is no live fault).
 
-usage: python eval/eval_gpu_placement.py [--seeds 1,2,3,4,5] [--noise mid,high]
+usage: python eval/eval_gpu_placement.py [--seeds 1,2,3,4,5] [--noise mid,high] [--shapes healthy,plant-1.12]
 """
 
 from __future__ import annotations
@@ -59,10 +60,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="1,2,3,4,5")
     parser.add_argument("--noise", default="mid,high")
+    parser.add_argument("--shapes", default="healthy,two-speed-3,two-speed-6,plant-1.05,plant-1.03")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     for noise in args.noise.split(","):
-        for shape in ("healthy", "two-speed-3", "two-speed-6", "plant-1.05", "plant-1.03"):
+        for shape in args.shapes.split(","):
             found = placements = serious = 0
             for seed in seeds:
                 placed, p12 = run(shape, noise, seed)

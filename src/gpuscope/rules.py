@@ -35,6 +35,9 @@ class RuleSpec:
     layer: Layer
     hard: bool
     meaning: str
+    #: a standing condition, not a live fault (a placement since the job started): it is the root
+    #: cause of an incident only when no live fault shares it (:mod:`gpuscope.alert.incidents`)
+    standing: bool = False
 
 
 GPU_XID_FATAL = "gpu_xid_fatal"
@@ -253,6 +256,7 @@ RULES: dict[str, RuleSpec] = _table(
         "A group of ranks, or one GPU against the others of its speed group, has been slower than the "
         "rest of the job since it started (mixed hardware, a slow part or placement); the job runs at "
         "their pace. Reported once, not a live fault; its cost is the share of the job's GPU time lost.",
+        standing=True,
     ),
     RuleSpec(
         STEP_TIME_REGRESSION,
@@ -435,6 +439,13 @@ RULES: dict[str, RuleSpec] = _table(
 def spec(rule: str) -> RuleSpec:
     """The entry of a rule; unknown names are a programming error."""
     return RULES[rule]
+
+
+def standing(rule: str) -> bool:
+    """Is ``rule`` a standing condition rather than a live fault? Unknown names (alerts from
+    outside) are live faults."""
+    known = RULES.get(rule)
+    return known is not None and known.standing
 
 
 def rules_of(layer: Layer) -> frozenset[str]:

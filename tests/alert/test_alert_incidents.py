@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from gpuscope.alert.engine import AlertEngine
 from gpuscope.alert.incidents import IncidentTracker, describe, layer, link_keys
+from gpuscope.alert.ranking import incident_summary
 from gpuscope.model import Alert, Finding
 
 RANK = {"job": "llm", "rank": "6", "node": "node-1", "gpu": "2"}
@@ -80,8 +81,9 @@ def test_layers_links_and_names() -> None:
             {"job": "j"},
             {"service": "s", "node": "a"},
             {},
+            {"job": "j", "node": "a", "gpu": "1"},  # a GPU's alert naming the job it serves
         )
-    ] == [0, 1, 2, 3, 4, 5]
+    ] == [0, 1, 2, 3, 4, 5, 0]
     assert link_keys(RANK) == {"job:llm", "node:node-1", "gpu:node-1/2"}
     assert link_keys({"job": "j"}, [{"node": "n"}, "junk"]) == {"job:j", "node:n"}
     assert [
@@ -93,8 +95,9 @@ def test_layers_links_and_names() -> None:
             {"job": "j"},
             {"service": "s"},
             {"cluster": "c"},
+            {"job": "j", "node": "a", "gpu": "1"},
         )
-    ] == ["a GPU 1", "node a", "job llm rank 6", "job j", "service s", "cluster=c"]
+    ] == ["a GPU 1", "node a", "job llm rank 6", "job j", "service s", "cluster=c", "a GPU 1"]
 
 
 def alert(alert_id: str, rule: str, entity: dict[str, str], started_at: float) -> Alert:
@@ -136,3 +139,58 @@ def test_a_fault_elsewhere_never_joins_an_incident_whose_root_cause_resolved() -
     incidents = [a.incident for a in (lost, stalled, early, ecc, again, failed)]
     assert incidents == ["inc-1", "inc-1", "inc-1", "inc-2", "inc-1", "inc-2"]
     assert tracker.get("inc-1") is not None and tracker.get("inc-1").root == "al-1"  # type: ignore[union-attr]
+
+
+def p3(alert_id: str, rule: str, entity: dict[str, str], started_at: float) -> Alert:
+    return Alert(alert_id, rule, "P3", "platform", entity, started_at, rule, 0.0)
+
+
+def test_a_gpu_slow_from_its_start_is_the_root_of_its_ranks_placement() -> None:
+    """Seen: the ranks' slow_placement (job only) fired first and rooted the incident, and the GPU's
+    (labels job, node, gpu) read as a job alert: "slow_placement on job llm", the GPU a member."""
+    tracker = IncidentTracker(window=600.0)
+    places = [{"node": "node-1", "gpu": str(g)} for g in range(4)]
+    ranks = p3("al-1", "slow_placement", {"job": "llm"}, 40.0)
+    tracker.add(ranks, places)
+    gpu = p3("al-2", "slow_placement", {"job": "llm", "node": "node-1", "gpu": "2"}, 330.0)
+    tracker.add(gpu)
+    (incident,) = tracker.incidents()
+    assert incident.root == "al-2" and incident.members == ["al-1", "al-2"]
+    assert incident.title == "slow_placement on node-1 GPU 2 (+1 related)"
+
+
+def test_a_placement_is_no_root_beside_a_live_fault() -> None:
+    """A job that stalls beside its slow GPU: the stall is what to act on, the placement a member."""
+    tracker = IncidentTracker(window=600.0)
+    gpu = p3("al-1", "slow_placement", {"job": "llm", "node": "node-1", "gpu": "2"}, 330.0)
+    tracker.add(gpu)
+    stalled = alert("al-2", "training_stalled", {"job": "llm"}, 400.0)
+    tracker.add(stalled, [{"node": "node-1"}])
+    (incident,) = tracker.incidents()
+    assert incident.root == "al-2" and incident.title == "training_stalled on job llm (+1 related)"
+    hot = alert("al-3", "gpu_thermal_throttle", {"node": "node-1", "gpu": "2"}, 410.0)
+    tracker.add(hot)  # a live fault on the GPU is lower than the stall: it roots the incident
+    assert tracker.incidents()[0].root == "al-3"
+
+
+def test_a_slow_gpu_and_its_ranks_placement_through_the_engine_are_one_incident_costed_once() -> None:
+    """As a hub files them: the ranks' placement (job only) linked to the GPUs the job runs on."""
+    engine = AlertEngine(places=lambda entity: [{"node": "node-1", "gpu": str(g)} for g in range(4)])
+    ranks = Finding("slow_placement", {"job": "llm"}, "ranks 5 slower", affected_gpus=8, at_risk=0.09)
+    gpu = Finding(
+        "slow_placement",
+        {"job": "llm", "node": "node-1", "gpu": "1"},
+        "GPU slower",
+        affected_gpus=8,
+        at_risk=0.1,
+    )
+    engine.update(40.0, [ranks])
+    engine.update(330.0, [ranks, gpu])
+    (incident,) = engine.incidents()
+    alerts = {a.id: a for a in engine.all()}
+    root = alerts[incident.root]
+    assert root.entity == {"job": "llm", "node": "node-1", "gpu": "1"} and len(incident.members) == 2
+    summary = incident_summary(incident, alerts)
+    assert summary["tier"] == "P3" and summary["root_rule"] == "slow_placement"
+    # one pace of one job: its larger cost, not the sum of two measurements of it
+    assert summary["cost_per_hour"] == max(a.cost_per_hour for a in alerts.values()) > 0

@@ -178,6 +178,8 @@ def test_fallback_straggler_reads_the_arrival_gap_the_sdk_sends() -> None:
         rows = [TrainingRecord(float(s), "j", r, s, {gap: v}) for s, r, v in steps]
         named = {"rank": 2, "source": "collective arrival skew", "firing": None}
         assert _stragglers(hub, "j", rows) == [named]
+        # a firing slow_placement names rank 2 (its GPU is slower from its start): no straggler
+        assert _stragglers(hub, "j", rows, frozenset({2})) == []
         even = [TrainingRecord(r.ts, "j", r.rank, r.step, {gap: 0.3}) for r in rows]
         assert _stragglers(hub, "j", even) == []
         old = [TrainingRecord(r.ts, "j", r.rank, r.step, {skew: 0.0}) for r in rows]

@@ -9,7 +9,12 @@ before it (several such incidents merge into the oldest), unless that incident h
 after the last one was fixed is a new incident. Nor does it join an incident whose root cause has
 resolved unless it touches the root's own places (a fault elsewhere is not that root's knock-on),
 and when it links to incidents whose root still fires it joins only those. The root cause is the
-alert on the lowest layer (GPU < node < rank < job < service), the gravest tier, the earliest.
+alert on the lowest layer (GPU < node < rank < job < service), the gravest tier, the earliest. A
+GPU's alert that names the job it serves is on the GPU layer: a GPU slower than its speed group
+from the start (``slow_placement`` of that GPU) is the cause of its ranks' placement, which names
+the job only. A standing condition (a placement: :func:`gpuscope.rules.standing`) is no live
+fault, so it is the root only when no live fault shares its incident: a job that stalls beside
+its slow GPU has the stall, not the placement, as the thing to act on.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.model import Alert, Labels
+from gpuscope.rules import standing
 
 LAYERS = ("gpu", "node", "rank", "job", "service", "other")
 
@@ -28,10 +34,10 @@ def layer(entity: Labels) -> int:
         return 4
     if "rank" in entity:
         return 2
+    if "gpu" in entity:
+        return 0  # a GPU's alert may name the job it serves (a slow part): it is still about the GPU
     if "job" in entity:
         return 3
-    if "gpu" in entity:
-        return 0
     if "node" in entity:
         return 1
     return 5
@@ -63,10 +69,10 @@ def describe(entity: Labels) -> str:
         return f"service {entity['service']}"
     if "rank" in entity:
         return f"job {entity.get('job', '?')} rank {entity['rank']}"
-    if "job" in entity:
-        return f"job {entity['job']}"
     if "gpu" in entity:
         return f"{entity.get('node', '?')} GPU {entity['gpu']}"
+    if "job" in entity:
+        return f"job {entity['job']}"
     if "node" in entity:
         return f"node {entity['node']}"
     return ", ".join(f"{k}={v}" for k, v in sorted(entity.items())) or "cluster"
@@ -121,8 +127,12 @@ class _Group:
         return not keys & link_keys(root.entity, root.details.get("links"))
 
     def root(self) -> Alert:
-        # Lowest layer first; on one layer the graver fault (P1 before P2) is the likelier cause.
-        return min(self.members, key=lambda a: (layer(a.entity), a.severity, a.started_at, _number(a.id)))
+        # Live faults before standing conditions; then lowest layer first; on one layer the graver
+        # fault (P1 before P2) is the likelier cause.
+        return min(
+            self.members,
+            key=lambda a: (standing(a.rule), layer(a.entity), a.severity, a.started_at, _number(a.id)),
+        )
 
     def snapshot(self) -> Incident:
         root = self.root()

@@ -6,6 +6,7 @@ from typing import Any
 
 from gpuscope.alert.incidents import Incident
 from gpuscope.model import Alert
+from gpuscope.rules import standing
 
 
 def rank_alerts(alerts: list[Alert]) -> list[Alert]:
@@ -13,8 +14,24 @@ def rank_alerts(alerts: list[Alert]) -> list[Alert]:
     return sorted(alerts, key=lambda a: (not a.firing, a.severity, -a.cost_per_hour, a.started_at))
 
 
+def cost_per_hour(firing: list[Alert]) -> float:
+    """What an hour of the firing alerts costs: summed, but a job's placements once, the largest. A
+    synchronous job runs at its slowest pace: a slow GPU and its ranks' slow group, two alerts of
+    one job's pace, lose that pace once."""
+    placed: dict[str, float] = {}
+    total = 0.0
+    for alert in firing:
+        job = alert.entity.get("job")
+        if job is not None and standing(alert.rule):
+            placed[job] = max(placed.get(job, 0.0), alert.cost_per_hour)
+        else:
+            total += alert.cost_per_hour
+    return total + sum(placed.values())
+
+
 def incident_summary(incident: Incident, alerts: dict[str, Alert]) -> dict[str, Any]:
-    """An incident with its tier (gravest firing member) and cost per hour (firing members summed)."""
+    """An incident with its tier (gravest firing member) and cost per hour (firing members summed,
+    a job's placements once: :func:`cost_per_hour`)."""
     members = [alerts[i] for i in incident.members if i in alerts]
     firing = [a for a in members if a.firing]
     pool = firing or members
@@ -23,7 +40,7 @@ def incident_summary(incident: Incident, alerts: dict[str, Alert]) -> dict[str, 
     return {
         **incident.to_dict(),
         "tier": tier,
-        "cost_per_hour": sum(a.cost_per_hour for a in firing),
+        "cost_per_hour": cost_per_hour(firing),
         "firing": len(firing),
         "root_rule": root.rule if root else None,
         "root_entity": dict(root.entity) if root else {},

@@ -19,11 +19,20 @@ and ended jobs are judged as before.
 After a replay of stored history (hub start, shard takeover), a job whose every rank was already
 silent past its threshold is *dormant*: this hub never heard it live, and a job that ended unsaid
 (a simulator stopped, a scheduler's kill before any end event) looks the same as a lost one, so
-neither its ranks nor its steps are judged. When any of its ranks is heard again it is judged
-anew, each rank's silence and the wait for its next step measured from then (a rank that does not
-come back is found one threshold later); a dormant job silent for ``abandon_after`` is forgotten.
-Counted as ``jobs_silent_before_start``. A job with some ranks still heard is judged as usual, so
-a rank lost while the hub was away is still found.
+its ranks are not judged one by one. When any of its ranks is heard again it is judged anew, each
+rank's silence and the wait for its next step measured from then (a rank that does not come back
+is found one threshold later); a dormant job silent for ``abandon_after`` is forgotten. Counted
+as ``jobs_silent_before_start``. A job with some ranks still heard is judged as usual, so a rank
+lost while the hub was away is still found. What tells a job that died while the hub was down
+from one that ended unsaid is its GPUs: when, ``restart_grace`` seconds after the restart, no
+rank has been heard but its GPUs are still reported allocated to it after the restart, the job
+holds GPUs it does not use: one
+``training_stalled`` for the job (not a ``rank_lost`` per rank: one cause), counted as
+``jobs_dead_before_start``. A job whose GPUs are no longer reported with it (freed, or the whole
+cluster stopped, as a stopped demo's) raises nothing, nor does one that sent its end event. The
+grace (25 s) is two and a half of the senders' longest retry delay (10 s), so ranks that spooled
+through the restart are heard first, and shorter than the hold on alerts resumed at a restart
+(30 s, then ``resolve_after``), so a stall already firing before it goes on as the same alert.
 """
 
 from __future__ import annotations
@@ -78,6 +87,7 @@ class TrainingLivenessDetector(Detector):
         rank_floor: float = 4.0,
         whole_job_grace: float = 15.0,
         abandon_after: float = 3600.0,
+        restart_grace: float = 25.0,
     ) -> None:
         self.stall_factor = stall_factor
         self.stall_floor = stall_floor
@@ -87,12 +97,15 @@ class TrainingLivenessDetector(Detector):
         self.checkpoint_default = checkpoint_default
         self.whole_job_grace = whole_job_grace
         self.abandon_after = abandon_after
+        self.restart_grace = restart_grace
         self.counters = Counters()
         self._jobs = JobTracker(self.counters)
         self._runs: dict[str, _Run] = {}
         self._fresh: list[_Run] = []
-        #: job -> hub time a replay found every rank of it silent (not judged until heard again)
+        #: job -> hub time a replay found every rank of it silent (its ranks not judged until heard
+        #: again; the job is flagged when it still holds its GPUs after ``restart_grace``)
         self._dormant: dict[str, float] = {}
+        self._dead: set[str] = set()  # dormant jobs flagged (counted once each)
         self._ranks: Liveness[RankKey] = Liveness(factor=rank_factor, floor=rank_floor, default_interval=1.0)
         self._suppressed = 0
         self._withheld_watermark = 0
@@ -113,6 +126,7 @@ class TrainingLivenessDetector(Detector):
 
     def _lifecycle(self, job: Job) -> None:
         self._dormant.pop(job.name, None)
+        self._dead.discard(job.name)
         old = self._runs.pop(job.name, None)
         if old is not None:
             for rank in old.ranks:
@@ -128,6 +142,7 @@ class TrainingLivenessDetector(Detector):
         if run is None:
             run = self._runs[name] = _Run()
         if self._dormant.pop(name, None) is not None:
+            self._dead.discard(name)
             for rank in run.ranks:  # heard again: each rank's silence counts from now
                 self._ranks.resume((name, rank))
             self._progress(run)  # and so does its wait for a step
@@ -253,6 +268,7 @@ class TrainingLivenessDetector(Detector):
                 else:
                     self._abandon(job, now)
         out = self._stalled(now)
+        out.extend(self._dead_before_start(now))
         out.extend(self._lost(overdue, now))
         if self._ranks.suppressed > self._suppressed:
             self.counters.inc("rank_verdicts_withheld_hub_gap", self._ranks.suppressed - self._suppressed)
@@ -302,6 +318,35 @@ class TrainingLivenessDetector(Detector):
             if self._ending(name, run, now):
                 continue
             out.append(self._stall_finding(job, run, silence, threshold, base, now))
+        return out
+
+    def _dead_before_start(self, now: float) -> list[Finding]:
+        """Dormant jobs that still hold their GPUs ``restart_grace`` after the restart, no rank heard."""
+        out: list[Finding] = []
+        for name, since in self._dormant.items():
+            job, run = self._jobs.jobs.get(name), self._runs.get(name)
+            if job is None or run is None or not job.running or now - since < self.restart_grace:
+                continue
+            held = max((ts for ts, _ in run.util.values()), default=-math.inf)
+            # its GPUs reported with it since the restart, and lately: not freed, not a stopped cluster
+            if held < since or now - held > self.restart_grace:
+                continue
+            if self._ranks.withholding:
+                self.counters.inc("stall_verdicts_withheld_hub_gap")
+                continue
+            heard = [at for r in run.ranks if (at := self._ranks.heard_at((name, r))) is not None]
+            silence = now - max(heard, default=since)
+            threshold, base = self.stall_threshold(run.progress)
+            finding = self._stall_finding(job, run, silence, threshold, base, now)
+            finding.summary += (
+                "; every rank stopped reporting before the hub restarted and none has since, while its "
+                "GPUs are still allocated to it"
+            )
+            finding.details["silent_before_restart"] = True
+            out.append(finding)
+            if name not in self._dead:
+                self._dead.add(name)
+                self.counters.inc("jobs_dead_before_start")
         return out
 
     def _ending(self, name: str, run: _Run, now: float) -> bool:

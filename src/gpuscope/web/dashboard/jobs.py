@@ -2,7 +2,8 @@
 
 Per-rank curves are bucketed here (mean per bucket) so a 1,000-rank job still answers with a
 bounded payload; the straggler is the one a firing or recent alert names, else the rank that
-arrives last at the collectives by a clear margin.
+arrives last at the collectives by a clear margin and is not on a slow placement (a firing P3 says
+its pace is its GPU's or its group's, not a live fault).
 """
 
 from __future__ import annotations
@@ -117,8 +118,13 @@ def _bucketed(
     return xs, ranks, curves
 
 
-def _stragglers(hub: Hub, job: str, records: list[TrainingRecord]) -> list[dict[str, Any]]:
-    """Ranks a straggler alert names (firing first, then the latest), else the one arriving last."""
+def _stragglers(
+    hub: Hub, job: str, records: list[TrainingRecord], placed: frozenset[int] = frozenset()
+) -> list[dict[str, Any]]:
+    """Ranks a straggler alert names (firing first, then the latest), else the one arriving last
+    unless a firing slow_placement names it (``placed``): a rank on a GPU slower from its start
+    arrives last at every collective, and the page called it a straggler beside the P3 that says
+    it is no live fault."""
     named = [
         a
         for a in hub.stored_alerts(False, 2000)
@@ -139,8 +145,11 @@ def _stragglers(hub: Hub, job: str, records: list[TrainingRecord]) -> list[dict[
         return []
     earliest = min(medians.values())
     skew = {rank: m - earliest for rank, m in medians.items()}
-    rank = max(skew, key=lambda r: skew[r])
     typical = statistics.median(skew.values())
+    candidates = [r for r in skew if r not in placed]
+    if not candidates:
+        return []
+    rank = max(candidates, key=lambda r: skew[r])
     if skew[rank] > STRAGGLER_SKEW_FACTOR * max(typical, 1e-3):
         return [{"rank": rank, "source": "collective arrival skew", "firing": None}]
     return []
@@ -294,6 +303,7 @@ def job_view(hub: Hub, job: str, start: float, end: float, points: int) -> dict[
     state = next((e.kind for e in reversed(lifecycle)), "job_started")
     lifecycle_state = {"job_ended": "ended", "job_failed": "failed"}.get(state, "running")
     mine = [g for g in hub.productivity.summary("job", start, end)["groups"] if g["group"] == job]
+    placements = _slow_placements(alerts, placement)
     return {
         "status": job_status(hub, job, end, alerts, lifecycle_state),
         "productivity": mine[0] if mine else None,
@@ -303,9 +313,9 @@ def job_view(hub: Hub, job: str, start: float, end: float, points: int) -> dict[
         "ts": xs,
         "ranks": ranks,
         "curves": {c: {str(r): v for r, v in per.items()} for c, per in curves.items()},
-        "stragglers": _stragglers(hub, job, records),
+        "stragglers": _stragglers(hub, job, records, frozenset(r for p in placements for r in p["ranks"])),
         "slow_group": _slow_group(alerts),
-        "slow_placements": _slow_placements(alerts, placement),
+        "slow_placements": placements,
         "checkpoints": checkpoints,
         "goodput": goodput(records, checkpoints, start, end),
         "placement": {str(r): p for r, p in sorted(placement.items())},
