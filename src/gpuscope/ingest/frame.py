@@ -420,7 +420,9 @@ def decode_frame(body: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
     events, training = _extras_of(r, limits)
     if r.pos != len(body):
         raise PayloadError("body", f"{len(body) - r.pos} bytes after the end of the frame (at byte {r.pos})")
-    return Batch(source=source, frames=frames, events=events, training=training, batch_id=batch_id)
+    return Batch(
+        source=source, frames=frames, events=events, training=training, batch_id=batch_id, wire=bytes(body)
+    )
 
 
 def decode_body(content_type: str, body: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
