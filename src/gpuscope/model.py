@@ -94,7 +94,8 @@ class Batch:
     batch_id: str | None = None
     #: set by the frame decoder: the binary frame the batch was decoded from, which decodes to an
     #: equal batch again. The durable store keeps it as the batch's ingest-log record instead of
-    #: encoding one, and drops it once written. Whoever changes a decoded batch sets it to None.
+    #: encoding one; the hub drops it once the batch is stored (the observers read the batch).
+    #: Whoever changes a decoded batch sets it to None.
     wire: bytes | None = field(default=None, compare=False, repr=False)
 
     @property

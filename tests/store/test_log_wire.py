@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gpuscope.hub import Hub
 from gpuscope.ingest.frame import decode_frame, encode_frame
 from gpuscope.ingest.payload import Limits
 from gpuscope.loadgen.traffic import FleetShape, build_scenario
@@ -134,3 +135,16 @@ def test_frames_only_in_the_log_at_sigkill_replay_into_the_rows_of_batches_taken
             assert replayed.series(metric, {"node": node}, start, end) == want
             seen += len(want)
         assert seen > len(metrics)
+
+
+def test_a_stored_batch_reaches_the_observers_without_its_frame() -> None:
+    # a store without the log (the remote stores' case) never drops it: the hub does
+    seen: list[Batch] = []
+    hub = Hub(DuckDBStore(":memory:"))
+    hub.add_observer(seen.append)
+    batch = decode_frame(encode_frame(_fleet_batches(1, nodes=1)[0]))
+    assert batch.wire is not None
+    hub.ingest(batch)
+    hub.settle()
+    assert len(seen) == 1 and seen[0] is batch and batch.wire is None
+    hub.store.close()
