@@ -138,6 +138,7 @@ class Hub:
         self.counters.inc("ingest_events", result.events)
         self.counters.inc("ingest_training_records", result.training)
         self.counters.inc("ingest_refused_samples", result.refused_samples)
+        batch.wire = None  # stored: the observers read the batch, not the frame it came in
         self.observing.put(batch)
 
     def unsettled(self) -> bool:

@@ -92,6 +92,11 @@ class Batch:
     events: list[Event] = field(default_factory=list)
     training: list[TrainingRecord] = field(default_factory=list)
     batch_id: str | None = None
+    #: set by the frame decoder: the binary frame the batch was decoded from, which decodes to an
+    #: equal batch again. The durable store keeps it as the batch's ingest-log record instead of
+    #: encoding one; the hub drops it once the batch is stored (the observers read the batch).
+    #: Whoever changes a decoded batch sets it to None.
+    wire: bytes | None = field(default=None, compare=False, repr=False)
 
     @property
     def sample_count(self) -> int:

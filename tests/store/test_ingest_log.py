@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import pytest
 
 from gpuscope.model import Alert, Batch, Event, TrainingRecord
 from gpuscope.store.duckdb import DuckDBStore
-from gpuscope.store.ingest_log import SUFFIX
+from gpuscope.store.ingest_log import SUFFIX, _crc
 from gpuscope.store.log_codec import decode, encode
 from store.store_helpers import frame, gpu
 
@@ -199,3 +200,12 @@ def test_reading_alerts_sees_every_saved_alert_without_committing_the_telemetry(
         assert [a.id for a in store.alerts()] == ["a1"]
         assert store.counters.get("store.commits") == 0  # the telemetry still waits for its tick
         assert util_points(store, 10) == [(1.0, 1.0)]
+
+
+def test_a_records_checksum_taken_in_pieces_is_the_whole_records_crc32() -> None:
+    # records written before the checksum was taken in pieces must still read as whole
+    rng = np.random.default_rng(7)
+    for size in (0, 1, 5 * 1024 - 1, 5 * 1024, 5 * 1024 + 1, 10 * 1024, 10 * 1024 + 3, 100_000):
+        payload = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
+        whole = zlib.crc32(payload, zlib.crc32((12345).to_bytes(8, "little")))
+        assert _crc(12345, payload) == whole

@@ -67,6 +67,8 @@ _F64 = np.dtype("<f8")
 _U16A = np.dtype("<u2")
 _U32A = np.dtype("<u4")
 _MAX_STRINGS = 1 << 20
+_MAGIC_V1 = MAGIC + b"\x01\x00"
+_NO_EXTRAS = b"\x00\x00\x00\x00"
 _MAX_STRING_BYTES = 0xFFFF
 
 
@@ -396,10 +398,95 @@ def _extras_of(r: _Reader, limits: Limits) -> tuple[list[Event], list[TrainingRe
     return shell.events, shell.training
 
 
+def _known(body: bytes, limits: Limits) -> Batch | None:
+    """The batch of a body whose string table and frame layouts were all seen before (an agent's
+    every tick after its first), read in place with the checks of :func:`_checked`; None as soon
+    as anything is not so (unknown, cut short or refused), for :func:`_checked` to decode afresh
+    and name the field. Its batch is the one :func:`_checked` makes of the same body."""
+    size = len(body)
+    if size < 12 or not body.startswith(_MAGIC_V1):
+        return None
+    (n,) = _U16.unpack_from(body, 8)
+    pos = 10 + n
+    if n == NO_BATCH_ID or pos + 2 > size:
+        return None
+    raw = body[10:pos]
+    if not raw.isascii():  # a name in UTF-8 beyond ASCII is read by the checked path
+        return None
+    source = raw.decode("ascii")
+    if not source or len(source) > limits.max_source_len:
+        return None
+    (n,) = _U16.unpack_from(body, pos)
+    batch_id: str | None = None
+    if n == NO_BATCH_ID:
+        pos += 2
+    else:
+        raw = body[pos + 2 : pos + 2 + n]
+        pos += 2 + n
+        if not raw.isascii() or not 0 < n <= 128 or pos > size:
+            return None
+        batch_id = raw.decode("ascii")
+    if pos + 4 > size:
+        return None
+    (count,) = _U32.unpack_from(body, pos)
+    if count > _MAX_STRINGS or pos + 4 + 2 * count > size:
+        return None
+    end = pos + 4 + 2 * count + int(np.add.reduce(np.frombuffer(body, _U16A, count, pos + 4), dtype=np.int64))
+    if end + 4 > size:
+        return None
+    table = body[pos:end]
+    if table not in _tables:
+        return None
+    (n_frames,) = _U32.unpack_from(body, end)
+    if n_frames > limits.max_frames:
+        return None
+    pos = end + 4
+    frames: list[Frame] = []
+    for _ in range(n_frames):
+        if pos + _FRAME_HEAD.size > size:
+            return None
+        ts, n_metrics, n_entities, n_pairs = _FRAME_HEAD.unpack_from(body, pos)
+        pos += _FRAME_HEAD.size
+        meta = pos + 4 * n_metrics + 2 * n_entities + 8 * n_pairs
+        values_end = meta + 8 * n_entities * n_metrics
+        if not 0.0 <= ts <= MAX_TIMESTAMP or values_end > size:
+            return None
+        layout = _layouts.get((table, body[pos:meta], n_metrics, n_entities, n_pairs, limits))
+        if layout is None:  # within the limits: checked when the layout was remembered
+            return None
+        values = np.frombuffer(body, _F64, n_entities * n_metrics, meta).reshape(n_entities, n_metrics).copy()
+        if np.count_nonzero(np.isinf(values)):
+            return None
+        metrics, entities, number = layout
+        frames.append(Frame(ts, list(metrics), [dict(e) for e in entities], values, layout=number))
+        pos = values_end
+    if pos + 4 > size:
+        return None
+    events: list[Event] = []
+    training: list[TrainingRecord] = []
+    if body[pos : pos + 4] == _NO_EXTRAS:
+        pos += 4
+    else:  # events and training records: their own checks, whose refusals the checked path repeats
+        r = _Reader(body)
+        r.pos = pos
+        events, training = _extras_of(r, limits)
+        pos = r.pos
+    if pos != size:
+        return None
+    return Batch(source=source, frames=frames, events=events, training=training, batch_id=batch_id, wire=body)
+
+
 def decode_frame(body: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
     """Decode and validate a binary frame; raise :class:`PayloadError` naming the first bad field."""
     if len(body) > limits.max_body_bytes:
         raise PayloadError("body", f"{len(body)} bytes is over the limit of {limits.max_body_bytes}")
+    body = bytes(body)
+    batch = _known(body, limits)
+    return _checked(body, limits) if batch is None else batch
+
+
+def _checked(body: bytes, limits: Limits) -> Batch:
+    """:func:`decode_frame` field by field, remembering the string table and layouts it reads."""
     r = _Reader(body)
     magic, version, _flags = _HEAD.unpack(r.take(_HEAD.size, "header"))
     if magic != MAGIC:
@@ -420,7 +507,7 @@ def decode_frame(body: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
     events, training = _extras_of(r, limits)
     if r.pos != len(body):
         raise PayloadError("body", f"{len(body) - r.pos} bytes after the end of the frame (at byte {r.pos})")
-    return Batch(source=source, frames=frames, events=events, training=training, batch_id=batch_id)
+    return Batch(source=source, frames=frames, events=events, training=training, batch_id=batch_id, wire=body)
 
 
 def decode_body(content_type: str, body: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:

@@ -76,8 +76,20 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+#: zlib hands the interpreter lock to another thread around a CRC of more than 5 KiB (CPython's
+#: zlibmodule.c): an agent's record (5-6 KiB) went through that hand-over on the event loop, for
+#: a computation of about a microsecond; in pieces of this size it stays on the loop
+_CRC_PIECE = 5 * 1024
+
+
 def _crc(seq: int, payload: bytes) -> int:
-    return zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq)))
+    crc = zlib.crc32(_SEQ.pack(seq))
+    if len(payload) <= _CRC_PIECE:
+        return zlib.crc32(payload, crc)
+    view = memoryview(payload)
+    for at in range(0, len(payload), _CRC_PIECE):
+        crc = zlib.crc32(view[at : at + _CRC_PIECE], crc)
+    return crc
 
 
 class IngestLog:

@@ -3,6 +3,12 @@
 Only batches the store has already validated and prepared are encoded, so decoding trusts its
 input (a record is checksummed by the log). Names, labels and timestamps travel as JSON; frame
 values and training metrics as raw float64, so NaN and ±Inf come back exactly as they were sent.
+
+A batch decoded from a binary frame (:attr:`Batch.wire`) is its record as it came: the frame
+decodes to an equal batch, so the hub does not encode what the agent already encoded (an agent's
+batch every second). Such a record starts with the frame's magic, which no JSON head's length
+does (it would be over a gigabyte), and is decoded as a frame, under no limits: whatever limits
+the hub checked it against when it took it, it was valid then.
 """
 
 from __future__ import annotations
@@ -12,6 +18,8 @@ import struct
 import numpy as np
 import orjson
 
+from gpuscope.ingest.frame import decode_frame, is_frame
+from gpuscope.ingest.payload import Limits
 from gpuscope.model import Batch, Event, Frame, TrainingRecord
 
 _HEAD = struct.Struct("<I")  # length of the JSON part
@@ -24,6 +32,22 @@ _F64 = np.dtype("<f8")
 _MAX_LAYOUTS = 4096
 _layouts: dict[int, bytes] = {}
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
+_NONE = 1 << 62
+#: a logged frame was checked when it was taken: its replay refuses nothing for its size
+TRUSTED = Limits(
+    max_body_bytes=_NONE,
+    max_frames=_NONE,
+    max_entities_per_frame=_NONE,
+    max_metrics_per_frame=_NONE,
+    max_events=_NONE,
+    max_training=_NONE,
+    max_labels=_NONE,
+    max_label_value_len=_NONE,
+    max_data_bytes=_NONE,
+    max_source_len=_NONE,
+    max_future_s=None,
+    max_past_s=None,
+)
 
 
 def _frame_json(f: Frame) -> bytes:
@@ -39,6 +63,8 @@ def _frame_json(f: Frame) -> bytes:
 
 
 def encode(batch: Batch) -> bytes:
+    if batch.wire is not None:
+        return batch.wire
     values = [np.ascontiguousarray(f.values, dtype=_F64).tobytes() for f in batch.frames]
     training = []
     for t in batch.training:
@@ -64,6 +90,8 @@ def encode(batch: Batch) -> bytes:
 
 
 def decode(data: bytes) -> Batch:
+    if is_frame(data):
+        return decode_frame(data, TRUSTED)
     (n,) = _HEAD.unpack_from(data)
     head = orjson.loads(data[_HEAD.size : _HEAD.size + n])
     offset = _HEAD.size + n

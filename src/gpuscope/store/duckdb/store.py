@@ -390,8 +390,10 @@ class DuckDBStore:
                 self._buffer.append((seq, prepared))
                 self._buffer_rows += prepared.rows
 
+        record = encode(batch)
+        batch.wire = None  # the record holds it: not kept while the detectors hold the batch
         try:
-            seq = write(encode(batch), pending)
+            seq = write(record, pending)
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 # what is acknowledged goes into the tables now, in the reserve's space, so that
