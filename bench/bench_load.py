@@ -46,8 +46,11 @@ from common import (
     victoria_metrics_binary,
     wait_http,
 )
+from gpuscope.alert.labels import fingerprint
+from gpuscope.alert.triagequeue import BUDGET_S
 from gpuscope.loadgen import FleetShape, LoadOptions, LoadReport, run_load
 from gpuscope.loadgen.run import ResourceMonitor
+from gpuscope.model import Alert
 
 sys.path.insert(0, str(ROOT / "tests"))
 from alert.sink import Sink
@@ -195,10 +198,13 @@ def run_cluster(
             dsn = pg.create_database("bench_load")
             hook = f"{sink.url}/hook" if sink is not None else None
             with cluster_hubs(vm[0], dsn, Path(tmp), count, hook) as hubs:
-                backends = ResourceMonitor(
-                    _pids_with(f"-httpListenAddr={vm[0].removeprefix('http://')}", f"-p {pg.port}")
-                )
-                backends.start()
+                # VictoriaMetrics apart from PostgreSQL: its CPU per sample stored, on the
+                # hubs' own remote writes, is this run's anchor for the hubs' figure
+                vm_cpu = ResourceMonitor(_pids_with(f"-httpListenAddr={vm[0].removeprefix('http://')}"))
+                pg_cpu = ResourceMonitor(_pids_with(f"-p {pg.port}"))
+                vm_rows = _vm_rows(vm[0])
+                vm_cpu.start()
+                pg_cpu.start()
                 console.print(
                     f"({setup}) {count} hubs on VictoriaMetrics + PostgreSQL: {[u for u, _ in hubs]}"
                 )
@@ -219,17 +225,27 @@ def run_cluster(
                 )
                 if killer is not None:
                     killer.cancel()
-                backends.stop()
+                vm_cpu.stop()
+                pg_cpu.stop()
+                stored = _vm_rows(vm[0]) - vm_rows
                 extra = [
                     [
                         "VictoriaMetrics + PostgreSQL CPU, cores",
-                        f"{backends.mean_cores:.2f}",
-                        "beside the hubs",
-                    ]
+                        f"{vm_cpu.mean_cores + pg_cpu.mean_cores:.2f}",
+                        f"beside the hubs; PostgreSQL {pg_cpu.mean_cores:.2f}",
+                    ],
+                    [
+                        "anchor: VictoriaMetrics samples per CPU-second, same run",
+                        f"{stored / max(vm_cpu.cpu_seconds, 1e-9):,.0f}",
+                        f"{stored:,} samples the hubs wrote, {vm_cpu.mean_cores:.2f} cores (ingest, "
+                        "and the hubs' queries)",
+                    ],
                 ]
                 if sink is not None:
                     time.sleep(5)  # notifications of the last alerts leave the outbox within a few seconds
-                    extra += notification_rows(sink, [u for u, _ in hubs[1:]], load_end)
+                    extra += notification_rows(
+                        sink, [u for u, _ in hubs[1:]], load_end, killed[0] if killed else None
+                    )
                     extra += unexplained_rows(report, killed[0] if killed else None)
                     extra += held_rows([u for u, _ in hubs[1:]])
                     extra += silence_rows(report)
@@ -246,42 +262,91 @@ def run_cluster(
         pg.stop()
 
 
-def notification_rows(sink: Sink, survivors: list[str], load_end: float) -> list[list[str]]:
-    """Alerts of the cluster (as a survivor answers) against what the receiver was told.
+#: how long the check waits, after the load, for an alert that fired during it to be told: its
+#: triage may hold it for the playbook's budget, then the route's group_wait (0 s here) and the
+#: outbox's delivery
+TELL_WAIT_S = BUDGET_S + 15.0
 
-    Every alert that fired while the load ran is one of: notified; **lost** (queued in the
-    cluster's outbox and never delivered, or never queued while still firing); or **suppressed by
-    design** (never queued, and resolved or muted before its group was due: the alert's history
-    names no notification). Alerts that fired after ``load_end`` are the generator stopping (every
-    node silent for real) and are counted apart. Notifications of one alert and status received
-    more than once are **sent twice**."""
-    told: dict[tuple[str, str], int] = {}
-    labels_told: list[tuple[str, dict[str, str]]] = []
-    for body in sink.bodies("/hook"):
-        for alert in body["alerts"]:
-            key = (alert["fingerprint"], alert["status"])
-            told[key] = told.get(key, 0) + 1
-            if alert["status"] == "firing":
-                labels_told.append((alert["labels"].get("alertname", ""), alert["labels"]))
-    alerts: list[dict[str, object]] = []
-    answering = survivors[0]
+
+def _cluster_alerts(survivors: list[str]) -> tuple[list[dict[str, object]], str]:
+    """Every alert of the cluster as the first survivor that answers lists it, and that survivor."""
     for hub in survivors:
         try:
             alerts = httpx.get(
                 f"{hub}/api/v1/alerts", params={"state": "all", "limit": 100_000}, timeout=30
             ).json()["alerts"]
-            answering = hub
-            break
+            return list(alerts), hub
         except (httpx.HTTPError, ValueError, KeyError):
             continue
+    return [], survivors[0]
 
-    def notified(alert: dict[str, object]) -> bool:
-        entity = alert.get("entity") or {}
-        assert isinstance(entity, dict)
-        return any(
-            name == alert.get("rule") and all(labels.get(k) == str(v) for k, v in entity.items())
-            for name, labels in labels_told
+
+def _fingerprint(alert: dict[str, object]) -> str:
+    """The fingerprint notifications name an alert by (rule, entity, the time it fired)."""
+    entity = alert.get("entity") or {}
+    assert isinstance(entity, dict)
+    return fingerprint(
+        Alert(
+            str(alert.get("id")),
+            str(alert.get("rule")),
+            str(alert.get("severity")),
+            str(alert.get("owner")),
+            {str(k): str(v) for k, v in entity.items()},
+            float(str(alert.get("started_at") or 0)),
+            "",
+            0.0,
         )
+    )
+
+
+def _told(sink: Sink) -> dict[tuple[str, str], list[tuple[str, float, str]]]:
+    """(fingerprint, status) -> each time the receiver was told it: the tier, the wall-clock
+    arrival and the alert's name."""
+    offset = time.time() - time.monotonic()
+    told: dict[tuple[str, str], list[tuple[str, float, str]]] = {}
+    for path, body, arrived in list(sink.received):
+        if path != "/hook":
+            continue
+        for alert in body["alerts"]:
+            labels = alert["labels"]
+            told.setdefault((alert["fingerprint"], alert["status"]), []).append(
+                (labels.get("severity", ""), arrived + offset, labels.get("alertname", ""))
+            )
+    return told
+
+
+def notification_rows(
+    sink: Sink, survivors: list[str], load_end: float, killed_at: float | None
+) -> list[list[str]]:
+    """Alerts of the cluster (as a survivor answers) against what the receiver was told.
+
+    Every alert that fired while the load ran is one of: notified; **lost** (queued in the
+    cluster's outbox and never delivered, or never queued while still firing); or **suppressed by
+    design** (never queued, and resolved or muted before its group was due: the alert's history
+    names no notification). An alert that fired in the last seconds of the load may still be in
+    triage when the load ends: the check waits up to TELL_WAIT_S for each firing alert not yet
+    told. Alerts that fired after ``load_end`` are the generator stopping (every node silent for
+    real) and are counted apart.
+
+    A notification names its alert by fingerprint (rule, entity and the time it fired: an alert
+    that fires again after it resolved is a new fingerprint). One fingerprint and status told
+    more than once at the **same tier** is **sent twice**; told again at a graver tier is the
+    alert's escalation, sent by design and counted apart."""
+    alerts, answering = _cluster_alerts(survivors)
+    told = _told(sink)
+    waited_for = 0
+    deadline = time.monotonic() + TELL_WAIT_S
+    while True:
+        during = [a for a in alerts if float(str(a.get("started_at") or 0)) < load_end]
+        pending = [
+            a for a in during if a.get("resolved_at") is None and (_fingerprint(a), "firing") not in told
+        ]
+        if not pending or time.monotonic() >= deadline:
+            break
+        waited_for = max(waited_for, len(pending))
+        time.sleep(2)
+        alerts, answering = _cluster_alerts(survivors)
+        told = _told(sink)
 
     def queued(alert: dict[str, object]) -> bool:
         """Did a member put a notification of it in the outbox (its history says so)?"""
@@ -291,18 +356,30 @@ def notification_rows(sink: Sink, survivors: list[str], load_end: float) -> list
             return False
         return any(str(r.get("what", "")).startswith("notified_firing") for r in rows.get("history", []))
 
-    during = [a for a in alerts if float(str(a.get("started_at") or 0)) < load_end]
-    untold = [a for a in during if not notified(a)]
+    untold = [a for a in during if (_fingerprint(a), "firing") not in told]
     undelivered = [a for a in untold if queued(a)]
     unqueued = [a for a in untold if a not in undelivered]
     lost = undelivered + [a for a in unqueued if a.get("resolved_at") is None]
     by_design = [a for a in unqueued if a.get("resolved_at") is not None]
     for alert, why in [(a, "lost") for a in lost] + [(a, "suppressed by design") for a in by_design]:
+        started = float(str(alert.get("started_at") or 0))
         console.print(
             f"never notified ({why}): {alert.get('rule')} {alert.get('entity')} started "
-            f"{alert.get('started_at')} resolved {alert.get('resolved_at')}"
+            f"{started - load_end:+.1f} s from the load's end, resolved {alert.get('resolved_at')}"
         )
-    twice = sum(1 for n in told.values() if n > 1)
+    twice = escalated = 0
+    for (fp, status), tells in told.items():
+        tiers = [tier for tier, _, _ in tells]
+        repeats = len(tiers) - len(set(tiers))
+        twice += repeats > 0
+        escalated += len(set(tiers)) > 1
+        if len(tells) > 1:
+            when = ", ".join(
+                f"{tier} at {at - killed_at:+.1f} s from the kill" if killed_at is not None else tier
+                for tier, at, _ in tells
+            )
+            what = "sent twice" if repeats else "escalated (a graver tier told again)"
+            console.print(f"{what}: {tells[0][2]} {fp} {status}: {when}")
     return [
         [
             "alerts fired during the load / firing notifications",
@@ -313,12 +390,13 @@ def notification_rows(sink: Sink, survivors: list[str], load_end: float) -> list
             "notifications lost",
             str(len(lost)),
             f"must be 0 ({len(undelivered)} queued, never delivered; "
-            f"{len(lost) - len(undelivered)} firing, never queued)",
+            f"{len(lost) - len(undelivered)} firing, never queued; "
+            f"{waited_for} still untold at the load's end were waited for)",
         ],
         [
             "notifications sent twice",
             str(twice),
-            "must be 0 (one group per alert, repeat_interval 24h)",
+            f"must be 0 (one group per alert, repeat_interval 24h); {escalated} told again at a graver tier",
         ],
         [
             "alerts suppressed by design",
@@ -383,6 +461,16 @@ def silence_rows(report: LoadReport) -> list[list[str]]:
             ]
         )
     return rows
+
+
+def _vm_rows(url: str) -> int:
+    """Samples VictoriaMetrics has taken in so far (all ingestion protocols)."""
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return sum(
+        int(float(line.rsplit(" ", 1)[1]))
+        for line in text.splitlines()
+        if line.startswith("vm_rows_inserted_total{")
+    )
 
 
 def _pids_with(*needles: str) -> list[int]:
@@ -459,6 +547,10 @@ def main() -> None:
     if args.only in (None, "c"):
         report = run_cluster(args, shape, "c", 3, args.duration / 2)
         results["c"] = report.to_dict() if report is not None else "skipped: backend not available"
+        if args.only == "c" and args.anchor_seconds > 0:
+            rows = run_anchor(shape, args.anchor_seconds)
+            print_table("anchor, same samples, same pace", ["figure", "value", "note"], rows)
+            results["anchor"] = rows
     results["load_average_end"] = os.getloadavg()
     if args.json_out:
         args.json_out.write_bytes(

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuscope.model import Batch
-from gpuscope.store.base import AppendResult, Store
+from gpuscope.store.base import AppendResult, Durable, Store
 from gpuscope.store.remote.local import LocalTSDB, start_prometheus, start_victoria_metrics
 from gpuscope.store.remote.prom_store import PromStore
 from support import need_binary
@@ -32,6 +32,13 @@ class ReadYourWrites(PromStore):
         result = super().append(batch)
         self.db.flush()
         return result
+
+    def append_then(self, batch: Batch, durable: Durable) -> bool:
+        def flushed(outcome: AppendResult | Exception) -> None:
+            self.db.flush()
+            durable(outcome)
+
+        return super().append_then(batch, flushed)
 
 
 StoreFactory = Callable[..., Store]

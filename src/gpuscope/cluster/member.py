@@ -152,7 +152,18 @@ class ClusterMember:
 
     def route(self, batch: Batch, hops: int) -> dict[str, int]:
         """A part a peer forwarded (or one coming back after its owner moved): route it again."""
-        return self.placement.route(batch, hops, self.hub.observe_local)
+        return self.route_many([batch], hops)
+
+    def route_many(self, batches: list[Batch], hops: int) -> dict[str, int]:
+        """The parts of one forward request, routed again in order; this hub's detectors see
+        theirs in one pass (:meth:`Hub.observe_local_many`)."""
+        local: list[Batch] = []
+        counts = {"observed": 0, "forwarded": 0}
+        for batch in batches:
+            for key, n in self.placement.route(batch, hops, local.append).items():
+                counts[key] = counts.get(key, 0) + n
+        self.hub.observe_local_many(local)
+        return counts
 
     def status(self) -> dict[str, Any]:
         status = self.node.status()

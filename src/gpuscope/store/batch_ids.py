@@ -93,6 +93,18 @@ class BatchIds:
                 finally:
                     self._waiting -= 1
 
+    def try_claim(self, bid: str) -> Claim | None:
+        """:meth:`claim` for a caller that must not wait: None while another caller is storing
+        ``bid`` (nothing claimed)."""
+        key = id_hash(bid)
+        with self._lock:
+            if self._known(key):
+                return Claim.DUPLICATE
+            if bid in self._pending:
+                return None
+            self._pending[bid] = key
+            return Claim.NEW
+
     def finish(self, bid: str, stored: bool, now: float) -> None:
         with self._lock:
             key = self._pending.pop(bid, None)

@@ -52,11 +52,7 @@ def cluster_routes(member: ClusterMember | None, guard: Guard, limits: Limits) -
             except PayloadError as exc:
                 member.counters.inc("cluster_observe_rejected")
                 raise ApiError(400, exc.field, exc.message) from None
-            counts = {"observed": 0, "forwarded": 0}
-            for batch in batches:
-                for key, n in member.route(batch, int(hops_raw)).items():
-                    counts[key] = counts.get(key, 0) + n
-            return counts
+            return member.route_many(batches, int(hops_raw))
 
         return JSONResponse(await run_in_threadpool(work))
 

@@ -359,6 +359,14 @@ class DuckDBStore:
         """Whether a batch with this id was stored (a remote store asks before writing telemetry)."""
         return batch_id in self.batch_ids
 
+    def stored_ids(self, batch_ids: list[str]) -> set[str]:
+        """Which of these batch ids were stored (a remote store's tick asks for all at once)."""
+        return {bid for bid in batch_ids if bid in self.batch_ids}
+
+    def append_many(self, batches: list[Batch]) -> list[AppendResult]:
+        """:meth:`append` of each (a remote store's tick of events, training records and ids)."""
+        return [self.append(batch) for batch in batches]
+
     def _buffer_append(self, prepared: Prepared) -> None:
         with self._buffer_lock:
             self._buffer.append((0, prepared))

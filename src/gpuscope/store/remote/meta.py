@@ -42,9 +42,17 @@ class MetaStore(RecordStore, Protocol):
 
     def has_batch(self, batch_id: str) -> bool: ...
 
+    def stored_ids(self, batch_ids: list[str]) -> set[str]:
+        """Which of these batch ids are stored (one round trip)."""
+        ...
+
     def append(self, batch: Batch) -> AppendResult:
         """Store the batch's events and training records and its id, in one transaction; a
         duplicate id stores nothing and says so."""
+        ...
+
+    def append_many(self, batches: list[Batch]) -> list[AppendResult]:
+        """:meth:`append` of several batches at once (one transaction where the store can)."""
         ...
 
 
@@ -165,19 +173,47 @@ class PostgresMeta:
         found = {str(r[0]) for r in rows}
         return [bid in found for bid in batch_ids]
 
+    def stored_ids(self, batch_ids: list[str]) -> set[str]:
+        found: set[str] = set()
+        for at in range(0, len(batch_ids), GROUP_ITEMS):
+            chunk = batch_ids[at : at + GROUP_ITEMS]
+            found.update(bid for bid, seen in zip(chunk, self._have(chunk), strict=True) if seen)
+        return found
+
     def append(self, batch: Batch) -> AppendResult:
         # validated here, in the caller's thread: a bad batch is refused before it joins a group
+        told, prepared = self._prepare(batch)
+        if prepared is None:
+            return told
+        if self._appends is not None:
+            return self._appends.submit((batch.batch_id, prepared)).result()
+        return self._append_group([(batch.batch_id, prepared)])[0]
+
+    def append_many(self, batches: list[Batch]) -> list[AppendResult]:
+        """Every batch in one transaction (up to GROUP_ITEMS a transaction), from the caller's
+        thread: a remote store's tick, already grouped."""
+        prepared = [self._prepare(batch) for batch in batches]
+        pairs = zip(batches, prepared, strict=True)
+        items = [(batch.batch_id, p) for batch, (_, p) in pairs if p is not None]
+        written: list[AppendResult] = []
+        for at in range(0, len(items), GROUP_ITEMS):
+            written += self._append_group(items[at : at + GROUP_ITEMS])
+        stored = iter(written)
+        return [told if p is None else next(stored) for told, p in prepared]
+
+    def _prepare(self, batch: Batch) -> tuple[AppendResult, Prepared | None]:
+        """What the sender is told of ``batch``'s events and training records, and what of them is
+        stored (its steady heartbeats stay in memory), validated; None when nothing is
+        (heartbeats alone: not even the id)."""
         prepared = self._preparer.prepare(Batch(batch.source, events=batch.events, training=batch.training))
         if any(e.kind == HEARTBEAT for e in batch.events):
             kept = self.heartbeats.sift(batch.events)
             if not kept and not batch.training:
-                return prepared.result
+                return prepared.result, None
             stored = self._preparer.prepare(Batch(batch.source, events=kept, training=batch.training))
             stored.result = prepared.result  # the sender is told what it sent was accepted
             prepared = stored
-        if self._appends is not None:
-            return self._appends.submit((batch.batch_id, prepared)).result()
-        return self._append_group([(batch.batch_id, prepared)])[0]
+        return prepared.result, prepared
 
     def _append_group(self, items: list[tuple[str | None, Prepared]]) -> list[AppendResult]:
         """Store several batches in one transaction: their new ids, then their events and training

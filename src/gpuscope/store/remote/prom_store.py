@@ -30,13 +30,15 @@ wall clock, not from the newest sample.
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 import math
 import re
 import threading
 import time
 from collections.abc import Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -83,6 +85,16 @@ _Lane = tuple[list[bytes], list[bytes]]
 _Outcome = tuple[int, str] | StoreError | None
 #: How long the request writer waits for the rest of a wave of concurrent appends (see group.py).
 GROUP_LINGER_S = 0.005
+
+
+@dataclass(slots=True)
+class _Started:
+    """A batch :meth:`PromStore.append_then` took: its telemetry encoded (one request's worth at
+    most), its events and training records for the meta store, and what the sender is told."""
+
+    batch: Batch
+    lane: _Lane
+    result: AppendResult
 
 
 def redact(url: str) -> str:
@@ -152,6 +164,8 @@ class PromStore(MetaRecords):
         #: small batches of concurrent appends (an agent's tick each) share one remote-write request
         self.group_writes = group_writes
         self._writer: GroupCommitter[_Lane, _Outcome] | None = None  # made on need
+        #: the writer of append_then's batches, a tick at once (made on need)
+        self._tick: GroupCommitter[_Started, AppendResult | StoreError] | None = None
         self._closed_windows: bool | None = None  # range selectors include their left edge
         self._tlast: bool | None = None  # whether the TSDB has MetricsQL's tlast_over_time
         self._closed = False
@@ -162,7 +176,119 @@ class PromStore(MetaRecords):
     # ------------------------------------------------------------------ append
 
     def append_then(self, batch: Batch, durable: Durable) -> bool:
-        return False  # its writes are round trips to the TSDB and the meta store: append waits
+        """:meth:`append` without a thread waiting on it. The batch is validated and its telemetry
+        encoded here (refusals raised at once); one writer thread then stores it with every batch
+        started meanwhile, a tick at once: one batch-id lookup, one remote-write request and one
+        meta-store transaction for all of them (:meth:`_commit_tick`), where :meth:`append` from
+        concurrent threads waits for three grouped round trips, a hand-over and a wake-up each,
+        per batch. ``durable`` hears each batch's result from that thread.
+
+        What is stored is what :meth:`append` stores. False, with nothing done, when writes are
+        not grouped, for a batch of more than one request's samples, and for a batch whose id is
+        being stored right now (:meth:`append` waits for that one's outcome)."""
+        self._check_open()
+        if not self.group_writes or sum(f.values.size for f in batch.frames) > self.max_request_samples:
+            return False
+        bid = batch.batch_id
+        if bid is not None:
+            claim = self._ids.try_claim(bid)
+            if claim is None:
+                return False
+            if claim is Claim.DUPLICATE:
+                self.counters.inc("store.duplicate_batches")
+                durable(AppendResult(duplicate=True))
+                return True
+        try:
+            telemetry = self._preparer.prepare(Batch(batch.source, frames=batch.frames))
+            self._preparer.prepare(Batch(batch.source, events=batch.events, training=batch.training))
+            self.columns.mark_persisted(telemetry.columns)
+            self.entities.mark_persisted(telemetry.entities)
+            heads, fields, _, _ = self._encode(telemetry, telemetry.result)
+            started = self._tick_writer().submit(_Started(batch, (heads, fields), telemetry.result))
+        except BaseException:
+            if bid is not None:
+                self._ids.finish(bid, False, time.time())
+            raise
+        started.add_done_callback(functools.partial(self._ticked, bid, durable))
+        return True
+
+    def _ticked(self, bid: str | None, durable: Durable, done: Future[AppendResult | StoreError]) -> None:
+        """A batch of :meth:`append_then` is stored, or failed (on the tick writer's thread)."""
+        error = done.exception()
+        outcome: AppendResult | Exception
+        if error is None:
+            outcome = done.result()
+        else:
+            outcome = error if isinstance(error, Exception) else RuntimeError(repr(error))
+        if bid is not None:
+            self._ids.finish(bid, isinstance(outcome, AppendResult), time.time())
+        durable(outcome)
+
+    def _tick_writer(self) -> GroupCommitter[_Started, AppendResult | StoreError]:
+        with self._lock:
+            self._check_open()
+            if self._tick is None:
+                self._tick = GroupCommitter(
+                    self._commit_tick,
+                    lambda started: max(1, len(started.lane[0])),
+                    self.max_request_samples,
+                    name="gpuscope-remote-tick",
+                    linger_s=GROUP_LINGER_S,
+                )
+            return self._tick
+
+    def _commit_tick(self, items: list[_Started]) -> list[AppendResult | StoreError]:
+        """Store the batches started meanwhile: the ids another hub stored are duplicates, the
+        others' telemetry goes in one request (each sent again alone should the TSDB refuse
+        some of it, see :meth:`_send_group`), then their events, training records and ids in one
+        meta-store transaction. A failure fails the batches it touched (their senders retry)."""
+        ids = [s.batch.batch_id for s in items if s.batch.batch_id is not None]
+        try:
+            seen = self.meta.stored_ids(ids) if ids else set()
+        except StoreError as exc:
+            return [exc] * len(items)
+        fresh = [s for s in items if s.batch.batch_id not in seen]
+        sending = [s for s in fresh if s.lane[0]]
+        failed: dict[int, StoreError] = {}
+        outcomes = self._send_group([s.lane for s in sending]) if sending else []
+        for s, outcome in zip(sending, outcomes, strict=True):
+            if isinstance(outcome, StoreError):
+                failed[id(s)] = outcome
+            else:
+                _refused(s.result, outcome)
+        stored = [s for s in fresh if id(s) not in failed]
+        rest = [_rest(s.batch) for s in stored]
+        try:
+            rests = self.meta.append_many(rest) if rest else []
+        except StoreError as exc:
+            failed.update((id(s), exc) for s in stored)
+            stored, rests = [], []
+        rest_of = {id(s): r for s, r in zip(stored, rests, strict=True)}
+        out: list[AppendResult | StoreError] = []
+        for s in items:
+            if s.batch.batch_id in seen:
+                self.counters.inc("store.duplicate_batches")
+                out.append(AppendResult(duplicate=True))
+            elif id(s) in failed:
+                out.append(failed[id(s)])
+            else:
+                out.append(self._stored(s.result, rest_of[id(s)]))
+        return out
+
+    def _stored(self, result: AppendResult, rest: AppendResult) -> AppendResult:
+        """A batch's outcome once its telemetry (``result``) and the rest (``rest``, the meta
+        store's) are stored: the meta store's when another hub stored the id meanwhile (its
+        telemetry is ours too), else both; counted."""
+        if rest.duplicate:
+            self.counters.inc("store.duplicate_batches")
+            return rest
+        result.events, result.training = rest.events, rest.training
+        result.refused_samples += rest.refused_samples
+        result.notes.extend(rest.notes[: max(0, MAX_NOTES - len(result.notes))])
+        self.counters.inc("store.refused_entities", result.refused_entities)
+        self.counters.inc("store.refused_samples", result.refused_samples)
+        self.counters.inc("store.samples", result.samples)
+        return result
 
     def append(self, batch: Batch) -> AppendResult:
         """Store a batch: telemetry acknowledged by the TSDB, then the rest in the meta store."""
@@ -180,19 +306,7 @@ class PromStore(MetaRecords):
             self.entities.mark_persisted(telemetry.entities)
             result = telemetry.result
             self._write(telemetry, result)
-            rest = self.meta.append(
-                Batch(batch.source, events=batch.events, training=batch.training, batch_id=bid)
-            )
-            if rest.duplicate:  # another hub stored this id meanwhile: its telemetry is ours too
-                self.counters.inc("store.duplicate_batches")
-                stored = True
-                return rest
-            result.events, result.training = rest.events, rest.training
-            result.refused_samples += rest.refused_samples
-            result.notes.extend(rest.notes[: max(0, MAX_NOTES - len(result.notes))])
-            self.counters.inc("store.refused_entities", result.refused_entities)
-            self.counters.inc("store.refused_samples", result.refused_samples)
-            self.counters.inc("store.samples", result.samples)
+            result = self._stored(result, self.meta.append(_rest(batch)))
             stored = True
             return result
         finally:
@@ -342,11 +456,8 @@ class PromStore(MetaRecords):
                 pool = self._pool
             outcomes = [o for done in pool.map(lambda part: self._send_lane(*part), parts) for o in done]
         for outcome in outcomes:
-            if isinstance(outcome, tuple):
-                n, why = outcome
-                result.samples -= n
-                result.refused_samples += n
-                _note(result, f"the TSDB refused (some of) {n} sample(s): {why}")
+            if not isinstance(outcome, StoreError):
+                _refused(result, outcome)
         for outcome in outcomes:
             if isinstance(outcome, StoreError):
                 raise outcome
@@ -687,6 +798,9 @@ class PromStore(MetaRecords):
             self._closed = True
             pool, self._pool = self._pool, None
             writer, self._writer = self._writer, None
+            tick, self._tick = self._tick, None
+        if tick is not None:
+            tick.close()  # what it holds is stored first
         if pool is not None:
             pool.shutdown()
         if writer is not None:
@@ -699,6 +813,20 @@ class PromStore(MetaRecords):
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _rest(batch: Batch) -> Batch:
+    """What of a batch the meta store keeps: its events, training records and id."""
+    return Batch(batch.source, events=batch.events, training=batch.training, batch_id=batch.batch_id)
+
+
+def _refused(result: AppendResult, outcome: tuple[int, str] | None) -> None:
+    """Count what the TSDB refused of a batch's samples (``outcome`` of its request)."""
+    if outcome is not None:
+        n, why = outcome
+        result.samples -= n
+        result.refused_samples += n
+        _note(result, f"the TSDB refused (some of) {n} sample(s): {why}")
 
 
 def _objects(items: list[bytes]) -> npt.NDArray[np.object_]:
