@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import struct
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import islice, pairwise
 from typing import Any
@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from gpuscope.ingest.frame import Encoded, decode_frame, encode_frame, encode_parts, head
-from gpuscope.loadgen.traffic import Outgoing, describe, parse_doc
+from gpuscope.loadgen.traffic import Outgoing, describe, parse_doc, urgent_part
 from gpuscope.model import Batch, Event, Frame, Labels, TrainingRecord
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import Scenario
@@ -292,10 +292,12 @@ class Playback:
     Build it before the run (it simulates ``ring`` ticks of the fleet), then iterate :meth:`ticks`.
     """
 
-    def __init__(self, doc: dict[str, Any], ring: int = 30, warmup: int = 60) -> None:
+    def __init__(self, doc: dict[str, Any], ring: int = 30, warmup: int = 60, urgent: bool = True) -> None:
         if ring < 2 or warmup < 0:
             raise ValueError(f"ring must hold at least 2 ticks and warmup none or more, got {ring}, {warmup}")
         self.doc = doc
+        #: send a batch's news (events but heartbeats) ahead of the spool, marked urgent
+        self.urgent = urgent
         self.scenario: Scenario = parse_doc(doc)
         self.interval = float(doc["interval"])
         touched = _touched(doc)
@@ -402,9 +404,16 @@ class Playback:
             if live is not None:
                 tick = next(live)
                 for b in [*tick.node_batches.values(), *tick.sdk_batches]:
-                    b = _renamed(b, self._back, self._uuids)
-                    out.append(describe(b, self._live_body(b)))
+                    out.extend(self._outgoing(_renamed(b, self._back, self._uuids), self._live_body))
             yield t0 + t, out
+
+    def _outgoing(self, b: Batch, body: Callable[[Batch], bytes]) -> list[Outgoing]:
+        """``b`` to send: with its news split off, urgent, where the lane is on."""
+        if not self.urgent:
+            return [describe(b, body(b))]
+        news, rest = urgent_part(b)
+        out = [] if news is None else [describe(news, encode_frame(news), urgent=True)]
+        return out if rest is None else [*out, describe(rest, body(rest))]
 
     def _live_body(self, b: Batch) -> bytes:
         """``b`` encoded; a node batch laid out like the sender's last one only has its times and
@@ -453,6 +462,5 @@ class Playback:
                 # starts with the run, as a simulator started then would have it
                 start = [Event(self._t0, e.kind, e.labels, e.data) for e in sdk.prelude]
                 b = Batch(b.source, b.frames, [*start, *b.events], b.training, b.batch_id)
-            moved = _moved(b, shift, turn, sdk, f"{b.source}:{due:.3f}")
-            out.append(describe(moved, encode_frame(moved)))
+            out.extend(self._outgoing(_moved(b, shift, turn, sdk, f"{b.source}:{due:.3f}"), encode_frame))
         return out
