@@ -12,9 +12,8 @@ import numpy as np
 import pytest
 
 from gpuscope.agent.sender import Backoff
-from gpuscope.ingest.overload import URGENT_EVENTS, URGENT_HEADER
+from gpuscope.ingest.overload import URGENT_EVENTS, URGENT_HEADER, urgent_part
 from gpuscope.loadgen.sender import _Worker
-from gpuscope.loadgen.traffic import urgent_part
 from gpuscope.model import Batch, Event, Frame
 from support import QuietHandler, loopback_http
 
@@ -66,16 +65,17 @@ def test_news_behind_a_spool_reaches_a_shedding_hub_first_and_nothing_is_lost(sh
     assert _taken[1:] == [b"frames-%d" % k for k in range(4)]  # the spool kept its order
 
 
-def test_a_batch_is_split_into_its_news_and_the_rest_heartbeats_staying_with_the_frames() -> None:
+def test_a_batch_is_split_into_a_hard_faults_events_and_the_rest_routine_events_staying_in_order() -> None:
     frame = Frame(10.0, ["gpu_utilization_percent"], [{"node": "n", "gpu": "0"}], np.array([[90.0]]))
     xid = Event(10.0, "xid", {"node": "n", "gpu": "0"}, {"code": 79})
     beat = Event(10.0, "heartbeat", {"job": "j", "rank": "0"}, {})
-    news, rest = urgent_part(Batch("n", [frame], [xid, beat], [], "n:7"))
+    started = Event(10.0, "job_started", {"job": "j"}, {})
+    news, rest = urgent_part(Batch("n", [frame], [xid, beat, started], [], "n:7"))
     assert news is not None and rest is not None
     assert (news.frames, news.events, news.batch_id) == ([], [xid], "n:7:urgent")
-    assert (rest.frames, rest.events, rest.batch_id) == ([frame], [beat], "n:7")
-    routine = Batch("n", [frame], [beat], [], "n:8")
+    assert (rest.frames, rest.events, rest.batch_id) == ([frame], [beat, started], "n:7")
+    routine = Batch("n", [frame], [beat, started], [], "n:8")
     news, rest = urgent_part(routine)
-    assert news is None and rest is routine  # heartbeats are routine: nothing jumps the spool
+    assert news is None and rest is routine  # no fault: nothing jumps the spool
     only_news = urgent_part(Batch("n", [], [xid], [], "n:9"))
     assert only_news[1] is None and only_news[0] is not None and only_news[0].events == [xid]

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.ingest.delay import HubDelay
-from gpuscope.model import Finding, Labels
+from gpuscope.model import Batch, Finding, Labels
 from gpuscope.rules import HUB_OVERLOADED
 
 #: the request header in which a sender names what it reports for (``node=n1``, ``job=j,rank=0``),
@@ -49,6 +49,28 @@ _MAX_SENDER_HEADER = 512
 #: a job's state change), sent ahead of its spool: the hub admits it even while it sheds load
 URGENT_HEADER = "X-Gpuscope-Urgent"
 URGENT_EVENTS = "events"
+
+
+#: events of a hard fault, whose alert must not wait behind a spool: the rest (heartbeats, a job's
+#: start, a checkpoint) keep their place in the sender's order
+URGENT_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe", "job_failed", "process_exited"})
+
+
+def urgent_part(batch: Batch) -> tuple[Batch | None, Batch | None]:
+    """``batch`` split as an agent sends it while it has a spool: its news (events of
+    :data:`URGENT_KINDS`: an XID, a lost GPU, a failed job) in a small batch of its own, sent ahead
+    of the spool, and the rest in order with the spool (None where a part is empty). The news keeps
+    its own timestamps, so the hub sees the fault when it happened however long the frames wait."""
+    news = [e for e in batch.events if e.kind in URGENT_KINDS]
+    if not news:
+        return None, batch
+    bid = batch.batch_id
+    urgent = Batch(batch.source, [], news, [], f"{bid}:urgent" if bid is not None else None)
+    routine = [e for e in batch.events if e.kind not in URGENT_KINDS]
+    if not (batch.frames or routine or batch.training):
+        return urgent, None
+    return urgent, Batch(batch.source, batch.frames, routine, batch.training, bid)
+
 
 SenderKey = tuple[tuple[str, str], ...]
 

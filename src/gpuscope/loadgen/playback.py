@@ -26,7 +26,8 @@ from typing import Any
 import numpy as np
 
 from gpuscope.ingest.frame import Encoded, decode_frame, encode_frame, encode_parts, head
-from gpuscope.loadgen.traffic import Outgoing, describe, parse_doc, urgent_part
+from gpuscope.ingest.overload import urgent_part
+from gpuscope.loadgen.traffic import Outgoing, describe, parse_doc
 from gpuscope.model import Batch, Event, Frame, Labels, TrainingRecord
 from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import Scenario
@@ -296,7 +297,7 @@ class Playback:
         if ring < 2 or warmup < 0:
             raise ValueError(f"ring must hold at least 2 ticks and warmup none or more, got {ring}, {warmup}")
         self.doc = doc
-        #: send a batch's news (events but heartbeats) ahead of the spool, marked urgent
+        #: send a batch's news (a hard fault's events) ahead of the spool, marked urgent
         self.urgent = urgent
         self.scenario: Scenario = parse_doc(doc)
         self.interval = float(doc["interval"])

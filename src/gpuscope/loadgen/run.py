@@ -49,7 +49,7 @@ class LoadOptions:
     # simulated ticks before the ring (the jobs' start-up), not replayed; a multiple of the simulated
     # services' 30-s and 60-s quality windows, so those fall on the same ticks as without a ring
     warmup: int = 60
-    urgent: bool = True  # news (events but heartbeats) ahead of the spool, marked urgent
+    urgent: bool = True  # news (a hard fault's events) ahead of the spool, marked urgent
 
 
 class ResourceMonitor(threading.Thread):

@@ -61,26 +61,6 @@ def describe(batch: Batch, body: bytes, urgent: bool = False) -> Outgoing:
     return Outgoing(batch.source, body, rows, samples, len(batch.events), len(batch.training), urgent)
 
 
-#: events a sender repeats every tick: routine, so they stay in the spool with the frames
-ROUTINE_EVENTS = frozenset({"heartbeat"})
-
-
-def urgent_part(batch: Batch) -> tuple[Batch | None, Batch | None]:
-    """``batch`` split as an agent sends it while its hub sheds load: its news (an XID, a lost GPU,
-    a job's state change: every event but a heartbeat) in a small batch of its own, sent ahead of
-    the spool, and the rest in order with the spool (None where a part is empty). The news keeps
-    its own timestamps, so the hub sees the fault when it happened however long the frames wait."""
-    news = [e for e in batch.events if e.kind not in ROUTINE_EVENTS]
-    if not news:
-        return None, batch
-    bid = batch.batch_id
-    urgent = Batch(batch.source, [], news, [], f"{bid}:urgent" if bid is not None else None)
-    routine = [e for e in batch.events if e.kind in ROUTINE_EVENTS]
-    if not (batch.frames or routine or batch.training):
-        return urgent, None
-    return urgent, Batch(batch.source, batch.frames, routine, batch.training, bid)
-
-
 def default_faults(shape: FleetShape, duration: float) -> list[dict[str, Any]]:
     """Faults spread over the run on distinct jobs: hard ones (DESIGN §6 budget) and slower ones.
 
