@@ -80,6 +80,7 @@ def _options(args: argparse.Namespace, shape: FleetShape, hubs: list[str], pids:
         connections=args.connections,
         hub_pids=pids,
         faults=[] if args.no_faults else None,
+        urgent=not args.no_urgent,
     )
 
 
@@ -529,6 +530,9 @@ def main() -> None:
     ap.add_argument("--only", choices=["a", "b", "c"], default=None, help="run one setup only")
     ap.add_argument("--anchor-seconds", type=float, default=60, help="VictoriaMetrics anchor; 0 skips it")
     ap.add_argument("--no-faults", action="store_true")
+    ap.add_argument(
+        "--no-urgent", action="store_true", help="send events with the spool, not ahead of it (the old way)"
+    )
     ap.add_argument("--json-out", type=Path, default=None, help="also write the figures as JSON here")
     args = ap.parse_args()
     shape = FleetShape(nodes=args.nodes, gpus_per_node=args.gpus_per_node, job_nodes=args.job_nodes)

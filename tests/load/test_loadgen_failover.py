@@ -34,7 +34,7 @@ def test_a_stream_whose_hub_refuses_connections_moves_to_the_next_hub_at_once(li
     async def run() -> tuple[int, int, int]:
         worker = _Worker([dead, live_hub], None, 4, 10.0, 16)
         worker.backoff = Backoff(initial=5.0, jitter=0.0)  # a backoff would outlast the wait below
-        worker.enqueue(time.time(), [(sender, b"{}", 1, 1, 0, 0)])
+        worker.enqueue(time.time(), [(sender, b"{}", 1, 1, 0, 0, False)])
         stats = await worker.finish(grace=2.0)
         return stats.batches_acked, stats.batches_unacked, stats.connect_errors
 

@@ -31,6 +31,7 @@ from gpuscope.agent.spool import Spool
 from gpuscope.collect.base import Collector, CollectorError, CollectorSet
 from gpuscope.counters import Counters
 from gpuscope.ingest.frame import encode_frame
+from gpuscope.ingest.overload import urgent_part
 from gpuscope.ingest.payload import training_to_json
 from gpuscope.model import Batch, Event, Labels
 
@@ -166,13 +167,20 @@ class Agent:
     def step(self, now: float | None = None, deadline: float | None = None) -> Batch:
         """Collect one round and deliver it (or spool it); spooled batches drain until ``deadline``."""
         batch = self.run_once(now)
+        # behind a spool (the hub away or shedding load), news goes ahead of it: an XID must not
+        # wait minutes behind the frames queued before it
+        news, rest = urgent_part(batch) if self.sender.backlog or not self.sender.hub_ok else (None, batch)
         try:
-            body = encode_frame(batch)
+            urgent = None if news is None else encode_frame(news)
+            body = None if rest is None else encode_frame(rest)
         except (TypeError, ValueError) as exc:  # event data JSON cannot hold, a string too long
             self.counters.inc("batches_unencodable")
             log.error("batch %s cannot be encoded (%s); dropped", batch.batch_id, exc)
             return batch
-        self.sender.submit(body, batch.sample_count, deadline=deadline)
+        if urgent is not None:
+            self.sender.submit_urgent(urgent, deadline=deadline)
+        if body is not None:
+            self.sender.submit(body, batch.sample_count, deadline=deadline)
         return batch
 
     def run(self, stop: threading.Event) -> None:

@@ -9,7 +9,8 @@ logged once, and delivery moves on. A sender made with ``stop_on_refused_token``
 treats 401 and 403 apart: every batch would be refused alike, so it raises :class:`TokenRefused`
 instead, keeping the batch in the spool for a later start with a token the hub accepts. While the
 spool holds anything, new batches queue behind it so the hub receives batches in the order they
-were collected.
+were collected, except news (:meth:`Sender.submit_urgent`): an XID or a lost GPU goes ahead of the
+spool, marked ``X-Gpuscope-Urgent``, which a hub that sheds load still admits.
 
 A body is a JSON batch or a binary frame (:mod:`gpuscope.ingest.frame`); each is posted with its
 own content type, so spooled records of either kind replay as they were written. A hub that does
@@ -37,7 +38,7 @@ from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
 from gpuscope.ingest.frame import CONTENT_TYPE as FRAME_CONTENT_TYPE
 from gpuscope.ingest.frame import JSON_CONTENT_TYPE, frame_to_json, is_frame
-from gpuscope.ingest.overload import SENDER_HEADER, sender_header
+from gpuscope.ingest.overload import SENDER_HEADER, URGENT_EVENTS, URGENT_HEADER, sender_header
 from gpuscope.ingest.payload import PayloadError
 from gpuscope.tls import client_context
 
@@ -175,6 +176,22 @@ class Sender:
             self.counters.inc("batches_spooled")
         self._flush(deadline)
 
+    def submit_urgent(self, body: bytes, *, deadline: float | None = None) -> None:
+        """Deliver a batch of news (events only, :func:`~gpuscope.ingest.overload.urgent_part`)
+        ahead of the spool, marked urgent, even while backing off; where the hub does not take it
+        now it joins the spool like any batch. With nothing spooled it is an ordinary batch. Not
+        written ahead: an agent killed during this one send loses the news unless the hub had it."""
+        with self._lock:
+            if not len(self.spool) and self.clock() >= self._next_attempt:
+                self._submit(body, 0, deadline)
+                return
+            outcome = self._post(body, urgent=True)
+            if outcome is Outcome.DELIVERED:
+                self.counters.inc("batches_urgent")
+                self._delivered(0)
+            elif outcome is Outcome.RETRY and self.spool.append(_ENVELOPE.pack(0) + body):
+                self.counters.inc("batches_spooled")
+
     def flush(self, deadline: float | None = None) -> int:
         """Deliver spooled batches in order until the spool is empty, the hub fails again, or the
         ``deadline`` (on the sender's clock) passes. Returns how many were delivered."""
@@ -216,13 +233,14 @@ class Sender:
         """False while frames go out as JSON because the hub refused one (415)."""
         return self.clock() >= self._frames_refused_until
 
-    def _post(self, body: bytes) -> Outcome:
+    def _post(self, body: bytes, urgent: bool = False) -> Outcome:
         if is_frame(body) and not self.sends_frames:
             body = self._as_json(body)
+        marks = {URGENT_HEADER: URGENT_EVENTS} if urgent else {}
         while True:
             try:
                 resp = self._client.post(
-                    self.url, content=body, headers={"Content-Type": _content_type(body)}
+                    self.url, content=body, headers={"Content-Type": _content_type(body), **marks}
                 )
                 if resp.status_code == 415 and is_frame(body):
                     self._frames_refused_until = self.clock() + FRAME_RETRY_S
@@ -230,7 +248,7 @@ class Sender:
                     log.info("hub %s does not read binary frames (415); sending JSON", self.url)
                     body = self._as_json(body)
                     resp = self._client.post(
-                        self.url, content=body, headers={"Content-Type": JSON_CONTENT_TYPE}
+                        self.url, content=body, headers={"Content-Type": JSON_CONTENT_TYPE, **marks}
                     )
                 break
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:

@@ -17,6 +17,13 @@ What the hub did to whom is reported as a :class:`ShedCover` (senders refused, b
 they name in ``X-Gpuscope-Sender``, and the delay the hub imposed on everyone, measured in one
 place, :class:`~gpuscope.ingest.delay.HubDelay`); which silence verdicts that holds is decided in
 one place, :mod:`gpuscope.gaps`.
+
+Shedding must not hide a hard fault: a sender's news of an XID or a lost GPU would otherwise wait
+behind its spool and the hub's refusals for minutes (a 1,024-node run that shed 29 % of its
+batches took 76 s to raise ``gpu_xid_fatal``). So a sender sends such events in their own small
+request, ahead of its spool, marked ``X-Gpuscope-Urgent: events``; the hub admits one even while
+behind, if it is within ``max_urgent_bytes`` and fewer than ``max_urgent_in_flight`` are in flight
+(a sender that marks everything urgent gains at most that, and is shed past it).
 """
 
 from __future__ import annotations
@@ -29,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.ingest.delay import HubDelay
-from gpuscope.model import Finding, Labels
+from gpuscope.model import Batch, Finding, Labels
 from gpuscope.rules import HUB_OVERLOADED
 
 #: the request header in which a sender names what it reports for (``node=n1``, ``job=j,rank=0``),
@@ -38,6 +45,32 @@ SENDER_HEADER = "X-Gpuscope-Sender"
 #: the labels a sender may name (those the silence verdicts are about)
 SENDER_KEYS = frozenset({"node", "job", "rank"})
 _MAX_SENDER_HEADER = 512
+#: the request header by which a sender marks a small request of events only (an XID, a lost GPU,
+#: a job's state change), sent ahead of its spool: the hub admits it even while it sheds load
+URGENT_HEADER = "X-Gpuscope-Urgent"
+URGENT_EVENTS = "events"
+
+
+#: events of a hard fault, whose alert must not wait behind a spool: the rest (heartbeats, a job's
+#: start, a checkpoint) keep their place in the sender's order
+URGENT_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe", "job_failed", "process_exited"})
+
+
+def urgent_part(batch: Batch) -> tuple[Batch | None, Batch | None]:
+    """``batch`` split as an agent sends it while it has a spool: its news (events of
+    :data:`URGENT_KINDS`: an XID, a lost GPU, a failed job) in a small batch of its own, sent ahead
+    of the spool, and the rest in order with the spool (None where a part is empty). The news keeps
+    its own timestamps, so the hub sees the fault when it happened however long the frames wait."""
+    news = [e for e in batch.events if e.kind in URGENT_KINDS]
+    if not news:
+        return None, batch
+    bid = batch.batch_id
+    urgent = Batch(batch.source, [], news, [], f"{bid}:urgent" if bid is not None else None)
+    routine = [e for e in batch.events if e.kind not in URGENT_KINDS]
+    if not (batch.frames or routine or batch.training):
+        return urgent, None
+    return urgent, Batch(batch.source, batch.frames, routine, batch.training, bid)
+
 
 SenderKey = tuple[tuple[str, str], ...]
 
@@ -102,6 +135,10 @@ class OverloadSettings:
     max_eval_lag_s: float = 5.0
     max_loop_lag_s: float = 2.0
     retry_after_s: float = 2.0
+    #: urgent requests (see the module docstring) admitted while behind: at most this many in
+    #: flight, each at most this large
+    max_urgent_in_flight: int = 64
+    max_urgent_bytes: int = 65536
     settle_s: float = 0.0  # 0: the longest Retry-After handed out (2 x retry_after_s), plus 2 s
     #: how long ``hub_overloaded`` stays firing after the last sign of lag. Shedding stops within
     #: ``settle``; the alert does not, so a hub that keeps falling behind for a few seconds at a
@@ -114,8 +151,10 @@ class OverloadSettings:
             value = getattr(self, name)
             if not math.isfinite(value) or value <= 0:
                 raise ValueError(f"overload.{name} must be a positive number of seconds, got {value!r}")
-        if self.max_in_flight < 1:
-            raise ValueError(f"overload.max_in_flight must be at least 1, got {self.max_in_flight!r}")
+        for name in ("max_in_flight", "max_urgent_in_flight", "max_urgent_bytes"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"overload.{name} must be a whole number of at least 1, got {value!r}")
         for name in ("settle_s", "alert_hold_s"):
             value = getattr(self, name)
             if not math.isfinite(value) or value < 0:
@@ -148,6 +187,7 @@ class OverloadMonitor:
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
         self._in_flight: dict[int, float] = {}  # ticket -> admitted at; dicts keep insertion order
+        self._urgent: set[int] = set()  # tickets of urgent requests admitted while behind
         self._refused: dict[SenderKey, float] = {}  # named sender -> last refused at
         self._refused_anonymous = -math.inf
         #: how long the hub makes its senders' news wait: the one measure the verdicts and health read
@@ -160,14 +200,29 @@ class OverloadMonitor:
         self._alert_since: float | None = None  # hub_overloaded firing since (held past an episode)
         self._observe_lag = 0.0
         self.shed = 0  # requests refused while behind
+        self.urgent_admitted = 0  # urgent requests admitted while behind
         self.episodes = 0  # times the hub fell behind
 
-    def admit(self, now: float, sender: SenderKey | None = None) -> Admission:
+    def admit(
+        self, now: float, sender: SenderKey | None = None, urgent_bytes: int | None = None
+    ) -> Admission:
         """Admit an ingest request of ``sender`` (None: it named none) now, or refuse it (the hub
-        is behind) with a Retry-After."""
+        is behind) with a Retry-After. ``urgent_bytes``: the declared size of a request marked
+        urgent (None: not marked), admitted while behind within the urgent limits."""
         with self._lock:
             if self._lagging(now):
                 self._sign(now)
+                s = self.settings
+                if (
+                    urgent_bytes is not None
+                    and urgent_bytes <= s.max_urgent_bytes
+                    and len(self._urgent) < s.max_urgent_in_flight
+                ):
+                    ticket = self._next_ticket
+                    self._next_ticket += 1
+                    self._urgent.add(ticket)
+                    self.urgent_admitted += 1
+                    return Admission(ticket)
                 self.shed += 1
                 if sender is None:
                     self._refused_anonymous = now
@@ -185,6 +240,7 @@ class OverloadMonitor:
         """The admitted request was answered (stored, refused or failed)."""
         with self._lock:
             self._in_flight.pop(ticket, None)
+            self._urgent.discard(ticket)
 
     def evaluated(self, now: float, lag: float) -> None:
         """The evaluation due ``lag`` seconds before ``now`` ran now."""
@@ -303,6 +359,7 @@ class OverloadMonitor:
                 "oldest_wait_seconds": round(self._oldest_wait(now), 3),
                 "observe_lag_seconds": round(self._observe_lag, 3),
                 "shed_requests": self.shed,
+                "urgent_admitted_while_behind": self.urgent_admitted,
                 "episodes": self.episodes,
             }
         return {**status, **self.delay.status(now)}

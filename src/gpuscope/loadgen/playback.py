@@ -4,7 +4,10 @@ Simulating and encoding 1,024 nodes every second cost the generator more CPU tha
 the healthy fleet is simulated once, before the run, for ``ring`` ticks and encoded as binary
 frames (:mod:`gpuscope.ingest.frame`). During the run each tick replays one of those frames per
 node with only its timestamps, batch id and counters patched: counters (``*_total``) go on
-rising by what they rose over the ring, so a wrap-around is never a counter reset. The training
+rising by what they rose over the ring, so a wrap-around is never a counter reset. A counter that
+rose over the ring but not on every tick (an error count: a corrected ECC error, a PCIe replay, an
+NVLink CRC error) is held at its end-of-ring value after the first turn: replayed, one healthy GPU's
+single error would recur every turn, a steady rate of errors no healthy GPU has. The training
 SDKs' batches (step records and heartbeats, a few per rank) are re-encoded with their times and
 steps moved on. The jobs that faults touch are not replayed: a second simulator plays just those
 jobs live, with the faults, on node names mapped back into the fleet, so a fault's values, events
@@ -15,14 +18,15 @@ from __future__ import annotations
 
 import struct
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from itertools import islice
+from itertools import islice, pairwise
 from typing import Any
 
 import numpy as np
 
 from gpuscope.ingest.frame import Encoded, decode_frame, encode_frame, encode_parts, head
+from gpuscope.ingest.overload import urgent_part
 from gpuscope.loadgen.traffic import Outgoing, describe, parse_doc
 from gpuscope.model import Batch, Event, Frame, Labels, TrainingRecord
 from gpuscope.sim.cluster import Simulator
@@ -49,6 +53,7 @@ class _NodeStream:
     source: str
     ticks: list[_Encoded]
     spans: list[Span | None]
+    holds: list[Hold | None]  # per frame, like spans
     rows: int
     samples: int
 
@@ -61,6 +66,7 @@ class _SdkStream:
     slots: dict[int, Batch]  # ring tick -> its batch, for the ticks it sent one
     steps: int  # how far steps advance over one ring turn
     spans: dict[tuple[Any, ...], Span]
+    holds: dict[tuple[Any, ...], Hold]
     #: event kinds sent in more than one tick of the ring (heartbeats); the others (job_started)
     #: happened once, and are not sent again on later turns
     recurring: frozenset[str]
@@ -68,6 +74,7 @@ class _SdkStream:
 
 
 Span = np.ndarray[Any, np.dtype[np.float64]]
+Hold = tuple[np.ndarray[Any, np.dtype[np.intp]], Span]  # flat positions in a frame's values, held values
 
 
 def _frame_key(f: Frame) -> tuple[Any, ...]:
@@ -97,12 +104,66 @@ def _counter_spans(slots: dict[int, Batch], ring: int) -> dict[tuple[Any, ...], 
     return spans
 
 
+class _Rises:
+    """Per frame layout, how often each value rose from one ring tick to the next."""
+
+    def __init__(self) -> None:
+        self.rose: dict[tuple[Any, ...], np.ndarray[Any, np.dtype[np.int64]]] = {}
+        self.steps: Counter[tuple[Any, ...]] = Counter()
+
+    def add(self, prev: Batch, b: Batch) -> None:
+        before = {_frame_key(f): f for f in prev.frames}
+        for f in b.frames:
+            key = _frame_key(f)
+            p = before.get(key)
+            if p is None or p.values.shape != f.values.shape:
+                continue
+            up = (f.values > p.values).astype(np.int64)
+            self.rose[key] = self.rose[key] + up if key in self.rose else up
+            self.steps[key] += 1
+
+    def holds(self, first: Batch, last: Batch) -> dict[tuple[Any, ...], Hold]:
+        """The counters that rose from ``first`` to ``last`` but not on every step between: held."""
+        start = {_frame_key(f): f for f in first.frames}
+        out: dict[tuple[Any, ...], Hold] = {}
+        for g in last.frames:
+            key = _frame_key(g)
+            f = start.get(key)
+            rose = self.rose.get(key)
+            if f is None or rose is None or f.values.shape != g.values.shape:
+                continue
+            counter = np.array([m.endswith(COUNTER_SUFFIX) for m in g.metrics])
+            held = counter[None, :] & (g.values > f.values) & (rose < self.steps[key])
+            if held.any():
+                at = np.flatnonzero(held)
+                out[key] = (at, g.values.reshape(-1)[at].astype(np.float64))
+        return out
+
+
+def _unspanned(spans: dict[tuple[Any, ...], Span], holds: dict[tuple[Any, ...], Hold]) -> None:
+    """Held counters do not rise from turn to turn."""
+    for key, (at, _) in holds.items():
+        if key in spans:
+            span = spans[key].copy()
+            span.reshape(-1)[at] = 0.0
+            spans[key] = span
+
+
 def _sdk_stream(source: str, slots: dict[int, Batch], ring: int, prelude: list[Event]) -> _SdkStream:
     ticks_of = Counter(kind for b in slots.values() for kind in {e.kind for e in b.events})
     recurring = frozenset(kind for kind, n in ticks_of.items() if n > 1)
     once = [e for e in prelude if e.kind not in recurring]
     steps = _steps(list(slots.values()))
-    return _SdkStream(source, slots, steps, _counter_spans(slots, ring), recurring, once)
+    spans = _counter_spans(slots, ring)
+    holds: dict[tuple[Any, ...], Hold] = {}
+    if len(slots) > 1:
+        rises = _Rises()
+        ordered = [slots[k] for k in sorted(slots)]
+        for prev, b in pairwise(ordered):
+            rises.add(prev, b)
+        holds = rises.holds(ordered[0], ordered[-1])
+        _unspanned(spans, holds)
+    return _SdkStream(source, slots, steps, spans, holds, recurring, once)
 
 
 def _steps(batches: list[Batch]) -> int:
@@ -117,8 +178,15 @@ def _moved(batch: Batch, shift: float, turn: int, stream: _SdkStream, batch_id: 
     steps = turn * stream.steps
 
     def values(f: Frame) -> Span:
-        span = stream.spans.get(_frame_key(f)) if turn else None
-        return f.values if span is None else f.values + turn * span
+        if not turn:
+            return f.values
+        key = _frame_key(f)
+        span = stream.spans.get(key)
+        out = f.values.copy() if span is None else f.values + turn * span
+        hold = stream.holds.get(key)
+        if hold is not None:
+            out.reshape(-1)[hold[0]] = hold[1]
+        return out
 
     return Batch(
         source=batch.source,
@@ -225,10 +293,12 @@ class Playback:
     Build it before the run (it simulates ``ring`` ticks of the fleet), then iterate :meth:`ticks`.
     """
 
-    def __init__(self, doc: dict[str, Any], ring: int = 30, warmup: int = 60) -> None:
+    def __init__(self, doc: dict[str, Any], ring: int = 30, warmup: int = 60, urgent: bool = True) -> None:
         if ring < 2 or warmup < 0:
             raise ValueError(f"ring must hold at least 2 ticks and warmup none or more, got {ring}, {warmup}")
         self.doc = doc
+        #: send a batch's news (a hard fault's events) ahead of the spool, marked urgent
+        self.urgent = urgent
         self.scenario: Scenario = parse_doc(doc)
         self.interval = float(doc["interval"])
         touched = _touched(doc)
@@ -258,6 +328,7 @@ class Playback:
         slow: set[str] = set()  # layout changes within the ring, or events: re-encoded each tick
         self._uuids: dict[tuple[str, str], str] = {}
         sdks: dict[str, dict[int, Batch]] = {}
+        rises: dict[str, _Rises] = {}
         for j, tick in enumerate(islice(sim, ring)):
             for b in tick.node_batches.values():
                 seen = ends.setdefault(b.source, {})
@@ -276,6 +347,8 @@ class Playback:
                     != [(f.metrics, f.values.shape) for f in first.frames]
                 ):
                     slow.add(b.source)
+                if seen:
+                    rises.setdefault(b.source, _Rises()).add(seen[max(seen)], b)
                 seen.update({min(seen, default=j): first, j: b})
                 if len(seen) > 2:
                     del seen[sorted(seen)[1]]
@@ -297,9 +370,20 @@ class Playback:
             first_batch = ends[source][0]
             shape = describe(first_batch, b"")
             spans = _counter_spans(ends[source], ring)
-            per_frame = [spans.get(_frame_key(f)) for f in first_batch.frames]
+            holds = rises[source].holds(first_batch, ends[source][max(ends[source])])
+            _unspanned(spans, holds)
+            keys = [_frame_key(f) for f in first_batch.frames]
             ticks = [slots[k] for k in range(ring)]
-            self._nodes.append(_NodeStream(source, ticks, per_frame, shape.rows, shape.samples))
+            self._nodes.append(
+                _NodeStream(
+                    source,
+                    ticks,
+                    [spans.get(k) for k in keys],
+                    [holds.get(k) for k in keys],
+                    shape.rows,
+                    shape.samples,
+                )
+            )
         self._sdks.extend(
             _sdk_stream(s, slots, ring, prelude.get(s, [])) for s, slots in sdks.items() if s not in skip
         )
@@ -321,9 +405,16 @@ class Playback:
             if live is not None:
                 tick = next(live)
                 for b in [*tick.node_batches.values(), *tick.sdk_batches]:
-                    b = _renamed(b, self._back, self._uuids)
-                    out.append(describe(b, self._live_body(b)))
+                    out.extend(self._outgoing(_renamed(b, self._back, self._uuids), self._live_body))
             yield t0 + t, out
+
+    def _outgoing(self, b: Batch, body: Callable[[Batch], bytes]) -> list[Outgoing]:
+        """``b`` to send: with its news split off, urgent, where the lane is on."""
+        if not self.urgent:
+            return [describe(b, body(b))]
+        news, rest = urgent_part(b)
+        out = [] if news is None else [describe(news, encode_frame(news), urgent=True)]
+        return out if rest is None else [*out, describe(rest, body(rest))]
 
     def _live_body(self, b: Batch) -> bytes:
         """``b`` encoded; a node batch laid out like the sender's last one only has its times and
@@ -353,10 +444,12 @@ class Playback:
             for ts, off in zip(enc.ts, enc.ts_offsets, strict=True):
                 _F64.pack_into(buf, off, ts + shift)
             if turn:
-                for span, off in zip(s.spans, enc.value_offsets, strict=True):
+                for span, hold, off in zip(s.spans, s.holds, enc.value_offsets, strict=True):
                     if span is not None:
                         values = np.frombuffer(buf, dtype="<f8", count=span.size, offset=off)
                         values += turn * span.reshape(-1)
+                        if hold is not None:
+                            values[hold[0]] = hold[1]
             body = head(s.source, f"{s.source}:{enc.ts[0] + shift:.3f}") + buf
             out.append(Outgoing(s.source, body, s.rows, s.samples, 0, 0))
         for sdk in self._sdks:
@@ -370,6 +463,5 @@ class Playback:
                 # starts with the run, as a simulator started then would have it
                 start = [Event(self._t0, e.kind, e.labels, e.data) for e in sdk.prelude]
                 b = Batch(b.source, b.frames, [*start, *b.events], b.training, b.batch_id)
-            moved = _moved(b, shift, turn, sdk, f"{b.source}:{due:.3f}")
-            out.append(describe(moved, encode_frame(moved)))
+            out.extend(self._outgoing(_moved(b, shift, turn, sdk, f"{b.source}:{due:.3f}"), encode_frame))
         return out

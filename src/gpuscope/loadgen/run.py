@@ -50,6 +50,7 @@ class LoadOptions:
     # simulated ticks before the ring (the jobs' start-up), not replayed; a multiple of the simulated
     # services' 30-s and 60-s quality windows, so those fall on the same ticks as without a ring
     warmup: int = 60
+    urgent: bool = True  # news (a hard fault's events) ahead of the spool, marked urgent
 
 
 class ResourceMonitor(threading.Thread):
@@ -482,7 +483,9 @@ def run_load(opts: LoadOptions, say: Callable[[str], None] = lambda _: None) -> 
     if opts.workers < 1 or opts.duration < 1:
         raise ValueError("workers and duration must be at least 1")
     headers = {"Authorization": f"Bearer {opts.token}"} if opts.token else {}
-    playback = Playback(scenario_doc(opts.shape, opts.duration, opts.faults), opts.ring, opts.warmup)
+    playback = Playback(
+        scenario_doc(opts.shape, opts.duration, opts.faults), opts.ring, opts.warmup, opts.urgent
+    )
     scenario = playback.scenario
     ctx = mp.get_context("spawn")
     conns = []
@@ -521,7 +524,7 @@ def run_load(opts: LoadOptions, say: Callable[[str], None] = lambda _: None) -> 
             buckets: list[list[Item]] = [[] for _ in conns]
             for o in outgoing:
                 buckets[shard_of(o.sender, len(conns))].append(
-                    (o.sender, o.body, o.rows, o.samples, o.events, o.training)
+                    (o.sender, o.body, o.rows, o.samples, o.events, o.training, o.urgent)
                 )
             for conn, bucket in zip(conns, buckets, strict=True):
                 conn.send(("tick", due, bucket))

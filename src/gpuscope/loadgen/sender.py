@@ -27,12 +27,14 @@ from gpuscope import __version__
 from gpuscope.agent.route import CONNECT_TIMEOUT_S
 from gpuscope.agent.sender import INGEST_PATH, Backoff
 from gpuscope.ingest.frame import CONTENT_TYPE
-from gpuscope.ingest.overload import SENDER_HEADER, sender_header
+from gpuscope.ingest.overload import SENDER_HEADER, URGENT_EVENTS, URGENT_HEADER, sender_header
 from gpuscope.loadgen.http import ConnectFailed, HubClient, Reply, RequestError
 from gpuscope.loadgen.traffic import shard_of
 
-#: (sender, body, rows, samples, events, training) as the main process ships them
-Item = tuple[str, bytes, int, int, int, int]
+#: (sender, body, rows, samples, events, training, urgent) as the main process ships them
+Item = tuple[str, bytes, int, int, int, int, bool]
+#: the header line of an urgent request (events only, sent ahead of the spool)
+URGENT_LINE = f"{URGENT_HEADER}: {URGENT_EVENTS}\r\n".encode("latin-1")
 
 
 @dataclass(slots=True)
@@ -98,6 +100,8 @@ class _Stream:
     hub: int
     header: bytes
     queue: deque[tuple[float, Item]] = field(default_factory=deque)
+    #: events only, sent ahead of the queue (an agent's urgent lane); never dropped for room
+    urgent: deque[tuple[float, Item]] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
 
 
@@ -128,11 +132,14 @@ class _Worker:
                 stream = self.streams[sender] = _Stream(
                     hub=shard_of(sender, hubs), header=sender_line(sender)
                 )
-            if len(stream.queue) >= self.max_backlog:
+            if item[6]:
+                stream.urgent.append((due, item))
+            elif len(stream.queue) >= self.max_backlog:
                 # a real agent's spool is bounded too: the oldest batch waiting (not the one in flight) goes
                 del stream.queue[1]
                 self.stats.batches_overflowed += 1
-            stream.queue.append((due, item))
+            if not item[6]:
+                stream.queue.append((due, item))
             self.stats.batches_offered += 1
             self.stats.samples_offered += item[3]
             if stream.task is None:
@@ -141,14 +148,15 @@ class _Worker:
     async def _drain(self, stream: _Stream) -> None:
         failures = 0
         st = self.stats
-        while stream.queue:
-            due, (_, body, rows, samples, events, training) = stream.queue[0]
+        while stream.queue or stream.urgent:
+            lane = stream.urgent or stream.queue
+            due, (_, body, rows, samples, events, training, urgent) = lane[0]
             # a retry goes to the next hub: any hub takes any agent's batches
             client = self.clients[(stream.hub + failures) % len(self.clients)]
             retry_after: float | None = None
             started = time.perf_counter()
             try:
-                resp = await client.post(body, stream.header)
+                resp = await client.post(body, stream.header + URGENT_LINE if urgent else stream.header)
             except ConnectFailed:
                 st.connect_errors += 1
                 if failures + 1 < len(self.clients):  # a hub is gone: the next one at once, as an agent
@@ -161,14 +169,14 @@ class _Worker:
                 st.latencies.append(time.perf_counter() - started)
                 status = resp.status
                 if 200 <= status < 300:
-                    stream.queue.popleft()
+                    lane.popleft()
                     failures = 0
                     stream.hub = self._hub_index.get(resp.owner or "", stream.hub)
                     self._acked(resp, due, rows, samples, events, training)
                     continue
                 st.http_errors[status] = st.http_errors.get(status, 0) + 1
                 if status not in (408, 429) and status < 500:
-                    stream.queue.popleft()  # a permanent refusal: never acknowledged, a drop
+                    lane.popleft()  # a permanent refusal: never acknowledged, a drop
                     st.batches_refused += 1
                     if len(st.refusal_messages) < 10:
                         st.refusal_messages.append(f"HTTP {status}: {resp.text[:300]}")
@@ -217,7 +225,7 @@ class _Worker:
         if tasks:
             await asyncio.wait(tasks, timeout=grace)
         for stream in self.streams.values():
-            self.stats.batches_unacked += len(stream.queue)
+            self.stats.batches_unacked += len(stream.queue) + len(stream.urgent)
             if stream.task is not None:
                 stream.task.cancel()
         for client in self.clients:

@@ -51,12 +51,14 @@ class Outgoing:
     samples: int  # non-missing values
     events: int
     training: int
+    #: events only, sent ahead of the sender's spool and marked urgent (see :func:`urgent_part`)
+    urgent: bool = False
 
 
-def describe(batch: Batch, body: bytes) -> Outgoing:
+def describe(batch: Batch, body: bytes, urgent: bool = False) -> Outgoing:
     rows = sum(len(f.entities) for f in batch.frames)
     samples = sum(int(np.count_nonzero(~np.isnan(f.values))) for f in batch.frames)
-    return Outgoing(batch.source, body, rows, samples, len(batch.events), len(batch.training))
+    return Outgoing(batch.source, body, rows, samples, len(batch.events), len(batch.training), urgent)
 
 
 def default_faults(shape: FleetShape, duration: float) -> list[dict[str, Any]]:

@@ -210,7 +210,7 @@ class InferenceService:
             on_node = sum(1 for k, n in enumerate(self.replica_nodes) if n == node and alive[k])
             share = on_node / n_alive if n_alive else 1.0 / len(nodes_up)
             self.preemptions[node] += preempt * share
-            row = np.empty(len(SERVICE_COLUMNS))
+            row = np.full(len(SERVICE_COLUMNS), np.nan)  # a metric this model does not report is absent
             row[SCOL["inference_requests_per_second"]] = served / dt * share
             row[SCOL["inference_errors_per_second"]] = errors / dt * share
             row[SCOL["inference_latency_p50_seconds"]] = p50

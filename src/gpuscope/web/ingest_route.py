@@ -38,7 +38,14 @@ from gpuscope.agent.route import OWNER_HEADER
 from gpuscope.counters import Counters
 from gpuscope.hub import Hub
 from gpuscope.ingest.frame import CONTENT_TYPES, decode_body
-from gpuscope.ingest.overload import SENDER_HEADER, SenderHeaderError, SenderKey, parse_sender
+from gpuscope.ingest.overload import (
+    SENDER_HEADER,
+    URGENT_EVENTS,
+    URGENT_HEADER,
+    SenderHeaderError,
+    SenderKey,
+    parse_sender,
+)
 from gpuscope.ingest.payload import Limits, PayloadError, check_time_window
 from gpuscope.model import Batch
 from gpuscope.store.base import AppendResult
@@ -53,6 +60,7 @@ INGEST_THREADS = 32
 INGEST_PATH = "/api/v1/ingest"
 
 SENDER = SENDER_HEADER.lower().encode("latin-1")
+URGENT = URGENT_HEADER.lower().encode("latin-1")
 _OWNER = OWNER_HEADER.lower().encode("latin-1")
 
 #: what a request's batch came to: its answer, or an exception no answer covers (the server
@@ -176,7 +184,7 @@ class IngestRoute:
         except ApiError as exc:
             await self.refusal(exc).send(send)
             return
-        ticket = self.admit(header(scope, SENDER))
+        ticket = self.admit(header(scope, SENDER), header(scope, URGENT), header(scope, b"content-length"))
         if isinstance(ticket, Answer):
             await ticket.send(send)
             return
@@ -203,13 +211,15 @@ class IngestRoute:
         self.hub.counters.inc(refusal_counter(exc.status))
         return json_answer(exc.status, {"error": exc.message, "field": exc.field})
 
-    def admit(self, sender: str | None) -> int | Answer:
+    def admit(self, sender: str | None, urgent: str | None = None, length: str | None = None) -> int | Answer:
         """The overload monitor's ticket for a request from ``sender`` (its sender header), to be
         given back with ``hub.overload.done``; or, while the hub is behind, the 503 to answer at
         once with its Retry-After. Refused before the body is read, which costs the hub next to
         nothing; not acknowledged, so the sender keeps the batch, spools, and comes back after
-        Retry-After."""
-        admission = self.hub.overload.admit(self.clock(), self._sender(sender))
+        Retry-After. A request marked urgent (``urgent``: its urgent header) of a declared
+        Content-Length ``length`` may be admitted while behind (:mod:`gpuscope.ingest.overload`)."""
+        size = int(length) if urgent == URGENT_EVENTS and length is not None and is_count(length) else None
+        admission = self.hub.overload.admit(self.clock(), self._sender(sender), size)
         if admission.ticket is not None:
             return admission.ticket
         self.hub.counters.inc("ingest_shed_requests")

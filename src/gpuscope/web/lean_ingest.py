@@ -38,6 +38,7 @@ from gpuscope.web.http_protocol import HttpProtocol
 from gpuscope.web.ingest_route import (
     INGEST_PATH,
     SENDER,
+    URGENT,
     IngestRoute,
     Outcome,
     check_declared,
@@ -121,7 +122,11 @@ class LeanRequest:
             if isinstance(found, Answer):
                 self.answer(found)
                 return
-            ticket = route.admit(header_value(self.headers, SENDER))
+            ticket = route.admit(
+                header_value(self.headers, SENDER),
+                header_value(self.headers, URGENT),
+                header_value(self.headers, b"content-length"),
+            )
             if isinstance(ticket, Answer):
                 self.answer(ticket)
                 return
