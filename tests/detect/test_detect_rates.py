@@ -57,3 +57,20 @@ def test_a_burst_fires_within_a_tick() -> None:
     driver.run(0, 900, fleet(lambda t: 7.0 + (0 if t < 600 else min(5.0, t - 599))))  # 5 errors at 600-604 s
     alert = driver.only("nvlink_errors")
     assert 602 <= alert.started_at <= 603  # the third error
+
+
+def test_a_gpu_reporting_only_its_crc_counter_is_judged_on_it() -> None:
+    """Sources that export the CRC counter alone (no replay or recovery count) still fire on a burst."""
+    cluster = FakeCluster(nodes=1, gpus=2)
+    cluster.metrics.append(CRC)
+
+    def make(t: float) -> list[Batch]:
+        cluster.overrides[("node-0", "0")] = {CRC: 0.0}
+        cluster.overrides[GPU] = {CRC: 7.0 + (0 if t < 600 else min(5.0, t - 599))}
+        return cluster.batches(t)
+
+    driver = Driver([ErrorRateDetector()])
+    driver.run(0, 900, make)
+    alert = driver.only("nvlink_errors")
+    assert alert.entity == {"node": "node-0", "gpu": "1"}
+    assert 602 <= alert.started_at <= 603

@@ -84,13 +84,17 @@ class ErrorRateDetector(GpuTableDetector):
         self._links0: FloatArray = np.zeros(0)
 
     def _total(self, rule: CounterRule) -> FloatArray:
-        total: FloatArray | None = None
+        cols = []
         for m in rule.metrics:
             col = self.table.column(m)
             if m in FALLBACK:
                 col = np.where(np.isfinite(col), col, self.table.column(FALLBACK[m]))
-            total = col.copy() if total is None else total + col
-        assert total is not None
+            cols.append(col)
+        stack = np.vstack(cols)
+        finite = np.isfinite(stack)
+        # a source that exports only some of the summed counters (CRC but no replay or recovery
+        # count) is judged on those it has, not dropped as NaN
+        total: FloatArray = np.where(finite.any(axis=0), np.where(finite, stack, 0.0).sum(axis=0), np.nan)
         total[total < 0] = np.nan  # a counter cannot be negative: a bogus reading, not a reset
         return total
 
