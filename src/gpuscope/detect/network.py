@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from gpuscope.detect.base import Detector, register
-from gpuscope.detect.frames import view
+from gpuscope.detect.frames import FrameView, view
 from gpuscope.model import Finding, Frame
 from gpuscope.rules import NETWORK_DEGRADED as RULE
 
@@ -50,6 +50,9 @@ class NetworkDetector(Detector):
     ) -> None:
         self.tau, self.factor, self.min_ratio, self.min_ib = tau, factor, min_ratio, min_ib
         self._nodes: dict[str, _Node] = {}
+
+    def reads(self, frame: FrameView) -> bool:
+        return bool(frame.node_rows)
 
     def on_frame(self, frame: Frame) -> None:
         v = view(frame)
