@@ -1,11 +1,12 @@
 """A/B: the detection engine's cheaper paths give the findings of the paths they replaced.
 
 The old paths are kept here: every on-frame detector handed every frame (the engine now skips those
-a frame's layout gives nothing to read), and the thermal-throttle detector judging each frame on
-its own (now a tick's GPU rows in one pass; its per-frame code before the change is copied below,
-verbatim). Both engines see the same simulated cluster, its agents' batches through the binary
-wire format (frames with layout numbers, as a hub decodes them) and its SDKs' batches, with
-hardware faults, a lost GPU and a node going down; at every evaluation the findings must be equal.
+a frame's layout gives nothing to read), the thermal-throttle detector judging each frame on its
+own (now a tick's GPU rows in one pass) and the network detector reading each counter as a numpy
+scalar; their code before the change is copied below, verbatim. Both engines see the same
+simulated cluster, its agents' batches through the binary wire format (frames with layout
+numbers, as a hub decodes them) and its SDKs' batches, with hardware faults, a degraded network,
+a lost GPU and a node going down; at every evaluation the findings must be equal.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from gpuscope.detect.base import Detector
 from gpuscope.detect.baseline import FlagWindow
 from gpuscope.detect.engine import DetectionEngine, load_detectors
 from gpuscope.detect.frames import BoolArray, FrameView, view
+from gpuscope.detect.network import _COUNTERS, NetworkDetector, _Node
 from gpuscope.detect.throttle import THERMAL_REASONS, ThermalThrottleDetector, _Gpu
 from gpuscope.ingest.frame import decode_frame, encode_frame
 from gpuscope.model import Finding, FloatArray, Frame
@@ -132,6 +134,23 @@ class OldThrottle(ThermalThrottleDetector):
         return hot, peer
 
 
+class OldNetwork(NetworkDetector):
+    """The network detector before the change: each counter read as a numpy scalar."""
+
+    def on_frame(self, frame: Frame) -> None:
+        v = view(frame)
+        if not v.node_rows:
+            return
+        cols = {m: v.column(m) for m in (*_COUNTERS, "node_ib_ports_down")}
+        for name, row in v.node_rows.items():
+            node = self._nodes.get(name)
+            if node is None:
+                node = self._nodes[name] = _Node()
+            self._update(
+                node, frame.ts, {m: (math.nan if c is None else float(c[row])) for m, c in cols.items()}
+            )
+
+
 class EveryFrameEngine(DetectionEngine):
     """The engine before the change: every on-frame detector sees every frame."""
 
@@ -139,11 +158,15 @@ class EveryFrameEngine(DetectionEngine):
         return self._on_frame
 
 
-def _engines(old_throttle: bool) -> tuple[DetectionEngine, DetectionEngine]:
+def _engines(old_paths: bool) -> tuple[DetectionEngine, DetectionEngine]:
     registry = load_detectors()
     names = sorted(registry)
     new = DetectionEngine([registry[n]() for n in names])
-    old_kinds = {**registry, "ThermalThrottleDetector": OldThrottle} if old_throttle else registry
+    old_kinds = (
+        {**registry, "ThermalThrottleDetector": OldThrottle, "NetworkDetector": OldNetwork}
+        if old_paths
+        else registry
+    )
     old = EveryFrameEngine([old_kinds[n]() for n in names])
     return old, new
 
@@ -172,9 +195,15 @@ def _run(old: DetectionEngine, new: DetectionEngine, wire: bool) -> set[str]:
 
 @pytest.mark.parametrize("wire", [True, False], ids=["decoded-frames", "in-process-frames"])
 def test_same_findings_as_every_frame_to_every_detector(wire: bool) -> None:
-    rules = _run(*_engines(old_throttle=True), wire=wire)
+    rules = _run(*_engines(old_paths=True), wire=wire)
     # the faults were there to be found: both paths found them, the same way, at every tick
-    assert {"gpu_thermal_throttle", "gpu_ecc_uncorrectable", "gpu_lost", "node_unreachable"} <= rules
+    assert {
+        "gpu_thermal_throttle",
+        "gpu_ecc_uncorrectable",
+        "gpu_lost",
+        "node_unreachable",
+        "network_degraded",
+    } <= rules
 
 
 def test_one_frame_at_a_time_as_a_tick_at_once() -> None:

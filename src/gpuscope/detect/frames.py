@@ -42,6 +42,10 @@ class FrameView:
         j = self._columns.get(metric)
         return None if j is None else self.frame.values[:, j]
 
+    def position(self, metric: str) -> int | None:
+        """Where ``metric`` is among the frame's columns, or None when the frame lacks it."""
+        return self._columns.get(metric)
+
     def gpu_column(self, metric: str) -> FloatArray | None:
         """One metric over the GPU rows only (aligned with :attr:`gpu_keys`)."""
         j = self._columns.get(metric)
