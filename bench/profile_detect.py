@@ -35,7 +35,7 @@ from gpuscope.detect.engine import DetectionEngine
 from gpuscope.productivity import ProductivityModel
 
 WARM = 3
-_HOOKS = ("on_frame", "on_event", "on_training", "evaluate_tick")
+_HOOKS = ("on_frame", "on_frames", "on_event", "on_training", "evaluate_tick")
 
 
 def _timed(totals: defaultdict[str, int], label: str, f: Callable[..., Any]) -> Callable[..., Any]:
@@ -63,7 +63,8 @@ class Pass:
             for detector in self.engine.detectors:
                 name = type(detector).__name__
                 for hook in _HOOKS:
-                    if hook != "evaluate_tick" and getattr(type(detector), hook) is getattr(Detector, hook):
+                    own = getattr(type(detector), hook, None)
+                    if hook != "evaluate_tick" and own is getattr(Detector, hook, None):
                         continue  # the engine skips hooks a detector does not override
                     setattr(detector, hook, self._wrap(f"{name}.{hook}", getattr(detector, hook)))
             table = self.engine.feeds.table

@@ -87,10 +87,10 @@ class GpuRows:
 
 def stack_gpu_rows(views: list[FrameView]) -> list[GpuRows]:
     """The GPU rows of ``views``, one stack per metric layout (frames without GPU rows left out)."""
-    groups: dict[int, list[int]] = {}
+    groups: dict[tuple[str, ...], list[int]] = {}
     for k, v in enumerate(views):
-        if v.gpu_keys:
-            groups.setdefault(id(v._columns), []).append(k)  # one columns map per layout
+        if v.gpu_keys:  # senders' layouts differ by their entities; their metrics are often the same
+            groups.setdefault(tuple(v.frame.metrics), []).append(k)
     out: list[GpuRows] = []
     for members in groups.values():
         parts = [views[k].frame.values[views[k]._gpu_index] for k in members]
