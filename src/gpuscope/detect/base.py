@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from gpuscope.detect.frames import view
+from gpuscope.detect.frames import FrameView, view
 from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.hwfaults import HardwareFaults
 from gpuscope.detect.services import ServiceAggregator, Snapshot
@@ -63,6 +63,19 @@ class Detector:
 
     def on_frame(self, frame: Frame) -> None:
         """A telemetry frame arrived (one timestamp, many entities)."""
+
+    def reads(self, frame: FrameView) -> bool:
+        """Whether :meth:`on_frame` can change anything for a frame of this one's metrics and
+        entities; False only where it would return at once whatever the values. The engine asks
+        once per frame layout and skips the detector on the frames of a layout it does not read."""
+        return True
+
+    def on_frames(self, frames: list[FrameView]) -> None:
+        """A tick's frames at once, in the order they came, after the tick's events and training
+        records: a detector whose frames never meet its other input overrides this instead of
+        :meth:`on_frame` to judge all of a tick's rows in one vectorised pass."""
+        for frame in frames:
+            self.on_frame(frame.frame)
 
     def on_event(self, event: Event) -> None:
         """An event arrived."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
+from gpuscope.detect.frames import FrameView
 from gpuscope.model import Finding, Frame, Labels
 from gpuscope.rules import BUSINESS_METRIC_DROP as RULE
 
@@ -56,6 +57,9 @@ class BusinessDetector(Detector):
         self.warmup, self.noise_tau, self.stale = warmup, noise_tau, stale
         self.counters = Counters()
         self._series: dict[tuple[str, str], _Series] = {}
+
+    def reads(self, frame: FrameView) -> bool:
+        return RATIO in frame.frame.metrics
 
     def on_frame(self, frame: Frame) -> None:
         if RATIO not in frame.metrics:  # most frames: GPU and node telemetry

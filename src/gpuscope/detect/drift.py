@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
+from gpuscope.detect.frames import FrameView
 from gpuscope.model import Finding, Frame, Labels
 
 RULES = {"prediction": "prediction_drift", "confidence": "confidence_shift", "input": "input_drift"}
@@ -49,6 +50,9 @@ class DriftDetector(Detector):
         self.min_score, self.sustain, self.stale = min_score, sustain, stale
         self.counters = Counters()
         self._services: dict[str, _Service] = {}
+
+    def reads(self, frame: FrameView) -> bool:
+        return not _SCORES.isdisjoint(frame.frame.metrics)
 
     def on_frame(self, frame: Frame) -> None:
         if _SCORES.isdisjoint(frame.metrics):  # most frames: GPU and node telemetry

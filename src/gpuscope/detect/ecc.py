@@ -16,7 +16,7 @@ import numpy as np
 
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
-from gpuscope.detect.frames import GpuKey, view
+from gpuscope.detect.frames import FrameView, GpuKey, view
 from gpuscope.detect.refusals import event_gpu, refuse
 from gpuscope.model import Event, Finding, Frame
 from gpuscope.rules import GPU_ECC_UNCORRECTABLE as RULE
@@ -87,6 +87,9 @@ class EccDetector(Detector):
     def _trigger(state: _Gpu, ts: float, reason: str) -> None:
         if state.trigger_ts is None or ts >= state.trigger_ts:
             state.trigger_ts, state.reason = ts, reason
+
+    def reads(self, frame: FrameView) -> bool:
+        return bool(frame.gpu_keys) and any(m in frame.frame.metrics for m in _METRICS)
 
     def on_frame(self, frame: Frame) -> None:
         v = view(frame)

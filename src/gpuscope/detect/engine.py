@@ -61,7 +61,10 @@ class DetectionEngine:
         self._services = "services" in fed
         self._steps = "steps" in fed
         raw = [d for d in detectors if d.feed == "batch"]
-        self._on_frame = [d for d in raw if _overrides(d, "on_frame")]
+        self._on_frames = [d for d in raw if _overrides(d, "on_frames")]
+        self._on_frame = [d for d in raw if _overrides(d, "on_frame") and d not in self._on_frames]
+        #: per frame layout: the detectors of ``_on_frame`` that read its frames
+        self._readers: dict[int, list[Detector]] = {}
         self._on_event = [d for d in detectors if _overrides(d, "on_event")]
         self._on_training = [d for d in raw if _overrides(d, "on_training")]
 
@@ -71,14 +74,21 @@ class DetectionEngine:
 
     def observe_many(self, batches: list[Batch]) -> None:
         """Let every detector see a tick's batches, in order: the GPU table takes all their GPU
-        rows at once (one scatter per run of frames sharing a metric layout)."""
+        rows at once (one scatter per run of frames sharing a metric layout), and so do the
+        detectors that take a tick's frames at once."""
         views: list[frames.FrameView] = []
+        seen: list[frames.FrameView] = []
         for batch in batches:
-            self._observe(batch, views)
+            self._observe(batch, views, seen)
         if views:
             self.feeds.table.ingest_many(views)
+        for detector in self._on_frames:
+            try:
+                detector.on_frames(seen)
+            except Exception:
+                self._failed(detector, "on_frames")
 
-    def _observe(self, batch: Batch, views: list[frames.FrameView]) -> None:
+    def _observe(self, batch: Batch, views: list[frames.FrameView], seen: list[frames.FrameView]) -> None:
         for frame in batch.frames:
             if not math.isfinite(frame.ts) or frame.values.shape != (len(frame.entities), len(frame.metrics)):
                 shape = (len(frame.entities), len(frame.metrics))
@@ -97,9 +107,11 @@ class DetectionEngine:
                 self.counters.inc("detect_gpu_rows_without_node", view.unplaced_gpu_rows)
             if self._table and view.gpu_keys:
                 views.append(view)
+            if self._on_frames:
+                seen.append(view)
             if self._services:
                 self.feeds.services.on_frame(frame)
-            for detector in self._on_frame:
+            for detector in self._frame_readers(view):
                 try:
                     detector.on_frame(frame)
                 except Exception:
@@ -124,6 +136,19 @@ class DetectionEngine:
                     detector.on_training(record)
                 except Exception:
                     self._failed(detector, "on_training")
+
+    def _frame_readers(self, view: frames.FrameView) -> list[Detector]:
+        """The detectors whose ``on_frame`` can do something with this frame (most read only some
+        kinds of frame: GPU rows, node rows, a service's metrics), decided once per layout."""
+        layout = view.frame.layout
+        if layout is None:
+            return [d for d in self._on_frame if d.reads(view)]
+        readers = self._readers.get(layout)
+        if readers is None:
+            if len(self._readers) >= frames.MAX_LAYOUTS:  # senders with ever-new layouts: start afresh
+                self._readers.clear()
+            readers = self._readers[layout] = [d for d in self._on_frame if d.reads(view)]
+        return readers
 
     def evaluate(self, now: float) -> list[Finding]:
         """Every finding that holds at ``now`` (the hub's clock: wall time live, simulated in sim-eval)."""

@@ -42,6 +42,10 @@ class FrameView:
         j = self._columns.get(metric)
         return None if j is None else self.frame.values[:, j]
 
+    def position(self, metric: str) -> int | None:
+        """Where ``metric`` is among the frame's columns, or None when the frame lacks it."""
+        return self._columns.get(metric)
+
     def gpu_column(self, metric: str) -> FloatArray | None:
         """One metric over the GPU rows only (aligned with :attr:`gpu_keys`)."""
         j = self._columns.get(metric)
@@ -61,6 +65,41 @@ class FrameView:
                 np.logical_not(np.isnan(rows).all(axis=1), out=alive)
             self._gpu_alive = alive
         return alive
+
+
+@dataclass(slots=True)
+class GpuRows:
+    """The GPU rows of frames sharing one metric layout, stacked: a tick's frames in one numpy pass."""
+
+    #: positions, in the list of frames given, of the frames stacked here (in their order)
+    members: list[int]
+    #: each member's first row in the stack, and one past its last
+    starts: npt.NDArray[np.intp]
+    ends: npt.NDArray[np.intp]
+    values: FloatArray
+    _columns: dict[str, int]
+
+    def column(self, metric: str) -> FloatArray | None:
+        """One metric over every stacked GPU row, or None when the layout lacks it."""
+        j = self._columns.get(metric)
+        return None if j is None else self.values[:, j]
+
+
+def stack_gpu_rows(views: list[FrameView]) -> list[GpuRows]:
+    """The GPU rows of ``views``, one stack per metric layout (frames without GPU rows left out)."""
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for k, v in enumerate(views):
+        if v.gpu_keys:  # senders' layouts differ by their entities; their metrics are often the same
+            groups.setdefault(tuple(v.frame.metrics), []).append(k)
+    out: list[GpuRows] = []
+    for members in groups.values():
+        parts = [views[k].frame.values[views[k]._gpu_index] for k in members]
+        ends = np.cumsum([len(p) for p in parts], dtype=np.intp)
+        starts = np.zeros(len(parts), np.intp)
+        starts[1:] = ends[:-1]
+        values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        out.append(GpuRows(members, starts, ends, values, views[members[0]]._columns))
+    return out
 
 
 @dataclass(frozen=True, slots=True)

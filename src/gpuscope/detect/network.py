@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass, field
 
 from gpuscope.detect.base import Detector, register
-from gpuscope.detect.frames import view
+from gpuscope.detect.frames import FrameView, view
 from gpuscope.model import Finding, Frame
 from gpuscope.rules import NETWORK_DEGRADED as RULE
 
@@ -23,6 +23,7 @@ _COUNTERS = (
     "node_ib_rcv_errors_total",
     "node_ib_link_downed_total",
 )
+_READ = (*_COUNTERS, "node_ib_ports_down")
 LONG_TAU = 6 * 3600.0
 
 
@@ -51,18 +52,20 @@ class NetworkDetector(Detector):
         self.tau, self.factor, self.min_ratio, self.min_ib = tau, factor, min_ratio, min_ib
         self._nodes: dict[str, _Node] = {}
 
+    def reads(self, frame: FrameView) -> bool:
+        return bool(frame.node_rows)
+
     def on_frame(self, frame: Frame) -> None:
         v = view(frame)
         if not v.node_rows:
             return
-        cols = {m: v.column(m) for m in (*_COUNTERS, "node_ib_ports_down")}
+        cols = [(m, v.position(m)) for m in _READ]
         for name, row in v.node_rows.items():
             node = self._nodes.get(name)
             if node is None:
                 node = self._nodes[name] = _Node()
-            self._update(
-                node, frame.ts, {m: (math.nan if c is None else float(c[row])) for m, c in cols.items()}
-            )
+            values: list[float] = frame.values[row].tolist()  # one conversion, not one per metric
+            self._update(node, frame.ts, {m: (math.nan if j is None else values[j]) for m, j in cols})
 
     def _update(self, node: _Node, ts: float, values: dict[str, float]) -> None:
         dt = ts - node.ts if math.isfinite(node.ts) else math.nan

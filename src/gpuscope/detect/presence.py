@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.baseline import IntervalEstimator, finite_or_none
-from gpuscope.detect.frames import GpuKey, view
+from gpuscope.detect.frames import FrameView, GpuKey, view
 from gpuscope.detect.liveness import Liveness
 from gpuscope.detect.refusals import event_gpu
 from gpuscope.model import Event, Finding, Frame
@@ -52,6 +52,9 @@ class GpuLostDetector(Detector):
         node, gpu = key
         reason = event.data.get("reason")
         self._events[(node, gpu)] = (event.ts, reason if isinstance(reason, str) and reason else "lost")
+
+    def reads(self, frame: FrameView) -> bool:
+        return bool(frame.nodes)
 
     def on_frame(self, frame: Frame) -> None:
         v = view(frame)
@@ -113,6 +116,9 @@ class NodeUnreachableDetector(Detector):
         self._gpus: dict[str, int] = {}  # most GPUs a node has reported: what its silence idles
         self._suppressed = 0
         self._withheld_watermark = 0
+
+    def reads(self, frame: FrameView) -> bool:
+        return bool(frame.nodes)
 
     def on_frame(self, frame: Frame) -> None:
         v = view(frame)

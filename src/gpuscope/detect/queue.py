@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscope.detect.base import Detector, register
+from gpuscope.detect.frames import FrameView
 from gpuscope.model import Finding, Frame
 from gpuscope.rules import JOB_PENDING_TOO_LONG
 
@@ -58,6 +59,10 @@ class QueueDetector(Detector):
         self.min_started, self.cold_limit, self.stale_after = min_started, cold_limit, stale_after
         self._parts: dict[str, _Partition] = {}
         self._pending: dict[str, _Pending] = {}
+
+    def reads(self, frame: FrameView) -> bool:
+        metrics = frame.frame.metrics
+        return "slurm_job_pending_seconds" in metrics or "slurm_job_queue_wait_seconds" in metrics
 
     def on_frame(self, frame: Frame) -> None:
         if (

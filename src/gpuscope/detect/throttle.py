@@ -20,7 +20,7 @@ import numpy as np
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.baseline import FlagWindow, finite_or_none
-from gpuscope.detect.frames import BoolArray, FrameView, GpuKey, view
+from gpuscope.detect.frames import BoolArray, FrameView, GpuKey, GpuRows, stack_gpu_rows, view
 from gpuscope.model import Finding, FloatArray, Frame
 from gpuscope.rules import GPU_THERMAL_THROTTLE as RULE
 
@@ -36,6 +36,32 @@ class _Gpu:
     cause: str = ""
     temp: float = math.nan
     peer_temp: float = math.nan
+
+
+@dataclass(slots=True)
+class _Rows:
+    """What the rows of one stack of GPU rows say (see ``_judge``); as Python values on demand."""
+
+    cond: BoolArray
+    flags: BoolArray
+    temp: FloatArray | None
+    peer: FloatArray
+    #: per frame of the stack: any row under the condition
+    any: list[bool]
+    _lists: tuple[list[bool], list[bool], list[float] | None, list[float]] | None = None
+
+    def lists(self) -> tuple[list[bool], list[bool], list[float] | None, list[float]]:
+        if self._lists is None:
+            temp = None if self.temp is None else self.temp.tolist()
+            self._lists = (self.cond.tolist(), self.flags.tolist(), temp, self.peer.tolist())
+        return self._lists
+
+
+@dataclass(slots=True)
+class _Judged:
+    rows: _Rows
+    start: int  # the frame's first row in the stack
+    any: bool
 
 
 @register
@@ -62,67 +88,81 @@ class ThermalThrottleDetector(Detector):
         self._node_ts: dict[str, float] = {}
 
     def on_frame(self, frame: Frame) -> None:
-        v = view(frame)
-        ts = frame.ts
-        steps = {node: ts - self._node_ts.get(node, math.nan) for node in v.nodes}
-        for node in v.nodes:
-            self._node_ts[node] = ts
-        if not v.gpu_keys:
-            return
-        temp = v.gpu_column("gpu_temp_celsius")
-        loaded = self._loaded(v)
-        flags = self._flags(v) & loaded
-        hot, peer = self._hot(v, temp, loaded)
-        cond = flags | hot
-        if not self._gpus and not cond.any():
-            return
-        gpus = self._gpus
-        for i in range(len(v.gpu_keys)):
-            key = v.gpu_keys[i]
-            state = gpus.get(key)
-            on = bool(cond[i])
-            if state is None:
-                if not on:
-                    continue
-                state = gpus[key] = _Gpu(FlagWindow(self.window, max_step=5.0))
-            step = steps.get(key[0], math.nan)
-            state.window.push(ts, on, step if math.isfinite(step) else None)
-            if on:
-                state.cause = "throttle_flags" if flags[i] else "hot_vs_peers"
-                state.temp = math.nan if temp is None else float(temp[i])
-                state.peer_temp = float(peer[i])
+        self.on_frames([view(frame)])
 
-    def _loaded(self, v: FrameView) -> BoolArray:
-        util = v.gpu_column("gpu_utilization_percent")
-        if util is None:
-            return np.ones(len(v.gpu_keys), bool)
-        return ~(util < self.load_percent)  # an unreported utilisation does not excuse a throttle
+    def on_frames(self, frames: list[FrameView]) -> None:
+        # what a GPU row says (throttle flags, hotter than its peers) depends on its frame alone:
+        # judged for all of a tick's rows at once; the windows then take them frame by frame
+        judged: list[_Judged | None] = [None] * len(frames)
+        for block in stack_gpu_rows(frames):
+            rows = self._judge(frames, block)
+            for m, k in enumerate(block.members):
+                judged[k] = _Judged(rows, int(block.starts[m]), rows.any[m])
+        gpus = self._gpus
+        for v, j in zip(frames, judged, strict=True):
+            ts = v.frame.ts
+            steps = {node: ts - self._node_ts.get(node, math.nan) for node in v.nodes}
+            for node in v.nodes:
+                self._node_ts[node] = ts
+            if j is None or (not gpus and not j.any):
+                continue
+            cond, flags, temp, peer = j.rows.lists()
+            for i, key in enumerate(v.gpu_keys, j.start):
+                state = gpus.get(key)
+                on = cond[i]
+                if state is None:
+                    if not on:
+                        continue
+                    state = gpus[key] = _Gpu(FlagWindow(self.window, max_step=5.0))
+                step = steps.get(key[0], math.nan)
+                state.window.push(ts, on, step if math.isfinite(step) else None)
+                if on:
+                    state.cause = "throttle_flags" if flags[i] else "hot_vs_peers"
+                    state.temp = math.nan if temp is None else temp[i]
+                    state.peer_temp = peer[i]
+
+    def _judge(self, frames: list[FrameView], block: GpuRows) -> _Rows:
+        """Per stacked GPU row: under a thermal condition, by its flags or hotter than its peers."""
+        temp = block.column("gpu_temp_celsius")
+        util = block.column("gpu_utilization_percent")
+        n = len(block.values)
+        # an unreported utilisation does not excuse a throttle
+        loaded = np.ones(n, bool) if util is None else ~(util < self.load_percent)
+        flags = self._flags(block, n) & loaded
+        hot = np.zeros(n, bool)
+        peer = np.full(n, math.nan)
+        if temp is not None:
+            usable = loaded & np.isfinite(temp)
+            count = np.add.reduceat(usable, block.starts, dtype=np.intp)
+            top = np.maximum.reduceat(np.where(usable, temp, -math.inf), block.starts)
+            bottom = np.minimum.reduceat(np.where(usable, temp, math.inf), block.starts)
+            # a frame whose loaded GPUs are few or all within peer_delta has none hotter than its peers
+            spread = (count > self.min_peers) & (top - bottom >= self.peer_delta)
+            for m in np.flatnonzero(spread).tolist():
+                a, b = int(block.starts[m]), int(block.ends[m])
+                self._hot(frames[block.members[m]], temp[a:b], usable[a:b], hot[a:b], peer[a:b])
+        cond = flags | hot
+        return _Rows(cond, flags, temp, peer, np.logical_or.reduceat(cond, block.starts).tolist())
 
     @staticmethod
-    def _flags(v: FrameView) -> BoolArray:
-        out = np.zeros(len(v.gpu_keys), bool)
+    def _flags(block: GpuRows, n: int) -> BoolArray:
+        out = np.zeros(n, bool)
         for metric in _FLAGS:
-            column = v.gpu_column(metric)
+            column = block.column(metric)
             if column is not None:
                 out |= column > 0.5
-        reasons = v.gpu_column("gpu_clock_event_reasons")
+        reasons = block.column("gpu_clock_event_reasons")
         if reasons is not None:
             known = np.isfinite(reasons)
             bits = np.where(known, reasons, 0.0).astype(np.int64)
             out |= known & ((bits & THERMAL_REASONS) != 0)
         return out
 
-    def _hot(self, v: FrameView, temp: FloatArray | None, loaded: BoolArray) -> tuple[BoolArray, FloatArray]:
-        """GPUs at least ``peer_delta`` above the median of their peers (same node and job, loaded)."""
-        n = len(v.gpu_keys)
-        hot = np.zeros(n, bool)
-        peer = np.full(n, math.nan)
-        if temp is None:
-            return hot, peer
-        usable = loaded & np.isfinite(temp)
-        candidates = temp[usable]
-        if len(candidates) <= self.min_peers or candidates.max() - candidates.min() < self.peer_delta:
-            return hot, peer
+    def _hot(
+        self, v: FrameView, temp: FloatArray, usable: BoolArray, hot: BoolArray, peer: FloatArray
+    ) -> None:
+        """GPUs of one frame at least ``peer_delta`` above the median of their peers (same node
+        and job, loaded), written into ``hot`` and ``peer`` (the frame's rows)."""
         groups: dict[tuple[str, str], list[int]] = {}
         for i in np.flatnonzero(usable).tolist():
             job = v.gpu_jobs[i]
@@ -137,7 +177,6 @@ class ThermalThrottleDetector(Detector):
                 median = float(np.median(others))
                 peer[i] = median
                 hot[i] = temps[k] >= median + self.peer_delta
-        return hot, peer
 
     def evaluate(self, now: float) -> list[Finding]:
         out: list[Finding] = []

@@ -22,7 +22,7 @@ from typing import Any
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.baseline import IntervalEstimator
-from gpuscope.detect.frames import GpuKey, view
+from gpuscope.detect.frames import FrameView, GpuKey, view
 from gpuscope.detect.refusals import event_gpu, refuse
 from gpuscope.model import Event, Finding, Frame
 from gpuscope.rules import GPU_XID_APP as APP
@@ -161,6 +161,9 @@ class XidDetector(Detector):
                 xid.last_ts, xid.code, xid.message = event.ts, code, text
         if code is not None:
             xid.codes.add(code)
+
+    def reads(self, frame: FrameView) -> bool:
+        return bool(frame.nodes)
 
     def on_frame(self, frame: Frame) -> None:
         v = view(frame)

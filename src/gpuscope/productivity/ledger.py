@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.productivity.states import CAUSES, DEGRADED, STATES, WASTE_STATES, owner_of, state_of
@@ -33,6 +33,17 @@ class Slot:
     team: str
     service: str
     cause: str
+    #: the hash a frozen dataclass would compute on every use, computed once: a slot is looked up
+    #: in the minute buckets and the dirty set for every GPU of every frame
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self, "_hash", hash((self.node, self.gpu, self.job, self.team, self.service, self.cause))
+        )
+
+    def __hash__(self) -> int:
+        return self._hash
 
     def group(self, by: str) -> str:
         if by == "fleet":

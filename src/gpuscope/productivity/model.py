@@ -246,11 +246,18 @@ class ProductivityModel:
         is_throttled: list[bool] = throttled.tolist()
         clock_column = frame.column("gpu_sm_clock_mhz")
         clocks: list[float] | None = None if clock_column is None else clock_column.tolist()
+        holders = self.holders
+        # no allocation reported (agents without the kubelet collector): no GPU is held, no pod has a team
+        unheld = not holders.gpus and not holders.pod_team
+        node_seen = self.node_seen
+        last_node: str | None = None
         for i, labels in enumerate(frame.entities):
             node, gpu = labels.get("node"), labels.get("gpu")
             if node is None or gpu is None:
                 continue
-            self.node_seen[node] = max(self.node_seen.get(node, -math.inf), ts)
+            if node != last_node:  # a frame's rows are one node's, as a rule: once is enough
+                node_seen[node] = max(node_seen.get(node, -math.inf), ts)
+                last_node = node
             key = (node, gpu)
             view = self.gpus.get(key)
             if view is None:
@@ -262,8 +269,12 @@ class ProductivityModel:
                 view.interval = 0.8 * view.interval + 0.2 * min(ts - view.last_seen, 60.0)
                 view.last_seen = ts
             view.job = labels.get("job", "")
-            view.held = self.holders.held(node, gpu, ts)
-            view.team = labels.get("team") or self.holders.team(node, gpu, labels.get("pod", ""), ts)
+            if unheld:
+                view.held = False
+                view.team = labels.get("team") or ""
+            else:
+                view.held = holders.held(node, gpu, ts)
+                view.team = labels.get("team") or holders.team(node, gpu, labels.get("pod", ""), ts)
             view.throttled = is_throttled[i]
             busy = util[i]
             job = self.jobs.get(view.job) if view.job else None
