@@ -85,7 +85,7 @@ def row_groups(path: Path) -> list[tuple[int, int]]:
     return [(int(n), int(lo)) for n, lo in groups]
 
 
-def test_a_merge_joins_large_pieces_row_groups_without_decoding_them(tmp_path: Path) -> None:
+def test_a_merge_writes_each_large_piece_as_one_row_group(tmp_path: Path) -> None:
     path = tmp_path / "p.duckdb"
     n_gpus = JOIN_ROWS // PIECE + 1  # each piece holds just over JOIN_ROWS rows
     with DuckDBStore(str(path), seal_interval_s=PIECE, durable=False) as store:
@@ -93,7 +93,7 @@ def test_a_merge_joins_large_pieces_row_groups_without_decoding_them(tmp_path: P
             fill(store, minute, minute + 60, n_gpus=n_gpus)
             store.rollup(minute + 70)
         merged = next(c for c in store.chunks.all() if c.merged)
-        # one row group per piece, as each piece wrote it (a re-encoded hour would be 61,440-row groups)
+        # one row group per piece (each sealed in ranges of entities), not one of the whole hour
         assert row_groups(tmp_path / "p.duckdb.chunks" / merged.file) == [
             (n_gpus * PIECE, k * PIECE * 1000) for k in range(6)
         ]

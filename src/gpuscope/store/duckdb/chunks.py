@@ -44,14 +44,24 @@ PARQUET_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GRO
 #: pieces (2.0 M rows) lifted RSS by 169 MiB at 122,880 rows per group and 106 MiB at 61,440, and
 #: the file was 22.9 and 20.5 MiB (30,720: 93 MiB, but 33.5 MiB; bench/bench_seal_memory.py pieces).
 MERGE_OPTIONS = "FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP_SIZE 61440"
-#: A piece of this many rows or more keeps its row groups in the merged hour (joined undecoded);
-#: smaller pieces are written again together, one row group per run of this many rows. Realistic
-#: telemetry (bench/bench_storage.py, 64 GPUs) cost 0.705 bytes/sample in row groups of 57,600 or
-#: more rows, 0.735 at 19,200 and 0.796 at 3,840; see docs/scaling.md (d).
+#: The merge writes pieces again together in runs of at least this many rows (one row group per
+#: run, up to MERGE_OPTIONS' 61,440 rows): realistic telemetry (bench/bench_storage.py, 64 GPUs)
+#: cost 0.705 bytes/sample in row groups of 57,600 or more rows, 0.735 at 19,200 and 0.796 at
+#: 3,840; see docs/scaling.md (d). An hour merged before is kept as it is (joined undecoded).
 JOIN_ROWS = 30_720
-#: A seal sorts the hot rows a range of entities of about this many rows at a time (one minute of
-#: 64 nodes is ~34,000 rows: one sort); see docs/scaling.md (d).
-SEAL_SORT_ROWS = 61_440
+#: A seal sorts and writes the hot rows a range of entities of about this many rows at a time:
+#: DuckDB's Parquet writer holds a whole row group, and with the sort in front of it a seal's
+#: allocator peak grows with the rows it writes at once (bench/bench_upkeep_steps.py: a minute of 64
+#: nodes, ~35,000 rows of 53 columns, lifted jemalloc's allocated bytes by 24 MiB in one range,
+#: 12 MiB in ranges of 16,384 rows and 6.5 MiB in ranges of 8,192; docs/scaling.md (d)). The
+#: small row groups this leaves in a piece are written again into large ones when its hour is
+#: merged, once an hour instead of every minute.
+SEAL_SORT_ROWS = 8_192
+#: A seal of many rows (a large fleet, a hub back after downtime) takes larger ranges, so that it
+#: makes at most this many (each range scans the hot rows again) ...
+SEAL_MAX_RANGES = 64
+#: ... up to this many rows a range (the range of before: the memory of a sort of 61,440 rows).
+SEAL_MAX_SORT_ROWS = 61_440
 FILE_RE = re.compile(r"^(chunk|hour)-\d+-\d+-\d+\.parquet$")
 MERGED = "hour"  # the name of a file merged from an hour's pieces starts so; a piece's with "chunk"
 METRIC_RE = re.compile(r"^m(\d+)$")
@@ -122,16 +132,19 @@ def _join(sources: list[Path], target: Path) -> int:
         return parquet_concat.concat(sources, out)
 
 
-def _entity_ranges(con: duckdb.DuckDBPyConnection, cut: int) -> list[str]:
-    """SQL conditions that split the hot rows older than ``cut`` into consecutive ranges of
-    entities of about :data:`SEAL_SORT_ROWS` rows each (an entity's rows stay in one range)."""
+def _entity_ranges(con: duckdb.DuckDBPyConnection, cut: int, count: int) -> list[str]:
+    """SQL conditions that split the ``count`` hot rows older than ``cut`` into consecutive ranges
+    of entities of about :data:`SEAL_SORT_ROWS` rows each, larger where that would make more than
+    :data:`SEAL_MAX_RANGES` of them, up to :data:`SEAL_MAX_SORT_ROWS` (an entity's rows stay in one
+    range)."""
     counts = con.execute(
         "SELECT entity, count(*) FROM samples WHERE ts < ? GROUP BY entity ORDER BY entity", [cut]
     ).fetchall()
+    per_range = min(max(SEAL_SORT_ROWS, -(-count // SEAL_MAX_RANGES)), SEAL_MAX_SORT_ROWS)
     starts: list[str] = []
     held = 0
     for entity, n in counts:
-        if held >= SEAL_SORT_ROWS:
+        if held >= per_range:
             starts.append(_sql_str(str(entity)))
             held = 0
         held += int(n)
@@ -142,12 +155,12 @@ def _entity_ranges(con: duckdb.DuckDBPyConnection, cut: int) -> list[str]:
 
 
 def _runs(pieces: list[Chunk]) -> list[list[Chunk]]:
-    """``pieces`` in order, in runs: a piece of :data:`JOIN_ROWS` rows or more alone, smaller
-    neighbours together until they hold that many."""
+    """``pieces`` in order, in runs: an hour merged before alone (its row groups are large
+    already), the others together until they hold :data:`JOIN_ROWS` rows."""
     runs: list[list[Chunk]] = []
     run: list[Chunk] = []
     for piece in pieces:
-        if piece.rows >= JOIN_ROWS:
+        if piece.merged:
             if run:
                 runs.append(run)
                 run = []
@@ -304,7 +317,7 @@ class ChunkSet(_ReadsChunks):
         lo, count = int(row[0]), int(row[1])
         names = ", ".join([*BASE_COLUMNS, *(f"m{c}" for c in cols)])
         select = f"SELECT {names} FROM samples WHERE ts < {int(cut)}"
-        ranges = _entity_ranges(con, cut) if count > SEAL_SORT_ROWS else []
+        ranges = _entity_ranges(con, cut, count) if count > SEAL_SORT_ROWS else []
         if len(ranges) < 2:
             query = f"{select} ORDER BY entity, ts"
             path, chunk = self._write(
@@ -339,10 +352,11 @@ class ChunkSet(_ReadsChunks):
     def merge(self, con: duckdb.DuckDBPyConnection, pieces: list[Chunk]) -> Chunk:
         """Write ``pieces`` (in time order) as one chunk file, register it and unregister them, in
         the caller's open transaction. Each piece is ordered by entity already, so nothing is
-        sorted: a piece of at least :data:`JOIN_ROWS` rows keeps its row groups as they are (joined
-        undecoded, :mod:`parquet_concat`); smaller ones are first read and written again as one
-        row group per run of them (zstd needs rows to compress well), a run at a time. Pieces with
-        different columns (a metric appeared in the hour) are read and written again instead."""
+        sorted: the pieces are read and written again in runs of at least :data:`JOIN_ROWS` rows,
+        a run at a time, each into row groups of up to 61,440 rows (a seal writes small ones to
+        bound its memory, zstd needs rows to compress well), and the runs' files joined undecoded
+        (:mod:`parquet_concat`), as is an hour merged before (late rows). Pieces with different
+        columns (a metric appeared in the hour) are read and written again as one instead."""
         assert self.directory is not None and len(pieces) > 1
         pieces = sorted(pieces, key=lambda c: (c.lo, c.file))
         cols = frozenset().union(*(c.cols for c in pieces))
@@ -354,14 +368,14 @@ class ChunkSet(_ReadsChunks):
             runs: list[Path] = []
             try:
                 for run in _runs(pieces):
-                    if len(run) == 1:
+                    if run[0].merged:
                         parts.append(directory / run[0].file)
                         continue
                     with self._lock:
                         self._seq += 1
                         tmp = directory / f"chunk-{run[0].lo}-{run[-1].hi}-{self._seq}.parquet"
                     runs.append(tmp)
-                    _recode([directory / c.file for c in run], cols, tmp, PARQUET_OPTIONS)
+                    _recode([directory / c.file for c in run], cols, tmp)
                     parts.append(tmp)
                 path, chunk = self._write(con, MERGED, lo, hi, cols, lambda target: _join(parts, target))
             except parquet_concat.NotJoinable:
