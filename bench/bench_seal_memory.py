@@ -105,13 +105,13 @@ def upkeep(store: DuckDBStore, now: float) -> dict[str, float]:
     peak = Peak()
     before = procmem.rss_bytes()
     peak.start()
-    started = time.perf_counter()
+    started, cpu0 = time.perf_counter(), time.process_time()
     store.rollup(now)
     store.compact(now)
-    seconds = time.perf_counter() - started
+    seconds, cpu = time.perf_counter() - started, time.process_time() - cpu0
     top = peak.stop()
     after = procmem.rss_bytes()
-    return {"before": before / MIB, "peak": top / MIB, "after": after / MIB, "seconds": seconds}
+    return {"before": before / MIB, "peak": top / MIB, "after": after / MIB, "seconds": seconds, "cpu": cpu}
 
 
 def one_run(nodes: int, limit: str, interval: int) -> dict[str, float]:
@@ -156,6 +156,8 @@ def one_run(nodes: int, limit: str, interval: int) -> dict[str, float]:
         "piece_seconds": max(s["seconds"] for s in pieces),
         "last_lift_mib": last["peak"] - last["before"],
         "last_seconds": last["seconds"],
+        "piece_cpu_s": sum(s["cpu"] for s in pieces) / len(pieces),
+        "last_cpu_s": last["cpu"],
         "piece_left_mib": max(s["after"] - s["before"] for s in pieces),
         "last_left_mib": last["after"] - last["before"],
         "last_settled_mib": settled / MIB - last["before"],
@@ -196,6 +198,7 @@ def main() -> None:
                     f"{r['first_before_mib']:,.0f} .. {r['before_max_mib']:,.0f}",
                     f"{r['piece_lift_mib']:+,.0f} ({r['piece_seconds']:.1f} s)",
                     f"{r['last_lift_mib']:+,.0f} ({r['last_seconds']:.1f} s)",
+                    f"{r['piece_cpu_s']:.2f} / {r['last_cpu_s']:.2f}",
                     f"{r['piece_left_mib']:+,.0f}",
                     f"{r['last_left_mib']:+,.0f} / {r['last_settled_mib']:+,.0f}",
                     f"{r['hour_peak_mib']:,.0f}",
@@ -211,6 +214,7 @@ def main() -> None:
             "RSS before upkeeps MiB (anchor)",
             "largest piece seal lift MiB",
             "last upkeep lift (seal + merge) MiB",
+            "CPU-s: piece upkeep (mean) / last (seal + merge), all threads",
             "largest piece upkeep's RSS left MiB",
             f"last upkeep's RSS left, right after / {SETTLE_S:g} s later MiB",
             "hour's peak MiB",

@@ -13,7 +13,7 @@ import duckdb
 import pytest
 
 from gpuscope.model import Batch
-from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.store.duckdb import DuckDBStore, chunks
 from gpuscope.store.duckdb.chunks import JOIN_ROWS, SEAL_SORT_ROWS
 from gpuscope.store.settings import StorageConfigError, parse_storage
 from store.store_helpers import fill, frame, gpu
@@ -97,6 +97,26 @@ def test_a_merge_writes_each_large_piece_as_one_row_group(tmp_path: Path) -> Non
         assert row_groups(tmp_path / "p.duckdb.chunks" / merged.file) == [
             (n_gpus * PIECE, k * PIECE * 1000) for k in range(6)
         ]
+        assert merged.rows == n_gpus * HOUR
+        exact(store, 0, HOUR + 59)
+
+
+def test_a_piece_sealed_in_large_ranges_keeps_its_row_groups_in_the_merge(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a large fleet's piece: ranges of JOIN_ROWS rows or more compress well as they are, so the
+    # hour's merge joins them undecoded instead of spending CPU to write them again
+    monkeypatch.setattr(chunks, "SEAL_MAX_RANGES", 2)
+    path = tmp_path / "p.duckdb"
+    n_gpus = 2 * JOIN_ROWS // PIECE + 1  # a piece of just over two ranges of JOIN_ROWS
+    with DuckDBStore(str(path), seal_interval_s=PIECE, durable=False) as store:
+        for minute in range(0, HOUR + 120, 60):
+            fill(store, minute, minute + 60, n_gpus=n_gpus)
+            store.rollup(minute + 70)
+        merged = next(c for c in store.chunks.all() if c.merged)
+        groups = row_groups(tmp_path / "p.duckdb.chunks" / merged.file)
+        # each piece's two ranges of entities (52 and 51 GPUs' 600 rows), as the seal wrote them
+        assert [n for n, _ in groups] == [52 * PIECE, 51 * PIECE] * 6
         assert merged.rows == n_gpus * HOUR
         exact(store, 0, HOUR + 59)
 

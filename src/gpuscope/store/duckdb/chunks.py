@@ -58,8 +58,11 @@ JOIN_ROWS = 30_720
 #: merged, once an hour instead of every minute.
 SEAL_SORT_ROWS = 8_192
 #: A seal of many rows (a large fleet, a hub back after downtime) takes larger ranges, so that it
-#: makes at most this many (each range scans the hot rows again) ...
-SEAL_MAX_RANGES = 64
+#: makes at most this many: each range scans the hot rows again, and the hour's merge writes
+#: small ranges again (0.10 CPU-s more a minute's upkeep and 6.5 CPU-s more a merge at 64 nodes,
+#: bench/bench_seal_memory.py, docs/scaling.md (d)); at 1,024 nodes this keeps the ranges (9 of
+#: 61,440 rows) and the undecoded merge of before, where the hub has no CPU to spare ...
+SEAL_MAX_RANGES = 8
 #: ... up to this many rows a range (the range of before: the memory of a sort of 61,440 rows).
 SEAL_MAX_SORT_ROWS = 61_440
 FILE_RE = re.compile(r"^(chunk|hour)-\d+-\d+-\d+\.parquet$")
@@ -154,13 +157,19 @@ def _entity_ranges(con: duckdb.DuckDBPyConnection, cut: int, count: int) -> list
     return [f"entity < {starts[0]}", *middle, f"entity >= {starts[-1]}"]
 
 
+def _large(piece: Chunk) -> bool:
+    """Whether ``piece``'s row groups are large enough to keep in a merged hour (joined undecoded):
+    an hour merged before, or a piece sealed in ranges of at least :data:`JOIN_ROWS` rows."""
+    return piece.merged or piece.rows >= SEAL_MAX_RANGES * JOIN_ROWS
+
+
 def _runs(pieces: list[Chunk]) -> list[list[Chunk]]:
-    """``pieces`` in order, in runs: an hour merged before alone (its row groups are large
-    already), the others together until they hold :data:`JOIN_ROWS` rows."""
+    """``pieces`` in order, in runs: a large piece alone (:func:`_large`), the others together
+    until they hold :data:`JOIN_ROWS` rows."""
     runs: list[list[Chunk]] = []
     run: list[Chunk] = []
     for piece in pieces:
-        if piece.merged:
+        if _large(piece):
             if run:
                 runs.append(run)
                 run = []
@@ -355,7 +364,7 @@ class ChunkSet(_ReadsChunks):
         sorted: the pieces are read and written again in runs of at least :data:`JOIN_ROWS` rows,
         a run at a time, each into row groups of up to 61,440 rows (a seal writes small ones to
         bound its memory, zstd needs rows to compress well), and the runs' files joined undecoded
-        (:mod:`parquet_concat`), as is an hour merged before (late rows). Pieces with different
+        (:mod:`parquet_concat`), as is a large piece (:func:`_large`). Pieces with different
         columns (a metric appeared in the hour) are read and written again as one instead."""
         assert self.directory is not None and len(pieces) > 1
         pieces = sorted(pieces, key=lambda c: (c.lo, c.file))
@@ -368,7 +377,7 @@ class ChunkSet(_ReadsChunks):
             runs: list[Path] = []
             try:
                 for run in _runs(pieces):
-                    if run[0].merged:
+                    if _large(run[0]):
                         parts.append(directory / run[0].file)
                         continue
                     with self._lock:
