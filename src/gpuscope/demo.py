@@ -15,11 +15,13 @@ import contextlib
 import dataclasses
 import errno
 import shutil
+import signal
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import httpx
@@ -284,14 +286,17 @@ def run_demo(
         lineage.promote(promotions)
 
     try:
-        with LiveFrames(console=console, auto_refresh=False) if interactive else _NoLive() as live:
+        with (
+            LiveFrames(console=console, auto_refresh=False) if interactive else _NoLive() as live,
+            _ctrl_c_between_ticks() as stop,
+        ):
             for tick in sim.ticks():
                 if tick.t > end:
                     break
                 played = tick.t
                 delay = t0 + tick.t - time.time()
-                if delay > 0:
-                    time.sleep(delay)
+                if (delay > 0 and stop.wait(delay)) or stop.is_set():
+                    raise KeyboardInterrupt
                 for fault in tick.faults_started:
                     injected.append(f"{fault.kind}@{fault.at:.0f}s")
                     say(Text(f"injecting {fault.label()}", style="magenta"))
@@ -397,6 +402,29 @@ def sim_nvml_nodes(sim: Simulator, proc_root: Path) -> dict[str, SimNvmlNode]:
         name: SimNvmlNode(name, per, proc_root / name, uuids=world.fleet.uuids[k * per : (k + 1) * per])
         for k, name in enumerate(world.node_names)
     }
+
+
+@contextlib.contextmanager
+def _ctrl_c_between_ticks() -> Iterator[threading.Event]:
+    """Ctrl-C ends the demo between two ticks: the first SIGINT sets the event the tick loop
+    waits on, instead of raising inside an agent's send or an HTTP request, whose locks and
+    connections the shutdown then needs (a piped demo stopped so once hung there); a second
+    SIGINT raises at once. Off the main thread, where no handler can be set, SIGINT raises."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+
+    def on_sigint(signum: int, frame: FrameType | None) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        stop.set()
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 class LiveFrames(Live):
