@@ -21,7 +21,7 @@ import orjson
 import pytest
 from playwright.sync_api import Locator, Page
 
-from dashboard.conftest import Served, serve_replay
+from dashboard.conftest import Served, open_page, serve_replay
 from gpuscope.cli import main
 from gpuscope.model import Alert
 
@@ -43,13 +43,6 @@ def served() -> Iterator[Served]:
 @pytest.fixture(scope="module")
 def faulty() -> Iterator[Served]:
     yield from serve_replay(FAULTY)
-
-
-def open_page(page: Page, served: Served, fragment: str) -> None:
-    page.goto("about:blank")  # a whole load: a hash-only navigation would find the last page ready
-    page.goto(f"{served.url}/ui/?refresh=60{fragment}")
-    page.wait_for_selector('body[data-ready="1"]', timeout=20_000)
-    assert not page.is_visible("#banner"), page.inner_text("#banner")
 
 
 def gpu_placement(served: Served) -> Alert:
