@@ -257,3 +257,37 @@ def test_past_the_window_only_what_names_the_slow_gpu_of_that_job_joins_its_plac
     ranks.resolved_at = 1000.0  # the job ended; the GPU's placement of a new job there is new
     tracker.add(p3("al-2", "slow_placement", {"job": "llm", "node": "node-1", "gpu": "1"}, 4000.0))
     assert [i.members for i in tracker.incidents()] == [["al-1"], ["al-2"]]
+
+
+def test_through_the_engine_a_slow_gpu_50_minutes_after_its_ranks_placement_is_its_root() -> None:
+    """As a hub files them: the ranks' placement names the GPU its slow rank runs on (its links, so
+    not every GPU of the job), and the GPU's own alert comes when its pace is learned."""
+    engine = AlertEngine(places=lambda entity: [{"node": "node-1", "gpu": str(g)} for g in range(4)])
+    ranks = Finding(
+        "slow_placement",
+        {"job": "llm"},
+        "ranks 5 slower",
+        affected_gpus=8,
+        at_risk=0.13,
+        details={"slow_ranks": [5], "links": [{"node": "node-1", "gpu": "1"}]},
+    )
+    elsewhere = Finding("gpu_xid_fatal", {"node": "node-0", "gpu": "3"}, "XID 79")
+    broken = Finding(
+        "gpu_underperforming",
+        {"node": "node-1", "gpu": "1"},
+        "faulty from its start",
+        affected_gpus=8,
+        at_risk=0.129,
+        details={"job": "llm", "since_start": True},
+    )
+    engine.update(40.0, [ranks])
+    engine.update(3000.0, [ranks, elsewhere])
+    engine.update(3040.0, [ranks, broken])
+    alerts = {a.rule: a for a in engine.all()}
+    by_root = {i.root: i for i in engine.incidents()}
+    (mine,) = [i for i in by_root.values() if alerts["slow_placement"].id in i.members]
+    assert mine.root == alerts["gpu_underperforming"].id and len(mine.members) == 2
+    summary = incident_summary(mine, {a.id: a for a in engine.all()})
+    assert summary["tier"] == "P2" and summary["cost_per_hour"] == alerts["slow_placement"].cost_per_hour
+    # an XID on another node, 50 minutes after the placement and beside the slow GPU: its own incident
+    assert alerts["gpu_xid_fatal"].id in by_root
