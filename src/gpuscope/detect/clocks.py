@@ -149,7 +149,10 @@ class ClockDetector(GpuTableDetector):
         placed = self._placement.update(self._pace, newly, t.job[:n], groups)
         broken = self._placement.broken(self._pace, n)
         placed &= ~broken
-        slow = clean & (ratio < self.lag_ratio * own)
+        # not before the GPU's first readings give its pace: against the peers alone a part slower
+        # from its start looks like a live fault, and where evaluations come 10 s apart those
+        # readings take 300 s, past the minute the fast path needs (a slower bin paged for minutes)
+        slow = clean & (ratio < self.lag_ratio * own) & self._pace.known(n)
         lagging = self._slow.update(now, slow)
         self._held = lagging | evident | broken
         out: list[Finding] = []
