@@ -291,3 +291,27 @@ def test_through_the_engine_a_slow_gpu_50_minutes_after_its_ranks_placement_is_i
     assert summary["tier"] == "P2" and summary["cost_per_hour"] == alerts["slow_placement"].cost_per_hour
     # an XID on another node, 50 minutes after the placement and beside the slow GPU: its own incident
     assert alerts["gpu_xid_fatal"].id in by_root
+
+
+def test_a_placement_whose_links_grew_after_it_fired_still_merges_joins_and_is_forgotten() -> None:
+    """A firing alert's details are refreshed at every evaluation, so the GPUs the ranks' placement
+    names can grow after it was filed; the join by name must follow its incident through a merge."""
+    tracker = IncidentTracker(window=600.0)
+    xid = alert("al-1", "gpu_xid_fatal", {"node": "node-2", "gpu": "0"}, 30.0)
+    tracker.add(xid)
+    ranks = ranks_placement("al-2", 40.0, ("node-1", "1"))
+    tracker.add(ranks)
+    ranks.details["links"].append({"node": "node-1", "gpu": "2"})  # a second slow rank, grouped later
+    straggler = alert(
+        "al-3", "training_straggler", {"job": "llm", "rank": "9", "node": "node-2", "gpu": "0"}, 60.0
+    )
+    tracker.add(straggler)  # touches both: the placement's incident merges into the XID's
+    assert [i.members for i in tracker.incidents()] == [["al-1", "al-2", "al-3"]]
+    gpu = p3("al-4", "slow_placement", {"job": "llm", "node": "node-1", "gpu": "1"}, 4000.0)
+    tracker.add(gpu)
+    assert [i.members for i in tracker.incidents()] == [["al-1", "al-2", "al-3", "al-4"]]
+    for one in (xid, ranks, straggler, gpu):
+        one.resolved_at = 4100.0
+    assert len(tracker.forget(5000.0, alerts=10)) == 4 and tracker.incidents() == []
+    tracker.add(p3("al-5", "slow_placement", {"job": "llm", "node": "node-1", "gpu": "2"}, 6000.0))
+    assert [i.members for i in tracker.incidents()] == [["al-5"]]

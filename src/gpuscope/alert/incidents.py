@@ -19,9 +19,9 @@ its slow GPU has the stall, not the placement, as the thing to act on.
 Two alerts of a condition that has held since the job started (a placement, or a GPU that has been
 a faulty part from its start: ``details["since_start"]``) join by what they name, however far apart
 they fire: the same job and a GPU both name (the ranks' placement lists the GPUs its slow ranks run
-on as its links). A slow GPU's pace is learned from its first 300 clean readings, which an agent
-reporting every 10 s takes 50 minutes over, and ranks that join late or lag little are grouped
-late, so the time window alone made one slow part two incidents. Only such alerts join this way: a
+on as its links). A slow GPU's pace is learned from its first 300 clean readings, 50 minutes where
+the hub evaluates every 10 s, and ranks that join late or lag little are grouped late, so the time
+window alone made one slow part two incidents. Only such alerts join this way: a
 live fault elsewhere, or later on that GPU, still starts (and roots) its own incident.
 """
 
@@ -134,6 +134,8 @@ class _Group:
     seq: int
     members: list[Alert] = field(default_factory=list)
     keys: set[str] = field(default_factory=set)
+    #: the GPU vertices its members named when they joined (its entries in ``_by_gpu``)
+    gpus: set[str] = field(default_factory=set)
 
     @property
     def started_at(self) -> float:
@@ -216,8 +218,7 @@ class IncidentTracker:
             group = self._groups[f"inc-{self._seq}"] = _Group(f"inc-{self._seq}", self._seq)
         group.members.append(alert)
         self._index(group, keys)
-        for key in named_gpus(alert):
-            self._by_gpu.setdefault(key, set()).add(group.id)
+        self._index_gpus(group, named_gpus(alert))
         alert.incident = group.id
         return group.id
 
@@ -247,10 +248,14 @@ class IncidentTracker:
         for key in other.keys:
             self._by_key[key].discard(other.id)
         self._index(into, other.keys)
-        for key in {k for a in other.members for k in named_gpus(a)}:
-            ids = self._by_gpu[key]
-            ids.discard(other.id)
-            ids.add(into.id)
+        for key in other.gpus:
+            self._by_gpu[key].discard(other.id)
+        self._index_gpus(into, other.gpus)
+
+    def _index_gpus(self, group: _Group, gpus: set[str]) -> None:
+        group.gpus |= gpus
+        for key in gpus:
+            self._by_gpu.setdefault(key, set()).add(group.id)
 
     def _index(self, group: _Group, keys: set[str]) -> None:
         group.keys |= keys
@@ -274,7 +279,7 @@ class IncidentTracker:
                     ids.discard(group.id)
                     if not ids:
                         del self._by_key[key]
-            for key in {k for a in group.members for k in named_gpus(a)}:
+            for key in group.gpus:
                 ids = self._by_gpu.get(key)
                 if ids is not None:
                     ids.discard(group.id)
