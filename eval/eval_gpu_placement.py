@@ -7,10 +7,12 @@ is taken once, then), and counts the ``slow_placement`` alerts of ``ClockDetecto
 * ``healthy``, ``two-speed-3``, ``two-speed-6``: no GPU is a planted slow part, so every
   placement names a part at the tail of the drawn spread (clipped at 2.5 sigma);
 * ``plant-1.05`` / ``plant-1.03``: GPU 3 (node-0 GPU 3) runs 1.05x / 1.03x slower than its drawn
-  part for the whole run: found when a placement names it (``--shapes`` takes any ``plant-F``:
-  ``plant-1.12`` is a part past the own pace's 10 % bound).
+  part for the whole run: found when an alert names it (``--shapes`` takes any ``plant-F``:
+  ``plant-1.12`` is a part past the own pace's 10 % bound, a faulty part: a P2
+  ``gpu_underperforming`` and no placement).
 
-It also counts P1/P2 alerts (there should be none: a slow part from the start is no live fault).
+Per planted GPU it says how it was raised: as a P3 placement, as a P2 ``gpu_underperforming``, or
+both (one cause, two alerts); and it counts P1/P2 alerts of the other GPUs (there should be none).
 
 usage: python eval/eval_gpu_placement.py [--seeds 1,2,3,4,5] [--noise mid,high] [--shapes healthy,plant-1.12]
 """
@@ -18,42 +20,35 @@ usage: python eval/eval_gpu_placement.py [--seeds 1,2,3,4,5] [--noise mid,high] 
 from __future__ import annotations
 
 import argparse
-import importlib.util
-import sys
-from pathlib import Path
 
+import eval_gpu_slow as slow
 import numpy as np
 
-from gpuscope.alert.engine import AlertEngine
-from gpuscope.detect.clocks import ClockDetector
-from gpuscope.detect.engine import DetectionEngine
-
-_SPEC = importlib.util.spec_from_file_location("eval_gpu_slow", Path(__file__).with_name("eval_gpu_slow.py"))
-assert _SPEC is not None and _SPEC.loader is not None
-slow = importlib.util.module_from_spec(_SPEC)
-sys.modules["eval_gpu_slow"] = slow
-_SPEC.loader.exec_module(slow)
 slow.DURATION = 1200
-PLANTED = 3
+PLANTED = ("node-0", "3")
+SERIOUS = ("P1", "P2")
 
 
-def run(shape: str, noise: str, seed: int) -> tuple[list[tuple[str, str, float]], int]:
+def run(shape: str, noise: str, seed: int) -> tuple[list[tuple[str, str, float]], set[str], int]:
+    """The placements (node, GPU, lag), the tiers the planted GPU was raised at, and the P1/P2
+    alerts of the other GPUs (of every GPU where none is planted)."""
     name, _, factor = shape.partition("plant-")
     shapes = {s.name: s for s in slow.shapes()}
     c = slow.clocks(shapes[name or "healthy"], noise, seed)
     if factor:
-        c.mhz[:, PLANTED] = np.round(c.mhz[:, PLANTED] / float(factor) / slow.BIN) * slow.BIN
-    detection = DetectionEngine([ClockDetector()])
-    alerting = AlertEngine(resolve_after=5.0)
-    for t in range(slow.DURATION):
-        detection.observe_many(slow._batches(t, c))
-        alerting.update(float(t), detection.evaluate(float(t)))
+        planted = int(PLANTED[1])
+        c.mhz[:, planted] = np.round(c.mhz[:, planted] / float(factor) / slow.BIN) * slow.BIN
+    alerts = slow.play(c, slow.DURATION).all()
     placed = [
         (a.entity["node"], a.entity["gpu"], float(a.value or 0.0))
-        for a in alerting.all()
+        for a in alerts
         if a.rule == "slow_placement"
     ]
-    return placed, sum(1 for a in alerting.all() if a.severity in ("P1", "P2"))
+    mine = [a for a in alerts if (a.entity.get("node"), a.entity.get("gpu")) == PLANTED]
+    tiers = {a.severity for a in mine if a.rule in ("slow_placement", slow.RULE)}
+    ours = {a.id for a in mine} if factor else set()
+    others = sum(1 for a in alerts if a.severity in SERIOUS and a.id not in ours)
+    return placed, tiers, others
 
 
 def main() -> None:
@@ -65,16 +60,22 @@ def main() -> None:
     seeds = [int(s) for s in args.seeds.split(",")]
     for noise in args.noise.split(","):
         for shape in args.shapes.split(","):
-            found = placements = serious = 0
+            placements = serious = 0
+            raised: dict[str, int] = {"P3": 0, "P2": 0, "both": 0}
             for seed in seeds:
-                placed, p12 = run(shape, noise, seed)
+                placed, tiers, others = run(shape, noise, seed)
                 placements += len(placed)
-                serious += p12
-                found += any((node, gpu) == ("node-0", str(PLANTED)) for node, gpu, _ in placed)
+                serious += others
+                if tiers:
+                    raised["both" if len(tiers) > 1 else min(tiers)] += 1
                 for node, gpu, lag in placed:
                     print(f"  {noise} {shape} seed {seed}: {node} GPU {gpu} {lag:.1%}")
-            hit = f"found {found}/{len(seeds)}" if shape.startswith("plant") else ""
-            print(f"{noise:5} {shape:12} placements {placements:2} P1/P2 {serious} {hit}", flush=True)
+            found = sum(raised.values())
+            how = f"P3 placement {raised['P3']}, P2 {raised['P2']}, both {raised['both']}"
+            hit = f"found {found}/{len(seeds)} ({how})" if shape.startswith("plant") else ""
+            print(
+                f"{noise:5} {shape:12} placements {placements:2} P1/P2 elsewhere {serious} {hit}", flush=True
+            )
 
 
 if __name__ == "__main__":

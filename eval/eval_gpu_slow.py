@@ -20,9 +20,10 @@ Shapes per seed (one hour each; faults from 1200 s for 900 s):
   of the 6 %-slower group slows down F times;
 * ``many-F``: GPUs 0-5 slow down F times at once (F in 1.05, 1.08).
 
-Scoring: a fault is found when a ``gpu_underperforming`` alert of its GPU starts between its start
-and 60 s after its end (TTD from the start); any other alert is false (all are P2, so a false alert
-on a healthy shape is a P2 on a healthy hour); "most" is the most alerts one fault raised.
+Scoring (``eval/episodes.py``): a fault is found when a ``gpu_underperforming`` alert of its GPU
+starts between its start and 60 s after its end (TTD from the start); any other alert is false (all
+are P2, so a false alert on a healthy shape is a P2 on a healthy hour); "most" is the most alerts
+one fault raised.
 
 The **oracle** is a bound for any detector that judges a 5-minute window: it knows each GPU's part
 offset exactly and takes the median of the healthy peers' offset-free log clocks as reference; its
@@ -39,6 +40,7 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+from episodes import Tally, tally
 
 from gpuscope.alert.engine import AlertEngine
 from gpuscope.detect.clocks import METRICS, ClockDetector
@@ -146,43 +148,25 @@ def _batches(t: int, c: Clocks) -> list[Batch]:
     return out
 
 
-@dataclass(slots=True)
-class Result:
-    found: int = 0
-    faults: int = 0
-    alerts: int = 0
-    false: int = 0
-    most: int = 0
-    ttd: list[float] = field(default_factory=list)
-
-
-def run(shape: Shape, noise: str, seed: int) -> Result:
-    c = clocks(shape, noise, seed)
+def play(c: Clocks, duration: int) -> AlertEngine:
+    """The clocks' first ``duration`` seconds through ``ClockDetector`` and the alert engine."""
     detection = DetectionEngine([ClockDetector()])
     alerting = AlertEngine(resolve_after=5.0)
-    for t in range(DURATION):
+    for t in range(duration):
         detection.observe_many(_batches(t, c))
         alerting.update(float(t), detection.evaluate(float(t)))
-    res = Result()
-    starts: dict[int, list[float]] = {}
-    for a in alerting.all():
-        if a.rule != RULE:
-            continue
-        g = int(a.entity["node"].split("-")[1]) * PER_NODE + int(a.entity["gpu"])
-        starts.setdefault(g, []).append(a.started_at)
-        res.alerts += 1
-    faulty = {g for gpus, _ in shape.faults for g in gpus}
-    for g, times in starts.items():
-        inside = [s for s in times if g in faulty and FAULT_AT <= s <= FAULT_AT + FAULT_FOR + GRACE]
-        res.false += len(times) - len(inside)
-    for g in sorted(faulty):
-        res.faults += 1
-        inside = [s for s in starts.get(g, []) if FAULT_AT <= s <= FAULT_AT + FAULT_FOR + GRACE]
-        res.most = max(res.most, len(inside))
-        if inside:
-            res.found += 1
-            res.ttd.append(min(inside) - FAULT_AT)
-    return res
+    return alerting
+
+
+def run(shape: Shape, noise: str, seed: int) -> Tally:
+    alerting = play(clocks(shape, noise, seed), DURATION)
+    starts = [
+        (int(a.entity["node"].split("-")[1]) * PER_NODE + int(a.entity["gpu"]), a.started_at)
+        for a in alerting.all()
+        if a.rule == RULE
+    ]
+    faulty = sorted({g for gpus, _ in shape.faults for g in gpus})
+    return tally(starts, [(g, FAULT_AT, FAULT_AT + FAULT_FOR) for g in faulty], GRACE)
 
 
 def _window_means(x: np.ndarray) -> np.ndarray:
@@ -221,31 +205,23 @@ def main() -> None:
                 if s.healthy:
                     dev, _ = oracle_devs(clocks(s, noise, seed))
                     bar = max(bar, float(-dev.min()))
-        total = Result()
+        total = Tally()
         for shape in picked:
-            agg, hits = Result(), 0
+            agg, hits = Tally(), 0
             for seed in seeds:
-                r = run(shape, noise, seed)
-                agg.found += r.found
-                agg.faults += r.faults
-                agg.alerts += r.alerts
-                agg.false += r.false
-                agg.most = max(agg.most, r.most)
-                agg.ttd += r.ttd
+                agg.add(run(shape, noise, seed))
                 dev, inside = oracle_devs(clocks(shape, noise, seed))
                 hits += int(((-dev > bar) & inside).any(axis=0).sum())
             ttd = f"{np.median(agg.ttd):.0f}/{max(agg.ttd):.0f}" if agg.ttd else "-"
-            oracle = f"{hits}/{agg.faults}" if agg.faults else "-"
-            found = f"{agg.found}/{agg.faults}" if agg.faults else "-"
+            oracle = f"{hits}/{agg.episodes}" if agg.episodes else "-"
+            found = f"{agg.found}/{agg.episodes}" if agg.episodes else "-"
             print(_row(shape.name, found, agg.alerts, agg.false, agg.most, ttd, oracle))
-            for k in ("found", "faults", "alerts", "false"):
-                setattr(total, k, getattr(total, k) + getattr(agg, k))
-            total.ttd += agg.ttd
+            total.add(agg)
         true_alerts = total.alerts - total.false
-        recall = total.found / total.faults if total.faults else float("nan")
+        recall = total.found / total.episodes if total.episodes else float("nan")
         precision = true_alerts / total.alerts if total.alerts else float("nan")
         print(
-            f"all: recall {recall:.2f} ({total.found}/{total.faults}), precision {precision:.2f} "
+            f"all: recall {recall:.2f} ({total.found}/{total.episodes}), precision {precision:.2f} "
             f"({true_alerts}/{total.alerts}), oracle bar {bar:.2%} below the reference\n"
         )
 

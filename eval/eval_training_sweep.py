@@ -17,8 +17,9 @@ Two kinds of job, several seeds each:
   and the fast group; a job whose fast group is the minority (4 of 16) with a straggler in it; a
   10-s step; 4 and 64 ranks; checkpoints every minute.
 
-Per-worker scoring: an injected slowdown is detected when a ``training_straggler`` alert of its
-worker starts between its start and 60 s after its end; a straggler alert anywhere else is false;
+Per-worker scoring (``eval/episodes.py``): an injected slowdown is detected when a
+``training_straggler`` alert of its worker starts between its start and 60 s after its end; a
+straggler alert anywhere else is false;
 ``step_time_regression`` alerts count as false on the healthy shapes only (where ranks slow down the
 job's median moves with them, a knock-on); "alerts per slowdown" is the most alerts one slowdown
 raised (1 is one page); TTD is also given for the 1-s and the 10-s logs apart. Simulated jobs are
@@ -43,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from episodes import Tally, tally
 
 from gpuscope.detect.ranks import RankDetector
 from gpuscope.sim.scenario import load_scenario
@@ -151,43 +153,24 @@ def shapes() -> dict[str, Shape]:
 
 @dataclass(slots=True)
 class Score:
-    found: int = 0
-    slowdowns: int = 0
-    false: int = 0
-    alerts: int = 0
-    most: int = 0  # the most alerts one slowdown raised
+    stragglers: Tally = field(default_factory=Tally)  # the injected slowdowns, by training_straggler
     step_false: int = 0
     step_found: int = 0  # job-wide regressions found by step_time_regression
     step_slowdowns: int = 0
-    ttd: list[float] = field(default_factory=list)
 
     def add(self, other: Score) -> None:
-        self.found += other.found
-        self.slowdowns += other.slowdowns
-        self.false += other.false
-        self.alerts += other.alerts
-        self.most = max(self.most, other.most)
+        self.stragglers.add(other.stragglers)
         self.step_false += other.step_false
         self.step_found += other.step_found
         self.step_slowdowns += other.step_slowdowns
-        self.ttd += other.ttd
 
 
 def score(shape: Shape, alerts: list[dict[str, Any]]) -> Score:
-    out = Score()
-    stragglers = [a for a in alerts if a["rule"] == "training_straggler"]
-    out.alerts = len(stragglers)
+    stragglers = [
+        (int(a["entity"]["rank"]), a["started_at"]) for a in alerts if a["rule"] == "training_straggler"
+    ]
     episodes = [(r, a, b) for ranks, a, b, _ in shape.slow for r in ranks]
-    explained: set[int] = set()
-    for r, a, b in episodes:
-        mine = [x for x in stragglers if int(x["entity"]["rank"]) == r and a <= x["started_at"] <= b + GRACE]
-        out.slowdowns += 1
-        out.most = max(out.most, len(mine))
-        explained |= {id(x) for x in mine}
-        if mine:
-            out.found += 1
-            out.ttd.append(min(x["started_at"] for x in mine) - a)
-    out.false = sum(id(x) not in explained for x in stragglers)
+    out = Score(tally(stragglers, episodes, GRACE))
     if shape.healthy():
         out.step_false = sum(a["rule"] == "step_time_regression" for a in alerts)
     regressions = [x for x in alerts if x["rule"] == "step_time_regression"]
@@ -259,11 +242,12 @@ def replay_sweep(seeds: list[int], only: list[str]) -> None:
                     out.writerows(rows(name, seed, shape))
                 s = score(shape, replay_document(path)["alerts"])
                 total.add(s)
-                by_every.setdefault(shape.every, []).extend(s.ttd)
-                ttd = f"{np.median(s.ttd):.0f} s" if s.ttd else "-"
+                t = s.stragglers
+                by_every.setdefault(shape.every, []).extend(t.ttd)
+                ttd = f"{np.median(t.ttd):.0f} s" if t.ttd else "-"
                 print(
-                    f"{name} seed {seed}: found {s.found}/{s.slowdowns}, straggler alerts {s.alerts}, "
-                    f"false {s.false}, most alerts for one slowdown {s.most}, TTD p50 {ttd}, "
+                    f"{name} seed {seed}: found {t.found}/{t.episodes}, straggler alerts {t.alerts}, "
+                    f"false {t.false}, most alerts for one slowdown {t.most}, TTD p50 {ttd}, "
                     f"false step-time alerts {s.step_false}"
                     + (
                         f", job regressions found {s.step_found}/{s.step_slowdowns}"
@@ -273,10 +257,11 @@ def replay_sweep(seeds: list[int], only: list[str]) -> None:
                     flush=True,
                 )
     each = ", ".join(f"{_ttd(v)} on {every:g}-s logs" for every, v in sorted(by_every.items()))
+    t = total.stragglers
     print(
-        f"per-worker logs: found {total.found}/{total.slowdowns}, straggler alerts {total.alerts}, "
-        f"false {total.false}, most alerts for one slowdown {total.most}, "
-        f"TTD p50 / max {_ttd(total.ttd)} ({each}), "
+        f"per-worker logs: found {t.found}/{t.episodes}, straggler alerts {t.alerts}, "
+        f"false {t.false}, most alerts for one slowdown {t.most}, "
+        f"TTD p50 / max {_ttd(t.ttd)} ({each}), "
         f"false step-time alerts on healthy shapes {total.step_false}, "
         f"job regressions found {total.step_found}/{total.step_slowdowns}"
     )

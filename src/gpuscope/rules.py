@@ -164,7 +164,8 @@ RULES: dict[str, RuleSpec] = _table(
         0.3,
         "hardware",
         False,
-        "The GPU is slower than its peers doing the same work.",
+        "The GPU is slower than its peers doing the same work: it slowed down, or it has run 10 % or more "
+        "slower than its speed group since it started (a faulty part, not a slower bin).",
     ),
     RuleSpec(
         GPU_FAILURE_RISK,
@@ -253,9 +254,10 @@ RULES: dict[str, RuleSpec] = _table(
         0.2,
         "training",
         False,
-        "A group of ranks, or one GPU against the others of its speed group, has been slower than the "
-        "rest of the job since it started (mixed hardware, a slow part or placement); the job runs at "
-        "their pace. Reported once, not a live fault; its cost is the share of the job's GPU time lost.",
+        "A group of ranks, or one GPU against the others of its speed group (by less than 10 %: past "
+        "that it is a faulty part, gpu_underperforming), has been slower than the rest of the job since "
+        "it started (mixed hardware, a slower bin or placement); the job runs at their pace. Reported "
+        "once, not a live fault; its cost is the share of the job's GPU time lost.",
         standing=True,
     ),
     RuleSpec(

@@ -194,3 +194,124 @@ def test_a_slow_gpu_and_its_ranks_placement_through_the_engine_are_one_incident_
     assert summary["tier"] == "P3" and summary["root_rule"] == "slow_placement"
     # one pace of one job: its larger cost, not the sum of two measurements of it
     assert summary["cost_per_hour"] == max(a.cost_per_hour for a in alerts.values()) > 0
+
+
+def ranks_placement(alert_id: str, started_at: float, *gpus: tuple[str, str]) -> Alert:
+    """The ranks' slow_placement as the rank detector files it: the GPUs its slow ranks run on."""
+    placed = p3(alert_id, "slow_placement", {"job": "llm"}, started_at)
+    placed.details = {"slow_ranks": [5], "links": [{"node": n, "gpu": g} for n, g in gpus]}
+    return placed
+
+
+def test_a_slow_gpu_and_its_ranks_placement_are_one_incident_however_far_apart_they_fire() -> None:
+    """Seen: past the 600-s window the GPU's placement (its pace is learned from 300 readings, 50
+    minutes of a 10-s agent) and the ranks' one were two incidents for one slow part."""
+    job = [{"node": "node-1", "gpu": str(g)} for g in range(4)]
+    tracker = IncidentTracker(window=600.0)
+    tracker.add(ranks_placement("al-1", 40.0, ("node-1", "1")), job)
+    tracker.add(p3("al-2", "slow_placement", {"job": "llm", "node": "node-1", "gpu": "1"}, 3040.0))
+    (incident,) = tracker.incidents()
+    assert incident.root == "al-2" and incident.title == "slow_placement on node-1 GPU 1 (+1 related)"
+
+    # the other way round: the GPU first, the ranks grouped 30 minutes later (they joined late)
+    tracker = IncidentTracker(window=600.0)
+    tracker.add(p3("al-1", "slow_placement", {"job": "llm", "node": "node-1", "gpu": "1"}, 330.0))
+    tracker.add(ranks_placement("al-2", 2130.0, ("node-1", "1")), job)
+    (incident,) = tracker.incidents()
+    assert incident.root == "al-1" and incident.members == ["al-1", "al-2"]
+
+    # a GPU faulty from its start is a P2 live fault: it roots the incident and sets its tier
+    tracker = IncidentTracker(window=600.0)
+    ranks = ranks_placement("al-1", 34.0, ("node-1", "1"))
+    tracker.add(ranks, job)
+    broken = alert("al-2", "gpu_underperforming", {"node": "node-1", "gpu": "1"}, 3034.0)
+    broken.severity, broken.details = "P2", {"job": "llm", "since_start": True}
+    ranks.cost_per_hour, broken.cost_per_hour = 2.6, 2.9  # two measurements of the job's one pace
+    tracker.add(broken)
+    (incident,) = tracker.incidents()
+    summary = incident_summary(incident, {"al-1": ranks, "al-2": broken})
+    assert incident.root == "al-2" and summary["tier"] == "P2" and incident.members == ["al-1", "al-2"]
+    assert summary["cost_per_hour"] == 2.9  # the job's pace lost once, not 5.5
+
+
+def test_past_the_window_only_what_names_the_slow_gpu_of_that_job_joins_its_placement() -> None:
+    """A live fault elsewhere, a new fault on that GPU, another GPU's or another job's placement, or
+    a placement after the first one ended: each roots its own incident, as before."""
+    tracker = IncidentTracker(window=600.0)
+    tracker.add(ranks_placement("al-1", 40.0, ("node-1", "1")), [{"node": "node-1", "gpu": "1"}])
+    later = [
+        alert("al-2", "gpu_xid_fatal", {"node": "node-0", "gpu": "0"}, 3000.0),  # elsewhere in the job
+        alert("al-3", "gpu_underperforming", {"node": "node-1", "gpu": "1"}, 4000.0),  # slowed down now
+        p3("al-4", "slow_placement", {"job": "llm", "node": "node-1", "gpu": "3"}, 5000.0),
+        p3("al-5", "slow_placement", {"job": "other", "node": "node-1", "gpu": "1"}, 6000.0),
+    ]  # each past the window of the others
+    later[1].details = {"job": "llm"}
+    for one in later:
+        tracker.add(one)
+    roots = {i.root: i.members for i in tracker.incidents()}
+    assert roots == {"al-1": ["al-1"], "al-2": ["al-2"], "al-3": ["al-3"], "al-4": ["al-4"], "al-5": ["al-5"]}
+
+    tracker = IncidentTracker(window=600.0)
+    ranks = ranks_placement("al-1", 40.0, ("node-1", "1"))
+    tracker.add(ranks)
+    ranks.resolved_at = 1000.0  # the job ended; the GPU's placement of a new job there is new
+    tracker.add(p3("al-2", "slow_placement", {"job": "llm", "node": "node-1", "gpu": "1"}, 4000.0))
+    assert [i.members for i in tracker.incidents()] == [["al-1"], ["al-2"]]
+
+
+def test_through_the_engine_a_slow_gpu_50_minutes_after_its_ranks_placement_is_its_root() -> None:
+    """As a hub files them: the ranks' placement names the GPU its slow rank runs on (its links, so
+    not every GPU of the job), and the GPU's own alert comes when its pace is learned."""
+    engine = AlertEngine(places=lambda entity: [{"node": "node-1", "gpu": str(g)} for g in range(4)])
+    ranks = Finding(
+        "slow_placement",
+        {"job": "llm"},
+        "ranks 5 slower",
+        affected_gpus=8,
+        at_risk=0.13,
+        details={"slow_ranks": [5], "links": [{"node": "node-1", "gpu": "1"}]},
+    )
+    elsewhere = Finding("gpu_xid_fatal", {"node": "node-0", "gpu": "3"}, "XID 79")
+    broken = Finding(
+        "gpu_underperforming",
+        {"node": "node-1", "gpu": "1"},
+        "faulty from its start",
+        affected_gpus=8,
+        at_risk=0.129,
+        details={"job": "llm", "since_start": True},
+    )
+    engine.update(40.0, [ranks])
+    engine.update(3000.0, [ranks, elsewhere])
+    engine.update(3040.0, [ranks, broken])
+    alerts = {a.rule: a for a in engine.all()}
+    by_root = {i.root: i for i in engine.incidents()}
+    (mine,) = [i for i in by_root.values() if alerts["slow_placement"].id in i.members]
+    assert mine.root == alerts["gpu_underperforming"].id and len(mine.members) == 2
+    summary = incident_summary(mine, {a.id: a for a in engine.all()})
+    assert summary["tier"] == "P2" and summary["cost_per_hour"] == alerts["slow_placement"].cost_per_hour
+    # an XID on another node, 50 minutes after the placement and beside the slow GPU: its own incident
+    assert alerts["gpu_xid_fatal"].id in by_root
+
+
+def test_a_placement_whose_links_grew_after_it_fired_still_merges_joins_and_is_forgotten() -> None:
+    """A firing alert's details are refreshed at every evaluation, so the GPUs the ranks' placement
+    names can grow after it was filed; the join by name must follow its incident through a merge."""
+    tracker = IncidentTracker(window=600.0)
+    xid = alert("al-1", "gpu_xid_fatal", {"node": "node-2", "gpu": "0"}, 30.0)
+    tracker.add(xid)
+    ranks = ranks_placement("al-2", 40.0, ("node-1", "1"))
+    tracker.add(ranks)
+    ranks.details["links"].append({"node": "node-1", "gpu": "2"})  # a second slow rank, grouped later
+    straggler = alert(
+        "al-3", "training_straggler", {"job": "llm", "rank": "9", "node": "node-2", "gpu": "0"}, 60.0
+    )
+    tracker.add(straggler)  # touches both: the placement's incident merges into the XID's
+    assert [i.members for i in tracker.incidents()] == [["al-1", "al-2", "al-3"]]
+    gpu = p3("al-4", "slow_placement", {"job": "llm", "node": "node-1", "gpu": "1"}, 4000.0)
+    tracker.add(gpu)
+    assert [i.members for i in tracker.incidents()] == [["al-1", "al-2", "al-3", "al-4"]]
+    for one in (xid, ranks, straggler, gpu):
+        one.resolved_at = 4100.0
+    assert len(tracker.forget(5000.0, alerts=10)) == 4 and tracker.incidents() == []
+    tracker.add(p3("al-5", "slow_placement", {"job": "llm", "node": "node-1", "gpu": "2"}, 6000.0))
+    assert [i.members for i in tracker.incidents()] == [["al-5"]]

@@ -81,6 +81,15 @@ def serve_replay(path: Path = SCENARIO) -> Iterator[Served]:
         server.stop()
 
 
+def open_page(page: Page, served: Served, fragment: str) -> None:
+    """Load the dashboard at ``fragment`` afresh (no hash-only navigation, which would find the last
+    page ready) and wait until it is drawn, with no error banner."""
+    page.goto("about:blank")
+    page.goto(f"{served.url}/ui/?refresh=60{fragment}")
+    page.wait_for_selector('body[data-ready="1"]', timeout=20_000)
+    assert not page.is_visible("#banner"), page.inner_text("#banner")
+
+
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     """Headless Chromium for one test module (each module opens its own pages in it)."""

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from playwright.sync_api import Page
 
-from dashboard.conftest import Served, serve_replay
+from dashboard.conftest import Served, open_page, serve_replay
 from gpuscope.hub import Hub
 from gpuscope.model import Alert, Batch, Event, Finding, TrainingRecord
 from gpuscope.rules import spec
@@ -33,13 +33,6 @@ STALE = "rgb(58, 63, 71)"  # --stale: the badge of a resolved alert
 @pytest.fixture(scope="module")
 def served() -> Iterator[Served]:
     yield from serve_replay(SCENARIO)
-
-
-def open_page(page: Page, served: Served, fragment: str) -> None:
-    page.goto("about:blank")  # a whole load: a hash-only navigation would find the last page ready
-    page.goto(f"{served.url}/ui/?refresh=60{fragment}")
-    page.wait_for_selector('body[data-ready="1"]', timeout=20_000)
-    assert not page.is_visible("#banner"), page.inner_text("#banner")
 
 
 def alerts_of(served: Served, rule: str) -> list[Alert]:

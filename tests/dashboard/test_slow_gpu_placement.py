@@ -3,7 +3,10 @@ is a slower part from the first step, replayed through the real simulator, hub, 
 engine and alerting service (``fixtures/slow-gpu.yaml``). What a person concludes: one incident,
 rooted at that GPU, a P3 with its cost (the command line and the Alerts page say so); the job page
 names the GPU, the rank on it and what it costs the job, and calls it no live fault (no straggler,
-no slow GPU alert). Real headless Chromium, as the other dashboard tests.
+no slow GPU alert). A part 1.2x slower from its start (``fixtures/faulty-gpu.yaml``), past what
+parts of one model differ by, is a faulty part: one incident, a P2 rooted at that GPU with the
+ranks' placement as its knock-on, and no placement of the GPU. Real headless Chromium, as the
+other dashboard tests.
 """
 
 from __future__ import annotations
@@ -11,13 +14,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import orjson
 import pytest
-from playwright.sync_api import Page
+from playwright.sync_api import Locator, Page
 
-from dashboard.conftest import Served, serve_replay
+from dashboard.conftest import Served, open_page, serve_replay
 from gpuscope.cli import main
 from gpuscope.model import Alert
 
@@ -25,6 +29,7 @@ from gpuscope.model import Alert
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("browser")]
 
 SCENARIO = Path(__file__).parent / "fixtures" / "slow-gpu.yaml"
+FAULTY = Path(__file__).parent / "fixtures" / "faulty-gpu.yaml"  # the same GPU, 1.2x slower
 GPU = {"job": "pretrain", "node": "node-1", "gpu": "1"}  # rank 5, with 4 GPUs a node
 SLOWDOWN = 1.08  # the fixture's: its clock runs 1 / 1.08 of the others'
 LIVE_FAULTS = ("gpu_underperforming", "training_straggler", "step_time_regression")
@@ -35,16 +40,31 @@ def served() -> Iterator[Served]:
     yield from serve_replay(SCENARIO)
 
 
-def open_page(page: Page, served: Served, fragment: str) -> None:
-    page.goto("about:blank")  # a whole load: a hash-only navigation would find the last page ready
-    page.goto(f"{served.url}/ui/?refresh=60{fragment}")
-    page.wait_for_selector('body[data-ready="1"]', timeout=20_000)
-    assert not page.is_visible("#banner"), page.inner_text("#banner")
+@pytest.fixture(scope="module")
+def faulty() -> Iterator[Served]:
+    yield from serve_replay(FAULTY)
 
 
 def gpu_placement(served: Served) -> Alert:
     (placed,) = [a for a in served.hub.alerts.all() if a.rule == "slow_placement" and "gpu" in a.entity]
     return placed
+
+
+def the_incident(served: Served, capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    """The replay's one incident, as ``gpuscope incidents --json`` lists it: every alert of the job
+    is in it (one cause, one incident)."""
+    assert main(["incidents", "--hub", served.url, "--json", "--all"]) == 0
+    (incident,) = orjson.loads(capsys.readouterr().out)["incidents"]
+    return cast(dict[str, Any], incident)
+
+
+def incident_row(page: Page, served: Served, incident: dict[str, Any]) -> Locator:
+    """The Alerts page's row of ``incident``, checked open and alone, with its title."""
+    open_page(page, served, "#/alerts")
+    (row,) = page.locator("#a-inc tr[data-incident]").all()
+    assert row.get_attribute("data-incident") == incident["id"] and row.get_attribute("data-state") == "open"
+    assert f"{incident['id']} {incident['title']}" in row.locator("td:nth-child(1)").inner_text()
+    return row
 
 
 def test_one_slow_gpu_is_one_incident_rooted_at_that_gpu(
@@ -54,9 +74,7 @@ def test_one_slow_gpu_is_one_incident_rooted_at_that_gpu(
     assert placed.entity == GPU and placed.firing and placed.severity == "P3"
     assert not [a.rule for a in served.hub.alerts.all() if a.rule in LIVE_FAULTS]
 
-    assert main(["incidents", "--hub", served.url, "--json", "--all"]) == 0
-    incidents = orjson.loads(capsys.readouterr().out)["incidents"]
-    (incident,) = incidents  # every alert of the job is in it: one cause, one incident
+    incident = the_incident(served, capsys)
     assert incident["root"] == placed.id and incident["root_rule"] == "slow_placement"
     assert incident["root_entity"] == GPU and incident["tier"] == "P3"
     assert incident["title"].startswith("slow_placement on node-1 GPU 1")
@@ -68,13 +86,9 @@ def test_one_slow_gpu_is_one_incident_rooted_at_that_gpu(
     # a synchronous job loses the slow GPU's lag once, however many alerts measured it
     assert incident["cost_per_hour"] == pytest.approx(placed.cost_per_hour, rel=0.01)
 
-    open_page(page, served, "#/alerts")
-    (row,) = page.locator("#a-inc tr[data-incident]").all()
-    assert row.get_attribute("data-incident") == incident["id"] and row.get_attribute("data-state") == "open"
-    root = row.locator("td:nth-child(2)")
+    root = incident_row(page, served, incident).locator("td:nth-child(2)")
     assert root.inner_text().startswith("P3 slow_placement")
     assert root.locator('a[href="#/gpu/node-1/1"]').count() == 1  # the root cause is that GPU
-    assert f"{incident['id']} slow_placement on node-1 GPU 1" in row.locator("td:nth-child(1)").inner_text()
 
 
 def test_the_job_page_shows_the_slow_gpu_with_its_cost(served: Served, page: Page) -> None:
@@ -112,3 +126,42 @@ def test_the_job_page_shows_the_slow_gpu_with_its_cost(served: Served, page: Pag
     assert dollars and float(dollars.group(1)) == pytest.approx(placed.cost_per_hour, abs=0.01)
     row = page.locator(f'#jb-alerts tr[data-alert="{placed.id}"]')
     assert row.get_attribute("data-state") == "firing" and row.locator(".sev").inner_text() == "P3"
+
+
+def test_a_gpu_faulty_from_its_start_pages_once_at_p2_with_its_ranks_placement_as_knock_on(
+    faulty: Served, page: Page, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Seen before: a P3 placement of the GPU, a P3 of its ranks and a P2 gpu_underperforming, three
+    alerts of two tiers for one part, the job's one pace costed twice in the incident."""
+    alerts = faulty.hub.alerts.all()
+    (broken,) = [a for a in alerts if a.rule == "gpu_underperforming"]
+    assert broken.entity == {"node": "node-1", "gpu": "1"} and broken.severity == "P2" and broken.firing
+    assert broken.details["since_start"] is True and "since it started" in broken.summary
+    # the part's lag costs all 8 GPUs of the job, as a placement would (a 1.2x part: 14-17 %)
+    assert 0.13 <= broken.details["lag_share"] <= 0.17
+    assert broken.cost_per_hour == pytest.approx(broken.details["lag_share"] * 8 * 2.5, rel=0.01)
+    assert not [a for a in alerts if a.rule == "slow_placement" and "gpu" in a.entity]
+    (ranks,) = [a for a in alerts if a.rule == "slow_placement"]
+    assert ranks.severity == "P3" and ranks.details["slow_ranks"] == [5]
+    assert ranks.details["links"] == [{"node": "node-1", "gpu": "1"}]  # the GPU its slow rank runs on
+    assert {a.rule for a in alerts} == {"gpu_underperforming", "slow_placement"}  # no straggler
+
+    incident = the_incident(faulty, capsys)
+    assert incident["root"] == broken.id and incident["root_rule"] == "gpu_underperforming"
+    assert incident["root_entity"] == {"node": "node-1", "gpu": "1"} and incident["tier"] == "P2"
+    assert incident["title"] == "gpu_underperforming on node-1 GPU 1 (+1 related)"
+    assert sorted(incident["members"]) == sorted([broken.id, ranks.id])
+    # one pace of one job, measured twice: the larger, not the sum
+    assert incident["cost_per_hour"] == pytest.approx(max(broken.cost_per_hour, ranks.cost_per_hour))
+
+    row = incident_row(page, faulty, incident)
+    root = row.locator("td:nth-child(2)")
+    assert root.inner_text().startswith("P2 gpu_underperforming")
+    assert root.locator('a[href="#/gpu/node-1/1"]').count() == 1
+    members = [a.inner_text() for a in row.locator("td:nth-child(3) a").all()]
+    assert sorted(members) == sorted(incident["members"])  # the ranks' placement is in it, a member
+    shown = {
+        r.get_attribute("data-alert"): r.locator(".sev").inner_text()
+        for r in page.locator("tr[data-alert]").all()
+    }
+    assert shown == {broken.id: "P2", ranks.id: "P3"}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from pytest import approx
 
 from detect.rig import Driver
 from detect.test_detect_gpu_pace import KEYS, NoisyClocks
@@ -69,15 +70,39 @@ def test_a_gpu_that_slows_down_while_its_pace_is_learned_is_a_live_fault_not_a_p
         assert driver.alerts_of("slow_placement") == [], f"seed {seed}"
 
 
-def test_a_gpu_twelve_per_cent_slow_from_its_start_is_a_placement_too() -> None:
-    """Seen: past the own pace's 10 % bound a part was left to gpu_underperforming, which judges it
-    against that bound and fires only where the rest of the lag passes its drift; a part 1.11-1.12x
-    slower from its start raised nothing at all, and its job ran 10 % slow unsaid."""
+def test_a_gpu_twelve_or_fifteen_per_cent_slow_from_its_start_is_one_p2_and_no_placement() -> None:
+    """Past the own pace's 10 % bound a part slow from its start is a faulty part: one P2
+    gpu_underperforming by when its pace is learned, costed as the job's loss, and no P3 placement
+    beside it. Seen before: 1.12x was a P3 placement only; 1.15x a P3 placement and, after about
+    560 s, a P2 as well (one cause, two alerts of two tiers)."""
     for seed in (1, 2):
-        clocks = placed_at(seed, 6, 1.12)
+        for factor in (1.12, 1.15):
+            clocks = placed_at(seed, 6, factor)
+            driver = Driver([ClockDetector()])
+            driver.run(0, 1200, clocks.batches)
+            case = f"seed {seed}, {factor}x"
+            assert driver.alerts_of("slow_placement") == [], case
+            slow = driver.only("gpu_underperforming")  # one alert through the later evidence too
+            assert (slow.entity["node"], slow.entity["gpu"]) == KEYS[6] and slow.severity == "P2", case
+            assert slow.firing and slow.started_at <= 360, f"{case}: at {slow.started_at:.0f} s"
+            assert slow.details["since_start"] is True, case
+            lag = 1.0 - 1.0 / factor
+            assert abs(slow.details["lag_share"] - lag) < 0.02, f"{case}: {slow.details['lag_share']}"
+            # a synchronous job waits for it: the lag of each of its 16 GPUs, as for a placement
+            price = driver.alerts.price_per_gpu_hour
+            assert slow.cost_per_hour == approx(16 * price * slow.details["lag_share"]), case
+            assert "since it started" in slow.summary and "faulty part" in slow.summary, slow.summary
+            assert [a.rule for a in driver.serious()] == ["gpu_underperforming"], case
+
+
+def test_a_slower_bin_evaluated_every_ten_seconds_is_no_p2_while_its_pace_is_learned() -> None:
+    """Seen in the simulator at one evaluation every 10 s: a part 1.08x slower from its start was a
+    P2 gpu_underperforming for five minutes before its P3 placement. Its pace's first 30 readings
+    take 300 s at that cadence, and against the peers alone the fast path fired in about 110 s."""
+    for seed in (1, 2):
+        clocks = placed_at(seed, 6, 1.06)
         driver = Driver([ClockDetector()])
-        driver.run(0, 1200, clocks.batches)
+        driver.run(0, 3800, clocks.batches, step=10.0)
+        assert driver.serious() == [], f"seed {seed}: {[a.summary for a in driver.serious()]}"
         placed = driver.only("slow_placement")
         assert placed.entity == {"job": "llm", "node": KEYS[6][0], "gpu": KEYS[6][1]}, f"seed {seed}"
-        assert placed.value is not None and 0.09 < placed.value < 0.125, f"seed {seed}: {placed.value}"
-        assert driver.serious() == [], f"seed {seed}: {[a.summary for a in driver.serious()]}"

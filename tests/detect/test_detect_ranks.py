@@ -98,6 +98,8 @@ def test_a_job_at_two_speeds_is_one_slow_placement_and_no_straggler() -> None:
         assert {f.key for f in placed} == {("slow_placement", (("job", "j"),))}  # one alert
         last = placed[-1]
         assert last.details["slow_ranks"] == [4, 5, 6, 7] and last.details["slow_nodes"] == ["n1"]
+        # the GPUs they run on: a slow GPU's own alert there joins this one's incident, however late
+        assert last.details["links"] == [{"node": "n1", "gpu": str(g)} for g in range(4)]
         assert last.affected_gpus == WORLD and last.at_risk is not None
         assert 0.15 <= last.at_risk <= 0.3  # about 0.3 * 0.85 of a step lost per 1.1 s step
         assert "4-7" in last.summary and "n1" in last.summary

@@ -83,6 +83,16 @@ def cli(url: str, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, 
     return code, (json.loads(out) if code == 0 else out)
 
 
+#: the training run and checkpoint the CLI tests register versions of
+RUN = ("run", "ft-3", "--meta", "dataset=v9")
+CHECKPOINT = ("checkpoint", "ft-3", "500", HASH_A, "--path", "s3://b/500")
+
+
+def register(version: str, metric: str = "auc=0.91") -> tuple[str, ...]:
+    """``register ranker VERSION`` from ft-3's step-500 checkpoint, with ``--metric``."""
+    return ("register", "ranker", version, "--job", "ft-3", "--step", "500", "--metric", metric)
+
+
 def said(url: str, *argv: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
     """The command as a person runs it: its exit status and what it printed (stderr on failure)."""
     parser = argparse.ArgumentParser()
@@ -96,25 +106,10 @@ def test_the_cli_prints_lines_a_tree_and_a_table_for_people(
     hub_url: tuple[str, Hub], capsys: pytest.CaptureFixture[str]
 ) -> None:
     url, _ = hub_url
-    assert said(url, "run", "ft-3", "--meta", "dataset=v9", capsys=capsys) == (
-        0,
-        "registered training run ft-3 (dataset=v9)\n",
-    )
-    code, out = said(url, "checkpoint", "ft-3", "500", HASH_A, "--path", "s3://b/500", capsys=capsys)
+    assert said(url, *RUN, capsys=capsys) == (0, "registered training run ft-3 (dataset=v9)\n")
+    code, out = said(url, *CHECKPOINT, capsys=capsys)
     assert (code, out) == (0, "registered checkpoint ft-3 step 500 (manifest a1b2c3d4e5f6…, s3://b/500)\n")
-    code, out = said(
-        url,
-        "register",
-        "ranker",
-        "3",
-        "--job",
-        "ft-3",
-        "--step",
-        "500",
-        "--metric",
-        "auc=0.91",
-        capsys=capsys,
-    )
+    code, out = said(url, *register("3"), capsys=capsys)
     assert code == 0 and out.startswith("registered ranker 3\nranker 3\n")
     code, out = said(
         url, "promote", "search", "ranker", "3", "--alias", "champion", "--traffic", "0.25", capsys=capsys
@@ -144,21 +139,9 @@ def test_cli_round_trips_through_the_api(
     hub_url: tuple[str, Hub], capsys: pytest.CaptureFixture[str]
 ) -> None:
     url, hub = hub_url
-    assert cli(url, "run", "ft-3", "--meta", "dataset=v9", capsys=capsys)[0] == 0
-    assert cli(url, "checkpoint", "ft-3", "500", HASH_A, "--path", "s3://b/500", capsys=capsys)[0] == 0
-    code, out = cli(
-        url,
-        "register",
-        "ranker",
-        "3",
-        "--job",
-        "ft-3",
-        "--step",
-        "500",
-        "--metric",
-        "auc=0.91",
-        capsys=capsys,
-    )
+    assert cli(url, *RUN, capsys=capsys)[0] == 0
+    assert cli(url, *CHECKPOINT, capsys=capsys)[0] == 0
+    code, out = cli(url, *register("3"), capsys=capsys)
     assert code == 0 and out["checkpoint"]["manifest_hash"] == HASH_A  # type: ignore[index]
     code, out = cli(url, "promote", "search", "ranker", "3", "--alias", "champion", capsys=capsys)
     assert code == 0 and out["source"]["job"] == "ft-3"  # type: ignore[index]
@@ -169,9 +152,7 @@ def test_cli_round_trips_through_the_api(
     assert code == 0 and changes["changes"][0]["run"] == "ft-3"  # type: ignore[index]
     code, err = cli(url, "show", "ranker", "@canary", capsys=capsys)
     assert code == 1 and "no alias" in str(err)
-    code, err = cli(
-        url, "register", "ranker", "4", "--job", "ft-3", "--step", "500", "--metric", "auc", capsys=capsys
-    )
+    code, err = cli(url, *register("4", metric="auc"), capsys=capsys)
     assert code == 2 and "KEY=VALUE" in str(err)
     # promotions and registrations are events in the hub's store
     kinds = [e.kind for e in hub.store.events(0, 2e10)]

@@ -6,7 +6,9 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
+from gpuscope.loadgen.traffic import FleetShape, build_scenario
 from gpuscope.model import Batch, Frame, Labels
+from gpuscope.sim.cluster import Simulator
 from gpuscope.store.duckdb import DuckDBStore
 
 
@@ -15,6 +17,20 @@ def gpu(node: str, index: int, job: str | None = None) -> Labels:
     if job is not None:
         labels["job"] = job
     return labels
+
+
+def fleet_batches(count: int, nodes: int = 8) -> list[Batch]:
+    """The node and SDK batches of a simulated fleet's first ``count`` ticks (frames, events,
+    training records), each with a batch id of its own."""
+    scenario = build_scenario(FleetShape(nodes=nodes, job_nodes=4), count + 5)
+    out: list[Batch] = []
+    for k, tick in enumerate(Simulator(scenario, t0=1.7e9).ticks()):
+        for batch in [*tick.node_batches.values(), *tick.sdk_batches]:
+            batch.batch_id = f"{batch.source}-{k}"
+            out.append(batch)
+        if k + 1 == count:
+            return out
+    raise AssertionError("the scenario ended early")
 
 
 def frame(ts: float, metrics: list[str], entities: list[Labels], values: list[list[float]]) -> Frame:

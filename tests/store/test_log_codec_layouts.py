@@ -8,11 +8,10 @@ import numpy as np
 import orjson
 
 from gpuscope.ingest.frame import decode_frame, encode_frame
-from gpuscope.loadgen.traffic import FleetShape, build_scenario
 from gpuscope.model import Batch
-from gpuscope.sim.cluster import Simulator
 from gpuscope.store import log_codec
 from gpuscope.store.log_codec import decode, encode
+from store.store_helpers import fleet_batches
 
 _F64 = np.dtype("<f8")
 
@@ -40,18 +39,6 @@ def _encode_before(batch: Batch) -> bytes:
     return b"".join([log_codec._HEAD.pack(len(head)), head, *values])
 
 
-def _fleet_batches(ticks: int) -> list[Batch]:
-    scenario = build_scenario(FleetShape(nodes=8, job_nodes=4), ticks + 5)
-    out: list[Batch] = []
-    for k, tick in enumerate(Simulator(scenario, t0=1.7e9).ticks()):
-        for batch in [*tick.node_batches.values(), *tick.sdk_batches]:
-            batch.batch_id = f"{batch.source}-{k}"
-            out.append(batch)
-        if k + 1 == ticks:
-            return out
-    raise AssertionError("the scenario ended early")
-
-
 def _unwired(batch: Batch) -> Batch:
     """A decoded batch without its frame (what a record is made of when the frame was dropped:
     tests/store/test_log_wire.py holds the records of batches with theirs)."""
@@ -60,7 +47,7 @@ def _unwired(batch: Batch) -> Batch:
 
 
 def test_records_of_decoded_frames_are_the_bytes_of_the_encoder_before_the_layout_cache() -> None:
-    batches = _fleet_batches(24)
+    batches = fleet_batches(24)
     decoded = [_unwired(decode_frame(encode_frame(b))) for b in batches]
     assert all(f.layout is not None for b in decoded for f in b.frames)
     assert sum(len(b.frames) for b in decoded) > 24 * 8  # GPU and node frames, each tick
@@ -80,7 +67,7 @@ def test_records_of_decoded_frames_are_the_bytes_of_the_encoder_before_the_layou
 
 
 def test_a_full_layout_cache_starts_afresh_and_records_stay_the_same() -> None:
-    batches = [_unwired(decode_frame(encode_frame(b))) for b in _fleet_batches(2)]
+    batches = [_unwired(decode_frame(encode_frame(b))) for b in fleet_batches(2)]
     log_codec._layouts.clear()
     before = log_codec._MAX_LAYOUTS
     log_codec._MAX_LAYOUTS = 3

@@ -16,23 +16,10 @@ import numpy as np
 from gpuscope.hub import Hub
 from gpuscope.ingest.frame import decode_frame, encode_frame
 from gpuscope.ingest.payload import Limits
-from gpuscope.loadgen.traffic import FleetShape, build_scenario
 from gpuscope.model import Batch, Frame
-from gpuscope.sim.cluster import Simulator
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.log_codec import decode, encode
-
-
-def _fleet_batches(ticks: int, nodes: int = 8) -> list[Batch]:
-    scenario = build_scenario(FleetShape(nodes=nodes, job_nodes=4), ticks + 5)
-    out: list[Batch] = []
-    for k, tick in enumerate(Simulator(scenario, t0=1.7e9).ticks()):
-        for batch in [*tick.node_batches.values(), *tick.sdk_batches]:
-            batch.batch_id = f"{batch.source}-{k}"
-            out.append(batch)
-        if k + 1 == ticks:
-            return out
-    raise AssertionError("the scenario ended early")
+from store.store_helpers import fleet_batches
 
 
 def _json_record(batch: Batch) -> bytes:
@@ -64,7 +51,7 @@ def assert_same_batch(a: Batch, b: Batch) -> None:
 
 
 def test_a_decoded_frame_is_its_own_record_and_replays_as_the_record_of_before() -> None:
-    batches = _fleet_batches(20)
+    batches = fleet_batches(20)
     bodies = [encode_frame(b) for b in batches]
     decoded = [decode_frame(body) for body in bodies]
     assert any(b.training for b in decoded) and any(b.events for b in decoded)
@@ -113,7 +100,7 @@ CHILD = textwrap.dedent(
 def test_frames_only_in_the_log_at_sigkill_replay_into_the_rows_of_batches_taken_in_process(
     tmp_path: Path,
 ) -> None:
-    batches = _fleet_batches(3, nodes=4)
+    batches = fleet_batches(3, nodes=4)
     bodies = [encode_frame(b) for b in batches]
     blob = tmp_path / "bodies"
     blob.write_bytes(b"".join(len(b).to_bytes(4, "little") + b for b in bodies))
@@ -142,7 +129,7 @@ def test_a_stored_batch_reaches_the_observers_without_its_frame() -> None:
     seen: list[Batch] = []
     hub = Hub(DuckDBStore(":memory:"))
     hub.add_observer(seen.append)
-    batch = decode_frame(encode_frame(_fleet_batches(1, nodes=1)[0]))
+    batch = decode_frame(encode_frame(fleet_batches(1, nodes=1)[0]))
     assert batch.wire is not None
     hub.ingest(batch)
     hub.settle()

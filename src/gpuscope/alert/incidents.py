@@ -15,6 +15,14 @@ from the start (``slow_placement`` of that GPU) is the cause of its ranks' place
 the job only. A standing condition (a placement: :func:`gpuscope.rules.standing`) is no live
 fault, so it is the root only when no live fault shares its incident: a job that stalls beside
 its slow GPU has the stall, not the placement, as the thing to act on.
+
+Two alerts of a condition that has held since the job started (a placement, or a GPU that has been
+a faulty part from its start: ``details["since_start"]``) join by what they name, however far apart
+they fire: the same job and a GPU both name (the ranks' placement lists the GPUs its slow ranks run
+on as its links). A slow GPU's pace is learned from its first 300 clean readings, 50 minutes where
+the hub evaluates every 10 s, and ranks that join late or lag little are grouped late, so the time
+window alone made one slow part two incidents. Only such alerts join this way: a
+live fault elsewhere, or later on that GPU, still starts (and roots) its own incident.
 """
 
 from __future__ import annotations
@@ -63,6 +71,23 @@ def link_keys(entity: Labels, links: Any = None) -> set[str]:
     return keys
 
 
+def since_start(alert: Alert) -> bool:
+    """Has the alert's condition held since its job started (a placement, a part faulty from its
+    start)? Such alerts of one job and GPU are one cause whenever they fire."""
+    return standing(alert.rule) or alert.details.get("since_start") is True
+
+
+def named_gpus(alert: Alert) -> set[str]:
+    """The GPU vertices an alert names itself (its labels and links, not the places of its job)."""
+    return {k for k in link_keys(alert.entity, alert.details.get("links")) if k.startswith("gpu:")}
+
+
+def job_of(alert: Alert) -> str | None:
+    """The job an alert names: a label, or (a GPU's alert) its details."""
+    job = alert.entity.get("job", alert.details.get("job"))
+    return job if isinstance(job, str) and job else None
+
+
 def describe(entity: Labels) -> str:
     """A short human name for an entity: ``node-1 GPU 3``, ``job llm rank 5``."""
     if "service" in entity:
@@ -109,6 +134,8 @@ class _Group:
     seq: int
     members: list[Alert] = field(default_factory=list)
     keys: set[str] = field(default_factory=set)
+    #: the GPU vertices its members named when they joined (its entries in ``_by_gpu``)
+    gpus: set[str] = field(default_factory=set)
 
     @property
     def started_at(self) -> float:
@@ -156,6 +183,8 @@ class IncidentTracker:
         self.reopen_within = reopen_within
         self._groups: dict[str, _Group] = {}
         self._by_key: dict[str, set[str]] = {}
+        #: GPU vertex -> incidents with a member naming it, whatever their age (see :meth:`_same_cause`)
+        self._by_gpu: dict[str, set[str]] = {}
         self._seq = 0
 
     def add(self, alert: Alert, places: list[Labels] | None = None) -> str:
@@ -176,6 +205,7 @@ class IncidentTracker:
                     continue
                 elif not group.ended_before(alert.started_at - self.reopen_within):
                     joined.add(gid)
+        joined |= self._same_cause(alert)
         live = {g for g in joined if self._groups[g].root().resolved_at is None}
         if live:  # incidents whose root cause still fires are likelier causes; ended roots stay apart
             joined = live
@@ -188,8 +218,28 @@ class IncidentTracker:
             group = self._groups[f"inc-{self._seq}"] = _Group(f"inc-{self._seq}", self._seq)
         group.members.append(alert)
         self._index(group, keys)
+        self._index_gpus(group, named_gpus(alert))
         alert.incident = group.id
         return group.id
+
+    def _same_cause(self, alert: Alert) -> set[str]:
+        """Incidents, of any age, with a firing member that has held since the job started, as
+        ``alert`` has, in the same job and naming a GPU it names: one slow part seen twice."""
+        job = job_of(alert)
+        if job is None or not since_start(alert):
+            return set()
+        out: set[str] = set()
+        for key in named_gpus(alert):
+            for gid in self._by_gpu.get(key, ()):
+                if any(
+                    since_start(m)
+                    and (m.resolved_at is None or m.resolved_at > alert.started_at)
+                    and job_of(m) == job
+                    and key in named_gpus(m)
+                    for m in self._groups[gid].members
+                ):
+                    out.add(gid)
+        return out
 
     def _merge(self, into: _Group, other: _Group) -> None:
         for alert in other.members:
@@ -198,6 +248,14 @@ class IncidentTracker:
         for key in other.keys:
             self._by_key[key].discard(other.id)
         self._index(into, other.keys)
+        for key in other.gpus:
+            self._by_gpu[key].discard(other.id)
+        self._index_gpus(into, other.gpus)
+
+    def _index_gpus(self, group: _Group, gpus: set[str]) -> None:
+        group.gpus |= gpus
+        for key in gpus:
+            self._by_gpu.setdefault(key, set()).add(group.id)
 
     def _index(self, group: _Group, keys: set[str]) -> None:
         group.keys |= keys
@@ -221,6 +279,12 @@ class IncidentTracker:
                     ids.discard(group.id)
                     if not ids:
                         del self._by_key[key]
+            for key in group.gpus:
+                ids = self._by_gpu.get(key)
+                if ids is not None:
+                    ids.discard(group.id)
+                    if not ids:
+                        del self._by_gpu[key]
             gone.extend(group.members)
         return gone
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuscope.alert.incidents import Incident
+from gpuscope.alert.incidents import Incident, job_of, since_start
 from gpuscope.model import Alert
-from gpuscope.rules import standing
 
 
 def rank_alerts(alerts: list[Alert]) -> list[Alert]:
@@ -15,14 +14,15 @@ def rank_alerts(alerts: list[Alert]) -> list[Alert]:
 
 
 def cost_per_hour(firing: list[Alert]) -> float:
-    """What an hour of the firing alerts costs: summed, but a job's placements once, the largest. A
+    """What an hour of the firing alerts costs: summed, but what has slowed a job since it started
+    (its placements, a GPU faulty from its start: :func:`since_start`) once, the largest. A
     synchronous job runs at its slowest pace: a slow GPU and its ranks' slow group, two alerts of
     one job's pace, lose that pace once."""
     placed: dict[str, float] = {}
     total = 0.0
     for alert in firing:
-        job = alert.entity.get("job")
-        if job is not None and standing(alert.rule):
+        job = job_of(alert)
+        if job is not None and since_start(alert):
             placed[job] = max(placed.get(job, 0.0), alert.cost_per_hour)
         else:
             total += alert.cost_per_hour
@@ -31,7 +31,7 @@ def cost_per_hour(firing: list[Alert]) -> float:
 
 def incident_summary(incident: Incident, alerts: dict[str, Alert]) -> dict[str, Any]:
     """An incident with its tier (gravest firing member) and cost per hour (firing members summed,
-    a job's placements once: :func:`cost_per_hour`)."""
+    a job's slowdowns since its start once: :func:`cost_per_hour`)."""
     members = [alerts[i] for i in incident.members if i in alerts]
     firing = [a for a in members if a.firing]
     pool = firing or members

@@ -16,7 +16,9 @@ path: the share of the last minute spent ``lag_ratio`` below the pace (large slo
 the pace's evidence (small ones, 1.03-1.05x, over minutes). A GPU whose learned pace lags its
 group's by more than the parts' spread from its start is reported once as a ``slow_placement`` of
 that GPU (:class:`~gpuscope.detect.gpuplace.GpuPlacement`): the job runs at its pace, but it is no
-live fault.
+live fault. A GPU that far behind from its start by the pace's bound (10 %) or more is a faulty part:
+``gpu_underperforming`` from when its pace is learned, one alert with the later verdicts of the
+same GPU, and no placement (one cause, one page, at the tier of a GPU that became that slow).
 """
 
 from __future__ import annotations
@@ -145,14 +147,20 @@ class ClockDetector(GpuTableDetector):
         evident = self._pace.update(now, ratio, clean, t.job[:n], groups)
         newly = self._pace.learned(n) & ~before
         placed = self._placement.update(self._pace, newly, t.job[:n], groups)
-        slow = clean & (ratio < self.lag_ratio * own)
+        broken = self._placement.broken(self._pace, n)
+        placed &= ~broken
+        # not before the GPU's first readings give its pace: against the peers alone a part slower
+        # from its start looks like a live fault, and where evaluations come 10 s apart those
+        # readings take 300 s, past the minute the fast path needs (a slower bin paged for minutes)
+        slow = clean & (ratio < self.lag_ratio * own) & self._pace.known(n)
         lagging = self._slow.update(now, slow)
-        self._held = lagging | evident
+        self._held = lagging | evident | broken
         out: list[Finding] = []
         for i in np.flatnonzero(self._power.update(now, power) & recent).tolist():
             out.append(self._power_finding(i, bool(brake[i])))
         for i in np.flatnonzero(self._held & recent).tolist():
-            out.append(self._slow_finding(i, float(ratio[i]), float(peers[i]), float(own[i])))
+            finding = self._slow_finding(i, float(ratio[i]), float(peers[i]), float(own[i]))
+            out.append(self._from_start(i, finding) if broken[i] else finding)
         for i in np.flatnonzero(placed & recent).tolist():
             out.append(self._placement_finding(i))
         return out
@@ -177,6 +185,34 @@ class ClockDetector(GpuTableDetector):
             affected_gpus=world,
             at_risk=lag,
             details={"lag_share": lag, "lost_share": lag, "job": job, "speed_group": group},
+        )
+
+    def _from_start(self, i: int, finding: Finding) -> Finding:
+        """``finding`` of a GPU that has lagged its speed group by the pace's bound or more since it
+        started: a faulty part, whose cost is the job's, as for a placement (the job waits for it).
+        Its other paths judge it against its pace held at the bound, so they see the rest of the same
+        lag, not a new slowdown: what they say is left to ``details`` (``ratio_to_own_pace``)."""
+        t = self.table
+        node, gpu = t.keys[i]
+        code = int(t.job[i])
+        lag = 1.0 - math.exp(-float(self._placement.lag[i]))
+        world = int(np.count_nonzero(t.job[: t.n] == code))
+        job = finding.details["job"]
+        bound = self._pace.max_pace
+        said = (
+            f"{node} GPU {gpu} has run {lag:.1%} slower than the other GPUs of its speed group in job {job} "
+            f"since it started, past the {bound:.0%} parts of one model may differ by: a faulty part, not "
+            f"a slower bin; a synchronous job runs at its pace, so it loses {lag:.1%} of its {world} GPUs' "
+            "time"
+        )
+        return Finding(
+            SLOW,
+            finding.entity,
+            said,
+            value=1.0 - lag,
+            affected_gpus=world,
+            at_risk=lag,
+            details={**finding.details, "since_start": True, "lag_share": lag, "lost_share": lag},
         )
 
     def _power_finding(self, i: int, brake: bool) -> Finding:

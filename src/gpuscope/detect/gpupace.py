@@ -85,12 +85,16 @@ class OwnPace:
         out: BoolArray = self.count[:n] >= self.learn
         return out
 
+    def known(self, n: int) -> BoolArray:
+        """GPUs whose first ``early`` readings are in: their pace is known well enough to judge."""
+        self._grow(n)
+        out: BoolArray = self.count[:n] >= self.early
+        return out
+
     def own(self, n: int) -> FloatArray:
         """Per GPU, its pace (log ratio to its group's reference) as judged: 0 for its first
         ``early`` readings, then the mean so far (a part slower from the start is no fault)."""
-        self._grow(n)
-        known = self.count[:n] >= self.early
-        return np.where(known, np.clip(self.pace[:n], -self.max_pace, self.max_pace), 0.0)
+        return np.where(self.known(n), np.clip(self.pace[:n], -self.max_pace, self.max_pace), 0.0)
 
     def drifts(self, n: int) -> FloatArray:
         """Per GPU, the shortfall that counts as evidence: ``drift``, or ``noise_k`` times its own

@@ -12,12 +12,16 @@ to 3.5 %. ``spread_k`` (2.5) keeps a group whose parts spread wider from reporti
 tail; it is not larger because the MAD of 16 paces alone misjudges the sigma by up to 1.6x, and a
 larger factor then hides a 5 % part in a group 1 % apart. Only an offset from the start counts:
 the mean of the GPU's first ``early`` readings must lag by half the bar too (a GPU that slowed down
-while its pace was learned has a live fault, not a placement). A lag past the pace's ``max_pace``
-is a placement too: ``gpu_underperforming`` judges such a GPU against its pace held at that
-bound, so it fires only where the rest of the lag is past its drift (a part 1.15x slower pages, a
-1.11-1.12x one raised nothing at all when placements stopped at the bound). The verdict
-holds, without being judged again, until the GPU leaves the job or its speed group (its pace is
-then learned again), so it is one alert that resolves when the job ends.
+while its pace was learned has a live fault, not a placement). The verdict holds, without being
+judged again, until the GPU leaves the job or its speed group (its pace is then learned again), so
+it is one alert that resolves when the job ends.
+
+A lag as large as the pace's ``max_pace`` (10 %) or more is no slower bin but a faulty part
+(:meth:`GpuPlacement.broken`): it costs the job what the same slowdown arising later costs, and
+the operator's action is the same (drain or replace the GPU, or move the job), so the clock
+detector raises it as ``gpu_underperforming`` (P2), once, from when its pace is learned, and no
+placement. Before, such a part was both a P3 placement and, once the evidence for the rest of its
+lag past the pace's bound built up, a P2 (a part 1.15x slower after about 560 s; 1.11-1.12x never).
 """
 
 from __future__ import annotations
@@ -71,4 +75,11 @@ class GpuPlacement:
             lag[ids[placed]] = behind[placed]
             self._job[ids], self._group[ids] = j, g
         out: BoolArray = np.isfinite(lag)
+        return out
+
+    def broken(self, pace: OwnPace, n: int) -> BoolArray:
+        """Of the placed GPUs, those whose lag is past what a part's own pace may be (``max_pace``):
+        a faulty part from the start, a live fault rather than a placement."""
+        lag = self.lag[:n]
+        out: BoolArray = np.isfinite(lag) & (lag >= pace.max_pace)
         return out

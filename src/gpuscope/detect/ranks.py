@@ -746,7 +746,14 @@ class RankDetector(StepDetector):
         # arrival lag is already a share of the (slow) step, a step-time ratio r loses (r - 1) / r
         worst = max(groups.values())
         lost = worst if job.groups.additive else worst / (1.0 + worst)
-        places = sorted({self.steps.where(job_name, r).get("node", "") for r in slow} - {""})
+        where = [self.steps.where(job_name, r) for r in slow]
+        places = sorted({w.get("node", "") for w in where} - {""})
+        # the GPUs the slow ranks run on: a slow GPU's own alert is the cause of this one, however
+        # much later it comes (:mod:`gpuscope.alert.incidents`); none known, the job's places link it
+        links = sorted(
+            ({"node": w["node"], "gpu": w["gpu"]} for w in where if w.get("node") and w.get("gpu")),
+            key=lambda x: (x["node"], x["gpu"]),
+        )
         on = f" on {', '.join(places)}" if places else ""
         world = len(job.ranks)
         return [
@@ -764,6 +771,7 @@ class RankDetector(StepDetector):
                     "slow_nodes": places,
                     "group_lag_share": worst,
                     "lost_share": lost,
+                    **({"links": links} if links else {}),
                 },
             )
         ]
