@@ -71,3 +71,50 @@ def test_float32_values_and_every_timestamp_width_round_trip() -> None:
 def test_a_label_that_is_not_utf8_is_a_value_error() -> None:
     with pytest.raises(ValueError):
         wire.series_head([("node", "\ud800")], wire.sample_size(0))
+
+
+BLOCK = st.tuples(
+    st.integers(0, 2**62),
+    st.integers(1, 4),
+    st.integers(1, 5),
+    st.data(),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(BLOCK)
+@example((1_700_000_000_000, 1, 1, None))
+def test_a_template_fills_the_bytes_the_heads_and_fields_join_into(
+    block: tuple[int, int, int, st.DataObject | None],
+) -> None:
+    """A block of series (some that cannot be sent, some without a sample) filled in place is the
+    request :func:`wire.write_request` joins from the same heads and fields, in the same order."""
+    ts_ms, rows, cols, data = block
+    size = wire.sample_size(ts_ms)
+    heads = np.empty((rows, cols), dtype=object)
+    values = np.empty((rows, cols), dtype=np.float64)
+    keep = np.ones((rows, cols), dtype=bool)
+    for i in range(rows):
+        for j in range(cols):
+            labels = data.draw(LABELS) if data is not None else [("node", "n")]
+            sendable = data.draw(st.booleans()) if data is not None else True
+            heads[i, j] = wire.series_head([("__name__", f"m{j}"), *labels], size) if sendable else None
+            values[i, j] = data.draw(st.floats(width=64)) if data is not None else 1.5
+            keep[i, j] = sendable and (data.draw(st.booleans()) if data is not None else True)
+    template = wire.Template(heads, size)
+    filled = template.fill(ts_ms, values, keep)
+    sent = keep.ravel()
+    expected = b"".join(
+        h + f for h, f, k in zip(heads.ravel(), wire.samples(ts_ms, values.ravel()), sent, strict=True) if k
+    )
+    assert filled == expected
+    if sent.any():
+        assert bytes(cramjam.snappy.decompress_raw(wire.compress(filled))) == filled
+        assert len(wire.decode(wire.compress(filled))) == int(sent.sum())
+
+
+def test_a_template_refuses_a_timestamp_of_another_width() -> None:
+    heads = np.array([[wire.series_head([("__name__", "m")], wire.sample_size(1))]], dtype=object)
+    template = wire.Template(heads, wire.sample_size(1))
+    with pytest.raises(ValueError, match="varint bytes"):
+        template.fill(2**40, np.ones((1, 1)), np.ones((1, 1), dtype=bool))
