@@ -76,13 +76,11 @@ MAX_POINTS = 11_000  # Prometheus refuses range queries of more points per serie
 #: One entity's series heads for a set of metric columns (an object array of bytes, None where
 #: refused) and the refused columns with the reason.
 _Row = tuple[npt.NDArray[np.object_], tuple[tuple[int, str], ...]]
-#: The series heads of a frame's rows (rows × metric columns, None where refused), its refused
-#: cells (row, column, reason), and the heads laid out for :meth:`wire.Template.fill`.
-_Block = tuple[npt.NDArray[np.object_], tuple[tuple[int, int, str], ...], wire.Template]
+#: The series heads of a frame's rows (rows × metric columns, None where refused) and its refused
+#: cells (row, column, reason).
+_Block = tuple[npt.NDArray[np.object_], tuple[tuple[int, int, str], ...]]
 #: The series heads and sample fields of one request's worth of samples.
 _Lane = tuple[list[bytes], list[bytes]]
-#: One request's worth of samples as its ``timeseries`` fields (uncompressed), and how many.
-_Packed = tuple[bytes, int]
 #: What became of a request: taken (None), (samples refused, the TSDB's answer), or a failure.
 _Outcome = tuple[int, str] | StoreError | None
 #: How long the request writer waits for the rest of a wave of concurrent appends (see group.py).
@@ -95,7 +93,7 @@ class _Started:
     most), its events and training records for the meta store, and what the sender is told."""
 
     batch: Batch
-    lane: _Packed
+    lane: _Lane
     result: AppendResult
 
 
@@ -205,8 +203,8 @@ class PromStore(MetaRecords):
             self._preparer.prepare(Batch(batch.source, events=batch.events, training=batch.training))
             self.columns.mark_persisted(telemetry.columns)
             self.entities.mark_persisted(telemetry.entities)
-            packed = self._pack(telemetry, telemetry.result)
-            started = self._tick_writer().submit(_Started(batch, packed, telemetry.result))
+            heads, fields, _, _ = self._encode(telemetry, telemetry.result)
+            started = self._tick_writer().submit(_Started(batch, (heads, fields), telemetry.result))
         except BaseException:
             if bid is not None:
                 self._ids.finish(bid, False, time.time())
@@ -232,7 +230,7 @@ class PromStore(MetaRecords):
             if self._tick is None:
                 self._tick = GroupCommitter(
                     self._commit_tick,
-                    lambda started: max(1, started.lane[1]),
+                    lambda started: max(1, len(started.lane[0])),
                     self.max_request_samples,
                     name="gpuscope-remote-tick",
                     linger_s=GROUP_LINGER_S,
@@ -250,9 +248,9 @@ class PromStore(MetaRecords):
         except StoreError as exc:
             return [exc] * len(items)
         fresh = [s for s in items if s.batch.batch_id not in seen]
-        sending = [s for s in fresh if s.lane[1]]
+        sending = [s for s in fresh if s.lane[0]]
         failed: dict[int, StoreError] = {}
-        outcomes = self._send_packed([s.lane for s in sending]) if sending else []
+        outcomes = self._send_group([s.lane for s in sending]) if sending else []
         for s, outcome in zip(sending, outcomes, strict=True):
             if isinstance(outcome, StoreError):
                 failed[id(s)] = outcome
@@ -369,8 +367,7 @@ class PromStore(MetaRecords):
         heads = np.empty((len(rows), len(cols)), dtype=object)
         for i, (row, _) in enumerate(rows):
             heads[i] = row
-        bad = tuple((i, j, why) for i, (_, refused) in enumerate(rows) for j, why in refused)
-        block = (heads, bad, wire.Template(heads, size))
+        block = (heads, tuple((i, j, why) for i, (_, bad) in enumerate(rows) for j, why in bad))
         with self._cache_lock:
             if key in self._blocks:
                 return self._blocks[key]
@@ -403,7 +400,7 @@ class PromStore(MetaRecords):
         refused: dict[str, int] = {}
         for t, cols, ent, attr, values in chunks:
             size = wire.sample_size(t)
-            block, bad, _ = self._block(cols, size, ent, attr)
+            block, bad = self._block(cols, size, ent, attr)
             present = ~np.isnan(values)
             for i, j, why in bad:
                 if present[i, j]:
@@ -418,39 +415,6 @@ class PromStore(MetaRecords):
             _note(result, f"refused {n} sample(s): {why}")
         one_time = len({chunk[0] for chunk in chunks}) <= 1
         return heads, fields, np.concatenate(entities) if entities else np.empty(0, np.int64), one_time
-
-    def _pack(self, prepared: Prepared, result: AppendResult) -> _Packed:
-        """:meth:`_encode` as one request's bytes: the same samples in the same order, each
-        frame's written into its block's :class:`wire.Template` (no object per sample)."""
-        chunks = sorted(
-            (
-                (int(ts[0]), cols, ent, attr, values)
-                for cols, block in prepared.blocks.items()
-                for ts, ent, attr, values in zip(
-                    block.ts, block.entity, block.attr, block.values, strict=True
-                )
-            ),
-            key=lambda chunk: chunk[0],
-        )
-        parts: list[bytes] = []
-        count = 0
-        refused: dict[str, int] = {}
-        for t, cols, ent, attr, values in chunks:
-            _, bad, template = self._block(cols, wire.sample_size(t), ent, attr)
-            present = ~np.isnan(values)
-            for i, j, why in bad:
-                if present[i, j]:
-                    present[i, j] = False
-                    refused[why] = refused.get(why, 0) + 1
-            n = int(np.count_nonzero(present))
-            if n:
-                parts.append(template.fill(t, values, present))
-                count += n
-        for why, k in refused.items():
-            result.samples -= k
-            result.refused_samples += k
-            _note(result, f"refused {k} sample(s): {why}")
-        return b"".join(parts), count
 
     def _labels_of(self, col: int, eid: int, code: int) -> list[tuple[str, str]] | str:
         """The wire labels of a series, or why it cannot be sent."""
@@ -542,22 +506,6 @@ class PromStore(MetaRecords):
             return [self._send_once(*lane) for lane in lanes]
         return [outcome] * len(lanes)
 
-    def _send_packed(self, packs: list[_Packed]) -> list[_Outcome]:
-        """:meth:`_send_group` of batches packed by :meth:`_pack`."""
-        if len(packs) > 1:
-            self.counters.inc("store.remote_write_grouped", len(packs))
-        raw = b"".join(p[0] for p in packs) if len(packs) > 1 else packs[0][0]
-        outcome = self._post_once(raw, sum(p[1] for p in packs))
-        if isinstance(outcome, tuple) and len(packs) > 1:
-            return [self._post_once(*p) for p in packs]
-        return [outcome] * len(packs)
-
-    def _post_once(self, raw: bytes, n: int) -> _Outcome:
-        try:
-            return self._post(wire.compress(raw), n)
-        except StoreError as exc:
-            return exc
-
     def _send_once(self, heads: list[bytes], fields: list[bytes]) -> _Outcome:
         try:
             return self._send(heads, fields)
@@ -582,10 +530,8 @@ class PromStore(MetaRecords):
     def _send(self, heads: list[bytes], fields: list[bytes]) -> tuple[int, str] | None:
         """POST one WriteRequest; retry what may succeed later, until ``retry_s`` has passed. The
         number of samples the TSDB refused and its answer, or None when it took them."""
-        return self._post(wire.write_request(heads, fields), len(heads))
-
-    def _post(self, body: bytes, n: int) -> tuple[int, str] | None:
-        """:meth:`_send` of a compressed request of ``n`` samples."""
+        body = wire.write_request(heads, fields)
+        n = len(heads)
         url = self.remote_write_url
         deadline = time.monotonic() + self.retry_s
         delay, tries = 0.05, 0

@@ -125,58 +125,7 @@ def write_request(heads: Sequence[bytes], sample_fields: Sequence[bytes]) -> byt
     parts: list[bytes] = [b""] * (2 * len(heads))
     parts[0::2] = heads
     parts[1::2] = sample_fields
-    return compress(b"".join(parts))
-
-
-def compress(raw: bytes) -> bytes:
-    """A ``WriteRequest`` body (``timeseries`` fields, as :class:`Template` fills them) as sent."""
-    return bytes(cramjam.snappy.compress_raw(raw))
-
-
-class Template:
-    """The ``timeseries`` fields of a block of series (rows × columns, row-major), laid out once:
-    each series' head (:func:`series_head`, built for ``size``-byte samples) and after it the
-    constant bytes of its ``samples`` field. :meth:`fill` writes a frame's values and timestamp
-    into a copy and keeps the series that have a sample, with a few numpy calls per frame: the
-    bytes of :func:`samples` after each head, as :func:`write_request` joins them, without a
-    Python object per sample. ``heads`` holds None for a series that cannot be sent."""
-
-    def __init__(self, heads: npt.NDArray[np.object_], size: int) -> None:
-        flat = heads.ravel()
-        lens = np.fromiter((0 if h is None else len(h) for h in flat), np.int64, len(flat))
-        self.size = size
-        #: bytes of each series in the template (head and sample; 0 for one that cannot be sent)
-        self.seg = np.where(lens > 0, lens + size, 0)
-        ends = np.cumsum(self.seg)
-        self.sent = lens > 0
-        self.all_sent = bool(self.sent.all())
-        at = (ends - self.seg + lens)[self.sent]  # where each sent series' ``samples`` field starts
-        self.bytes = np.zeros(int(ends[-1]) if len(ends) else 0, dtype=np.uint8)
-        is_head = np.ones(len(self.bytes), dtype=bool)
-        is_head[at[:, None] + np.arange(size)] = False
-        self.bytes[is_head] = np.frombuffer(b"".join(h for h in flat if h is not None), np.uint8)
-        self.bytes[at] = _SAMPLE_TAG
-        self.bytes[at + 1] = size - 2
-        self.bytes[at + 2] = _VALUE_TAG
-        self.bytes[at + 11] = _TIMESTAMP_TAG
-        # the bytes each fill writes, found once: a frame's values and its timestamp
-        self.value_at = (at[:, None] + np.arange(3, 11)).ravel()
-        self.ts_at = at[:, None] + np.arange(12, size)
-
-    def fill(self, ts_ms: int, values: npt.NDArray[np.floating[Any]], keep: npt.NDArray[np.bool_]) -> bytes:
-        """The fields of the series where ``keep`` (rows × columns, False where a series cannot
-        be sent) holds, each with its value of ``values`` at ``ts_ms``."""
-        ts = np.frombuffer(varint(ts_ms), dtype=np.uint8)
-        if len(ts) != self.size - 12:
-            raise ValueError(f"a timestamp of {len(ts)} varint bytes in a template for {self.size - 12}")
-        raw = np.ascontiguousarray(values, dtype="<f8").reshape(-1)
-        out = self.bytes.copy()
-        out[self.value_at] = (raw if self.all_sent else raw[self.sent]).view(np.uint8)
-        out[self.ts_at] = ts
-        flat = keep.reshape(-1)
-        if not flat.all():
-            out = out[np.repeat(flat, self.seg)]
-        return out.tobytes()
+    return bytes(cramjam.snappy.compress_raw(b"".join(parts)))
 
 
 #: One series read back: its labels (``__name__`` included) and its (ms timestamp, value) samples.
