@@ -10,12 +10,13 @@ import time
 from typing import Any
 
 import httpx
+import numpy as np
 import orjson
 import psycopg
 import pytest
 
 from gpuscope.loadgen.traffic import FleetShape, build_scenario
-from gpuscope.model import Batch
+from gpuscope.model import Batch, Frame
 from gpuscope.sim.cluster import Simulator
 from gpuscope.store.base import AppendResult
 from gpuscope.store.errors import StoreError
@@ -43,6 +44,15 @@ def _ticks() -> list[list[Batch]]:
         if out and k % 3 == 0:
             batches.append(out[-1][0])  # a sender's retry of a batch stored a tick ago
         out.append(batches)
+    # samples not reported (NaN) and series no TSDB takes (a metric name Prometheus refuses, a
+    # reserved label), beside ones it takes, in one frame
+    odd = Frame(
+        T0 + TICKS,
+        ["gpu_temp_celsius", "bad.metric", "gpu_power_watts"],
+        [{"node": "odd-0", "gpu": "0"}, {"node": "odd-0", "gpu": "1"}, {"node": "odd-0", "__gpu": "2"}],
+        np.array([[61.0, 1.0, np.nan], [np.nan, 2.0, 300.0], [62.0, np.nan, 301.0]]),
+    )
+    out.append([Batch("agent-odd-0", frames=[odd], batch_id="agent-odd-0-last")])
     return out
 
 
@@ -127,6 +137,7 @@ def test_a_tick_at_once_stores_what_batch_by_batch_stores(postgres_server: Postg
         assert _answers(after) == _answers(before)
         assert sum(r.duplicate for r in after) >= 3  # the other hub's batch, the retries
         assert sum(r.events for r in after) > 0 and sum(r.training for r in after) > 0
+        assert (after[-1].samples, after[-1].refused_samples) == (2, 4), after[-1]  # the odd frame
         stored = _samples(old_db)
         assert len(stored) > 100 and _samples(new_db) == stored
         assert _rows(new_dsn) == _rows(old_dsn)

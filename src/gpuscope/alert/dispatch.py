@@ -13,7 +13,7 @@ taking over a shard continues the alerts' groups (:meth:`Dispatcher.continued`).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from gpuscope.alert.escalation import EscalationLevel
 from gpuscope.alert.flap import FlapDetector
@@ -249,16 +249,22 @@ class Dispatcher:
                 self._groups.pop((group.receiver, group.key), None)
 
     def _flush_group(self, group: _Group, now: float) -> None:
+        # One reading of each member's end for the whole flush: the alert engine sets
+        # ``resolved_at`` on these objects from the evaluator thread while the clock thread
+        # flushes, and an alert read firing by one pass and resolved by the next was told
+        # resolved twice in one notification, or told "resolved" in its first one and never
+        # "firing" (issue 13 (c)). An end read after this flush began waits for the next one.
+        ended = {alert_id: alert.resolved_at for alert_id, alert in group.members.items()}
         visible: list[Alert] = []
         for alert in group.members.values():
-            if not alert.firing:
+            if ended[alert.id] is not None:
                 continue
             reason = self.mute_reason(alert, now)
             if reason is None:
                 visible.append(alert)
             elif alert.id not in group.notified:
                 self.counters.inc("notifications_muted")
-        resolved = [a for a in group.members.values() if not a.firing and a.id in group.notified]
+        resolved = [a for a in group.members.values() if ended[a.id] is not None and a.id in group.notified]
         new = [a for a in visible if a.id not in group.notified or a.id in group.regraded]
         t = group.timing
         if group.last_sent is None:
@@ -272,20 +278,20 @@ class Dispatcher:
                 and any(not self.acked(a) for a in visible)
             )
         if due and (new or resolved or group.notified):
-            views = [self._view(a) for a in visible] + [self._view(a) for a in resolved]
+            views = [self._view(replace(a, resolved_at=ended[a.id])) for a in visible + resolved]
             if views:
                 self._send(group.receiver, group.key, group.labels, views, now, 0)
                 group.last_sent = now
                 group.notified = {a.id for a in visible} | {
-                    i for i in group.notified if i in group.members and group.members[i].firing
+                    i for i in group.notified if ended.get(i, 0.0) is None
                 }
                 group.regraded -= {a.id for a in visible}
-        for alert_id, alert in list(group.members.items()):
-            if alert.firing:
+        for alert_id, end in ended.items():
+            if end is None:
                 continue
-            if alert.id in group.notified and due:
+            if alert_id in group.notified and due:
                 group.notified.discard(alert_id)
-            if alert.id not in group.notified:
+            if alert_id not in group.notified:
                 del group.members[alert_id]
                 group.regraded.discard(alert_id)
 
