@@ -12,8 +12,11 @@ The order things start and stop in is written down in :meth:`Runtime.start` and
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from dataclasses import dataclass, replace
+from types import FrameType
 
 import psycopg
 
@@ -38,6 +41,10 @@ from gpuscope.web.ingest_workers import IngestWorkers
 from gpuscope.web.server import HubServer, is_loopback
 
 log = logging.getLogger("gpuscope.runtime")
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 class AssemblyError(RuntimeError):
@@ -122,6 +129,11 @@ class Runtime:
         self._join()  # 4 and 5 swap: serving blocks this thread until the hub is told to stop
         # what start-up built lives as long as the process: the collector stops scanning it
         gcpolicy.tune_for_serving()
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn, once it has stopped serving on SIGTERM, raises the signal again with the
+            # handler found before it: by default that ended the process there, before the stop
+            # below (ingest workers left running, the store not closed). This one ends it after.
+            signal.signal(signal.SIGTERM, _terminated)
         try:
             # the workers accept from here; what they hand over waits for the server's loop
             if self.workers is not None:
