@@ -200,7 +200,7 @@ class OverloadMonitor:
         self._alert_since: float | None = None  # hub_overloaded firing since (held past an episode)
         self._observe_lag = 0.0
         self._consume_lag = 0.0  # how long ingest workers' acknowledged batches wait for the hub
-        self._workers_lagging = False  # an ingest worker saw itself behind at its last report
+        self._workers_lagging: dict[int, bool] = {}  # ingest worker -> behind at its last report
         self.shed = 0  # requests refused while behind
         self.urgent_admitted = 0  # urgent requests admitted while behind
         self.episodes = 0  # times the hub fell behind
@@ -283,9 +283,15 @@ class OverloadMonitor:
             return self._lagging_here(now)
 
     def worker_report(
-        self, now: float, refused: Mapping[SenderKey, float], anonymous: float, shed: int, lagging: bool
+        self,
+        now: float,
+        worker: int,
+        refused: Mapping[SenderKey, float],
+        anonymous: float,
+        shed: int,
+        lagging: bool,
     ) -> None:
-        """What an ingest worker did since its last report: the senders it refused (and when),
+        """What ingest worker ``worker`` did since its last report: the senders it refused (and when),
         the last refusal of a sender naming nobody, how many requests it shed, and whether it saw
         itself behind: the hub's verdicts hold those senders' silence, and ``hub_overloaded`` is
         the hub's however many processes take its ingest."""
@@ -294,7 +300,7 @@ class OverloadMonitor:
                 self._refused[sender] = max(at, self._refused.get(sender, -math.inf))
             self._refused_anonymous = max(self._refused_anonymous, anonymous)
             self.shed += shed
-            self._workers_lagging = lagging
+            self._workers_lagging[worker] = lagging
             if lagging or shed:
                 self._sign(now)
 
@@ -331,7 +337,7 @@ class OverloadMonitor:
         return ShedCover(refused, everyone_until=everyone_until, delay=self.delay.delay(now))
 
     def _lagging(self, now: float) -> bool:
-        return self._lagging_here(now) or self._workers_lagging
+        return self._lagging_here(now) or any(self._workers_lagging.values())
 
     def _lagging_here(self, now: float) -> bool:
         """A sign of lag in this process (an ingest worker's own is in ``_workers_lagging``)."""

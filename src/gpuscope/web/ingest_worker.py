@@ -42,6 +42,7 @@ import functools
 import logging
 import math
 import pickle
+import signal
 import socket
 import sys
 import threading
@@ -49,6 +50,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import Any, ClassVar
 
 import numpy as np
@@ -370,9 +372,16 @@ def run(spec: WorkerSpec) -> None:
         state.close()
 
 
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     spec = pickle.load(sys.stdin.buffer)  # from the hub that started us: trusted
+    # uvicorn raises the SIGTERM it stopped on again once it has: this handler lets the log close
+    # (a last sync) and the last report go before the process ends
+    signal.signal(signal.SIGTERM, _terminated)
     run(spec)
 
 

@@ -228,12 +228,13 @@ class IngestWorkers:
         for fd in fds:
             os.close(fd)
         if kind == REPORT:
-            self._report(orjson.loads(body))
+            self._report(worker.index, orjson.loads(body))
 
-    def _report(self, doc: dict[str, Any]) -> None:
+    def _report(self, index: int, doc: dict[str, Any]) -> None:
         anonymous = doc["anonymous"]
         self.hub.overload.worker_report(
             time.time(),
+            index,
             _senders(doc["refused"]),
             -math.inf if anonymous is None else float(anonymous),
             int(doc["shed"]),

@@ -371,6 +371,9 @@ class DuckDBStore:
     def origin_position(self, origin: int) -> int:
         """The last record of log ``origin`` (an ingest worker's) that the tables hold: its reader
         resumes after it (on a restart, this is the replay of that log)."""
+        known = self._origins.get(origin)
+        if known is not None:  # kept by each commit: no wait for the one under way
+            return known
         with self._commit_lock:
             if origin not in self._origins:
                 key = f"{LOG_POSITION}.{origin}"
