@@ -37,7 +37,7 @@ from gpuscope.store.duckdb.store import DuckDBStore
 from gpuscope.store.errors import StoreError
 from gpuscope.store.settings import open_store
 from gpuscope.web.ingest_worker import WorkerSpec
-from gpuscope.web.ingest_workers import IngestWorkers
+from gpuscope.web.ingest_workers import IngestWorkers, replay_logs
 from gpuscope.web.server import HubServer, is_loopback
 
 log = logging.getLogger("gpuscope.runtime")
@@ -148,6 +148,10 @@ class Runtime:
         #    yet goes in now (the store replayed its own log as it opened), before the warm-up
         if self.workers is not None:
             self.workers.replay()
+        elif isinstance(self.hub.store, DuckDBStore) and self.hub.store.durable:
+            # workers a former setting had: what they acknowledged is not left behind
+            replayed, _ = replay_logs(self.hub.store)
+            self.hub.counters.inc("store.log_replayed_batches", replayed)
         # 1. continue the alerts that were firing and warm the detectors up from the store, before
         #    any new data arrives (a hub that cannot read its history still serves, warming up live)
         try:

@@ -19,12 +19,15 @@ import pytest
 import yaml
 
 from gpuscope.config import ConfigError, load_config
+from gpuscope.counters import Counters
 from gpuscope.ingest.frame import CONTENT_TYPE, encode_frame
 from gpuscope.ingest.overload import SENDER_HEADER, URGENT_EVENTS, URGENT_HEADER
+from gpuscope.ingest.worker_state import WorkerState
 from gpuscope.model import Batch, Event, Frame
 from gpuscope.rules import HUB_OVERLOADED
 from gpuscope.runtime import AssemblyError, Runtime, assemble
 from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.store.ingest_log import IngestLog
 from support import free_port, wait_until
 
 NODES = 4
@@ -201,3 +204,28 @@ def test_ingest_workers_setting_is_checked_and_needs_a_file_store(tmp_path: Path
     )
     with pytest.raises(AssemblyError, match=r"hub\.ingest_workers: needs the DuckDB store on a file"):
         assemble(load_config(path))
+
+
+def test_what_a_former_worker_acknowledged_is_stored_by_a_hub_without_workers(tmp_path: Path) -> None:
+    """``hub.ingest_workers`` lowered to 0 after a crash: the logs of the workers it had are read."""
+    start = time.time() - 60
+    directory = tmp_path / "hub.duckdb.ingest" / "3"  # a worker the former setting had
+    log = IngestLog(directory, Counters(), reserve_bytes=0)
+    list(log.recover(0))
+    log.start()
+    for k in range(5):
+        log.append(_frame("node-7", k, start), lambda seq: None)
+    state = WorkerState(directory)
+    state.synced = log.synced  # as the worker says before it acknowledges
+    log.close()
+    state.close()
+    runtime = _runtime(tmp_path, workers=0)
+    runtime.start()
+    runtime.stop()
+    rows, _, _ = _stored(tmp_path / "hub.duckdb", start)
+    assert sorted(rows) == sorted(("node-7", g, round(start + k, 3)) for k in range(5) for g in "01")
+    assert set(rows.values()) == {1}
+    again = _runtime(tmp_path, workers=0)  # read once: a second start stores nothing again
+    again.start()
+    again.stop()
+    assert _stored(tmp_path / "hub.duckdb", start)[0] == rows

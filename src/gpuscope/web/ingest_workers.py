@@ -63,6 +63,33 @@ def worker_logs(store_path: str) -> Path:
     return Path(store_path + ".ingest")
 
 
+def replay_logs(store: DuckDBStore) -> tuple[int, dict[int, int]]:
+    """Every ingest worker's log beside ``store`` (this run's, and those of workers a former
+    setting had: ``hub.ingest_workers`` lowered, or 0) into the store past the position the
+    store holds of it: (batches moved, the position reached in each log). No worker may be
+    writing them."""
+    directory = worker_logs(store.path)
+    reached: dict[int, int] = {}
+    if not directory.is_dir():
+        return 0, reached
+    replayed = 0
+    for sub in sorted(directory.iterdir()):
+        if not sub.name.isdigit() or not sub.is_dir():
+            continue
+        index = int(sub.name)
+        state = WorkerState(sub)
+        tail = LogTail(sub, store.origin_position(index))
+        try:
+            while records := tail.read(state.synced, PASS_RECORDS):
+                for seq, payload in records:
+                    store.take_logged(decode(payload), index, seq)
+                replayed += len(records)
+        finally:
+            state.close()
+        reached[index] = tail.position
+    return replayed, reached
+
+
 @dataclass(slots=True)
 class _Worker:
     index: int
@@ -109,10 +136,9 @@ class IngestWorkers:
     def replay(self) -> int:
         """Move what the workers' logs hold past the store's position into the store (at start,
         before the warm-up reads the store; the detectors see it through the warm-up)."""
-        replayed = 0
+        replayed, reached = replay_logs(self.store)
         for worker in self.workers:
-            while moved := self._take(worker, observe=False):
-                replayed += moved
+            worker.tail = LogTail(worker.directory, reached.get(worker.index, worker.tail.position))
         self.hub.counters.inc("store.log_replayed_batches", replayed)
         return replayed
 
