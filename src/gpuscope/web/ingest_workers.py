@@ -49,8 +49,10 @@ log = logging.getLogger("gpuscope.hub")
 
 #: records taken from one worker's log in a pass of the reader
 PASS_RECORDS = 256
-#: the reader's pause when a pass found nothing new
-IDLE_S = 0.005
+#: the reader's pause when a pass found nothing new: a worker syncs its log at most every 50 ms
+#: (the log's group-commit window), and a pass costs the hub's interpreter ~0.1 ms, so polling
+#: each 5 ms cost a 64-node hub about 0.3 ms of CPU a batch (bench/bench_hub_cpu.py)
+IDLE_S = 0.025
 #: how long a worker may take to finish its requests and sync its log when told to stop
 STOP_S = 15.0
 #: a worker that died is started again after this (a worker that cannot start is not respawned
