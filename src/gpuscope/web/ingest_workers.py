@@ -30,7 +30,8 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, replace
+from collections import deque
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,9 @@ class _Worker:
     directory: Path
     state: WorkerState
     tail: LogTail
+    #: (a synced position the reader saw, when it first saw it), oldest first, while not taken:
+    #: the first one's time bounds how long the oldest record not taken has waited
+    seen: deque[tuple[int, float]] = field(default_factory=deque)
     proc: subprocess.Popen[bytes] | None = None
     control: socket.socket | None = None
     died_at: float | None = None
@@ -131,7 +135,6 @@ class IngestWorkers:
         self._selector = selectors.DefaultSelector()
         self._lock = threading.Lock()  # the selector and the workers' processes
         self._threads: list[threading.Thread] = []
-        self._behind_since: float | None = None
 
     # ------------------------------------------------------------------ reading the logs
 
@@ -146,12 +149,22 @@ class IngestWorkers:
 
     def _take(self, worker: _Worker, observe: bool = True) -> int:
         """One pass over one worker's log: its synced records not taken yet, into the store."""
-        records = worker.tail.read(worker.state.synced, PASS_RECORDS)
+        synced = worker.state.synced
+        if synced > (worker.seen[-1][0] if worker.seen else worker.tail.position):
+            worker.seen.append((synced, time.time()))
+        records = worker.tail.read(synced, PASS_RECORDS)
         for seq, payload in records:
-            batch = decode(payload)
-            result = self.store.take_logged(batch, worker.index, seq)
+            try:
+                batch = decode(payload)
+                result = self.store.take_logged(batch, worker.index, seq)
+            except Exception:  # checksummed, so a bug: one record must not stop the others
+                self.hub.counters.inc("ingest_worker_unreadable_records")
+                log.exception("record %d of ingest worker %d's log could not be stored", seq, worker.index)
+                continue
             if observe:
                 self.hub.taken(batch, result)
+        while worker.seen and worker.seen[0][0] <= worker.tail.position:
+            worker.seen.popleft()
         worker.state.held = self.store.origin_position(worker.index)
         return len(records)
 
@@ -159,27 +172,16 @@ class IngestWorkers:
         """Take the workers' records as they are synced, and tell them whether the hub lags."""
         while True:
             stopped = self._stopped.is_set()
-            moved = 0
-            behind = False
-            for worker in self.workers:
-                try:
-                    moved += self._take(worker)
-                except Exception:  # one bad record must not stop the hub taking the others
-                    self.hub.counters.inc("ingest_worker_read_errors")
-                    log.exception("reading ingest worker %d's log failed", worker.index)
-                    time.sleep(1.0)
-                behind |= worker.tail.position < worker.state.synced
+            moved = sum(self._take(worker) for worker in self.workers)
             now = time.time()
-            if behind and self._behind_since is None:
-                self._behind_since = now
-            elif not behind:
-                self._behind_since = None
+            # how long the oldest record a worker acknowledged and the hub has not taken waited
+            waited = max((now - w.seen[0][1] for w in self.workers if w.seen), default=0.0)
             overload = self.hub.overload
-            overload.consume_lag(now, 0.0 if self._behind_since is None else now - self._behind_since)
+            overload.consume_lag(now, waited)
             lagging = overload.lagging(now)
             for worker in self.workers:
                 worker.state.hub_lagging = lagging
-            if stopped and not moved and not behind:
+            if stopped and not moved and not any(w.tail.position < w.state.synced for w in self.workers):
                 return  # the workers stopped first: everything they acknowledged is taken
             if not moved:
                 time.sleep(IDLE_S)
