@@ -147,6 +147,27 @@ def process_cpu(proc: psutil.Process) -> Callable[[], float]:
     return cpu
 
 
+class SplitCpu:
+    """The CPU seconds of a hub and its ingest workers together (what :func:`steady` reads),
+    keeping each reading's part of the hub process alone, so that the measured window's split
+    between the hub and its workers is known too."""
+
+    def __init__(self, hub: psutil.Process, workers: list[psutil.Process]) -> None:
+        self.hub = process_cpu(hub)
+        self.workers = [process_cpu(w) for w in workers]
+        self.readings: list[tuple[float, float]] = []  # (hub process, workers)
+
+    def __call__(self) -> float:
+        reading = (self.hub(), sum(w() for w in self.workers))
+        self.readings.append(reading)
+        return reading[0] + reading[1]
+
+    def split(self) -> tuple[float, float]:
+        """CPU seconds of the hub process and of the workers between the first and last reading."""
+        (h0, w0), (h1, w1) = self.readings[0], self.readings[-1]
+        return h1 - h0, w1 - w0
+
+
 def post_node_ticks(url: str, ticks: Ticks, agents: int, cpu: Callable[[], float]) -> tuple[float, int, int]:
     """:func:`node_ticks` posted to a hub at ``url`` at their pace over ``agents`` kept-alive
     connections; :func:`steady`'s CPU seconds (read with ``cpu``), batches and samples."""
@@ -166,17 +187,27 @@ def post_node_ticks(url: str, ticks: Ticks, agents: int, cpu: Callable[[], float
             c.close()
 
 
+#: ``--ingest-workers``: the hub's hub.ingest_workers, and the split it measured (CPU s: hub, workers)
+INGEST_WORKERS = 0
+SPLIT: list[tuple[float, float]] = []
+
+
 def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
-    """Hub CPU seconds, batches and samples acknowledged after the warm-up ticks."""
+    """Hub CPU seconds (its ingest workers' included), batches and samples acknowledged after
+    the warm-up ticks."""
+    extra = ["--ingest-workers", str(INGEST_WORKERS)] if INGEST_WORKERS else []
     with (
         tempfile.TemporaryDirectory() as tmp,
-        gpuscope_hub(Path(tmp) / "hub.duckdb", ready_s=HUB_START_S) as (
+        gpuscope_hub(Path(tmp) / "hub.duckdb", extra, ready_s=HUB_START_S) as (
             url,
             proc,
         ),
     ):
         ticks = node_ticks(nodes, n_ticks)
-        result = post_node_ticks(url, ticks, agents, process_cpu(psutil.Process(proc.pid)))
+        hub = psutil.Process(proc.pid)
+        cpu = SplitCpu(hub, hub.children())  # the workers answered before the hub did
+        result = post_node_ticks(url, ticks, agents, cpu)
+        SPLIT.append(cpu.split())
         store = httpx.get(f"{url}/api/v1/health", timeout=60).json()["store"]
         syncs = store["counters"].get("store.log_syncs")
         sent = sum(len(tick) for _, tick in ticks)
@@ -251,9 +282,13 @@ def main() -> None:
     ap.add_argument("--ticks", type=int, default=30)
     ap.add_argument("--agents", type=int, default=32, help="concurrent connections")
     ap.add_argument("--json", action="store_true", help="send JSON batches instead of binary frames")
+    ap.add_argument(
+        "--ingest-workers", type=int, default=0, help="the hub's hub.ingest_workers (0: in its process)"
+    )
     a = ap.parse_args()
-    global content_type
+    global content_type, INGEST_WORKERS
     content_type = JSON_CONTENT_TYPE if a.json else CONTENT_TYPE
+    INGEST_WORKERS = a.ingest_workers
     console.print(
         f"{a.ticks} ticks of {a.nodes} agents' batches, one tick a second, per system; "
         f"{measured_ticks(a.ticks)} measured after {WARM_TICKS} warm-up ticks"
@@ -272,6 +307,11 @@ def main() -> None:
         cpu, batches, samples = measured
         figures[name] = samples / cpu
         rows.append([name, f"{batches:,}", f"{cpu * 1e3 / batches:.2f}", f"{samples / cpu:,.0f}", ""])
+        if run is over_http and INGEST_WORKERS:
+            hub_s, workers_s = SPLIT[-1]
+            parts = (("hub process alone", hub_s), (f"its {INGEST_WORKERS} ingest workers", workers_s))
+            for part, seconds in parts:
+                rows.append([f"  of which {part}", "", f"{seconds * 1e3 / batches:.2f}", "", ""])
     hub_rate = figures["gpuscope hub over HTTP"]
     vm_rate = figures.get("anchor: VictoriaMetrics, same samples, one request per node batch")
     rows[0][4] = "≥ 300,000 (issue 9)"

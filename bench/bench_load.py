@@ -32,6 +32,7 @@ from pathlib import Path
 
 import httpx
 import orjson
+import psutil
 import yaml
 
 from common import (
@@ -64,10 +65,28 @@ def print_report(title: str, report: LoadReport, extra: list[list[str]] | None =
 
 
 def run_single(args: argparse.Namespace, shape: FleetShape) -> LoadReport:
-    with tempfile.TemporaryDirectory() as tmp, gpuscope_hub(Path(tmp) / "load.duckdb") as (url, proc):
-        console.print(f"(a) one hub on DuckDB at {url}: {shape.nodes} agents for {args.duration:g} s")
-        report = run_load(_options(args, shape, [url], [proc.pid]), say=console.print)
-    print_report(f"(a) one hub, DuckDB: {shape.nodes} nodes × {shape.gpus_per_node} GPUs at 1 Hz", report)
+    workers = args.ingest_workers
+    extra = ["--ingest-workers", str(workers)] if workers else []
+    with tempfile.TemporaryDirectory() as tmp, gpuscope_hub(Path(tmp) / "load.duckdb", extra) as (url, proc):
+        # the workers are the hub's children (started before it answered): their CPU and RSS count
+        # as the hub's; a worker restarted during the run is not counted
+        children = [c.pid for c in psutil.Process(proc.pid).children()]
+        how = f", {len(children)} ingest worker process(es)" if workers else ", ingest in the hub's process"
+        console.print(f"(a) one hub on DuckDB at {url}{how}: {shape.nodes} agents for {args.duration:g} s")
+        alone, fronts = ResourceMonitor([proc.pid]), ResourceMonitor(children)
+        alone.start()
+        fronts.start()
+        report = run_load(_options(args, shape, [url], [proc.pid, *children]), say=console.print)
+        alone.stop()
+        fronts.stop()
+    rows = [
+        ["hub process alone, cores (mean)", f"{alone.mean_cores:.2f}", "store commit, detection, API"],
+        ["ingest workers, cores (mean)", f"{fronts.mean_cores:.2f}", f"{len(children)} process(es)"],
+    ]
+    title = f"(a) one hub, DuckDB: {shape.nodes} nodes × {shape.gpus_per_node} GPUs at 1 Hz"
+    if workers:
+        title += f", {workers} ingest workers"
+    print_report(title, report, rows if workers else None)
     return report
 
 
@@ -532,6 +551,12 @@ def main() -> None:
     ap.add_argument("--no-faults", action="store_true")
     ap.add_argument(
         "--no-urgent", action="store_true", help="send events with the spool, not ahead of it (the old way)"
+    )
+    ap.add_argument(
+        "--ingest-workers",
+        type=int,
+        default=0,
+        help="(a): the hub's hub.ingest_workers (0: ingest in the hub's process)",
     )
     ap.add_argument("--json-out", type=Path, default=None, help="also write the figures as JSON here")
     args = ap.parse_args()

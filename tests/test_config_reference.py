@@ -14,6 +14,7 @@ from gpuscope.alert.settings import ALERTING_KEYS
 from gpuscope.cluster.config import KNOWN as CLUSTER_KEYS
 from gpuscope.config import (
     DETECTION_KEYS,
+    HUB_KEYS,
     KNOWN_KEYS,
     LIMITS_KEYS,
     PRICING_KEYS,
@@ -35,6 +36,7 @@ PARSED = {
     "limits": LIMITS_KEYS,
     "retention": RETENTION_KEYS,
     "detection": DETECTION_KEYS,
+    "hub": HUB_KEYS,
     "routes": ROUTE_KEYS,
     "alerting": ALERTING_KEYS,
     "slos": SLO_KEYS,

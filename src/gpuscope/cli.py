@@ -22,7 +22,7 @@ from gpuscope.argtypes import port_number, positive_seconds
 from gpuscope.cli_client import add_verbose_option
 from gpuscope.completion import SHELLS, walk
 from gpuscope.completion import script as completion_script
-from gpuscope.config import DEFAULT_PORT, ConfigError, load_config
+from gpuscope.config import DEFAULT_PORT, ConfigError, load_config, parse_ingest_workers
 from gpuscope.config_check import check_config
 from gpuscope.config_reference import render as render_reference
 
@@ -44,6 +44,8 @@ def _cmd_hub(args: argparse.Namespace) -> int:
     redaction = install_redaction(secret_strings(cfg.tokens, cfg.raw))
     if args.db:
         cfg.storage_path = args.db
+    if args.ingest_workers is not None:
+        cfg.ingest_workers = parse_ingest_workers(args.ingest_workers)
     cfg.auth.audit_log = cfg.auth.audit_log or default_audit_path(cfg.storage_path)
     try:
         runtime = assemble(cfg)
@@ -301,6 +303,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     hub.add_argument("--listen", default=None, help=f"HOST:PORT (default 127.0.0.1:{DEFAULT_PORT})")
     hub.add_argument("--config", default=None, help="config YAML (or GPUSCOPE_CONFIG)")
     hub.add_argument("--db", default=None, help="DuckDB store file (default from config: gpuscope.duckdb)")
+    hub.add_argument(
+        "--ingest-workers",
+        type=int,
+        default=None,
+        help="processes serving the ingest route beside the hub's (default: config hub.ingest_workers, 0)",
+    )
     hub.set_defaults(func=_cmd_hub)
 
     for name, spec in DELEGATED.items():

@@ -32,6 +32,7 @@ KNOWN_KEYS |= {"slos"}  # per-service objectives for error-budget burn rates: gp
 KNOWN_KEYS |= {"tls"}  # certificate files of the hub: gpuscope.tls
 KNOWN_KEYS |= {"cluster"}  # sharded hubs sharing state in PostgreSQL: gpuscope.cluster.config
 KNOWN_KEYS |= {"detection"}  # warmup_s: stored history replayed to the detectors at start/takeover
+KNOWN_KEYS |= {"hub"}  # ingest_workers: processes taking the ingest front: gpuscope.web.ingest_workers
 
 
 class ConfigError(ValueError):
@@ -59,6 +60,8 @@ class HubConfig:
     warmup_s: float = WARMUP_S
     #: how long the detectors and the productivity model keep an ended job's state
     finished_job_retention_s: float = FINISHED_JOB_RETENTION_S
+    #: processes serving the ingest route beside the hub's (0: the hub's own process serves it)
+    ingest_workers: int = 0
     #: receivers, routes and the alerting: section (the notifiers hold receivers' URLs and keys)
     alerting: AlertingSettings = field(default_factory=AlertingSettings, repr=False)
     slos: list[Slo] = field(default_factory=list)
@@ -102,6 +105,19 @@ PRICING_KEYS = frozenset({"price_per_gpu_hour"})
 LIMITS_KEYS = frozenset({"max_body_bytes", "max_entities", "max_metrics", "malloc_arenas"})
 RETENTION_KEYS = frozenset({"raw_seconds"})
 DETECTION_KEYS = frozenset({"warmup_s", "finished_job_retention_s"})
+HUB_KEYS = frozenset({"ingest_workers"})
+#: more ingest workers than this is a typo: each is a process with its own log and connections
+MAX_INGEST_WORKERS = 64
+
+
+def parse_ingest_workers(value: object) -> int:
+    """``hub.ingest_workers``: a whole number from 0 (the hub's own process serves ingest) to
+    :data:`MAX_INGEST_WORKERS`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_INGEST_WORKERS:
+        raise ConfigError(
+            f"hub.ingest_workers: must be a whole number from 0 to {MAX_INGEST_WORKERS}, got {value!r}"
+        )
+    return value
 
 
 def _number(section: dict[str, Any], key: str, where: str, default: float) -> float:
@@ -183,6 +199,8 @@ def _parse_sections(cfg: HubConfig, raw: dict[str, Any], env_token: str | None) 
     cfg.raw_retention_s = _number(retention, "raw_seconds", "retention", cfg.raw_retention_s)
     detection = parse_detection(_known(_section(raw, "detection"), "detection", DETECTION_KEYS))
     cfg.warmup_s, cfg.finished_job_retention_s = detection.warmup_s, detection.finished_job_retention_s
+    hub = _known(_section(raw, "hub"), "hub", HUB_KEYS)
+    cfg.ingest_workers = parse_ingest_workers(hub.get("ingest_workers", cfg.ingest_workers))
     cfg.alerting = parse_alerting(raw)  # receivers, routes and alerting:
     cfg.slos = slos_from_config(raw.get("slos"))
     cfg.cluster = parse_cluster(raw, cfg.host, cfg.port)

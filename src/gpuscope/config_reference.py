@@ -150,6 +150,26 @@ SECTIONS: tuple[Section, ...] = (
         "detection: {warmup_s: 900, finished_job_retention_s: 3600}\n",
     ),
     Section(
+        "hub",
+        "gpuscope.config",
+        "The hub's processes. With `ingest_workers: N` (1 or more), N processes of their own serve "
+        "`POST /api/v1/ingest` on the hub's port (HTTP parsing, decoding, validation, the durable "
+        "log and the acknowledgement), each acknowledging a batch once it is synced in its own log "
+        "beside the store (`<store>.ingest/<n>/`), which the hub reads into the store; the hub "
+        "process keeps the store's commit, detection, alerting and every other route, handed the "
+        "connections that ask for them. Needs the DuckDB store, and is refused with `tls` or "
+        "`cluster`. A worker that dies is started again (`ingest_worker_restarts`). Rate limits "
+        "are counted per process. Measured: docs/scaling.md.",
+        (
+            Key(
+                "ingest_workers",
+                "0",
+                "ingest worker processes, 0 to 64; 0: the hub's own process serves ingest",
+            ),
+        ),
+        "hub: {ingest_workers: 2}\n",
+    ),
+    Section(
         "receivers",
         "gpuscope.alert.settings",
         "Where notifications go: a list of `{name, KIND: {...}}` with exactly one kind: "

@@ -128,6 +128,10 @@ class Hub:
 
         return self.store.append_then(batch, stored)
 
+    def owner_url(self, batch: Batch) -> str | None:
+        """The hub that decides the batch's sender (a cluster member names it; None: this one)."""
+        return self.placement.owner_url(batch)
+
     def _stored(self, batch: Batch, result: AppendResult) -> None:
         """A batch is durable: count it and queue it for the detectors and observers."""
         if result.duplicate:
@@ -140,6 +144,12 @@ class Hub:
         self.counters.inc("ingest_refused_samples", result.refused_samples)
         batch.wire = None  # stored: the observers read the batch, not the frame it came in
         self.observing.put(batch)
+
+    def taken(self, batch: Batch, result: AppendResult) -> None:
+        """A batch an ingest worker made durable and the store took from its log
+        (:mod:`gpuscope.web.ingest_workers`): counted and queued for the detectors and observers
+        as :meth:`ingest` does."""
+        self._stored(batch, result)
 
     def unsettled(self) -> bool:
         """Whether acknowledged batches wait for the observe stage (cheap: no observer runs)."""

@@ -12,8 +12,11 @@ The order things start and stop in is written down in :meth:`Runtime.start` and
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from dataclasses import dataclass, replace
+from types import FrameType
 
 import psycopg
 
@@ -30,11 +33,18 @@ from gpuscope.lineage import LineageRegistry, for_hub
 from gpuscope.quality.monitor import QualityMonitor
 from gpuscope.quality.slo import Slo
 from gpuscope.store.base import Store
+from gpuscope.store.duckdb.store import DuckDBStore
 from gpuscope.store.errors import StoreError
 from gpuscope.store.settings import open_store
-from gpuscope.web.server import HubServer
+from gpuscope.web.ingest_worker import WorkerSpec
+from gpuscope.web.ingest_workers import IngestWorkers, replay_logs
+from gpuscope.web.server import HubServer, is_loopback
 
 log = logging.getLogger("gpuscope.runtime")
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
 
 
 class AssemblyError(RuntimeError):
@@ -98,13 +108,18 @@ class Runtime:
     lineage: LineageRegistry
     evaluator: Evaluator | None  # None: the caller evaluates (virtual time)
     server: HubServer | None
+    #: processes serving the ingest route (``hub.ingest_workers``), None when the server does
+    workers: IngestWorkers | None = None
 
     def start(self, now: float | None = None) -> None:
         """Start everything; with a server, it accepts connections when this returns."""
         self._start_services(now)
-        # 4. HTTP: senders' data flows in from here on
+        # 4. HTTP: senders' data flows in from here on (with ingest workers: they accept, and
+        #    hand the server every connection that is not theirs)
         if self.server is not None:
             self.server.start()
+        if self.workers is not None:
+            self.workers.start()
         self._join()
 
     def run(self) -> None:
@@ -114,12 +129,29 @@ class Runtime:
         self._join()  # 4 and 5 swap: serving blocks this thread until the hub is told to stop
         # what start-up built lives as long as the process: the collector stops scanning it
         gcpolicy.tune_for_serving()
+        if threading.current_thread() is threading.main_thread():
+            # uvicorn, once it has stopped serving on SIGTERM, raises the signal again with the
+            # handler found before it: by default that ended the process there, before the stop
+            # below (ingest workers left running, the store not closed). This one ends it after.
+            signal.signal(signal.SIGTERM, _terminated)
         try:
+            # the workers accept from here; what they hand over waits for the server's loop
+            if self.workers is not None:
+                self.workers.start()
             self.server.run()
         finally:
+            self._stop_workers()
             self._stop_services()
 
     def _start_services(self, now: float | None) -> None:
+        # 0. what ingest workers acknowledged before the last stop and the store does not hold
+        #    yet goes in now (the store replayed its own log as it opened), before the warm-up
+        if self.workers is not None:
+            self.workers.replay()
+        elif isinstance(self.hub.store, DuckDBStore) and self.hub.store.durable:
+            # workers a former setting had: what they acknowledged is not left behind
+            replayed, _ = replay_logs(self.hub.store)
+            self.hub.counters.inc("store.log_replayed_batches", replayed)
         # 1. continue the alerts that were firing and warm the detectors up from the store, before
         #    any new data arrives (a hub that cannot read its history still serves, warming up live)
         try:
@@ -140,10 +172,16 @@ class Runtime:
 
     def stop(self) -> None:
         """Stop in the reverse order of :meth:`start`."""
-        # 1. no new data: requests under way finish (or are dropped unacknowledged after 10 s)
+        # 1. no new data: requests under way finish (or are dropped unacknowledged after 10 s);
+        #    ingest workers first, then everything they acknowledged goes into the store
+        self._stop_workers()
         if self.server is not None:
             self.server.stop()
         self._stop_services()
+
+    def _stop_workers(self) -> None:
+        if self.workers is not None:
+            self.workers.stop()
 
     def _stop_services(self) -> None:
         # 2. the clock stops: no evaluation starts after this
@@ -165,6 +203,8 @@ class Runtime:
             self.cluster.leave()
         # 6. the store flushes and closes
         self.hub.store.close()
+        if self.workers is not None:
+            self.workers.close()
 
 
 def assemble(
@@ -219,8 +259,43 @@ def assemble(
             alerting.stop()
             store.close()
             raise
+    workers: IngestWorkers | None = None
+    if server is not None and cfg.ingest_workers:
+        made = _workers(hub, store, server, cfg)
+        if isinstance(made, str):
+            alerting.stop()
+            store.close()
+            raise AssemblyError(made)
+        workers = made
     evaluator = Evaluator(hub, evaluate_interval) if evaluate_interval is not None else None
-    return Runtime(cfg, hub, cluster, quality, alerting, lineage, evaluator, server)
+    return Runtime(cfg, hub, cluster, quality, alerting, lineage, evaluator, server, workers)
+
+
+def _workers(hub: Hub, store: Store, server: HubServer, cfg: HubConfig) -> IngestWorkers | str:
+    """The hub's ingest workers (``hub.ingest_workers``), or why it cannot have them."""
+    why = None
+    if not isinstance(store, DuckDBStore) or not store.durable:
+        why = "needs the DuckDB store on a file (its workers' logs live beside it)"
+    elif cfg.tls is not None:
+        why = "cannot hand TLS connections between processes; terminate TLS in front of the hub"
+    elif cfg.cluster is not None:
+        why = "is not supported on a cluster member"
+    if why is not None:
+        return f"hub.ingest_workers: {why}"
+    assert isinstance(store, DuckDBStore)
+    spec = WorkerSpec(
+        index=0,
+        log_dir="",
+        held=0,
+        auth=cfg.auth,
+        limits=Limits(max_body_bytes=cfg.max_body_bytes, max_past_s=cfg.raw_retention_s),
+        overload=hub.overload.settings,
+        open_reads=is_loopback(cfg.host),
+        name=hub.overload.name,
+        listen_fd=-1,
+        control_fd=-1,
+    )
+    return IngestWorkers(hub, store, server, cfg.ingest_workers, spec)
 
 
 def _server(
@@ -243,4 +318,5 @@ def _server(
         cluster=cluster,
         evaluate_interval=None,  # the runtime runs the clock, in its place in the order
         close_store=False,
+        accept=not cfg.ingest_workers,  # with workers, they accept and hand the rest over
     )

@@ -199,6 +199,8 @@ class OverloadMonitor:
         self._behind_since: float | None = None
         self._alert_since: float | None = None  # hub_overloaded firing since (held past an episode)
         self._observe_lag = 0.0
+        self._consume_lag = 0.0  # how long ingest workers' acknowledged batches wait for the hub
+        self._workers_lagging: dict[int, bool] = {}  # ingest worker -> behind at its last report
         self.shed = 0  # requests refused while behind
         self.urgent_admitted = 0  # urgent requests admitted while behind
         self.episodes = 0  # times the hub fell behind
@@ -266,6 +268,49 @@ class OverloadMonitor:
             if lag > self.settings.max_lag_s:
                 self._sign(now)
 
+    def consume_lag(self, now: float, lag: float) -> None:
+        """Batches that ingest workers acknowledged (:mod:`gpuscope.web.ingest_workers`) had
+        waited ``lag`` seconds at ``now`` for the hub to take them from the workers' logs."""
+        with self._lock:
+            self._consume_lag = lag
+            if lag > self.settings.max_lag_s:
+                self._sign(now)
+
+    def lagging(self, now: float) -> bool:
+        """Whether the hub shows a sign of lag at ``now`` (what ingest workers admit by; each
+        adds the settle time itself)."""
+        with self._lock:
+            return self._lagging_here(now)
+
+    def worker_report(
+        self,
+        now: float,
+        worker: int,
+        refused: Mapping[SenderKey, float],
+        anonymous: float,
+        shed: int,
+        lagging: bool,
+    ) -> None:
+        """What ingest worker ``worker`` did since its last report: the senders it refused (and when),
+        the last refusal of a sender naming nobody, how many requests it shed, and whether it saw
+        itself behind: the hub's verdicts hold those senders' silence, and ``hub_overloaded`` is
+        the hub's however many processes take its ingest."""
+        with self._lock:
+            for sender, at in refused.items():
+                self._refused[sender] = max(at, self._refused.get(sender, -math.inf))
+            self._refused_anonymous = max(self._refused_anonymous, anonymous)
+            self.shed += shed
+            self._workers_lagging[worker] = lagging
+            if lagging or shed:
+                self._sign(now)
+
+    def refusals_since(self, since: float) -> tuple[dict[SenderKey, float], float]:
+        """The named senders refused after ``since`` (with when), and the last refusal of one
+        naming nobody: what an ingest worker reports to its hub."""
+        with self._lock:
+            refused = {k: t for k, t in self._refused.items() if t > since}
+            return refused, self._refused_anonymous
+
     def arrived(self, now: float, stamps: Iterable[tuple[str, float]]) -> None:
         """The detectors saw at ``now`` the batches of these senders: each (sender, the latest of
         its own timestamps in a batch); how late that news is counts as the hub's delay while it
@@ -292,9 +337,14 @@ class OverloadMonitor:
         return ShedCover(refused, everyone_until=everyone_until, delay=self.delay.delay(now))
 
     def _lagging(self, now: float) -> bool:
+        return self._lagging_here(now) or any(self._workers_lagging.values())
+
+    def _lagging_here(self, now: float) -> bool:
+        """A sign of lag in this process (an ingest worker's own is in ``_workers_lagging``)."""
         s = self.settings
         return (
-            len(self._in_flight) >= s.max_in_flight
+            self._consume_lag > s.max_lag_s
+            or len(self._in_flight) >= s.max_in_flight
             or self._oldest_wait(now) > s.max_lag_s
             or self.delay.evaluation_lag > s.max_eval_lag_s
             or self.delay.loop_overdue(now) > s.max_loop_lag_s
@@ -358,6 +408,7 @@ class OverloadMonitor:
                 "in_flight": len(self._in_flight),
                 "oldest_wait_seconds": round(self._oldest_wait(now), 3),
                 "observe_lag_seconds": round(self._observe_lag, 3),
+                "worker_lag_seconds": round(self._consume_lag, 3),
                 "shed_requests": self.shed,
                 "urgent_admitted_while_behind": self.urgent_admitted,
                 "episodes": self.episodes,

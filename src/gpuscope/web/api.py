@@ -152,6 +152,9 @@ class HubApi:
         self.auth = auth if auth is not None else AuthSettings.from_plain(tokens or [])
         self.audit = audit if audit is not None else AuditLog(self.auth.audit_log)
         self.ingest_lag = IngestLag(clock)
+        #: called with the server's event loop once it runs (a hub with ingest workers adopts the
+        #: connections they hand over on it)
+        self.on_loop: list[Callable[[asyncio.AbstractEventLoop], None]] = []
         self.ingest = IngestRoute(hub, self.limits, clock)
         hub.add_observer(self.ingest_lag.observe)
         routes = [
@@ -208,6 +211,9 @@ class HubApi:
 
     @contextlib.asynccontextmanager
     async def _lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        loop = asyncio.get_running_loop()
+        for ready in self.on_loop:
+            ready(loop)
         watcher = asyncio.create_task(self._watch_loop())
         try:
             yield

@@ -31,24 +31,25 @@ import functools
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gpuscope.agent.route import OWNER_HEADER
 from gpuscope.counters import Counters
-from gpuscope.hub import Hub
 from gpuscope.ingest.frame import CONTENT_TYPES, decode_body
 from gpuscope.ingest.overload import (
     SENDER_HEADER,
     URGENT_EVENTS,
     URGENT_HEADER,
+    OverloadMonitor,
     SenderHeaderError,
     SenderKey,
     parse_sender,
 )
 from gpuscope.ingest.payload import Limits, PayloadError, check_time_window
 from gpuscope.model import Batch
-from gpuscope.store.base import AppendResult
+from gpuscope.store.base import AppendResult, Durable
 from gpuscope.store.errors import StoreError, StoreFull
 from gpuscope.web.answer import Answer, RawHeaders, json_answer
 from gpuscope.web.errors import ApiError, refusal_counter
@@ -67,6 +68,23 @@ _OWNER = OWNER_HEADER.lower().encode("latin-1")
 #: answers 500 and logs it)
 Outcome = Answer | Exception
 Reply = Callable[[Outcome], None]
+
+
+class IngestTarget(Protocol):
+    """Where the route's batches go: a :class:`~gpuscope.hub.Hub` (its store), or an ingest
+    worker's log (:mod:`gpuscope.web.ingest_worker`); its counters and overload monitor."""
+
+    @property
+    def counters(self) -> Counters: ...
+
+    @property
+    def overload(self) -> OverloadMonitor: ...
+
+    def ingest(self, batch: Batch) -> AppendResult: ...
+
+    def ingest_then(self, batch: Batch, durable: Durable) -> bool: ...
+
+    def owner_url(self, batch: Batch) -> str | None: ...
 
 
 def header_value(headers: RawHeaders, name: bytes) -> str | None:
@@ -168,7 +186,7 @@ class IngestRoute:
     answer) and :meth:`refusal` (an :class:`ApiError`'s answer, counted).
     """
 
-    def __init__(self, hub: Hub, limits: Limits, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, hub: IngestTarget, limits: Limits, clock: Callable[[], float] = time.time) -> None:
         self.hub = hub
         self.limits = limits
         self.clock = clock
@@ -332,5 +350,5 @@ class IngestRoute:
             "duplicate": result.duplicate,
             "notes": result.notes,
         }
-        owner = self.hub.placement.owner_url(batch)
+        owner = self.hub.owner_url(batch)
         return json_answer(200, doc, [(_OWNER, owner.encode("latin-1"))] if owner else None)

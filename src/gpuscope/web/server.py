@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import ipaddress
 import logging
+import os
 import socket
 import threading
 import time
@@ -56,6 +58,8 @@ class HubServer:
     (:mod:`gpuscope.runtime`) passes ``evaluate_interval=None, close_store=False`` and does both
     in its own order. ``lean_ingest`` serves agents' batches from the HTTP parser's callbacks
     (:mod:`gpuscope.web.lean_ingest`); off, they take the ASGI path like every other request.
+    With ``accept=False`` it binds the socket but accepts nothing on it: ingest workers do
+    (:mod:`gpuscope.web.ingest_workers`), and hand it every other connection (:meth:`adopt`).
     """
 
     def __init__(
@@ -74,6 +78,7 @@ class HubServer:
         cluster: ClusterMember | None = None,
         close_store: bool = True,
         lean_ingest: bool = True,
+        accept: bool = True,
     ) -> None:
         auth = auth if auth is not None else AuthSettings.from_plain(tokens or [])
         if not is_loopback(host) and not auth.tokens:
@@ -119,7 +124,64 @@ class HubServer:
         )
         self.evaluator = Evaluator(hub, evaluate_interval) if evaluate_interval is not None else None
         self.close_store = close_store
+        self.accept = accept
+        if not accept:  # the workers' servers listen on it too; connections queue until one runs
+            self.sock.listen(self.server.config.backlog)
         self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._early: list[tuple[int, bytes]] = []  # connections handed over before the loop ran
+        self._adopt_lock = threading.Lock()
+        self._adopting: set[asyncio.Task[None]] = set()
+        self.api.on_loop.append(self._loop_ready)
+
+    def _sockets(self) -> list[socket.socket]:
+        return [self.sock] if self.accept else []
+
+    def adopt(self, fd: int, data: bytes) -> None:
+        """Serve a connection accepted elsewhere (an ingest worker's): its descriptor, owned from
+        now on, and the bytes already read from it. Any thread."""
+        with self._adopt_lock:
+            loop = self._loop
+            if loop is None:
+                self._early.append((fd, data))
+                return
+        try:
+            loop.call_soon_threadsafe(self._adopt, fd, data)
+        except RuntimeError:  # the loop closed: the server stopped
+            os.close(fd)
+
+    def _loop_ready(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._adopt_lock:
+            self._loop = loop
+            early, self._early = self._early, []
+        for fd, data in early:
+            self._adopt(fd, data)
+
+    def _adopt(self, fd: int, data: bytes) -> None:
+        """On the event loop: the connection joins the server's, as if it had accepted it."""
+        if self.server.should_exit or self._loop is None:
+            os.close(fd)
+            return
+        task = self._loop.create_task(self._connect(socket.socket(fileno=fd), data))
+        self._adopting.add(task)
+        task.add_done_callback(self._adopting.discard)
+
+    async def _connect(self, sock: socket.socket, data: bytes) -> None:
+        assert self._loop is not None
+        server = self.server
+        config = server.config
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg]
+                config=config, server_state=server.server_state, app_state=server.lifespan.state
+            )
+
+        try:
+            _, connection = await self._loop.connect_accepted_socket(protocol, sock)
+        except OSError:
+            sock.close()
+            return
+        connection.data_received(data)
 
     @property
     def url(self) -> str:
@@ -131,7 +193,7 @@ class HubServer:
         if self.evaluator is not None:
             self.evaluator.start()
         try:
-            self.server.run(sockets=[self.sock])
+            self.server.run(sockets=self._sockets())
         finally:
             self._closed()
 
@@ -140,7 +202,7 @@ class HubServer:
         if self.evaluator is not None:
             self.evaluator.start()
         self._thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.sock]}, name="gpuscope-http", daemon=True
+            target=self.server.run, kwargs={"sockets": self._sockets()}, name="gpuscope-http", daemon=True
         )
         self._thread.start()
         deadline = time.monotonic() + 10

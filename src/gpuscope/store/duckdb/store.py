@@ -75,6 +75,14 @@ LOG_POSITION = "ingest_log_seq"  # meta key: the last ingest-log record the tabl
 GPU_TIME_FOLD_MARGIN_S = 3600.0
 
 
+def _reached(taken: list[tuple[int, int, Prepared]]) -> dict[int, int]:
+    """The last record of each origin's log among batches ``taken`` from it."""
+    reached: dict[int, int] = {}
+    for origin, seq, _ in taken:
+        reached[origin] = max(seq, reached.get(origin, 0))
+    return reached
+
+
 def _count(cur: duckdb.DuckDBPyConnection, table: str) -> int:
     row = one(cur, f"SELECT count(*) FROM {table}")
     return int(row[0]) if row else 0
@@ -133,7 +141,12 @@ class DuckDBStore:
         self._buffer_lock = threading.Lock()
         # (ingest-log sequence number, or 0 without a log; prepared batch), in log order
         self._buffer: list[tuple[int, Prepared]] = []
+        #: batches taken from other processes' logs (ingest workers): (origin, seq, prepared),
+        #: durable there already, committed with the position they reach in their origin's log
+        self._taken: list[tuple[int, int, Prepared]] = []
         self._buffer_rows = 0
+        #: origin -> the last record of its log that the tables hold (:meth:`origin_position`)
+        self._origins: dict[int, int] = {}
         self._closed = False
         self._closing = False  # the flusher thread stops
         self._schema_due = False  # acknowledged batches bring metric columns the tables lack
@@ -355,6 +368,52 @@ class DuckDBStore:
         log.when_synced(seq, synced)
         return True
 
+    def origin_position(self, origin: int) -> int:
+        """The last record of log ``origin`` (an ingest worker's) that the tables hold: its reader
+        resumes after it (on a restart, this is the replay of that log)."""
+        known = self._origins.get(origin)
+        if known is not None:  # kept by each commit: no wait for the one under way
+            return known
+        with self._commit_lock:
+            if origin not in self._origins:
+                key = f"{LOG_POSITION}.{origin}"
+                stored = get_meta(self._wcon, key)
+                if stored is None:  # the row each commit of its records updates
+                    set_meta(self._wcon, key, "0")
+                self._origins[origin] = int(stored or 0)
+            return self._origins[origin]
+
+    def take_logged(self, batch: Batch, origin: int, seq: int) -> AppendResult:
+        """A batch that another process already made durable, record ``seq`` of log ``origin``
+        (:meth:`origin_position` first): de-duplicated by its id here, where it is consumed (a
+        retry may reach another writer), and pending for the next commit, which records how far
+        into that log the tables reach."""
+        self._check_open()
+        bid = batch.batch_id
+        if bid is not None and self.batch_ids.claim(bid) is Claim.DUPLICATE:
+            self.counters.inc("store.duplicate_batches")
+            with self._buffer_lock:  # the position moves past it all the same
+                self._taken.append((origin, seq, self._preparer.prepare(Batch(batch.source))))
+            return AppendResult(duplicate=True)
+        stored = False
+        try:
+            prepared = self._preparer.prepare(batch)
+            self.counters.inc("store.refused_entities", prepared.result.refused_entities)
+            self.counters.inc("store.refused_samples", prepared.result.refused_samples)
+            with self._buffer_lock:
+                self._taken.append((origin, seq, prepared))
+                self._buffer_rows += prepared.rows
+            if prepared.columns or prepared.train_columns:
+                with self._wake:
+                    self._schema_due = True
+                    self._wake.notify()
+            stored = True
+        finally:
+            if bid is not None:
+                self.batch_ids.finish(bid, stored, time.time())
+        self._written()
+        return prepared.result
+
     def has_batch(self, batch_id: str) -> bool:
         """Whether a batch with this id was stored (a remote store asks before writing telemetry)."""
         return batch_id in self.batch_ids
@@ -453,7 +512,7 @@ class DuckDBStore:
         own (no rows: the tick's commit brings those)."""
         with self._flush_lock:
             with self._buffer_lock:
-                prepared = [p for _, p in self._buffer]
+                prepared = [p for _, p in self._buffer] + [p for _, _, p in self._taken]
             new_cols = self.columns.unpersisted(set().union(*(p.columns for p in prepared)))
             new_tcols = self.train_columns.unpersisted(set().union(*(p.train_columns for p in prepared)))
             if not new_cols and not new_tcols:
@@ -494,7 +553,8 @@ class DuckDBStore:
 
         With the log, only records already synced are taken (the others are not acknowledged
         yet), and a failed commit keeps them pending; without it, a failed flush loses them
-        (counted)."""
+        (counted). Batches taken from other logs (:meth:`take_logged`) are durable there: all of
+        them go, and a failed commit keeps them pending too."""
         log = self._log
         with self._flush_lock:
             with self._buffer_lock:
@@ -507,46 +567,63 @@ class DuckDBStore:
                         k -= 1
                     items, self._buffer = self._buffer[:k], self._buffer[k:]
                     self._buffer_rows -= sum(p.rows for _, p in items)
-            if not items:
+                taken, self._taken = self._taken, []
+                self._buffer_rows -= sum(p.rows for _, _, p in taken)
+            if not items and not taken:
                 return
-            position = items[-1][0]
+            position = items[-1][0] if items else 0
+            origins = _reached(taken)
+            batch = [p for _, p in items] + [p for _, _, p in taken]
             try:
                 try:
-                    self._commit([p for _, p in items], position)
+                    self._commit(batch, position, origins)
                 except duckdb.Error as exc:
                     if log is None or not disk_full(exc):
                         raise
                     if not log.release_reserve():
                         raise
-                    self._commit([p for _, p in items], position)  # in the space the reserve held
+                    self._commit(batch, position, origins)  # in the space the reserve held
             except duckdb.Error as exc:
-                if log is None:
+                if log is None and not taken:
                     self.counters.inc("store.lost_buffered_batches", len(items))
-                elif not disk_full(exc) and len(items) > 1:
-                    self._commit_one_by_one(items)
-                    log.release(position)
+                elif not disk_full(exc) and len(batch) > 1:
+                    self._commit_one_by_one(items, taken)
+                    if log is not None and items:
+                        log.release(position)
                     return
                 else:
                     self.counters.inc("store.flush_failures")
+                    if log is None:
+                        self.counters.inc("store.lost_buffered_batches", len(items))
                     with self._buffer_lock:
-                        self._buffer[:0] = items
-                        self._buffer_rows += sum(p.rows for _, p in items)
-                raise write_error(f"committing {len(items)} pending batches failed", exc) from None
-            if log is not None:
+                        if log is not None:
+                            self._buffer[:0] = items
+                            self._buffer_rows += sum(p.rows for _, p in items)
+                        self._taken[:0] = taken
+                        self._buffer_rows += sum(p.rows for _, _, p in taken)
+                raise write_error(f"committing {len(batch)} pending batches failed", exc) from None
+            if log is not None and items:
                 log.release(position)
 
-    def _commit_one_by_one(self, items: list[tuple[int, Prepared]]) -> None:
+    def _commit_one_by_one(
+        self, items: list[tuple[int, Prepared]], taken: list[tuple[int, int, Prepared]] | None = None
+    ) -> None:
         """After a failed group: each batch alone, so that one the tables refuse (validation
         should have refused it) cannot hold back the others; it is counted, not retried forever."""
-        for seq, prepared in items:
+        alone: list[tuple[Prepared, int, dict[int, int] | None]] = [(p, seq, None) for seq, p in items]
+        alone += [(p, 0, {origin: seq}) for origin, seq, p in taken or []]
+        for prepared, seq, origins in alone:
             try:
-                self._commit([prepared], seq)
+                self._commit([prepared], seq, origins)
             except duckdb.Error:
                 self.counters.inc("store.unstorable_batches")
-                self._commit([], seq)  # past it, so a restart does not replay it either
+                self._commit([], seq, origins)  # past it, so a restart does not replay it either
 
-    def _commit(self, items: list[Prepared], position: int = 0) -> None:
-        """One transaction for all ``items``, and the ingest-log position they reach."""
+    def _commit(
+        self, items: list[Prepared], position: int = 0, origins: dict[int, int] | None = None
+    ) -> None:
+        """One transaction for all ``items``, and the ingest-log position they reach (``origins``:
+        the position they reach in each other log they were taken from)."""
         blocks: dict[tuple[int, ...], RowBlock] = {}
         for item in items:
             for key, block in item.blocks.items():
@@ -588,12 +665,17 @@ class DuckDBStore:
                 if position:
                     # an UPDATE of the existing row: INSERT OR REPLACE cost about 3 ms more a commit
                     con.execute("UPDATE meta SET value = ? WHERE key = ?", [str(position), LOG_POSITION])
+                for origin, seq in (origins or {}).items():
+                    con.execute(
+                        "UPDATE meta SET value = ? WHERE key = ?", [str(seq), f"{LOG_POSITION}.{origin}"]
+                    )
                 con.execute("COMMIT")
             except BaseException:
                 with contextlib.suppress(duckdb.Error):
                     con.execute("ROLLBACK")
                 raise
             self._batch_seq += len(ids)
+            self._origins.update(origins or {})
         self.columns.mark_persisted(c for c, _ in new_cols)
         self.train_columns.mark_persisted(c for c, _ in new_tcols)
         self.entities.mark_persisted(e for e, _ in new_ents)
@@ -854,7 +936,7 @@ class DuckDBStore:
         if self._log is None:
             return None
         with self._buffer_lock:
-            pending, rows = len(self._buffer), self._buffer_rows
+            pending, rows = len(self._buffer) + len(self._taken), self._buffer_rows
         return {
             "bytes": self._log.bytes(),
             "segments": self._log.segments(),

@@ -1,0 +1,231 @@
+"""A hub whose ingest front runs in worker processes (``hub.ingest_workers``): every batch a
+worker acknowledges reaches the store and the detectors exactly once, through a worker killed
+mid-load, retries landing on another worker and a restart; the other routes are the hub's on the
+same port; overload still sheds with 503 + Retry-After and raises one ``hub_overloaded``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+import yaml
+
+from gpuscope.config import ConfigError, load_config
+from gpuscope.counters import Counters
+from gpuscope.ingest.frame import CONTENT_TYPE, encode_frame
+from gpuscope.ingest.overload import SENDER_HEADER, URGENT_EVENTS, URGENT_HEADER
+from gpuscope.ingest.worker_state import WorkerState
+from gpuscope.model import Batch, Event, Frame
+from gpuscope.rules import HUB_OVERLOADED
+from gpuscope.runtime import AssemblyError, Runtime, assemble
+from gpuscope.store.duckdb import DuckDBStore
+from gpuscope.store.ingest_log import IngestLog
+from support import free_port, wait_until
+
+NODES = 4
+TICKS = 30
+FRAME = {"content-type": CONTENT_TYPE}
+JSON = {"content-type": "application/json"}
+
+
+def _runtime(tmp_path: Path, workers: int = 2, evaluate: float | None = 0.2) -> Runtime:
+    path = tmp_path / "hub.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "listen": f"127.0.0.1:{free_port()}",
+                "storage": {"path": str(tmp_path / "hub.duckdb")},
+                "hub": {"ingest_workers": workers},
+            }
+        )
+    )
+    return assemble(load_config(path), evaluate_interval=evaluate)
+
+
+def _frame(node: str, k: int, start: float) -> bytes:
+    values = np.array([[50.0 + k], [60.0 + k]])
+    entities = [{"node": node, "gpu": "0"}, {"node": node, "gpu": "1"}]
+    events = []
+    if node == "node-0" and k == 7:
+        events = [Event(start + k, "xid", {"node": node, "gpu": "1"}, {"code": 79})]
+    batch = Batch(node, [Frame(start + k, ["gpu_util"], entities, values)], events, [], f"{node}:{k}")
+    return encode_frame(batch)
+
+
+def _sdk(k: int, start: float) -> bytes:
+    record = {"ts": start + k, "job": "train", "rank": 0, "step": k, "metrics": {"loss": 1.0 / (k + 1)}}
+    return orjson.dumps({"source": "sdk", "batch_id": f"sdk:{k}", "training": [record]})
+
+
+def _send_until_acked(url: str, posts: list[tuple[bytes, dict[str, str]]], acked: list[int]) -> None:
+    """One sender: each body in order, retried (on a fresh connection) until acknowledged; every
+    fifth one sent again on a fresh connection too, as a sender that lost the answer would."""
+    client = httpx.Client(timeout=10)
+    for n, (body, headers) in enumerate(posts):
+        tries = 2 if n % 5 == 0 else 1
+        while tries:
+            try:
+                status = client.post(f"{url}/api/v1/ingest", content=body, headers=headers).status_code
+            except httpx.HTTPError:
+                status = 0
+            if status == 200:
+                tries -= 1
+                if tries:
+                    client.close()
+                    client = httpx.Client(timeout=10)
+                continue
+            client.close()
+            client = httpx.Client(timeout=10)
+            time.sleep(0.05)
+        acked[0] += 1
+    client.close()
+
+
+def _stored(path: Path, start: float) -> tuple[Counter[tuple[str, str, float]], int, int]:
+    """(rows by node, gpu and time; training records; xid events) the store holds."""
+    with DuckDBStore(str(path)) as store:
+        rows: Counter[tuple[str, str, float]] = Counter()
+        for batch in store.replay(start - 1, start + TICKS + 1):
+            for frame in batch.frames:
+                for labels in frame.entities:
+                    rows[(labels["node"], labels["gpu"], round(frame.ts, 3))] += 1
+        training = len(store.training("train", start - 1, start + TICKS + 1))
+        xids = len(store.events(start - 1, start + TICKS + 1, kind="xid"))
+    return rows, training, xids
+
+
+def test_two_workers_store_every_acknowledged_batch_once_through_a_killed_worker(tmp_path: Path) -> None:
+    runtime = _runtime(tmp_path)
+    assert runtime.server is not None and runtime.workers is not None
+    start = time.time() - 120
+    runtime.start()
+    url = runtime.server.url
+    try:
+        senders = []
+        acked = [[0] for _ in range(NODES + 1)]
+        for i in range(NODES):
+            posts = [(_frame(f"node-{i}", k, start), FRAME) for k in range(TICKS)]
+            senders.append(threading.Thread(target=_send_until_acked, args=(url, posts, acked[i])))
+        sdk = [(_sdk(k, start), JSON) for k in range(TICKS)]
+        senders.append(threading.Thread(target=_send_until_acked, args=(url, sdk, acked[NODES])))
+        for thread in senders:
+            thread.start()
+        wait_until(lambda: sum(a[0] for a in acked) >= TICKS, 60, "a third of the batches acknowledged")
+        os.kill(runtime.workers.pids()[0], signal.SIGKILL)  # mid-load: its connections break
+        for thread in senders:
+            thread.join(timeout=120)
+        assert [a[0] for a in acked] == [TICKS] * (NODES + 1)
+        counters = runtime.hub.counters
+        wait_until(lambda: counters.get("ingest_worker_restarts") == 1, 30, "the killed worker restarted")
+        # the hub's own routes, on the same port, from a connection a worker handed over
+        health = httpx.get(f"{url}/api/v1/health", timeout=10)
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        wait_until(lambda: any("xid" in a.rule for a in runtime.hub.firing()), 30, "the XID alert")
+        assert len([a for a in runtime.hub.firing() if "xid" in a.rule]) == 1
+    finally:
+        runtime.stop()
+    rows, training, xids = _stored(tmp_path / "hub.duckdb", start)
+    nodes = [f"node-{i}" for i in range(NODES)]
+    expected = {(node, g, round(start + k, 3)) for node in nodes for g in "01" for k in range(TICKS)}
+    assert set(rows) == expected and set(rows.values()) == {1}  # every acknowledged row, once
+    assert training == TICKS and xids == 1
+
+    # a restart on the same files, workers again: what their logs still hold is not stored twice
+    again = _runtime(tmp_path)
+    again.start()
+    again.stop()
+    assert _stored(tmp_path / "hub.duckdb", start) == (rows, training, xids)
+
+
+def _post(url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
+    return httpx.post(f"{url}/api/v1/ingest", content=body, headers=headers, timeout=10)
+
+
+def test_a_lagging_hub_sheds_at_its_workers_takes_the_urgent_lane_and_raises_one_hub_overloaded(
+    tmp_path: Path,
+) -> None:
+    runtime = _runtime(tmp_path, evaluate=None)  # the test is the clock
+    assert runtime.server is not None
+    start = time.time() - 60
+    runtime.start()
+    url, hub = runtime.server.url, runtime.hub
+    try:
+        assert _post(url, _frame("node-1", 0, start), FRAME).status_code == 200
+        named = {**FRAME, SENDER_HEADER: "node=node-1"}
+
+        def shed() -> bool:
+            hub.overload.observe_lag(time.time(), 30.0)  # its detectors 30 s behind, as they stay
+            return _post(url, _frame("node-1", 1, start), named).status_code == 503
+
+        wait_until(shed, 20, "a worker shedding")
+        refused = _post(url, _frame("node-1", 1, start), named)
+        assert refused.status_code == 503 and int(refused.headers["retry-after"]) >= 1
+        labels = {"node": "node-1", "gpu": "1"}
+        event = {"ts": start + 2, "kind": "xid", "labels": labels, "data": {"code": 79}}
+        urgent = orjson.dumps({"source": "node-1", "batch_id": "node-1:2:urgent", "events": [event]})
+        assert _post(url, urgent, {**JSON, URGENT_HEADER: URGENT_EVENTS}).status_code == 200
+        # the workers' refusals reach the hub: the sender's silence is the hub's doing
+        sender = (("node", "node-1"),)
+        wait_until(lambda: sender in hub.overload.cover(time.time()).refused, 10, "the refusal reported")
+        for _ in range(3):
+            hub.evaluate(time.time())
+        overloaded = [a for a in hub.firing() if a.rule == HUB_OVERLOADED]
+        assert len(overloaded) == 1
+        # counted by the workers (each reports every quarter second), in the hub's counters
+        wait_until(lambda: hub.counters.get("ingest_shed_requests") >= 2, 10, "the workers' counters")
+    finally:
+        runtime.stop()
+
+
+def test_ingest_workers_setting_is_checked_and_needs_a_file_store(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"hub": {"ingest_workers": -1}}))
+    with pytest.raises(ConfigError, match=r"hub\.ingest_workers"):
+        load_config(path)
+    path.write_text(yaml.safe_dump({"hub": {"ingest_wrokers": 2}}))
+    with pytest.raises(ConfigError, match="ingest_wrokers"):
+        load_config(path)
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "listen": f"127.0.0.1:{free_port()}",
+                "storage": {"path": ":memory:"},
+                "hub": {"ingest_workers": 1},
+            }
+        )
+    )
+    with pytest.raises(AssemblyError, match=r"hub\.ingest_workers: needs the DuckDB store on a file"):
+        assemble(load_config(path))
+
+
+def test_what_a_former_worker_acknowledged_is_stored_by_a_hub_without_workers(tmp_path: Path) -> None:
+    """``hub.ingest_workers`` lowered to 0 after a crash: the logs of the workers it had are read."""
+    start = time.time() - 60
+    directory = tmp_path / "hub.duckdb.ingest" / "3"  # a worker the former setting had
+    log = IngestLog(directory, Counters(), reserve_bytes=0)
+    list(log.recover(0))
+    log.start()
+    for k in range(5):
+        log.append(_frame("node-7", k, start), lambda seq: None)
+    state = WorkerState(directory)
+    state.synced = log.synced  # as the worker says before it acknowledges
+    log.close()
+    state.close()
+    runtime = _runtime(tmp_path, workers=0)
+    runtime.start()
+    runtime.stop()
+    rows, _, _ = _stored(tmp_path / "hub.duckdb", start)
+    assert sorted(rows) == sorted(("node-7", g, round(start + k, 3)) for k in range(5) for g in "01")
+    assert set(rows.values()) == {1}
+    again = _runtime(tmp_path, workers=0)  # read once: a second start stores nothing again
+    again.start()
+    again.stop()
+    assert _stored(tmp_path / "hub.duckdb", start)[0] == rows
