@@ -47,6 +47,7 @@ from gpuscope.rules import NODE_UNREACHABLE, RANK_LOST, TRAINING_STALLED
 SILENCE_RULES = frozenset({NODE_UNREACHABLE, RANK_LOST, TRAINING_STALLED})
 
 Held = Callable[[Labels], bool]
+Source = Literal["overload", "takeover"]
 
 
 def wire_sender(rule: str, entity: Labels) -> SenderKey | None:
@@ -57,9 +58,6 @@ def wire_sender(rule: str, entity: Labels) -> SenderKey | None:
     if rule == RANK_LOST and "job" in entity and "rank" in entity:
         return rank_sender(entity["job"], entity["rank"])
     return None
-
-
-Source = Literal["overload", "takeover"]
 
 
 class SenderGaps:
