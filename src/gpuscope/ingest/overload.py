@@ -39,6 +39,7 @@ import random
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 from gpuscope.ingest.delay import HubDelay
@@ -141,16 +142,24 @@ REFUSALS_KEPT_S = 600.0
 @dataclass(frozen=True, slots=True)
 class Wire:
     """Who the hub heard knock, as of an evaluation: per sender named in ``X-Gpuscope-Sender``, the
-    hub time of its latest request of any kind (admitted, refused, urgent; one in flight counts as
-    now). A refused sender keeps knocking (it comes back after its Retry-After); a dead one stops,
-    whatever the spools of the others hold back. ``clock``: the freshest knock of any sender (a hub
-    whose event loop is starved reads no headers at all, and nobody's silence on the wire grows
-    meanwhile); ``settle``: the longest a sender the hub refused stays away (its Retry-After, at
-    most twice ``retry_after_s``, plus transit)."""
+    hub time of its latest request of any kind (admitted, refused, urgent; one with a request in
+    flight counts as knocking at ``clock``). A refused sender keeps knocking (it comes back after
+    its Retry-After); a dead one stops, whatever the spools of the others hold back.
+
+    ``clock``: the freshest knock of any sender (a hub whose event loop is starved reads no headers
+    at all, and nobody's silence on the wire grows meanwhile). ``settle``: the longest a sender the
+    hub refused stays away (its Retry-After, at most twice ``retry_after_s``, plus transit).
+    ``turn``: how long the fleet's senders go between knocks now, twice the median of their
+    silences on the wire. Requests that wait on the senders' side (their connection pool, a
+    congested link) reach the hub in turn, so the senders' silences spread over one turn and the
+    longest is about twice the median: a wait the hub cannot see itself, allowed for as long as it
+    is the fleet's and not a few senders' (up to half the senders dead at once leave the median to
+    the live ones)."""
 
     last: Mapping[SenderKey, float] = field(default_factory=dict)
     clock: float = -math.inf
     settle: float = 0.0
+    turn: float = 0.0
 
     def silence(self, sender: SenderKey) -> float | None:
         """How long ``sender`` has not knocked (None: it never named itself to this hub)."""
@@ -158,10 +167,11 @@ class Wire:
         return None if last is None else max(0.0, self.clock - last)
 
     def dead(self, sender: SenderKey, threshold: float) -> bool:
-        """Silent on the wire past ``threshold`` plus the settle time: silence a refusal cannot
-        explain, so its verdict is judged as on a healthy hub, however far behind the hub's data is."""
+        """Silent on the wire past ``threshold`` plus the settle time (or the fleet's turn, if
+        longer): silence neither a refusal nor the senders' own queues explain, so its verdict is
+        judged as on a healthy hub, however far behind the hub's data is."""
         silence = self.silence(sender)
-        return silence is not None and silence >= threshold + self.settle
+        return silence is not None and silence >= threshold + max(self.settle, self.turn)
 
 
 def node_sender(node: str) -> SenderKey:
@@ -360,12 +370,15 @@ class OverloadMonitor:
             self._refused = {k: t for k, t in self._refused.items() if now - t < kept}
             refused = {k: t + settle for k, t in self._refused.items()}
             everyone_until = self._refused_anonymous + settle
-            wire = self._wire(now, kept)
+            last, clock = self._knocked(now, kept)
         self.delay.waiting(now, oldest)
+        turn = 2.0 * median(clock - t for t in last.values()) if last else 0.0
+        wire = Wire(last, clock, settle, turn)
         return ShedCover(refused, everyone_until=everyone_until, delay=self.delay.delay(now), wire=wire)
 
-    def _wire(self, now: float, kept: float) -> Wire:
-        """The knocks as of ``now`` (under the lock); senders silent for ``kept`` are forgotten."""
+    def _knocked(self, now: float, kept: float) -> tuple[dict[SenderKey, float], float]:
+        """Each named sender's latest knock as of ``now``, and the freshest (under the lock);
+        senders silent for ``kept`` are forgotten."""
         if now - self._knocks_pruned >= kept:
             self._knocks = {k: t for k, t in self._knocks.items() if now - t < kept}
             self._knocks_pruned = now
@@ -373,9 +386,8 @@ class OverloadMonitor:
         clock = self._latest_knock
         for _, sender in self._in_flight.values():
             if sender is not None:
-                last[sender] = now  # waiting on the hub: knocking now
-                clock = now
-        return Wire(last, clock, self.settings.settle)
+                last[sender] = clock  # waiting on the hub: as fresh as anyone
+        return last, clock
 
     def _lagging(self, now: float) -> bool:
         s = self.settings
