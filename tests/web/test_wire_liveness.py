@@ -27,8 +27,8 @@ from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 from support import wait_until
 
-NODES, GPUS = 4, 2
-FLOODERS = 16
+NODES, GPUS = 8, 2  # 24 senders: the two that die are under a tenth of them
+FLOODERS = 12
 SETTINGS = OverloadSettings(max_in_flight=8, max_lag_s=1.0, retry_after_s=1.0)
 #: a 1-s sender's silence threshold (node_unreachable and rank_lost: 4 periods, at least 4 s)
 THRESHOLD = 4.0
@@ -37,7 +37,7 @@ THRESHOLD = 4.0
 #: after (1 s); 3 s more for a loaded machine, whose evaluator runs late (the old code found
 #: neither while the hub was behind, however long)
 BOUND = 5.0
-DEAD_NODE, DEAD_RANK = "node-3", 1  # rank 1 runs on node-0: a rank dying on a live node
+DEAD_NODE, DEAD_RANK = "node-7", 1  # rank 1 runs on node-0: a rank dying on a live node
 
 
 class _Member(threading.Thread):
@@ -62,7 +62,7 @@ class _Member(threading.Thread):
 
 
 class _Fleet:
-    """Four agents and one job's eight ranks, each its own sender, a batch each second."""
+    """Eight agents and one job's sixteen ranks, each its own sender, a batch each second."""
 
     def __init__(self, url: str, tmp: Path) -> None:
         self.cluster = FakeCluster(nodes=NODES, gpus=GPUS)
@@ -193,9 +193,8 @@ def test_a_node_and_a_rank_that_stop_knocking_are_found_while_the_hub_is_behind(
         assert behind_when_found  # found during the overload, not once it ended
         for alert in (node, rank):
             assert died <= alert.started_at <= died + THRESHOLD + SETTINGS.settle + BOUND
-        wait_until(fleet.drained, 60, "the live senders' spools to drain")
-        wait_until(lambda: not hub.overload.behind(time.time()), 30, "the hub to catch up")
-        time.sleep(6)  # every live sender's threshold after the hub caught up
+        wait_until(fleet.drained, 180, "the live senders' spools to drain")
+        time.sleep(8)  # past every live sender's threshold and the settle time after they drained
     finally:
         fleet.close()
     blamed = sorted(

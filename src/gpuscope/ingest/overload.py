@@ -39,7 +39,6 @@ import random
 import threading
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from statistics import median
 from typing import Any
 
 from gpuscope.ingest.delay import HubDelay
@@ -149,12 +148,12 @@ class Wire:
     ``clock``: the freshest knock of any sender (a hub whose event loop is starved reads no headers
     at all, and nobody's silence on the wire grows meanwhile). ``settle``: the longest a sender the
     hub refused stays away (its Retry-After, at most twice ``retry_after_s``, plus transit).
-    ``turn``: how long the fleet's senders go between knocks now, twice the median of their
-    silences on the wire. Requests that wait on the senders' side (their connection pool, a
-    congested link) reach the hub in turn, so the senders' silences spread over one turn and the
-    longest is about twice the median: a wait the hub cannot see itself, allowed for as long as it
-    is the fleet's and not a few senders' (up to half the senders dead at once leave the median to
-    the live ones)."""
+    ``turn``: how long the fleet's senders go between knocks now, the 90th percentile of their
+    silences on the wire over 0.9. Requests that wait on the senders' side (their connection pool,
+    a congested link, a load generator's stalled process) reach the hub in turn, so the senders'
+    silences spread over one turn and the longest is about the 90th percentile over 0.9: a wait the
+    hub cannot see itself, allowed for as long as it is more than a tenth of the senders' (up to a
+    tenth of them dead at once leave the percentile to the live ones)."""
 
     last: Mapping[SenderKey, float] = field(default_factory=dict)
     clock: float = -math.inf
@@ -172,6 +171,18 @@ class Wire:
         judged as on a healthy hub, however far behind the hub's data is."""
         silence = self.silence(sender)
         return silence is not None and silence >= threshold + max(self.settle, self.turn)
+
+
+#: the share of the named senders whose silence on the wire is taken as the fleet's turn
+TURN_QUANTILE = 0.9
+
+
+def _turn(silences: list[float]) -> float:
+    """The fleet's turn (:class:`Wire`) from its senders' silences on the wire, sorted."""
+    if not silences:
+        return 0.0
+    rank = max(0, math.ceil(TURN_QUANTILE * len(silences)) - 1)  # nearest rank
+    return silences[rank] / TURN_QUANTILE
 
 
 def node_sender(node: str) -> SenderKey:
@@ -372,7 +383,7 @@ class OverloadMonitor:
             everyone_until = self._refused_anonymous + settle
             last, clock = self._knocked(now, kept)
         self.delay.waiting(now, oldest)
-        turn = 2.0 * median(clock - t for t in last.values()) if last else 0.0
+        turn = _turn(sorted(clock - t for t in last.values()))
         wire = Wire(last, clock, settle, turn)
         return ShedCover(refused, everyone_until=everyone_until, delay=self.delay.delay(now), wire=wire)
 
