@@ -300,3 +300,44 @@ def test_senders_refused_while_behind_are_not_blamed_while_their_spools_queue_on
     assert alert.entity == {"node": "node-5"} and alert.rule == "node_unreachable"
     gap_end = 39 + rig.hub.overload.settings.settle
     assert alert.started_at <= gap_end + 4 + max(delays) + 1
+
+
+def test_a_node_that_stops_knocking_is_found_at_its_threshold_however_late_the_others_news_is() -> None:
+    """Behind for 90 s: every live node is refused each second (it knocks: it comes back after
+    Retry-After) and its news reaches the detectors 40 s late, as through a deep spool (nothing
+    for 40 s, then each second's news 40 s old); node-11 dies at 30 and knocks no more. The hub's
+    delay and the fleet's watermark are 40 s, yet node-11 is judged as on a healthy hub: at its
+    threshold plus the settle time after its last knock, not 40 s later; the refused live nodes
+    raise nothing."""
+    lag = 40
+    cluster = FakeCluster(nodes=12, gpus=2)  # the one that dies is under a tenth of the senders
+    rig = Rig()
+    queued: list[Batch] = []
+    settle = rig.hub.overload.settings.settle
+
+    def knock(t: float, names: Iterable[str]) -> None:
+        for name in names:
+            admission = rig.hub.overload.admit(t, parse_sender(sender_header({"node": name})))
+            if admission.ticket is not None:
+                rig.hub.overload.done(admission.ticket)
+
+    for t in range(0, 30):
+        knock(float(t), cluster.names)
+        rig.run(t, t + 1, cluster.batches, node_of)
+    cluster.down.add("node-11")
+    for t in range(30, 120):
+        queued.extend(b for b in cluster.batches(float(t)) if b is not None)
+        ready = [b for b in queued if _ts(b) <= t - lag]
+        queued[:] = [b for b in queued if _ts(b) > t - lag]
+        rig.hub.overload.loop_lag(float(t), LOOP_LAG)
+        knock(float(t), [n for n in cluster.names if n not in cluster.down])
+        rig.tick(float(t), ready, [], node_of)
+    assert rig.hub.overload.cover(119.0).delay >= lag / 2  # the hub knows its senders' news is late
+    (alert,) = rig.blamed()
+    assert alert.entity == {"node": "node-11"} and alert.rule == "node_unreachable"
+    assert 29 + 4 + settle <= alert.started_at <= 29 + 4 + settle + 1
+    assert alert.details["wire_silence_seconds"] >= 4 + settle
+    (nodes,) = [d for d in rig.hub.detection.detectors if d.rules == ("node_unreachable",)]
+    withheld = [nodes.counters.get(f"node_verdicts_withheld_{why}") for why in ("hub_gap", "watermark")]
+    assert sum(withheld) > 0  # the live ones, silent on the hub's clock, were withheld
+    assert nodes.counters.get("node_verdicts_found_on_wire") >= 1

@@ -15,7 +15,11 @@ each is a *source* of sender gaps here:
   the hub's delay (what it spooled meanwhile queues on its way back like everyone's news). Any
   other sender's verdict is held while its silence is within its threshold plus the delay the hub
   made every request wait. A sender the hub did not refuse (a node that died) is judged at its
-  threshold plus that delay, however long the hub stays behind.
+  threshold plus that delay, however long the hub stays behind. A node or a rank that names
+  itself (``node=``; ``job=,rank=``) is also judged by its knocks
+  (:class:`~gpuscope.ingest.overload.Wire`): a refused sender keeps knocking, a dead one stops,
+  so one that has not knocked for its threshold plus the settle time is judged as on a healthy
+  hub, whatever the delay (the delay is how late the spools' data arrives, not how late a knock is).
 - ``takeover``: when a hub takes shards over (a member died, left or joined), the senders of those
   shards are moving: they notice the old owner is gone at their next send, fail over, and the
   answer names the new owner. Their verdicts are held until the failover grace has passed.
@@ -35,7 +39,7 @@ from typing import Literal
 
 from gpuscope.counters import Counters
 from gpuscope.detect.baseline import finite_or_none
-from gpuscope.ingest.overload import SenderKey, ShedCover, covers
+from gpuscope.ingest.overload import SenderKey, ShedCover, covers, node_sender, rank_sender
 from gpuscope.model import Alert, Finding, Labels
 from gpuscope.rules import NODE_UNREACHABLE, RANK_LOST, TRAINING_STALLED
 
@@ -44,6 +48,16 @@ SILENCE_RULES = frozenset({NODE_UNREACHABLE, RANK_LOST, TRAINING_STALLED})
 
 Held = Callable[[Labels], bool]
 Source = Literal["overload", "takeover"]
+
+
+def wire_sender(rule: str, entity: Labels) -> SenderKey | None:
+    """The sender whose knocks tell whether ``entity`` is alive, for a verdict of ``rule`` (None:
+    no single sender does: a job's stall is its steps, not its processes' presence)."""
+    if rule == NODE_UNREACHABLE and "node" in entity:
+        return node_sender(entity["node"])
+    if rule == RANK_LOST and "job" in entity and "rank" in entity:
+        return rank_sender(entity["job"], entity["rank"])
+    return None
 
 
 class SenderGaps:
@@ -93,6 +107,9 @@ class SenderGaps:
         threshold = finding.details.get("threshold_seconds")
         known = isinstance(threshold, int | float)
         allowed = float(threshold) if isinstance(threshold, int | float) else 0.0
+        sender = wire_sender(finding.rule, finding.entity)
+        if known and sender is not None and shed.wire.dead(sender, allowed):
+            return None  # it stopped knocking: no refusal or delay of the hub's explains that
         # silence measured from the gap's end, and the sender's spool then waits like everyone's
         if now < self._gap_end(finding.entity) + allowed + shed.delay:
             return "overload"
@@ -126,4 +143,7 @@ class SenderGaps:
         if finding.rule in SILENCE_RULES:
             finding.details["hub_delay_seconds"] = self._shed.delay
             finding.details["hub_gap_end_ts"] = finite_or_none(self._gap_end(finding.entity))
+            sender = wire_sender(finding.rule, finding.entity)
+            if sender is not None:
+                finding.details["wire_silence_seconds"] = self._shed.wire.silence(sender)
         return finding

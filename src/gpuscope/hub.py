@@ -256,8 +256,10 @@ class Hub:
             heard, self._heard = self._heard, []
         self.overload.arrived(now, heard)
         findings = self.overload.findings(now)
-        self.gaps.shed(self.overload.cover(now))
+        cover = self.overload.cover(now)
+        self.gaps.shed(cover)
         with self.placement.held(), self._detect_lock:
+            self.detection.hear_wire(cover.wire)
             owned = [f for f in self.detection.evaluate(now) if self.placement.owns(f.entity)]
             findings += self.gaps.apply(owned, now, self.alerts.firing)
             changes = self.alerts.update(now, findings)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from gpuscope.ingest.delay import MAX_HELD, HubDelay
-from gpuscope.ingest.overload import OverloadMonitor, OverloadSettings
+from gpuscope.ingest.overload import OverloadMonitor, OverloadSettings, SenderKey, node_sender
 from gpuscope.rules import HUB_OVERLOADED
 
 
@@ -198,3 +198,43 @@ def test_a_late_evaluation_holds_verdicts_only_until_the_next_one_has_seen_what_
     settle = m.settings.settle
     assert m.cover(100.0).delay == 60.0 and m.cover(100.0 + settle + 0.9).delay == 60.0
     assert m.cover(100.0 + settle + 1).delay == 0.0
+
+
+def _key(node: str) -> SenderKey:
+    return node_sender(node)
+
+
+def test_senders_served_in_turn_by_their_own_pool_are_not_dead_on_the_wire_and_one_that_stopped_is() -> None:
+    """20 senders whose requests reach the hub one every 0.6 s, in turn (their connection pool is
+    starved): each knocks every 12 s, longer than threshold plus settle (4 + 6 s). The turn is the
+    fleet's, so none is dead; node-19, which stopped at 60, is, once silent for threshold + turn."""
+    m = monitor()
+    names = [f"node-{i}" for i in range(20)]
+    dead_at: float | None = None
+    for step in range(300):
+        t = step * 0.6
+        name = names[step % 20]
+        if name != "node-19" or t < 60:
+            ticket = m.admit(t, _key(name)).ticket
+            if ticket is not None:
+                m.done(ticket)
+        wire = m.cover(t).wire
+        alive = [n for n in names if not wire.dead(_key(n), 4.0)]
+        assert alive[:19] == names[:19], t  # never a live one
+        if dead_at is None and "node-19" not in alive:
+            dead_at = t
+    last = 59.4  # node-19's last knock (t = 0.6 k with k % 20 == 19)
+    assert dead_at is not None and last + 4 + 11 <= dead_at <= last + 4 + 12 / 0.9 + 1
+
+
+def test_a_request_in_flight_is_a_knock_and_a_hub_that_reads_no_headers_blames_nobody() -> None:
+    m = monitor()
+    for name in ("node-1", "node-2"):
+        ticket = m.admit(0.0, _key(name)).ticket
+        assert ticket is not None
+        m.done(ticket)
+    assert m.admit(1.0, _key("node-0")).ticket is not None  # its request waits on the hub
+    wire = m.cover(30.0).wire  # no header read since 1 s (a starved event loop): no one's silence grew
+    assert wire.silence(_key("node-0")) == 0.0 and wire.silence(_key("node-1")) == 1.0
+    assert not any(wire.dead(_key(n), 4.0) for n in ("node-0", "node-1", "node-2"))
+    assert wire.silence(_key("node-7")) is None  # never named: judged by its data alone

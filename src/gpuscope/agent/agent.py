@@ -62,6 +62,11 @@ def default_node_name() -> str:
     return socket.gethostname().split(".")[0] or "localhost"
 
 
+#: the urgent spool's directory, inside the agent's spool directory
+URGENT_SPOOL = "urgent"
+URGENT_SPOOL_MIN_BYTES = 1 << 20
+
+
 def default_spool_dir(node: str) -> Path:
     """``$XDG_STATE_HOME/gpuscope/spool/<node>`` (``~/.local/state`` when unset)."""
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
@@ -112,9 +117,21 @@ class Agent:
             fsync=fsync,
         )
         try:
+            # news written ahead apart, so that it can be sent ahead of the frames spooled before it
+            self.urgent_spool = Spool(
+                self.spool.dir / URGENT_SPOOL,
+                max_bytes=max(spool_max_bytes // 16, URGENT_SPOOL_MIN_BYTES),
+                counters=self.counters,
+                fsync=fsync,
+            )
+        except Exception:
+            self.spool.close()
+            raise
+        try:
             self.sender = Sender(
                 hub_url,
                 spool=self.spool,
+                urgent_spool=self.urgent_spool,
                 token=token,
                 transport=transport,
                 timeout=send_timeout,
@@ -126,6 +143,7 @@ class Agent:
                 stop_on_refused_token=True,
             )
         except Exception:
+            self.urgent_spool.close()
             self.spool.close()
             raise
         # a fresh id per start: sequence numbers restart at 0, ids stay unique for the hub's dedup
@@ -238,6 +256,7 @@ class Agent:
         self._closed = True
         self.collectors.close()
         self.sender.close()
+        self.urgent_spool.close()
         self.spool.close()
 
     def __enter__(self) -> Agent:

@@ -10,7 +10,10 @@ treats 401 and 403 apart: every batch would be refused alike, so it raises :clas
 instead, keeping the batch in the spool for a later start with a token the hub accepts. While the
 spool holds anything, new batches queue behind it so the hub receives batches in the order they
 were collected, except news (:meth:`Sender.submit_urgent`): an XID or a lost GPU goes ahead of the
-spool, marked ``X-Gpuscope-Urgent``, which a hub that sheds load still admits.
+spool, marked ``X-Gpuscope-Urgent``, which a hub that sheds load still admits. Such news is written
+ahead too, to a spool of its own (``urgent_spool``), before it is sent: an agent killed during
+that send replays it first at its next start (the hub keeps one copy by batch id), and news the hub
+does not take now is retried ahead of the ordinary spool.
 
 A body is a JSON batch or a binary frame (:mod:`gpuscope.ingest.frame`); each is posted with its
 own content type, so spooled records of either kind replay as they were written. A hub that does
@@ -110,8 +113,12 @@ class Sender:
         ca_file: str | None = None,
         sender: Mapping[str, str] | None = None,
         stop_on_refused_token: bool = False,
+        urgent_spool: Spool | None = None,
     ) -> None:
         self.spool = spool
+        #: news (:meth:`submit_urgent`) written ahead and sent ahead of :attr:`spool`; None: news
+        #: that is not taken joins :attr:`spool`
+        self.urgent_spool = urgent_spool
         self.stop_on_refused_token = stop_on_refused_token
         self._token_given = bool(token)
         self._lock = threading.RLock()
@@ -142,8 +149,12 @@ class Sender:
 
     @property
     def backlog(self) -> int:
-        """Batches waiting in the spool."""
-        return len(self.spool)
+        """Batches waiting in the spools."""
+        return len(self.spool) + self._urgent_backlog
+
+    @property
+    def _urgent_backlog(self) -> int:
+        return 0 if self.urgent_spool is None else len(self.urgent_spool)
 
     @property
     def hub_ok(self) -> bool:
@@ -160,7 +171,7 @@ class Sender:
 
     def _submit(self, body: bytes, samples: int, deadline: float | None) -> None:
         record = _ENVELOPE.pack(min(samples, 0xFFFFFFFF)) + body
-        if not len(self.spool) and self.clock() >= self._next_attempt:
+        if not self.backlog and self.clock() >= self._next_attempt:
             written_ahead = self.spool.append(record)
             outcome = self._post(body)
             if outcome is not Outcome.RETRY:
@@ -178,19 +189,46 @@ class Sender:
 
     def submit_urgent(self, body: bytes, *, deadline: float | None = None) -> None:
         """Deliver a batch of news (events only, :func:`~gpuscope.ingest.overload.urgent_part`)
-        ahead of the spool, marked urgent, even while backing off; where the hub does not take it
-        now it joins the spool like any batch. With nothing spooled it is an ordinary batch. Not
-        written ahead: an agent killed during this one send loses the news unless the hub had it."""
+        ahead of the spool, marked urgent, even while backing off. With nothing spooled it is an
+        ordinary batch. Written ahead to the urgent spool first: an agent killed during the send
+        replays it at its next start, ahead of everything; news the hub does not take now stays
+        there and goes first at the next attempt. Without an urgent spool (or if it cannot be
+        written) it is posted as it is and, not taken, joins the ordinary spool."""
         with self._lock:
-            if not len(self.spool) and self.clock() >= self._next_attempt:
+            if not self.backlog and self.clock() >= self._next_attempt:
                 self._submit(body, 0, deadline)
+                return
+            record = _ENVELOPE.pack(0) + body
+            if self.urgent_spool is not None and self.urgent_spool.append(record):
+                self._flush_urgent(force=True)
                 return
             outcome = self._post(body, urgent=True)
             if outcome is Outcome.DELIVERED:
                 self.counters.inc("batches_urgent")
                 self._delivered(0)
-            elif outcome is Outcome.RETRY and self.spool.append(_ENVELOPE.pack(0) + body):
+            elif outcome is Outcome.RETRY and self.spool.append(record):
                 self.counters.inc("batches_spooled")
+
+    def _flush_urgent(self, *, force: bool = False) -> bool:
+        """Send the urgent spool's news, oldest first, marked urgent (``force``: even while backing
+        off, as news is); False when the hub did not take one (it stays, and is tried first next)."""
+        spool = self.urgent_spool
+        while spool is not None and len(spool) and (force or self.clock() >= self._next_attempt):
+            record = spool.peek()
+            if record is None:
+                break
+            if len(record) < _ENVELOPE.size:
+                self.counters.inc("spool_corrupt_records")
+                spool.ack()
+                continue
+            outcome = self._post(record[_ENVELOPE.size :], urgent=True)
+            if outcome is Outcome.RETRY:
+                return False
+            spool.ack()
+            if outcome is Outcome.DELIVERED:
+                self.counters.inc("batches_urgent")
+                self._delivered(0)
+        return True
 
     def flush(self, deadline: float | None = None) -> int:
         """Deliver spooled batches in order until the spool is empty, the hub fails again, or the
@@ -200,6 +238,8 @@ class Sender:
 
     def _flush(self, deadline: float | None) -> int:
         delivered = 0
+        if not self._flush_urgent():
+            return delivered
         while len(self.spool) and self.clock() >= self._next_attempt:
             if deadline is not None and self.clock() >= deadline:
                 break

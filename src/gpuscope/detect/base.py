@@ -27,6 +27,7 @@ from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.hwfaults import HardwareFaults
 from gpuscope.detect.services import ServiceAggregator, Snapshot
 from gpuscope.detect.steps import StepGatherer, StepView
+from gpuscope.ingest.overload import Wire
 from gpuscope.model import Event, Finding, Frame, TrainingRecord
 
 Feed = Literal["batch", "gpu_table", "steps", "services"]
@@ -97,6 +98,10 @@ class Detector:
     def replayed(self, now: float) -> None:
         """What arrived since the last evaluation was stored history replayed at ``now`` (hub
         start, shard takeover), not live traffic: judge its arrival by its own timestamps."""
+
+    def hear_wire(self, wire: Wire) -> None:
+        """Who knocked on the hub lately, before an evaluation (detectors judging senders by their
+        silence: a sender that stopped knocking is not silent by the hub's lag)."""
 
     def keep_finished_jobs(self, seconds: float) -> None:
         """How long the state of a job that ended is kept (detectors holding per-job state)."""

@@ -21,6 +21,7 @@ from gpuscope.detect import frames
 from gpuscope.detect.base import DETECTORS, Detector, Feeds, Tick
 from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.refusals import refuse
+from gpuscope.ingest.overload import Wire
 from gpuscope.model import Batch, Finding
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ class DetectionEngine:
         self._readers: dict[int, list[Detector]] = {}
         self._on_event = [d for d in detectors if _overrides(d, "on_event")]
         self._on_training = [d for d in raw if _overrides(d, "on_training")]
+        self._wire = [d for d in detectors if _overrides(d, "hear_wire")]
 
     def observe(self, batch: Batch) -> None:
         """Let every detector see one batch."""
@@ -149,6 +151,12 @@ class DetectionEngine:
                 self._readers.clear()
             readers = self._readers[layout] = [d for d in self._on_frame if d.reads(view)]
         return readers
+
+    def hear_wire(self, wire: Wire) -> None:
+        """Who knocked on the hub lately (:class:`~gpuscope.ingest.overload.Wire`), for the next
+        evaluation."""
+        for detector in self._wire:
+            detector.hear_wire(wire)
 
     def evaluate(self, now: float) -> list[Finding]:
         """Every finding that holds at ``now`` (the hub's clock: wall time live, simulated in sim-eval)."""

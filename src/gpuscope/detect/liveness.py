@@ -27,12 +27,16 @@ ones stops advancing while the watermark moves on, so it is found as before (lat
 the fleet lags). A verdict is never earlier than on the hub's clock alone. A sender first heard
 while the hub already lagged learns too large an offset: while the lag lasts, its own verdict
 comes later by as much as the lag was when it joined.
+
+Neither withholding applies to a sender the hub knows stopped knocking (``dead``, from its requests
+of any kind, refused ones too: :class:`~gpuscope.ingest.overload.Wire`): a refused sender keeps
+coming back, a dead one does not, so its silence on the hub's clock is its own.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterator
 from dataclasses import dataclass, field
 from statistics import median
 from typing import Generic, TypeVar
@@ -111,6 +115,8 @@ class Liveness(Generic[K]):
         self.watermark_lag = 0.0
         #: the largest event-time silence among the verdicts withheld at the latest evaluation
         self.withheld_event_silence = 0.0
+        #: verdicts a hub gap or the watermark would have withheld, given as the sender stopped knocking
+        self.found_on_wire = 0
 
     def beat(self, key: K, ts: float) -> None:
         """``key`` reported data stamped ``ts`` (its own clock)."""
@@ -246,8 +252,10 @@ class Liveness(Generic[K]):
             return None
         return now - self.watermark_lag - (last + sender.offset)
 
-    def overdue(self, now: float) -> list[Overdue[K]]:
-        """Senders silent for at least their threshold at ``now`` (calls :meth:`update` first)."""
+    def overdue(self, now: float, dead: Callable[[K, float], bool] | None = None) -> list[Overdue[K]]:
+        """Senders silent for at least their threshold at ``now`` (calls :meth:`update` first).
+        ``dead(key, threshold)``: has the sender stopped knocking on the hub for its threshold
+        (then neither a hub gap nor the watermark withholds its verdict)."""
         self.update(now)
         out: list[Overdue[K]] = []
         lag = self.watermark_lag
@@ -260,14 +268,18 @@ class Liveness(Generic[K]):
             silence = now - since
             if silence < threshold:
                 continue
-            if self.withholding and not sender.down:
+            behind = self._event_silence(sender, now)
+            gap = self.withholding and not sender.down
+            # the fleet is late in event time and this sender is as recent as the fleet
+            late = not sender.down and behind is not None and lag > threshold / 4 and behind < threshold
+            if (gap or late) and dead is not None and dead(key, threshold):
+                self.found_on_wire += 1
+            elif gap:
                 self.suppressed += 1
                 continue
-            behind = self._event_silence(sender, now)
-            if not sender.down and behind is not None and lag > threshold / 4 and behind < threshold:
-                # the fleet is late in event time and this sender is as recent as the fleet
+            elif late:
                 self.withheld_watermark += 1
-                self.withheld_event_silence = max(self.withheld_event_silence, behind)
+                self.withheld_event_silence = max(self.withheld_event_silence, behind or 0.0)
                 continue
             sender.down = True
             event = silence if behind is None else behind

@@ -21,6 +21,7 @@ from gpuscope.detect.baseline import IntervalEstimator, finite_or_none
 from gpuscope.detect.frames import FrameView, GpuKey, view
 from gpuscope.detect.liveness import Liveness
 from gpuscope.detect.refusals import event_gpu
+from gpuscope.ingest.overload import Wire, node_sender
 from gpuscope.model import Event, Finding, Frame
 from gpuscope.rules import GPU_LOST, NODE_UNREACHABLE
 
@@ -116,9 +117,17 @@ class NodeUnreachableDetector(Detector):
         self._gpus: dict[str, int] = {}  # most GPUs a node has reported: what its silence idles
         self._suppressed = 0
         self._withheld_watermark = 0
+        self._found_on_wire = 0
+        self._wire = Wire()
 
     def reads(self, frame: FrameView) -> bool:
         return bool(frame.nodes)
+
+    def hear_wire(self, wire: Wire) -> None:
+        self._wire = wire
+
+    def _off_wire(self, node: str, threshold: float) -> bool:
+        return self._wire.dead(node_sender(node), threshold)
 
     def on_frame(self, frame: Frame) -> None:
         v = view(frame)
@@ -146,7 +155,7 @@ class NodeUnreachableDetector(Detector):
 
     def evaluate(self, now: float) -> list[Finding]:
         out = []
-        for late in self._live.overdue(now):
+        for late in self._live.overdue(now, self._off_wire):
             node = late.key
             out.append(
                 Finding(
@@ -173,6 +182,9 @@ class NodeUnreachableDetector(Detector):
                 "node_verdicts_withheld_watermark", self._live.withheld_watermark - self._withheld_watermark
             )
             self._withheld_watermark = self._live.withheld_watermark
+        if self._live.found_on_wire > self._found_on_wire:
+            self.counters.inc("node_verdicts_found_on_wire", self._live.found_on_wire - self._found_on_wire)
+            self._found_on_wire = self._live.found_on_wire
         return out
 
     def stats(self) -> dict[str, float]:

@@ -49,6 +49,7 @@ from gpuscope.detect.jobs import Job, JobTracker, parse_rank, place_labels, plac
 from gpuscope.detect.liveness import Liveness, Overdue
 from gpuscope.detect.progress import ROLLED_BACK, Progress
 from gpuscope.detect.refusals import refuse
+from gpuscope.ingest.overload import Wire, rank_sender
 from gpuscope.model import Event, Finding, Frame, TrainingRecord
 from gpuscope.rules import RANK_LOST
 from gpuscope.rules import TRAINING_STALLED as STALLED
@@ -109,6 +110,8 @@ class TrainingLivenessDetector(Detector):
         self._ranks: Liveness[RankKey] = Liveness(factor=rank_factor, floor=rank_floor, default_interval=1.0)
         self._suppressed = 0
         self._withheld_watermark = 0
+        self._found_on_wire = 0
+        self._wire = Wire()
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -254,8 +257,14 @@ class TrainingLivenessDetector(Detector):
         heard, threshold = self._ranks.heard_at(key), self._ranks.threshold(key)
         return heard is not None and threshold is not None and now - heard >= threshold
 
+    def hear_wire(self, wire: Wire) -> None:
+        self._wire = wire
+
+    def _off_wire(self, key: RankKey, threshold: float) -> bool:
+        return self._wire.dead(rank_sender(key[0], str(key[1])), threshold)
+
     def evaluate(self, now: float) -> list[Finding]:
-        overdue = self._ranks.overdue(now)
+        overdue = self._ranks.overdue(now, self._off_wire)
         for run in self._fresh:
             run.progress_at = now
             run.fresh = False
@@ -278,6 +287,9 @@ class TrainingLivenessDetector(Detector):
                 "rank_verdicts_withheld_watermark", self._ranks.withheld_watermark - self._withheld_watermark
             )
             self._withheld_watermark = self._ranks.withheld_watermark
+        if self._ranks.found_on_wire > self._found_on_wire:
+            self.counters.inc("rank_verdicts_found_on_wire", self._ranks.found_on_wire - self._found_on_wire)
+            self._found_on_wire = self._ranks.found_on_wire
         return out
 
     def stats(self) -> dict[str, float]:

@@ -23,7 +23,13 @@ behind its spool and the hub's refusals for minutes (a 1,024-node run that shed 
 batches took 76 s to raise ``gpu_xid_fatal``). So a sender sends such events in their own small
 request, ahead of its spool, marked ``X-Gpuscope-Urgent: events``; the hub admits one even while
 behind, if it is within ``max_urgent_bytes`` and fewer than ``max_urgent_in_flight`` are in flight
-(a sender that marks everything urgent gains at most that, and is shed past it).
+(a sender that marks everything urgent gains at most that, and is shed past it), and refuses it at
+decode (400 naming the field, counted as ``ingest_refused_urgent``) unless it holds only events of
+:data:`URGENT_KINDS` (:func:`check_urgent`): the lane is no way around the shedding for metrics.
+
+Every request that names its sender is also a knock (:class:`Wire`): the hub keeps the time of each
+named sender's latest request of any kind, so that a sender that stopped knocking is judged as on a
+healthy hub however far behind the hub's data is (:mod:`gpuscope.gaps`).
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.ingest.delay import HubDelay
+from gpuscope.ingest.payload import PayloadError
 from gpuscope.model import Batch, Finding, Labels
 from gpuscope.rules import HUB_OVERLOADED
 
@@ -54,6 +61,25 @@ URGENT_EVENTS = "events"
 #: events of a hard fault, whose alert must not wait behind a spool: the rest (heartbeats, a job's
 #: start, a checkpoint) keep their place in the sender's order
 URGENT_KINDS = frozenset({"xid", "gpu_lost", "ecc_dbe", "job_failed", "process_exited"})
+
+
+def check_urgent(batch: Batch) -> None:
+    """A batch marked urgent holds events of :data:`URGENT_KINDS` only, at least one: the lane
+    (admitted while the hub sheds) carries a hard fault's news, never metrics, training records or
+    routine events. Raises :class:`~gpuscope.ingest.payload.PayloadError` naming the field."""
+    mark = f"a request marked {URGENT_HEADER}: {URGENT_EVENTS}"
+    if batch.frames:
+        raise PayloadError("frames", f"{mark} carries events only, not frames of samples")
+    if batch.training:
+        raise PayloadError("training", f"{mark} carries events only, not training records")
+    if not batch.events:
+        raise PayloadError("events", f"{mark} carries at least one event")
+    for i, event in enumerate(batch.events):
+        if event.kind not in URGENT_KINDS:
+            kinds = ", ".join(sorted(URGENT_KINDS))
+            raise PayloadError(
+                f"events[{i}].kind", f"{event.kind!r} is not urgent news; {mark} carries {kinds}"
+            )
 
 
 def urgent_part(batch: Batch) -> tuple[Batch | None, Batch | None]:
@@ -113,6 +139,63 @@ REFUSALS_KEPT_S = 600.0
 
 
 @dataclass(frozen=True, slots=True)
+class Wire:
+    """Who the hub heard knock, as of an evaluation: per sender named in ``X-Gpuscope-Sender``, the
+    hub time of its latest request of any kind (admitted, refused, urgent; one with a request in
+    flight counts as knocking at ``clock``). A refused sender keeps knocking (it comes back after
+    its Retry-After); a dead one stops, whatever the spools of the others hold back.
+
+    ``clock``: the freshest knock of any sender (a hub whose event loop is starved reads no headers
+    at all, and nobody's silence on the wire grows meanwhile). ``settle``: the longest a sender the
+    hub refused stays away (its Retry-After, at most twice ``retry_after_s``, plus transit).
+    ``turn``: how long the fleet's senders go between knocks now, the 90th percentile of their
+    silences on the wire over 0.9. Requests that wait on the senders' side (their connection pool,
+    a congested link, a load generator's stalled process) reach the hub in turn, so the senders'
+    silences spread over one turn and the longest is about the 90th percentile over 0.9: a wait the
+    hub cannot see itself, allowed for as long as it is more than a tenth of the senders' (up to a
+    tenth of them dead at once leave the percentile to the live ones)."""
+
+    last: Mapping[SenderKey, float] = field(default_factory=dict)
+    clock: float = -math.inf
+    settle: float = 0.0
+    turn: float = 0.0
+
+    def silence(self, sender: SenderKey) -> float | None:
+        """How long ``sender`` has not knocked (None: it never named itself to this hub)."""
+        last = self.last.get(sender)
+        return None if last is None else max(0.0, self.clock - last)
+
+    def dead(self, sender: SenderKey, threshold: float) -> bool:
+        """Silent on the wire past ``threshold`` plus the settle time (or the fleet's turn, if
+        longer): silence neither a refusal nor the senders' own queues explain, so its verdict is
+        judged as on a healthy hub, however far behind the hub's data is."""
+        silence = self.silence(sender)
+        return silence is not None and silence >= threshold + max(self.settle, self.turn)
+
+
+#: the share of the named senders whose silence on the wire is taken as the fleet's turn
+TURN_QUANTILE = 0.9
+
+
+def _turn(silences: list[float]) -> float:
+    """The fleet's turn (:class:`Wire`) from its senders' silences on the wire, sorted."""
+    if not silences:
+        return 0.0
+    rank = max(0, math.ceil(TURN_QUANTILE * len(silences)) - 1)  # nearest rank
+    return silences[rank] / TURN_QUANTILE
+
+
+def node_sender(node: str) -> SenderKey:
+    """The sender key an agent names (``node=<node>``)."""
+    return (("node", node),)
+
+
+def rank_sender(job: str, rank: str) -> SenderKey:
+    """The sender key a training rank's SDK names (``job=<job>,rank=<rank>``)."""
+    return (("job", job), ("rank", rank))
+
+
+@dataclass(frozen=True, slots=True)
 class ShedCover:
     """What the hub did to its senders lately. ``refused``: each named sender it refused, and when
     the gap it made ends (its last refusal plus ``settle``: by then the sender is back);
@@ -124,6 +207,7 @@ class ShedCover:
     refused: Mapping[SenderKey, float] = field(default_factory=dict)
     everyone_until: float = -math.inf
     delay: float = 0.0
+    wire: Wire = field(default_factory=Wire)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,7 +270,12 @@ class OverloadMonitor:
         self.name = name
         self._rng = rng or random.Random()
         self._lock = threading.Lock()
-        self._in_flight: dict[int, float] = {}  # ticket -> admitted at; dicts keep insertion order
+        #: ticket -> (admitted at, its sender); dicts keep insertion order
+        self._in_flight: dict[int, tuple[float, SenderKey | None]] = {}
+        #: named sender -> its latest request of any kind (:class:`Wire`)
+        self._knocks: dict[SenderKey, float] = {}
+        self._latest_knock = -math.inf
+        self._knocks_pruned = -math.inf
         self._urgent: set[int] = set()  # tickets of urgent requests admitted while behind
         self._refused: dict[SenderKey, float] = {}  # named sender -> last refused at
         self._refused_anonymous = -math.inf
@@ -212,6 +301,10 @@ class OverloadMonitor:
         is behind) with a Retry-After. ``urgent_bytes``: the declared size of a request marked
         urgent (None: not marked), admitted while behind within the urgent limits."""
         with self._lock:
+            if sender is not None:
+                self._knocks[sender] = now
+            if now > self._latest_knock:
+                self._latest_knock = now
             if self._lagging(now):
                 self._sign(now)
                 s = self.settings
@@ -235,7 +328,7 @@ class OverloadMonitor:
                 return Admission(None, max(1, math.ceil(base * (1.0 + self._rng.random()))))
             ticket = self._next_ticket
             self._next_ticket += 1
-            self._in_flight[ticket] = now
+            self._in_flight[ticket] = (now, sender)
             return Admission(ticket)
 
     def done(self, ticket: int) -> None:
@@ -320,7 +413,7 @@ class OverloadMonitor:
         self.delay.arrived(now, stamps, since_lag)
 
     def _oldest_wait(self, now: float) -> float:
-        for admitted in self._in_flight.values():
+        for admitted, _ in self._in_flight.values():
             return now - admitted
         return 0.0
 
@@ -333,8 +426,24 @@ class OverloadMonitor:
             self._refused = {k: t for k, t in self._refused.items() if now - t < kept}
             refused = {k: t + settle for k, t in self._refused.items()}
             everyone_until = self._refused_anonymous + settle
+            last, clock = self._knocked(now, kept)
         self.delay.waiting(now, oldest)
-        return ShedCover(refused, everyone_until=everyone_until, delay=self.delay.delay(now))
+        turn = _turn(sorted(clock - t for t in last.values()))
+        wire = Wire(last, clock, settle, turn)
+        return ShedCover(refused, everyone_until=everyone_until, delay=self.delay.delay(now), wire=wire)
+
+    def _knocked(self, now: float, kept: float) -> tuple[dict[SenderKey, float], float]:
+        """Each named sender's latest knock as of ``now``, and the freshest (under the lock);
+        senders silent for ``kept`` are forgotten."""
+        if now - self._knocks_pruned >= kept:
+            self._knocks = {k: t for k, t in self._knocks.items() if now - t < kept}
+            self._knocks_pruned = now
+        last = dict(self._knocks)
+        clock = self._latest_knock
+        for _, sender in self._in_flight.values():
+            if sender is not None:
+                last[sender] = clock  # waiting on the hub: as fresh as anyone
+        return last, clock
 
     def _lagging(self, now: float) -> bool:
         return self._lagging_here(now) or any(self._workers_lagging.values())

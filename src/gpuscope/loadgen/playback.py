@@ -12,6 +12,13 @@ SDKs' batches (step records and heartbeats, a few per rank) are re-encoded with 
 steps moved on. The jobs that faults touch are not replayed: a second simulator plays just those
 jobs live, with the faults, on node names mapped back into the fleet, so a fault's values, events
 and silences are the simulator's.
+
+A sender that a fault kills stops knocking, as a dead agent or rank does: :attr:`Playback.deaths`
+names it and when it dies (a ``node_down``'s node; a ``rank_dropout``'s rank), and the run drops
+what it still had queued. A job's ranks are one stream of the generator (one request a tick for
+the whole job, to keep the request rate a real fleet's nodes make); the rank a ``rank_dropout``
+kills is split off into a stream of its own (``sdk:<job>#<rank>``, naming ``job=,rank=`` as a real
+rank's SDK does), so that its death is silence on the wire and not only in the job's data.
 """
 
 from __future__ import annotations
@@ -71,6 +78,12 @@ class _SdkStream:
     #: happened once, and are not sent again on later turns
     recurring: frozenset[str]
     prelude: list[Event]  # sent once, before the first tick's own events
+
+
+def rank_stream(job: str, rank: int) -> str:
+    """The stream of a rank sent on its own (:func:`gpuscope.loadgen.sender.sender_line` names it
+    ``job=<job>,rank=<rank>``)."""
+    return f"sdk:{job}#{rank}"
 
 
 Span = np.ndarray[Any, np.dtype[np.float64]]
@@ -302,6 +315,18 @@ class Playback:
         self.scenario: Scenario = parse_doc(doc)
         self.interval = float(doc["interval"])
         touched = _touched(doc)
+        #: sender -> seconds into the run at which a fault kills it (it sends nothing from then)
+        self.deaths: dict[str, float] = {}
+        #: (job, rank) of each rank sent as a stream of its own
+        self._own: set[tuple[str, int]] = set()
+        for f in doc["faults"]:
+            target = f.get("target", {})
+            if f["kind"] == "node_down" and "node" in target:
+                self.deaths[str(target["node"])] = float(f["at"])
+            elif f["kind"] == "rank_dropout" and "job" in target and "rank" in target:
+                job, rank = str(target["job"]), int(target["rank"])
+                self._own.add((job, rank))
+                self.deaths[rank_stream(job, rank)] = float(f["at"])
         live_doc, self._back = _live_doc(doc, touched)
         self._live: Scenario | None = parse_doc(live_doc) if live_doc["jobs"] else None
         skip = set(self._back.values()) | {f"sdk:{j}" for j in touched}
@@ -405,8 +430,34 @@ class Playback:
             if live is not None:
                 tick = next(live)
                 for b in [*tick.node_batches.values(), *tick.sdk_batches]:
-                    out.extend(self._outgoing(_renamed(b, self._back, self._uuids), self._live_body))
+                    for part in self._own_ranks(_renamed(b, self._back, self._uuids)):
+                        out.extend(self._outgoing(part, self._live_body))
             yield t0 + t, out
+
+    def _own_ranks(self, b: Batch) -> list[Batch]:
+        """``b``, with the records of each rank sent as a stream of its own split off into a batch
+        of that stream (the rest, where any, first)."""
+        job = b.source.removeprefix("sdk:")
+        ranks = sorted(r for j, r in self._own if j == job) if job != b.source else []
+        out: list[Batch] = []
+        rest = b
+        for rank in ranks:
+            mine = [e for e in rest.events if e.labels.get("rank") == str(rank)]
+            records = [t for t in rest.training if t.rank == rank]
+            if not (mine or records):
+                continue
+            stream = rank_stream(job, rank)
+            out.append(Batch(stream, [], mine, records, f"{stream}:{(b.batch_id or '').rpartition(':')[2]}"))
+            rest = Batch(
+                rest.source,
+                rest.frames,
+                [e for e in rest.events if e.labels.get("rank") != str(rank)],
+                [t for t in rest.training if t.rank != rank],
+                rest.batch_id,
+            )
+        if rest.frames or rest.events or rest.training or not out:
+            out.insert(0, rest)
+        return out
 
     def _outgoing(self, b: Batch, body: Callable[[Batch], bytes]) -> list[Outgoing]:
         """``b`` to send: with its news split off, urgent, where the lane is on."""

@@ -298,6 +298,7 @@ class LoadReport:
                 "refused": self.stats.batches_refused,
                 "unacknowledged": self.stats.batches_unacked,
                 "overflowed": self.stats.batches_overflowed,
+                "died_with_their_sender": self.stats.batches_died,
                 "duplicates": self.stats.duplicates,
                 "retries": self.stats.retries,
                 "connect_errors": self.stats.connect_errors,
@@ -514,6 +515,7 @@ def run_load(opts: LoadOptions, say: Callable[[str], None] = lambda _: None) -> 
     watcher.start()
     late = 0.0
     next_report = t0 + 10
+    deaths = sorted((t0 + at, sender) for sender, at in playback.deaths.items())
     try:
         for due, outgoing in playback.ticks(t0):
             wait = due - time.time()
@@ -521,6 +523,9 @@ def run_load(opts: LoadOptions, say: Callable[[str], None] = lambda _: None) -> 
                 time.sleep(wait)
             else:
                 late = max(late, -wait)
+            while deaths and deaths[0][0] <= due:
+                _, dead = deaths.pop(0)
+                conns[shard_of(dead, len(conns))].send(("kill", [dead]))
             buckets: list[list[Item]] = [[] for _ in conns]
             for o in outgoing:
                 buckets[shard_of(o.sender, len(conns))].append(

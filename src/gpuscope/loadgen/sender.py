@@ -46,6 +46,7 @@ class SenderStats:
     batches_refused: int = 0
     batches_unacked: int = 0
     batches_overflowed: int = 0  # dropped oldest-first when a stream's backlog was full
+    batches_died: int = 0  # queued by a sender a fault killed (its spool died with it): not sent
     duplicates: int = 0
     retries: int = 0
     connect_errors: int = 0
@@ -68,6 +69,7 @@ class SenderStats:
             "batches_refused",
             "batches_unacked",
             "batches_overflowed",
+            "batches_died",
             "duplicates",
             "retries",
             "connect_errors",
@@ -89,9 +91,13 @@ class SenderStats:
 
 
 def sender_line(sender: str) -> bytes:
-    """The ``X-Gpuscope-Sender`` header line of a stream: an agent's node, or an SDK's job."""
+    """The ``X-Gpuscope-Sender`` header line of a stream: an agent's node, an SDK's job, or one
+    rank's SDK (``sdk:<job>#<rank>``)."""
     job = sender.removeprefix("sdk:")
-    labels = {"job": job} if job != sender else {"node": sender}
+    labels = {"node": sender}
+    if job != sender:
+        name, mark, rank = job.rpartition("#")
+        labels = {"job": name, "rank": rank} if mark else {"job": job}
     return f"{SENDER_HEADER}: {sender_header(labels)}\r\n".encode("latin-1")
 
 
@@ -103,6 +109,7 @@ class _Stream:
     #: events only, sent ahead of the queue (an agent's urgent lane); never dropped for room
     urgent: deque[tuple[float, Item]] = field(default_factory=deque)
     task: asyncio.Task[None] | None = None
+    dead: bool = False  # a fault killed the sender: it sends nothing more
 
 
 class _Worker:
@@ -123,6 +130,18 @@ class _Worker:
         self.backoff = Backoff()
         self.rng = random.Random()
 
+    def kill(self, senders: list[str]) -> None:
+        """A fault killed these senders: what they had queued dies with them, and they stop
+        knocking (a request already on its way is answered, and nothing follows it)."""
+        for sender in senders:
+            stream = self.streams.get(sender)
+            if stream is None:
+                stream = self.streams[sender] = _Stream(hub=0, header=sender_line(sender))
+            stream.dead = True
+            self.stats.batches_died += len(stream.queue) + len(stream.urgent)
+            stream.queue.clear()
+            stream.urgent.clear()
+
     def enqueue(self, due: float, items: list[Item]) -> None:
         hubs = len(self.clients)
         for item in items:
@@ -132,6 +151,9 @@ class _Worker:
                 stream = self.streams[sender] = _Stream(
                     hub=shard_of(sender, hubs), header=sender_line(sender)
                 )
+            if stream.dead:
+                self.stats.batches_died += 1
+                continue
             if item[6]:
                 stream.urgent.append((due, item))
             elif len(stream.queue) >= self.max_backlog:
@@ -168,6 +190,8 @@ class _Worker:
             else:
                 st.latencies.append(time.perf_counter() - started)
                 status = resp.status
+                if stream.dead:
+                    break  # killed while this request was on its way: its queue is gone
                 if 200 <= status < 300:
                     lane.popleft()
                     failures = 0
@@ -184,8 +208,13 @@ class _Worker:
                 retry_after = resp.retry_after
             failures += 1
             st.retries += 1
-            delay = self.backoff.delay(failures, self.rng)
-            await asyncio.sleep(max(delay, retry_after or 0.0))
+            # the hub's Retry-After as given, as the agent honours it: an escalated backoff (up to
+            # 10 s) would keep a refused stream away past its silence threshold, silent on the wire
+            if retry_after is not None:
+                delay = min(max(retry_after, self.backoff.initial), self.backoff.max_retry_after)
+            else:
+                delay = self.backoff.delay(failures, self.rng)
+            await asyncio.sleep(delay)
         stream.task = None
 
     def _acked(self, resp: Reply, due: float, rows: int, samples: int, events: int, training: int) -> None:
@@ -239,6 +268,8 @@ async def _serve(conn: Connection, worker: _Worker) -> SenderStats:
         message = await loop.run_in_executor(None, conn.recv)
         if message[0] == "tick":
             worker.enqueue(message[1], message[2])
+        elif message[0] == "kill":
+            worker.kill(message[1])
         else:
             return await worker.finish(float(message[1]))
 
@@ -246,8 +277,8 @@ async def _serve(conn: Connection, worker: _Worker) -> SenderStats:
 def worker_main(
     conn: Connection, hubs: list[str], token: str | None, connections: int, timeout: float, max_backlog: int
 ) -> None:
-    """Entry point of a sender process: ``("tick", due, items)`` messages, then ``("stop", grace)``;
-    answers with its :class:`SenderStats`."""
+    """Entry point of a sender process: ``("tick", due, items)`` and ``("kill", senders)``
+    messages, then ``("stop", grace)``; answers with its :class:`SenderStats`."""
 
     async def main() -> SenderStats:
         return await _serve(conn, _Worker(hubs, token, connections, timeout, max_backlog))

@@ -45,6 +45,7 @@ from gpuscope.ingest.overload import (
     OverloadMonitor,
     SenderHeaderError,
     SenderKey,
+    check_urgent,
     parse_sender,
 )
 from gpuscope.ingest.payload import Limits, PayloadError, check_time_window
@@ -218,7 +219,8 @@ class IngestRoute:
             self.hub.overload.done(ticket)
             raise
         replied: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        self.take(ticket, ctype, body, functools.partial(_settle, replied))
+        urgent = header(scope, URGENT) == URGENT_EVENTS
+        self.take(ticket, ctype, body, functools.partial(_settle, replied), urgent=urgent)
         outcome = await replied
         if isinstance(outcome, Exception):
             raise outcome
@@ -262,13 +264,14 @@ class IngestRoute:
             raise ApiError(415, "content-type", f"{ctype!r} is not supported; send {accepted}")
         return ctype
 
-    def take(self, ticket: int, ctype: str, body: bytes, reply: Reply) -> None:
+    def take(self, ticket: int, ctype: str, body: bytes, reply: Reply, *, urgent: bool = False) -> None:
         """Decode, validate and store durably the body of an admitted request (``ticket``, given
         back here); ``reply`` hears its answer once, on the event loop (at once for a refusal,
-        once the batch is durable for an acknowledgement)."""
+        once the batch is durable for an acknowledgement). ``urgent``: the request is marked
+        ``X-Gpuscope-Urgent: events``, so its batch must hold urgent events only."""
         loop = asyncio.get_running_loop()
         try:
-            batch = self._decode(ctype, body)
+            batch = self._decode(ctype, body, urgent)
 
             def durable(outcome: AppendResult | Exception) -> None:  # on the store's thread, or here
                 if not loop.is_closed():
@@ -313,7 +316,7 @@ class IngestRoute:
         else:
             reply(error if isinstance(error, Exception) else RuntimeError(repr(error)))
 
-    def _decode(self, ctype: str, body: bytes) -> Batch:
+    def _decode(self, ctype: str, body: bytes, urgent: bool = False) -> Batch:
         """The batch, decoded and validated: 400 naming the field."""
         try:
             batch = decode_body(ctype, body, self.limits)
@@ -321,6 +324,13 @@ class IngestRoute:
         except PayloadError as exc:
             self.hub.counters.inc("ingest_rejected_batches")
             raise ApiError(400, exc.field, exc.message) from None
+        if urgent:
+            try:
+                check_urgent(batch)
+            except PayloadError as exc:
+                self.hub.counters.inc("ingest_rejected_batches")
+                self.hub.counters.inc("ingest_refused_urgent")
+                raise ApiError(400, exc.field, exc.message) from None
         return batch
 
     def _store(self, batch: Batch) -> Answer:

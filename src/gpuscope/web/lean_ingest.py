@@ -31,6 +31,7 @@ from typing import ClassVar
 from starlette.types import Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
+from gpuscope.ingest.overload import URGENT_EVENTS
 from gpuscope.web.answer import Answer, RawHeaders
 from gpuscope.web.errors import ApiError
 from gpuscope.web.guard import AuthMiddleware, required_scope
@@ -187,7 +188,8 @@ class LeanRequest:
         assert ticket is not None
         body = self.chunks[0] if len(self.chunks) == 1 else b"".join(self.chunks)
         self.chunks = []
-        self.route.take(ticket, self.ctype, body, self.reply)
+        urgent = header_value(self.headers, URGENT) == URGENT_EVENTS
+        self.route.take(ticket, self.ctype, body, self.reply, urgent=urgent)
 
     def _release(self) -> None:
         if self.ticket is not None:
