@@ -238,3 +238,28 @@ def test_a_request_in_flight_is_a_knock_and_a_hub_that_reads_no_headers_blames_n
     assert wire.silence(_key("node-0")) == 0.0 and wire.silence(_key("node-1")) == 1.0
     assert not any(wire.dead(_key(n), 4.0) for n in ("node-0", "node-1", "node-2"))
     assert wire.silence(_key("node-7")) is None  # never named: judged by its data alone
+
+
+def test_knocks_on_ingest_workers_reach_the_hubs_wire_so_a_sender_silent_on_every_process_is_dead() -> None:
+    """With ``hub.ingest_workers`` the requests reach worker processes, not the hub's own monitor:
+    each worker reports who knocked since its last report, and the hub's wire takes the latest
+    knock of each sender over all of them. 20 nodes, each alternating between two workers;
+    node-19 stops at 20 s on every process."""
+    workers, hub = [monitor(), monitor()], monitor()
+    since = [-math.inf, -math.inf]
+    names = [f"node-{i}" for i in range(20)]
+    for step in range(60):
+        t = float(step)
+        for i, name in enumerate(names):
+            if name == "node-19" and t >= 20:
+                continue
+            ticket = workers[(i + step) % 2].admit(t, _key(name)).ticket
+            if ticket is not None:
+                workers[(i + step) % 2].done(ticket)
+        for index, worker in enumerate(workers):
+            hub.worker_report(t, index, {}, -math.inf, 0, False, worker.knocks_since(since[index]))
+            since[index] = t
+    wire = hub.cover(59.0).wire
+    assert [wire.silence(_key(n)) for n in names[:19]] == [0.0] * 19
+    assert not any(wire.dead(_key(n), 4.0) for n in names[:19])
+    assert wire.silence(_key("node-19")) == 40.0 and wire.dead(_key("node-19"), 4.0)

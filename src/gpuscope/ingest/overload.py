@@ -383,12 +383,19 @@ class OverloadMonitor:
         anonymous: float,
         shed: int,
         lagging: bool,
+        knocks: Mapping[SenderKey, float] | None = None,
     ) -> None:
         """What ingest worker ``worker`` did since its last report: the senders it refused (and when),
-        the last refusal of a sender naming nobody, how many requests it shed, and whether it saw
-        itself behind: the hub's verdicts hold those senders' silence, and ``hub_overloaded`` is
-        the hub's however many processes take its ingest."""
+        the last refusal of a sender naming nobody, how many requests it shed, whether it saw
+        itself behind, and who knocked on it (and when): the hub's verdicts hold those senders'
+        silence, a sender that stopped knocking on every process is judged as on a healthy hub,
+        and ``hub_overloaded`` is the hub's however many processes take its ingest."""
         with self._lock:
+            for sender, at in (knocks or {}).items():
+                if at > self._knocks.get(sender, -math.inf):
+                    self._knocks[sender] = at
+                if at > self._latest_knock:
+                    self._latest_knock = at
             for sender, at in refused.items():
                 self._refused[sender] = max(at, self._refused.get(sender, -math.inf))
             self._refused_anonymous = max(self._refused_anonymous, anonymous)
@@ -396,6 +403,12 @@ class OverloadMonitor:
             self._workers_lagging[worker] = lagging
             if lagging or shed:
                 self._sign(now)
+
+    def knocks_since(self, since: float) -> dict[SenderKey, float]:
+        """The named senders that knocked after ``since`` (with their latest knock): what an
+        ingest worker reports to its hub, whose liveness verdicts read them."""
+        with self._lock:
+            return {k: t for k, t in self._knocks.items() if t > since}
 
     def refusals_since(self, since: float) -> tuple[dict[SenderKey, float], float]:
         """The named senders refused after ``since`` (with when), and the last refusal of one

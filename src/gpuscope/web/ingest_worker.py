@@ -258,6 +258,7 @@ class Reporter:
 
     def report(self, now: float) -> None:
         refused, anonymous = self.overload.refusals_since(self._since)
+        knocks = self.overload.knocks_since(self._since)
         shed, self._shed = self.overload.shed - self._shed, self.overload.shed
         counts = self.counters.snapshot()
         delta = {k: v - self._counted.get(k, 0) for k, v in counts.items() if v != self._counted.get(k, 0)}
@@ -266,6 +267,7 @@ class Reporter:
         self.control.report(
             {
                 "refused": _sender_doc(refused),
+                "knocks": _sender_doc(knocks),
                 "anonymous": anonymous if math.isfinite(anonymous) else None,
                 "shed": shed,
                 "lagging": self.overload.lagging(now),

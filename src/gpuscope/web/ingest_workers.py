@@ -269,6 +269,7 @@ class IngestWorkers:
             -math.inf if anonymous is None else float(anonymous),
             int(doc["shed"]),
             bool(doc["lagging"]),
+            _senders(doc.get("knocks", [])),
         )
         for name, n in doc["counters"].items():
             self.hub.counters.inc(str(name), int(n))
