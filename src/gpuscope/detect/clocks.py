@@ -17,7 +17,7 @@ the pace's evidence (small ones, 1.03-1.05x, over minutes). A GPU whose learned 
 group's by more than the parts' spread from its start is reported once as a ``slow_placement`` of
 that GPU (:class:`~gpuscope.detect.gpuplace.GpuPlacement`): the job runs at its pace, but it is no
 live fault. A GPU that far behind from its start by the pace's bound (10 %) or more is a faulty part:
-``gpu_underperforming`` from when its pace is learned, one alert with the later verdicts of the
+``gpu_underperforming`` from when its first readings give its pace, one alert with the later verdicts of the
 same GPU, and no placement (one cause, one page, at the tier of a GPU that became that slow).
 """
 
@@ -142,11 +142,12 @@ class ClockDetector(GpuTableDetector):
         self._ratio = ratio
         clean = judged & np.isfinite(ratio) & ~power & ~thermal & ~hw
         own = np.exp(self._pace.own(n))
-        before = self._pace.learned(n)
+        before, known = self._pace.learned(n), self._pace.known(n)
         groups = self._peers.group_ids(n)
         evident = self._pace.update(now, ratio, clean, t.job[:n], groups)
         newly = self._pace.learned(n) & ~before
-        placed = self._placement.update(self._pace, newly, t.job[:n], groups)
+        first = self._pace.known(n) & ~known
+        placed = self._placement.update(self._pace, newly, t.job[:n], groups, first)
         broken = self._placement.broken(self._pace, n)
         placed &= ~broken
         # not before the GPU's first readings give its pace: against the peers alone a part slower
