@@ -130,3 +130,17 @@ def test_a_healthy_group_evaluated_every_ten_seconds_raises_nothing() -> None:
         driver = Driver([ClockDetector()])
         driver.run(0, 4500, clocks.batches, step=10.0)
         assert driver.alerts_of() == [], f"seed {seed}: {[a.summary for a in driver.alerts_of()]}"
+
+
+def test_a_part_twenty_per_cent_slow_from_its_start_is_costed_at_its_whole_lag() -> None:
+    """The pace is learned from readings clipped at 15 % around the group's reference, so a 1.2x
+    part read 13.0-13.9 % and its cost was understated by a fifth; its lag is 1 - 1/1.2 = 16.7 %."""
+    for seed in (1, 2):
+        clocks = placed_at(seed, 6, 1.2)
+        driver = Driver([ClockDetector()])
+        driver.run(0, 600, clocks.batches)
+        slow = driver.only("gpu_underperforming")
+        lag = slow.details["lag_share"]
+        assert abs(lag - (1.0 - 1.0 / 1.2)) < 0.01, f"seed {seed}: {lag}"
+        assert slow.cost_per_hour == approx(16 * driver.alerts.price_per_gpu_hour * lag), f"seed {seed}"
+        assert f"{lag:.1%} slower" in slow.summary, slow.summary

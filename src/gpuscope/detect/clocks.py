@@ -171,7 +171,7 @@ class ClockDetector(GpuTableDetector):
         node, gpu = t.keys[i]
         code = int(t.job[i])
         job = t.job_names[code]
-        lag = 1.0 - math.exp(-float(self._placement.lag[i]))
+        lag = 1.0 - math.exp(-float(self._placement.shown[i]))
         world = int(np.count_nonzero(t.job[: t.n] == code))
         group = self._peers.group_of(code, i)
         # a synchronous job waits for its slowest GPU: running ``lag`` slower loses that share of
@@ -196,7 +196,7 @@ class ClockDetector(GpuTableDetector):
         t = self.table
         node, gpu = t.keys[i]
         code = int(t.job[i])
-        lag = 1.0 - math.exp(-float(self._placement.lag[i]))
+        lag = 1.0 - math.exp(-float(self._placement.shown[i]))
         world = int(np.count_nonzero(t.job[: t.n] == code))
         job = finding.details["job"]
         bound = self._pace.max_pace
