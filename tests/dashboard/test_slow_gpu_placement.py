@@ -165,3 +165,28 @@ def test_a_gpu_faulty_from_its_start_pages_once_at_p2_with_its_ranks_placement_a
         for r in page.locator("tr[data-alert]").all()
     }
     assert shown == {broken.id: "P2", ranks.id: "P3"}
+
+
+def test_the_job_page_of_a_faulty_from_start_gpu_names_it_as_the_p2s_cause_and_blames_no_straggler(
+    faulty: Served, page: Page
+) -> None:
+    """What a person reading the job page concludes: the job is degraded by a live fault, the P2 of
+    node-1 GPU 1 (linked, "faulty part" in its summary), rank 5 on it slower since the start (the
+    ranks' placement), and no rank is a straggler."""
+    (broken,) = [a for a in faulty.hub.alerts.all() if a.rule == "gpu_underperforming"]
+    view = httpx.get(f"{faulty.url}/api/v1/ui/job", params={"job": "pretrain", "start": faulty.t0}).json()
+    assert view["stragglers"] == [] and view["status"] == "degraded"
+    assert not [p for p in view["slow_placements"] if p["kind"] == "gpu"]
+
+    open_page(page, faulty, "#/job/pretrain")
+    assert page.get_attribute("#jb-status", "data-status") == "degraded"
+    assert page.inner_text("#jb-strag") == "none" and page.locator("tr.straggler").count() == 0
+    assert page.locator(".jb-placement-gpu").count() == 0
+    assert page.get_attribute("#jb-placement", "data-ranks") == "5"
+    row = page.locator(f'#jb-alerts tr[data-alert="{broken.id}"]')
+    assert row.get_attribute("data-state") == "firing" and row.locator(".sev").inner_text() == "P2"
+    assert row.locator('a[href="#/gpu/node-1/1"]').count() == 1  # the cause: that GPU
+    said = row.inner_text()
+    assert "node-1 GPU 1" in said and "since it started" in said and "faulty part" in said, said
+    severities = [r.locator(".sev").inner_text() for r in page.locator("#jb-alerts tr[data-alert]").all()]
+    assert sorted(severities) == ["P2", "P3"]  # the P2 and the ranks' placement, nothing else

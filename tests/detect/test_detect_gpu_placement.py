@@ -106,3 +106,41 @@ def test_a_slower_bin_evaluated_every_ten_seconds_is_no_p2_while_its_pace_is_lea
         assert driver.serious() == [], f"seed {seed}: {[a.summary for a in driver.serious()]}"
         placed = driver.only("slow_placement")
         assert placed.entity == {"job": "llm", "node": KEYS[6][0], "gpu": KEYS[6][1]}, f"seed {seed}"
+
+
+def test_a_part_fifteen_per_cent_slow_evaluated_every_ten_seconds_is_one_p2_for_the_run() -> None:
+    """Seen at one evaluation every 10 s: a part 1.15x slower from its start was a P2 from 710 s to
+    1040 s (the fast path against its pace held at the 10 % bound, at that path's bar) and a second
+    P2 from 3740 s, when its pace was learned: two alerts in two incidents for one part."""
+    for seed in (1, 2):
+        clocks = placed_at(seed, 6, 1.15)
+        driver = Driver([ClockDetector()])
+        driver.run(0, 4500, clocks.batches, step=10.0)
+        case = f"seed {seed}"
+        slow = driver.only("gpu_underperforming")
+        assert (slow.entity["node"], slow.entity["gpu"]) == KEYS[6] and slow.firing, case
+        assert slow.details["since_start"] is True, case
+        assert [a.rule for a in driver.serious()] == ["gpu_underperforming"], case
+        assert driver.alerts_of("slow_placement") == [], case
+
+
+def test_a_healthy_group_evaluated_every_ten_seconds_raises_nothing() -> None:
+    for seed in (1, 2):
+        clocks = NoisyClocks(seed)
+        driver = Driver([ClockDetector()])
+        driver.run(0, 4500, clocks.batches, step=10.0)
+        assert driver.alerts_of() == [], f"seed {seed}: {[a.summary for a in driver.alerts_of()]}"
+
+
+def test_a_part_twenty_per_cent_slow_from_its_start_is_costed_at_its_whole_lag() -> None:
+    """The pace is learned from readings clipped at 15 % around the group's reference, so a 1.2x
+    part read 13.0-13.9 % and its cost was understated by a fifth; its lag is 1 - 1/1.2 = 16.7 %."""
+    for seed in (1, 2):
+        clocks = placed_at(seed, 6, 1.2)
+        driver = Driver([ClockDetector()])
+        driver.run(0, 600, clocks.batches)
+        slow = driver.only("gpu_underperforming")
+        lag = slow.details["lag_share"]
+        assert abs(lag - (1.0 - 1.0 / 1.2)) < 0.01, f"seed {seed}: {lag}"
+        assert slow.cost_per_hour == approx(16 * driver.alerts.price_per_gpu_hour * lag), f"seed {seed}"
+        assert f"{lag:.1%} slower" in slow.summary, slow.summary

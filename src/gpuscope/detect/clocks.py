@@ -17,7 +17,7 @@ the pace's evidence (small ones, 1.03-1.05x, over minutes). A GPU whose learned 
 group's by more than the parts' spread from its start is reported once as a ``slow_placement`` of
 that GPU (:class:`~gpuscope.detect.gpuplace.GpuPlacement`): the job runs at its pace, but it is no
 live fault. A GPU that far behind from its start by the pace's bound (10 %) or more is a faulty part:
-``gpu_underperforming`` from when its pace is learned, one alert with the later verdicts of the
+``gpu_underperforming`` from when its first readings give its pace, one alert with the later verdicts of the
 same GPU, and no placement (one cause, one page, at the tier of a GPU that became that slow).
 """
 
@@ -142,11 +142,12 @@ class ClockDetector(GpuTableDetector):
         self._ratio = ratio
         clean = judged & np.isfinite(ratio) & ~power & ~thermal & ~hw
         own = np.exp(self._pace.own(n))
-        before = self._pace.learned(n)
+        before, known = self._pace.learned(n), self._pace.known(n)
         groups = self._peers.group_ids(n)
         evident = self._pace.update(now, ratio, clean, t.job[:n], groups)
         newly = self._pace.learned(n) & ~before
-        placed = self._placement.update(self._pace, newly, t.job[:n], groups)
+        first = self._pace.known(n) & ~known
+        placed = self._placement.update(self._pace, newly, t.job[:n], groups, first)
         broken = self._placement.broken(self._pace, n)
         placed &= ~broken
         # not before the GPU's first readings give its pace: against the peers alone a part slower
@@ -170,7 +171,7 @@ class ClockDetector(GpuTableDetector):
         node, gpu = t.keys[i]
         code = int(t.job[i])
         job = t.job_names[code]
-        lag = 1.0 - math.exp(-float(self._placement.lag[i]))
+        lag = 1.0 - math.exp(-float(self._placement.shown[i]))
         world = int(np.count_nonzero(t.job[: t.n] == code))
         group = self._peers.group_of(code, i)
         # a synchronous job waits for its slowest GPU: running ``lag`` slower loses that share of
@@ -195,7 +196,7 @@ class ClockDetector(GpuTableDetector):
         t = self.table
         node, gpu = t.keys[i]
         code = int(t.job[i])
-        lag = 1.0 - math.exp(-float(self._placement.lag[i]))
+        lag = 1.0 - math.exp(-float(self._placement.shown[i]))
         world = int(np.count_nonzero(t.job[: t.n] == code))
         job = finding.details["job"]
         bound = self._pace.max_pace

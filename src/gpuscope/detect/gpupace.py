@@ -58,6 +58,10 @@ class OwnPace:
         #: per GPU, the mean of its first ``early`` clean readings (NaN until then): its pace at the start
         self.first: FloatArray = np.zeros(0)
         self.count: FloatArray = np.zeros(0)
+        #: per GPU, the mean of its readings while its pace is learned, each clipped at ``clip`` around
+        #: that mean so far instead of around its group's reference: an outlier is cut as for the pace,
+        #: but a part more than ``clip`` off its group reads its whole lag (reported, never judged)
+        self.level: FloatArray = np.zeros(0)
         self.evidence: FloatArray = np.zeros(0)
         self.shortfall: FloatArray = np.zeros(0)
         self.firing: BoolArray = np.zeros(0, bool)
@@ -70,6 +74,7 @@ class OwnPace:
         if len(self.pace) >= n:
             return
         self.pace, self.count = grow(self.pace, n, 0.0), grow(self.count, n, 0.0)
+        self.level = grow(self.level, n, 0.0)
         self.first = grow(self.first, n)
         self.evidence, self.shortfall = grow(self.evidence, n, 0.0), grow(self.shortfall, n, 0.0)
         self._job, self._group = grow(self._job, n, -1.0), grow(self._group, n, -1.0)
@@ -116,6 +121,7 @@ class OwnPace:
         if moved.any():  # a GPU in a new job or speed group: its pace is learned again
             self.count[:n][moved] = 0.0
             self.pace[:n][moved] = 0.0
+            self.level[:n][moved] = 0.0
             self.first[:n][moved] = math.nan
             self.evidence[:n][moved] = 0.0
             self.shortfall[:n][moved] = 0.0
@@ -130,6 +136,9 @@ class OwnPace:
         count[learning] += 1.0
         first = np.clip(x, -self.clip, self.clip)
         pace[learning] += (first[learning] - pace[learning]) / count[learning]
+        level = self.level[:n]
+        near = np.clip(x, level - self.clip, level + self.clip)
+        level[learning] += (near[learning] - level[learning]) / count[learning]
         start = learning & (count == self.early)
         self.first[:n][start] = pace[start]
         judged = clean & ~learning

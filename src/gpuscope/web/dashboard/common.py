@@ -66,8 +66,11 @@ class AlertIndex:
                 self.by_node.setdefault(e["node"], []).append(alert)
                 if "gpu" in e:
                     self.by_gpu.setdefault((e["node"], e["gpu"]), []).append(alert)
-            if "job" in e:
-                self.by_job.setdefault(e["job"], []).append(alert)
+            # a GPU's alert of the job it runs (gpu_underperforming) is the job's too: its page and
+            # status list it (a job with a faulty GPU was "running", its P2 on no job page)
+            job = e.get("job") or alert.details.get("job")
+            if isinstance(job, str) and job:
+                self.by_job.setdefault(job, []).append(alert)
             if "service" in e:
                 self.by_service.setdefault(e["service"], []).append(alert)
 
