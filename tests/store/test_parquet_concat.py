@@ -5,6 +5,7 @@ anything is written."""
 from __future__ import annotations
 
 import io
+import tracemalloc
 from pathlib import Path
 
 import duckdb
@@ -77,3 +78,43 @@ def test_a_file_that_is_not_parquet_is_refused(tmp_path: Path) -> None:
     bad.write_bytes(a.read_bytes()[:-4])
     with pytest.raises(parquet_concat.NotJoinable, match="not a Parquet file"):
         parquet_concat.concat([a, bad], io.BytesIO())
+
+
+def test_a_merge_of_many_wide_files_holds_one_footer_at_a_time(tmp_path: Path) -> None:
+    """An hour's merge joins 60 pieces of 53 columns, 5 row groups each: holding every footer's
+    tree until the footer was written cost ~77 MiB of small Python objects at its peak (the soak's
+    hour of 64 nodes), which a serving hub's arenas kept. One footer at a time, and the row groups'
+    bytes: the joined file is the same."""
+    con = duckdb.connect()
+    metrics = ", ".join(f"(i * {m} % 977)::FLOAT AS m{m}" for m in range(50))
+    paths = []
+    for k in range(60):
+        path = tmp_path / f"p{k}.parquet"
+        con.execute(
+            f"COPY (SELECT i + {k * 5000} AS ts, 'gpu-' || (i % 64) AS entity, (i % 7)::INTEGER AS a, "
+            f"{metrics} FROM range(5000) t(i) ORDER BY entity, ts) TO '{path}' "
+            "(FORMAT parquet, COMPRESSION zstd, PARQUET_VERSION V2, ROW_GROUP_SIZE 1024)"
+        )
+        paths.append(path)
+    footers = 0
+    for path in paths:
+        with path.open("rb") as f:
+            footers += path.stat().st_size - parquet_concat.read_footer(f)[1]
+    out = tmp_path / "joined.parquet"
+    tracemalloc.start()
+    try:
+        with out.open("wb") as f:
+            rows = parquet_concat.concat(paths, f)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert rows == 300_000
+    assert (
+        con.execute(f"SELECT count(*), sum(ts), sum(m7) FROM '{out}'").fetchall()
+        == con.execute(
+            f"SELECT count(*), sum(ts), sum(m7) FROM read_parquet([{', '.join(repr(str(p)) for p in paths)}])"
+        ).fetchall()
+    )
+    # the copy buffer, the row groups' bytes (0.7 MiB of footers here) and one footer's tree: 3.4
+    # MiB; every tree at once held 29 MiB
+    assert peak < 8 * 2**20, f"{peak / 2**20:.1f} MiB held at the peak, footers {footers / 2**20:.1f} MiB"

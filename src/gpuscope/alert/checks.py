@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field
 from typing import Any
 
+from gpuscope.alert.training_reads import training_slices
 from gpuscope.model import Alert, Event, Labels
 from gpuscope.rules import RULES
 from gpuscope.store.base import Store
@@ -275,13 +276,20 @@ def first_stopped_rank(ctx: Context) -> CheckResult:
     job = ctx.alert.entity.get("job")
     if job is None:
         return CheckResult("unknown", "the alert names no job")
-    records = ctx.store.training(job, ctx.now - ctx.lookback, ctx.now, None, 100_000)
-    last: dict[int, tuple[float, int]] = {}
-    for rec in records:
-        last[rec.rank] = (rec.ts, rec.step)
+    last: dict[int, tuple[float, int]] = {}  # rank -> its newest record's (ts, step)
+    oldest: dict[int, float] = {}  # rank -> its oldest record's ts
+    for records in training_slices(ctx.store, job, ctx.now - ctx.lookback, ctx.now, 100_000):
+        # slices come newest first, each oldest first
+        in_slice = {rec.rank: (rec.ts, rec.step) for rec in records}
+        for r, seen in in_slice.items():
+            last.setdefault(r, seen)
+        oldest.update({rec.rank: rec.ts for rec in reversed(records)})
     if len(last) < 2:
         return CheckResult("unknown", f"too few ranks of job {job} reported recently")
-    rank, (ts, step) = min(last.items(), key=lambda kv: kv[1][0])
+    # of ranks whose newest records are equally old, the one that appeared first in the window
+    # (then the lower rank): what a single pass over the window, oldest first, would choose
+    rank = min(last, key=lambda r: (last[r][0], oldest[r], r))
+    ts, step = last[rank]
     newest = max(t for t, _ in last.values())
     if newest - ts < 2.0:
         return CheckResult("clear", f"all {len(last)} ranks stopped together (at step {step})")
@@ -292,19 +300,29 @@ def first_stopped_rank(ctx: Context) -> CheckResult:
     )
 
 
+_TREND_METRICS = ("step_seconds", "loss")
+
+
 @check("training_trend")
 def training_trend(ctx: Context) -> CheckResult:
     job = ctx.alert.entity.get("job")
     if job is None:
         return CheckResult("unknown", "the alert names no job")
-    records = ctx.store.training(job, ctx.now - 6 * ctx.lookback, ctx.now, None, 50_000)
-    if not records:
-        return CheckResult("unknown", f"no training records of job {job}")
     cut = ctx.now - ctx.lookback / 5
-    out: dict[str, Any] = {"last_step": max(r.step for r in records)}
-    for metric in ("step_seconds", "loss"):
-        before = [v for r in records if r.ts < cut and (v := _finite(r.metrics.get(metric))) is not None]
-        recent = [v for r in records if r.ts >= cut and (v := _finite(r.metrics.get(metric))) is not None]
+    last_step: int | None = None
+    values: dict[tuple[str, bool], list[float]] = {(m, r): [] for m in _TREND_METRICS for r in (False, True)}
+    for records in training_slices(ctx.store, job, ctx.now - 6 * ctx.lookback, ctx.now, 50_000):
+        top = max(r.step for r in records)
+        last_step = top if last_step is None else max(last_step, top)
+        for metric in _TREND_METRICS:
+            for r in records:
+                if (v := _finite(r.metrics.get(metric))) is not None:
+                    values[metric, r.ts >= cut].append(v)
+    if last_step is None:
+        return CheckResult("unknown", f"no training records of job {job}")
+    out: dict[str, Any] = {"last_step": last_step}
+    for metric in _TREND_METRICS:
+        before, recent = values[metric, False], values[metric, True]
         if before and recent:
             out[metric] = {"before": statistics.median(before), "recent": statistics.median(recent)}
     parts = [f"{m} {v['before']:.3g} -> {v['recent']:.3g}" for m, v in out.items() if isinstance(v, dict)]
