@@ -44,7 +44,8 @@ def xid(node: str, k: int) -> dict[str, Any]:
     return {"source": node, "batch_id": f"{node}:{k}:urgent", "events": [event]}
 
 
-def post(route: IngestRoute, body: dict[str, Any], urgent: bool = False) -> tuple[int, dict[bytes, bytes]]:
+def exchange(route: IngestRoute, body: dict[str, Any], urgent: bool = False) -> list[Message]:
+    """The ASGI messages the route sends for one ingest post."""
     raw = orjson.dumps(body)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
     if urgent:
@@ -61,27 +62,17 @@ def post(route: IngestRoute, body: dict[str, Any], urgent: bool = False) -> tupl
         sent.append(message)
 
     asyncio.run(route(scope, receive, send))
+    return sent
+
+
+def post(route: IngestRoute, body: dict[str, Any], urgent: bool = False) -> tuple[int, dict[bytes, bytes]]:
+    sent = exchange(route, body, urgent)
     return sent[0]["status"], dict(sent[0]["headers"])
 
 
 def post_answer(route: IngestRoute, body: dict[str, Any], urgent: bool = False) -> tuple[int, Any]:
     """The status and decoded answer of a post."""
-    raw = orjson.dumps(body)
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
-    if urgent:
-        headers.append((URGENT, URGENT_EVENTS.encode()))
-    scope: dict[str, Any] = {"type": "http", "method": "POST", "path": "/api/v1/ingest", "headers": headers}
-    scope[PRINCIPAL_KEY] = object()
-    queue: list[Message] = [{"type": "http.request", "body": raw, "more_body": False}]
-    sent: list[Message] = []
-
-    async def receive() -> Message:
-        return queue.pop(0)
-
-    async def send(message: Message) -> None:
-        sent.append(message)
-
-    asyncio.run(route(scope, receive, send))
+    sent = exchange(route, body, urgent)
     return sent[0]["status"], orjson.loads(b"".join(m.get("body", b"") for m in sent[1:]))
 
 
