@@ -252,18 +252,16 @@ class Reporter:
         self.control = control
         self.overload = overload
         self.counters = counters
-        self._since = -math.inf
         self._shed = 0
         self._counted: dict[str, int] = {}
 
     def report(self, now: float) -> None:
-        refused, anonymous = self.overload.refusals_since(self._since)
-        knocks = self.overload.knocks_since(self._since)
+        refused, anonymous = self.overload.take_refusals()
+        knocks = self.overload.take_knocks()
         shed, self._shed = self.overload.shed - self._shed, self.overload.shed
         counts = self.counters.snapshot()
         delta = {k: v - self._counted.get(k, 0) for k, v in counts.items() if v != self._counted.get(k, 0)}
         self._counted = counts
-        self._since = now
         self.control.report(
             {
                 "refused": _sender_doc(refused),
