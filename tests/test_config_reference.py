@@ -20,6 +20,7 @@ from gpuscope.config import (
     PRICING_KEYS,
     RETENTION_KEYS,
     ConfigError,
+    load_config,
 )
 from gpuscope.config_check import check_config
 from gpuscope.config_reference import SECTIONS
@@ -178,3 +179,14 @@ def test_the_readme_routing_example_passes_config_check(tmp_path: Path) -> None:
     example = section.split("```yaml\n", 1)[1].split("```", 1)[0]
     lines = _check(tmp_path, example)
     assert "receivers audit, ml-team, oncall, platform; 4 route(s)" in lines
+
+
+def test_the_readmes_ingest_workers_setting_and_flag_are_the_hubs(tmp_path: Path) -> None:
+    """README's "One hub on more cores" names a setting the hub reads and a flag ``gpuscope hub`` takes."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### One hub on more cores", 1)[1].split("\n### ", 1)[0]
+    assert "`hub: {ingest_workers: N}`" in section and "`gpuscope hub --ingest-workers N`" in section
+    path = tmp_path / "c.yaml"
+    path.write_text("hub: {ingest_workers: 3}\n")
+    assert load_config(path).ingest_workers == 3
+    assert cli.build_parser().parse_args(["hub", "--ingest-workers", "3"]).ingest_workers == 3

@@ -246,7 +246,6 @@ def test_knocks_on_ingest_workers_reach_the_hubs_wire_so_a_sender_silent_on_ever
     knock of each sender over all of them. 20 nodes, each alternating between two workers;
     node-19 stops at 20 s on every process."""
     workers, hub = [monitor(), monitor()], monitor()
-    since = [-math.inf, -math.inf]
     names = [f"node-{i}" for i in range(20)]
     for step in range(60):
         t = float(step)
@@ -257,8 +256,7 @@ def test_knocks_on_ingest_workers_reach_the_hubs_wire_so_a_sender_silent_on_ever
             if ticket is not None:
                 workers[(i + step) % 2].done(ticket)
         for index, worker in enumerate(workers):
-            hub.worker_report(t, index, {}, -math.inf, 0, False, worker.knocks_since(since[index]))
-            since[index] = t
+            hub.worker_report(t, index, {}, -math.inf, 0, False, worker.take_knocks())
     wire = hub.cover(59.0).wire
     assert [wire.silence(_key(n)) for n in names[:19]] == [0.0] * 19
     assert not any(wire.dead(_key(n), 4.0) for n in names[:19])

@@ -6,7 +6,6 @@ and a sender a fault kills stops knocking at once, its queue dying with it; the 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from itertools import pairwise
@@ -19,56 +18,37 @@ from gpuscope.ingest.overload import SENDER_HEADER, parse_sender
 from gpuscope.loadgen.playback import Playback, rank_stream
 from gpuscope.loadgen.sender import _Worker, sender_line
 from gpuscope.loadgen.traffic import FleetShape, scenario_doc
-from support import QuietHandler, loopback_http
+from load.behind import BehindHub, behind_hub
 
 T0 = 1_800_000_000.0
 REFUSE_FIRST = 4
-_lock = threading.Lock()
-_knocks: list[tuple[float, str]] = []  # (arrival, sender header) of every request
-
-
-class _Refusing(QuietHandler):
-    """A hub behind on ingest: it refuses the first requests with 503 + Retry-After: 1."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("content-length", "0")))
-        with _lock:
-            _knocks.append((time.monotonic(), self.headers.get(SENDER_HEADER, "")))
-            refuse = len(_knocks) <= REFUSE_FIRST
-        if refuse:
-            self.send_response(503)
-            self.send_header("Retry-After", "1")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        self.reply(200, b'{"accepted": {"samples": 1, "events": 0, "training": 0}}', "application/json")
 
 
 @pytest.fixture
-def refusing_hub() -> Iterator[str]:
-    _knocks.clear()
-    with loopback_http(_Refusing) as url:
-        yield url
+def refusing_hub() -> Iterator[BehindHub]:
+    """A hub behind on ingest: it refuses the first requests with 503 + Retry-After: 1."""
+    with behind_hub(lambda urgent, before: len(before) < REFUSE_FIRST) as hub:
+        yield hub
 
 
 def test_a_refused_stream_comes_back_after_the_hubs_retry_after_not_an_escalated_backoff(
-    refusing_hub: str,
+    refusing_hub: BehindHub,
 ) -> None:
     async def run() -> int:
-        worker = _Worker([refusing_hub], None, 2, 10.0, 16)
+        worker = _Worker([refusing_hub.url], None, 2, 10.0, 16)
         worker.backoff = Backoff(initial=0.05, factor=10.0, cap=10.0, jitter=0.0)  # escalates to 10 s
         worker.enqueue(time.time(), [("node-1", b"frames", 1, 1, 0, 0, False)])
         stats = await worker.finish(grace=20.0)
         return stats.batches_acked
 
     assert asyncio.run(run()) == 1
-    gaps = [b[0] - a[0] for a, b in pairwise(_knocks)]
+    gaps = [b.arrival - a.arrival for a, b in pairwise(refusing_hub.knocks)]
     assert len(gaps) == REFUSE_FIRST and all(0.9 <= g < 3.0 for g in gaps)  # 1 s each, as asked
 
 
-def test_a_sender_a_fault_kills_stops_knocking_and_its_queue_dies_with_it(refusing_hub: str) -> None:
+def test_a_sender_a_fault_kills_stops_knocking_and_its_queue_dies_with_it(refusing_hub: BehindHub) -> None:
     async def run() -> tuple[int, int, int]:
-        worker = _Worker([refusing_hub], None, 2, 10.0, 16)
+        worker = _Worker([refusing_hub.url], None, 2, 10.0, 16)
         now = time.time()
         worker.enqueue(now, [("node-1", b"frames-%d" % k, 1, 1, 0, 0, False) for k in range(3)])
         worker.enqueue(now, [("node-2", b"frames", 1, 1, 0, 0, False)])
@@ -80,7 +60,8 @@ def test_a_sender_a_fault_kills_stops_knocking_and_its_queue_dies_with_it(refusi
 
     died, acked, unacked = asyncio.run(run())
     assert (died, acked, unacked) == (4, 1, 0)  # node-2's batch got through; node-1's died with it
-    assert [h for _, h in _knocks].count("node=node-1") == 1  # its one refused request, then nothing
+    senders = [k.sender for k in refusing_hub.knocks]
+    assert senders.count("node=node-1") == 1  # its one refused request, then nothing
 
 
 def test_the_rank_a_dropout_kills_is_a_stream_of_its_own_and_a_down_node_is_named_to_die() -> None:

@@ -4,7 +4,6 @@ as an agent does: a hub that sheds load takes the news first, and nothing is los
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 
@@ -12,46 +11,26 @@ import numpy as np
 import pytest
 
 from gpuscope.agent.sender import Backoff
-from gpuscope.ingest.overload import URGENT_EVENTS, URGENT_HEADER, urgent_part
+from gpuscope.ingest.overload import urgent_part
 from gpuscope.loadgen.sender import _Worker
 from gpuscope.model import Batch, Event, Frame
-from support import QuietHandler, loopback_http
+from load.behind import BehindHub, behind_hub
 
 SHED_FIRST = 2  # requests not marked urgent that the hub refuses before it catches up
-_lock = threading.Lock()
-_taken: list[bytes] = []
-_refused: list[bytes] = []
-
-
-class _Shedding(QuietHandler):
-    """A hub behind on ingest: it sheds plain requests with 503 + Retry-After, takes urgent ones."""
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers.get("content-length", "0")))
-        urgent = self.headers.get(URGENT_HEADER) == URGENT_EVENTS
-        with _lock:
-            shed = not urgent and len(_refused) < SHED_FIRST
-            (_refused if shed else _taken).append(body)
-        if shed:
-            self.send_response(503)
-            self.send_header("Retry-After", "1")
-            self.send_header("Content-Length", "0")
-            self.end_headers()
-            return
-        self.reply(200, b'{"accepted": {"samples": 1, "events": 0, "training": 0}}', "application/json")
 
 
 @pytest.fixture
-def shedding_hub() -> Iterator[str]:
-    _taken.clear()
-    _refused.clear()
-    with loopback_http(_Shedding) as url:
-        yield url
+def shedding_hub() -> Iterator[BehindHub]:
+    """A hub behind on ingest: it sheds plain requests with 503 + Retry-After, takes urgent ones."""
+    with behind_hub(lambda urgent, before: not urgent and sum(k.refused for k in before) < SHED_FIRST) as hub:
+        yield hub
 
 
-def test_news_behind_a_spool_reaches_a_shedding_hub_first_and_nothing_is_lost(shedding_hub: str) -> None:
+def test_news_behind_a_spool_reaches_a_shedding_hub_first_and_nothing_is_lost(
+    shedding_hub: BehindHub,
+) -> None:
     async def run() -> tuple[int, int]:
-        worker = _Worker([shedding_hub], None, 4, 10.0, 16)
+        worker = _Worker([shedding_hub.url], None, 4, 10.0, 16)
         worker.backoff = Backoff(initial=0.05, jitter=0.0)
         now = time.time()
         worker.enqueue(now, [("node-1", b"frames-%d" % k, 1, 1, 0, 0, False) for k in range(4)])
@@ -61,8 +40,8 @@ def test_news_behind_a_spool_reaches_a_shedding_hub_first_and_nothing_is_lost(sh
 
     acked, unacked = asyncio.run(run())
     assert (acked, unacked) == (5, 0)  # every batch acknowledged once the hub caught up
-    assert _taken[0] == b"xid"  # the news went first, past the four batches spooled before it
-    assert _taken[1:] == [b"frames-%d" % k for k in range(4)]  # the spool kept its order
+    assert shedding_hub.taken[0] == b"xid"  # the news went first, past the four batches spooled before it
+    assert shedding_hub.taken[1:] == [b"frames-%d" % k for k in range(4)]  # the spool kept its order
 
 
 def test_a_batch_is_split_into_a_hard_faults_events_and_the_rest_routine_events_staying_in_order() -> None:

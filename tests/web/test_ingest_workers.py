@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
 import time
 from collections import Counter
@@ -21,13 +22,21 @@ import yaml
 from gpuscope.config import ConfigError, load_config
 from gpuscope.counters import Counters
 from gpuscope.ingest.frame import CONTENT_TYPE, encode_frame
-from gpuscope.ingest.overload import SENDER_HEADER, URGENT_EVENTS, URGENT_HEADER
+from gpuscope.ingest.overload import (
+    SENDER_HEADER,
+    URGENT_EVENTS,
+    URGENT_HEADER,
+    OverloadMonitor,
+    parse_sender,
+)
 from gpuscope.ingest.worker_state import WorkerState
 from gpuscope.model import Batch, Event, Frame
+from gpuscope.procmem import entries
 from gpuscope.rules import HUB_OVERLOADED
 from gpuscope.runtime import AssemblyError, Runtime, assemble
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.ingest_log import IngestLog
+from gpuscope.web.ingest_worker import MAX_MESSAGE, REPORT, Control, Reporter
 from support import free_port, wait_until
 
 NODES = 4
@@ -237,3 +246,36 @@ def test_what_a_former_worker_acknowledged_is_stored_by_a_hub_without_workers(tm
     again.start()
     again.stop()
     assert _stored(tmp_path / "hub.duckdb", start)[0] == rows
+
+
+def test_a_workers_report_names_only_the_senders_new_since_the_last_and_it_keeps_no_more() -> None:
+    """Every quarter second a worker tells its hub who knocked (the hub's wire keeps them). Jobs come
+    and go, 20 new ranks each interval here: a report names that interval's senders, one with no new
+    knock names nobody, and the worker's table holds one interval's senders, not all it ever served."""
+    worker_end, hub_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    overload = OverloadMonitor(name="worker-0")
+    reporter = Reporter(Control(worker_end, Counters()), overload, Counters())
+
+    def reported(now: float) -> set[str]:
+        reporter.report(now)
+        message = hub_end.recv(MAX_MESSAGE)
+        assert message[:1] == REPORT
+        doc = orjson.loads(message[1:])
+        return {",".join(f"{k}={v}" for k, v in pairs) for pairs, _ in doc["knocks"]}
+
+    try:
+        nodes = [f"node={n}" for n in ("a", "b", "c", "d")]
+        for k in range(30):
+            t = 1000.0 + 0.25 * k
+            senders = [*nodes, *(f"job=job-{k},rank={r}" for r in range(20))]
+            for sender in senders:
+                ticket = overload.admit(t, parse_sender(sender)).ticket
+                assert ticket is not None
+                overload.done(ticket)
+            assert entries(overload) == len(senders)  # this interval's, not 4 + 20 k
+            assert reported(t) == set(senders)
+        assert reported(t + 0.25) == set()  # told once: nothing new, nothing again
+        assert entries(overload) == 0
+    finally:
+        worker_end.close()
+        hub_end.close()

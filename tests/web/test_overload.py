@@ -16,14 +16,13 @@ from detect.rig import FakeCluster, FakeJob
 from gpuscope.agent.sender import Sender
 from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
-from gpuscope.hub import Hub
-from gpuscope.ingest.overload import SENDER_HEADER, OverloadMonitor, OverloadSettings
+from gpuscope.ingest.overload import SENDER_HEADER, OverloadSettings
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Batch
 from gpuscope.rules import HUB_OVERLOADED
-from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 from support import wait_until
+from web.overload_rig import flooding, hub_server
 
 NODES = 4
 FLOODERS = 24
@@ -70,34 +69,10 @@ class _Fleet:
             return all(s.backlog == 0 for s in self.senders.values())
 
 
-def _flood(url: str, stop: threading.Event, k: int, refused: list[int]) -> None:
-    """A sender offering far more than the hub is allowed to take: it never waits."""
-    cluster = FakeCluster(nodes=1, gpus=8, seed=k)
-    n = 0
-    with httpx.Client(timeout=30) as client:
-        while not stop.is_set():
-            batch = cluster.batch(time.time(), f"flood-{k}")
-            batch.batch_id = f"flood-{k}:{n}"
-            n += 1
-            try:
-                reply = client.post(
-                    url, content=encode_batch(batch), headers={"Content-Type": "application/json"}
-                )
-            except httpx.HTTPError:
-                continue
-            if reply.status_code == 503:
-                assert reply.headers["Retry-After"].isdigit()
-                refused.append(int(reply.headers["Retry-After"]))
-
-
 @pytest.fixture
 def server() -> Iterator[HubServer]:
-    hub = Hub(DuckDBStore(":memory:"))
-    hub.overload = OverloadMonitor(OverloadSettings(max_in_flight=8, max_lag_s=1.0, retry_after_s=1.0))
-    srv = HubServer(hub, "127.0.0.1", 0)
-    srv.start()
-    yield srv
-    srv.stop()
+    with hub_server(OverloadSettings(max_in_flight=8, max_lag_s=1.0, retry_after_s=1.0)) as srv:
+        yield srv
 
 
 def test_a_hub_past_its_capacity_sheds_alerts_once_blames_nobody_and_catches_up(
@@ -110,22 +85,10 @@ def test_a_hub_past_its_capacity_sheds_alerts_once_blames_nobody_and_catches_up(
     try:
         time.sleep(6)  # the detectors learn every sender's period; the hub keeps up
         assert hub.counters.get("ingest_shed_requests") == 0
-        stop, refused = threading.Event(), []
-        flood = [
-            threading.Thread(
-                target=_flood, args=(f"{server.url}/api/v1/ingest", stop, k, refused), daemon=True
-            )
-            for k in range(FLOODERS)
-        ]
-        for thread in flood:
-            thread.start()
-        try:
+        with flooding(server.url, FLOODERS) as flood:
             wait_until(lambda: any(a.rule == HUB_OVERLOADED for a in hub.firing()), 20, "hub_overloaded")
             time.sleep(8)  # longer than any sender's silence threshold
-        finally:
-            stop.set()
-            for thread in flood:
-                thread.join(30)
+        refused = flood.refused
         assert refused and all(1 <= r <= 2 for r in refused)  # shed with Retry-After
         assert fleet.counters.get("send_failures") > 0  # the fleet was refused too, and spooled
         wait_until(fleet.drained, 60, "the fleet's spools to drain")
@@ -245,11 +208,8 @@ class _LatePath:
 
 
 def test_a_backlog_that_arrives_late_and_in_a_burst_blames_no_sender(tmp_path: Path) -> None:
-    hub = Hub(DuckDBStore(":memory:"))
-    hub.overload = OverloadMonitor(OverloadSettings(max_in_flight=2, max_lag_s=0.5, retry_after_s=1.0))
-    server = HubServer(hub, "127.0.0.1", 0)
-    server.start()
-    try:
+    with hub_server(OverloadSettings(max_in_flight=2, max_lag_s=0.5, retry_after_s=1.0)) as server:
+        hub = server.hub
         path = _LatePath(server.url)
         path.trickle(6, every=0.01)  # prompt: the detectors learn every sender's period
         # behind: 5 senders, one batch through every 1.5 s: each sender heard every ~7.5 s, longer
@@ -261,8 +221,6 @@ def test_a_backlog_that_arrives_late_and_in_a_burst_blames_no_sender(tmp_path: P
         path.trickle(6, every=0.01)  # prompt again, past every sender's threshold
         alerts = hub.store.alerts(False, 10_000)
         metrics = httpx.get(f"{server.url}/metrics").text
-    finally:
-        server.stop()
     assert path.acked == path.produced  # everything arrived, late
     assert path.refused > 0  # the burst was more than the hub admits at once
     assert [a.rule for a in alerts if a.rule == HUB_OVERLOADED] == [HUB_OVERLOADED]

@@ -28,7 +28,7 @@ READING = Reading(
         "observe_ticks": 4,
         "api_refused_429": 1,
     },
-    withheld={"nan_values": 2},
+    withheld={"nan_values": 2, "rank_verdicts_found_on_wire": 3},
     detect_seconds=0.125,
     lag_last=None,
     lag_max=10.0,
@@ -74,6 +74,12 @@ gpuscope_hub_operations_total{{name="observe_ticks"}} 4.0
 # HELP gpuscope_hub_detection_withheld_total What the detectors refused as malformed or withheld, by reason.
 # TYPE gpuscope_hub_detection_withheld_total counter
 gpuscope_hub_detection_withheld_total{{reason="nan_values"}} 2.0
+# HELP gpuscope_hub_silence_verdicts_found_on_wire_total Silence verdicts given although a hub gap or late \
+data would have withheld them, because the sender had stopped sending requests too (X-Gpuscope-Sender): \
+found dead on the wire, by rule.
+# TYPE gpuscope_hub_silence_verdicts_found_on_wire_total counter
+gpuscope_hub_silence_verdicts_found_on_wire_total{{rule="node_unreachable"}} 0.0
+gpuscope_hub_silence_verdicts_found_on_wire_total{{rule="rank_lost"}} 3.0
 # HELP gpuscope_hub_detection_seconds_total Wall time spent in the detectors (the cost of detection).
 # TYPE gpuscope_hub_detection_seconds_total counter
 gpuscope_hub_detection_seconds_total 0.125
@@ -129,7 +135,8 @@ gpuscope_hub_structure_entries{{structure="observe_stage"}} 4.0
 
 def test_the_text_of_a_fixed_reading_is_the_same_to_the_byte() -> None:
     """Families with no rows keep their HELP and TYPE; families the reading lacks (store memory, a
-    store figure that is no number) are left out; label values are escaped; no lag yet is NaN."""
+    store figure that is no number) are left out; label values are escaped; no lag yet is NaN; the
+    verdicts found on the wire are counted in a family of their own, not among the withheld."""
     assert exposition(READING) == EXPECTED
 
 

@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from detect.rig import FakeCluster, FakeJob
@@ -19,13 +18,13 @@ from gpuscope.agent.sender import Sender
 from gpuscope.agent.spool import Spool
 from gpuscope.counters import Counters
 from gpuscope.hub import Hub
-from gpuscope.ingest.overload import OverloadMonitor, OverloadSettings
+from gpuscope.ingest.overload import OverloadSettings
 from gpuscope.ingest.payload import encode_batch
 from gpuscope.model import Alert, Batch
 from gpuscope.rules import HUB_OVERLOADED
-from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.web.server import HubServer
 from support import wait_until
+from web.overload_rig import flooding, hub_server
 
 NODES, GPUS = 8, 2  # 24 senders: the two that die are under a tenth of them
 FLOODERS = 12
@@ -124,29 +123,10 @@ def _by_rank(batch: Batch, ranks: int) -> dict[str, Batch]:
     return out
 
 
-def _flood(url: str, stop: threading.Event, k: int) -> None:
-    """A sender that names nobody and never waits: it keeps the hub behind."""
-    cluster = FakeCluster(nodes=1, gpus=8, seed=k)
-    n = 0
-    with httpx.Client(timeout=30) as client:
-        while not stop.is_set():
-            batch = cluster.batch(time.time(), f"flood-{k}")
-            batch.batch_id = f"flood-{k}:{n}"
-            n += 1
-            try:
-                client.post(url, content=encode_batch(batch), headers={"Content-Type": "application/json"})
-            except httpx.HTTPError:
-                continue
-
-
 @pytest.fixture
 def server() -> Iterator[HubServer]:
-    hub = Hub(DuckDBStore(":memory:"))
-    hub.overload = OverloadMonitor(SETTINGS)
-    srv = HubServer(hub, "127.0.0.1", 0)
-    srv.start()
-    yield srv
-    srv.stop()
+    with hub_server(SETTINGS) as srv:
+        yield srv
 
 
 def _firing(hub: Hub, rule: str, **entity: str) -> Alert | None:
@@ -162,15 +142,8 @@ def test_a_node_and_a_rank_that_stop_knocking_are_found_while_the_hub_is_behind(
     hub = server.hub
     fleet = _Fleet(server.url, tmp_path)
     fleet.start()
-    stop = threading.Event()
-    flood = [
-        threading.Thread(target=_flood, args=(f"{server.url}/api/v1/ingest", stop, k), daemon=True)
-        for k in range(FLOODERS)
-    ]
-    try:
-        time.sleep(8)  # every sender's period learned, the job stepping; the hub keeps up
-        for thread in flood:
-            thread.start()
+    time.sleep(8)  # every sender's period learned, the job stepping; the hub keeps up
+    with flooding(server.url, FLOODERS):
         wait_until(lambda: any(a.rule == HUB_OVERLOADED for a in hub.firing()), 20, "hub_overloaded")
         time.sleep(3)
         assert fleet.counters.get("send_failures") > 0  # the fleet is refused too, and spools
@@ -184,10 +157,6 @@ def test_a_node_and_a_rank_that_stop_knocking_are_found_while_the_hub_is_behind(
             rank = rank or _firing(hub, "rank_lost", job=fleet.job.name, rank=str(DEAD_RANK))
             time.sleep(0.2)
         behind_when_found = hub.overload.behind(time.time())
-    finally:
-        stop.set()
-        for thread in flood:
-            thread.join(30)
     try:
         assert node is not None and rank is not None, "a dead node and a dead rank found while behind"
         assert behind_when_found  # found during the overload, not once it ended

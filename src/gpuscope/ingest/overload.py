@@ -404,17 +404,21 @@ class OverloadMonitor:
             if lagging or shed:
                 self._sign(now)
 
-    def knocks_since(self, since: float) -> dict[SenderKey, float]:
-        """The named senders that knocked after ``since`` (with their latest knock): what an
-        ingest worker reports to its hub, whose liveness verdicts read them."""
+    def take_knocks(self) -> dict[SenderKey, float]:
+        """The named senders that knocked since the last take (with their latest knock), forgotten
+        here: what an ingest worker reports to its hub, whose wire keeps them. A worker's table so
+        holds one report's senders, not every sender it ever served, and a report costs what is new.
+        (Only a worker's monitor is taken from: a hub's own :meth:`cover` reads its table.)"""
         with self._lock:
-            return {k: t for k, t in self._knocks.items() if t > since}
+            knocks, self._knocks = self._knocks, {}
+            return knocks
 
-    def refusals_since(self, since: float) -> tuple[dict[SenderKey, float], float]:
-        """The named senders refused after ``since`` (with when), and the last refusal of one
-        naming nobody: what an ingest worker reports to its hub."""
+    def take_refusals(self) -> tuple[dict[SenderKey, float], float]:
+        """The named senders refused since the last take (with when), forgotten here as
+        :meth:`take_knocks` does, and the last refusal of one naming nobody: what an ingest
+        worker reports to its hub."""
         with self._lock:
-            refused = {k: t for k, t in self._refused.items() if t > since}
+            refused, self._refused = self._refused, {}
             return refused, self._refused_anonymous
 
     def arrived(self, now: float, stamps: Iterable[tuple[str, float]]) -> None:

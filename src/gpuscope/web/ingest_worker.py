@@ -29,8 +29,9 @@ Overload: each worker admits requests with an :class:`~gpuscope.ingest.overload.
 of its own (its requests in flight, its event loop's lag, the urgent lane) and also sheds while
 the hub shows a sign of lag (the shared :class:`~gpuscope.ingest.worker_state.WorkerState`: its
 evaluation or detectors behind, or the workers' acknowledged batches waiting too long to be taken
-in). Every quarter second it reports to the hub whom it refused, how many requests it shed,
-whether it saw itself behind and its counters: the hub's verdicts hold those senders' silence, and
+in). Every quarter second it reports to the hub whom it refused and who knocked since its last
+report (and then forgets them: the hub keeps them), how many requests it shed, whether it saw
+itself behind and its counters: the hub's verdicts hold those senders' silence, and
 ``hub_overloaded`` is raised once, by the hub.
 """
 
@@ -252,18 +253,16 @@ class Reporter:
         self.control = control
         self.overload = overload
         self.counters = counters
-        self._since = -math.inf
         self._shed = 0
         self._counted: dict[str, int] = {}
 
     def report(self, now: float) -> None:
-        refused, anonymous = self.overload.refusals_since(self._since)
-        knocks = self.overload.knocks_since(self._since)
+        refused, anonymous = self.overload.take_refusals()
+        knocks = self.overload.take_knocks()
         shed, self._shed = self.overload.shed - self._shed, self.overload.shed
         counts = self.counters.snapshot()
         delta = {k: v - self._counted.get(k, 0) for k, v in counts.items() if v != self._counted.get(k, 0)}
         self._counted = counts
-        self._since = now
         self.control.report(
             {
                 "refused": _sender_doc(refused),

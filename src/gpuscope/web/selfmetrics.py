@@ -17,6 +17,7 @@ from typing import Any
 from gpuscope import __version__, hubmem, procmem
 from gpuscope.hub import Hub
 from gpuscope.model import Batch
+from gpuscope.rules import NODE_UNREACHABLE, RANK_LOST
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 INGESTED = {
@@ -26,6 +27,9 @@ INGESTED = {
     "ingest_training_records": "training_records",
 }
 _REFUSAL_WORDS = ("refused", "rejected", "rate_limited", "too_large")
+#: the detectors' counts of silence verdicts given where the hub's lag would have withheld them, the
+#: sender having stopped knocking too (:mod:`gpuscope.detect.liveness`): verdicts given, not withheld
+FOUND_ON_WIRE = {"node_verdicts_found_on_wire": NODE_UNREACHABLE, "rank_verdicts_found_on_wire": RANK_LOST}
 
 
 class IngestLag:
@@ -193,7 +197,14 @@ FAMILIES: tuple[_Family, ...] = (
         "gpuscope_hub_detection_withheld_total",
         "counter",
         "What the detectors refused as malformed or withheld, by reason.",
-        lambda r: _by("reason", r.withheld),
+        lambda r: _by("reason", {k: v for k, v in r.withheld.items() if k not in FOUND_ON_WIRE}),
+    ),
+    _Family(
+        "gpuscope_hub_silence_verdicts_found_on_wire_total",
+        "counter",
+        "Silence verdicts given although a hub gap or late data would have withheld them, because the "
+        "sender had stopped sending requests too (X-Gpuscope-Sender): found dead on the wire, by rule.",
+        lambda r: [({"rule": rule}, r.withheld.get(name, 0)) for name, rule in FOUND_ON_WIRE.items()],
     ),
     _Family(
         "gpuscope_hub_detection_seconds_total",
