@@ -12,21 +12,15 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 from pathlib import Path
 
-from gpuscope.store.ingest_log import SUFFIX
+from gpuscope.store.ingest_log import SUFFIX, record_crc
 
 _HEAD = struct.Struct("<IIQ")
-_SEQ = struct.Struct("<Q")
 #: bytes read from a segment at a time: a replay or a reader behind its worker takes
 #: ``limit`` records a pass, and reading a 32-MiB segment's whole rest for each pass made a
 #: replay quadratic in the segment's size
 CHUNK = 1 << 20
-
-
-def _crc_ok(seq: int, payload: bytes, crc: int) -> bool:
-    return zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq))) == crc
 
 
 class LogTail:
@@ -125,7 +119,9 @@ class LogTail:
                 if len(data) < end:
                     break
             payload = data[pos + _HEAD.size : end]
-            if not _crc_ok(seq, payload, crc):
+            # in pieces, as the owner wrote it: zlib hands the interpreter lock to another thread
+            # around a CRC of more than 5 KiB (an agent's record), and the reader waited to get it back
+            if record_crc(seq, payload) != crc:
                 ended = True  # torn: the owner cuts it off; its next records are in a newer segment
                 break
             if seq > synced:
