@@ -28,13 +28,21 @@ the hub's commit intervals (``storage.flush_interval_s``), and the agents keep s
 ran on after the last tick counted the hub raising ``node_unreachable`` for the whole fleet,
 about 6 ms of CPU an alert, a cost of the bench stopping the agents, not of ingest.)
 
+``--py-spy FILE`` samples the served hub process (all its threads, idle ones left out) with py-spy
+(the ``bench`` extra) over the run and writes its collapsed stacks to FILE, for a flame graph or a
+count by function; it costs the hub nothing it counts (py-spy reads the process from outside,
+without pausing it).
+
 usage: python bench/bench_hub_cpu.py [--nodes 64] [--ticks 30] [--agents 32] [--json]
+       [--ingest-workers N] [--py-spy FILE]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -153,14 +161,23 @@ class SplitCpu:
     between the hub and its workers is known too."""
 
     def __init__(self, hub: psutil.Process, workers: list[psutil.Process]) -> None:
+        self.proc = hub
         self.hub = process_cpu(hub)
         self.workers = [process_cpu(w) for w in workers]
         self.readings: list[tuple[float, float]] = []  # (hub process, workers)
+        self.threads: list[dict[int, float]] = []  # the hub process's CPU seconds by thread id
 
     def __call__(self) -> float:
+        self.threads.append({t.id: t.user_time + t.system_time for t in self.proc.threads()})
         reading = (self.hub(), sum(w() for w in self.workers))
         self.readings.append(reading)
         return reading[0] + reading[1]
+
+    def by_thread(self) -> dict[int, float]:
+        """CPU seconds of each of the hub process's threads between the first and last reading
+        (a thread that ended meanwhile is left out)."""
+        first, last = self.threads[0], self.threads[-1]
+        return {tid: s - first.get(tid, 0.0) for tid, s in last.items()}
 
     def split(self) -> tuple[float, float]:
         """CPU seconds of the hub process and of the workers between the first and last reading."""
@@ -190,6 +207,37 @@ def post_node_ticks(url: str, ticks: Ticks, agents: int, cpu: Callable[[], float
 #: ``--ingest-workers``: the hub's hub.ingest_workers, and the split it measured (CPU s: hub, workers)
 INGEST_WORKERS = 0
 SPLIT: list[tuple[float, float]] = []
+#: the hub process's CPU seconds by thread (its name where py-spy saw it, else its id)
+THREADS: list[dict[str, float]] = []
+#: ``--py-spy``: where py-spy writes the hub process's collapsed stacks (None: not sampled)
+PY_SPY: Path | None = None
+
+
+def thread_names(stacks: Path) -> dict[int, str]:
+    """Thread ids to names, from py-spy's collapsed stacks (``thread (tid): name;frame;... n``);
+    threads Python did not start (DuckDB's) are not in them."""
+    names: dict[int, str] = {}
+    if not stacks.exists():
+        return names
+    for line in stacks.read_text().splitlines():
+        head = line.split(";", 1)[0]
+        if head.startswith("thread (") and "): " in head:
+            tid, _, name = head[len("thread (") :].partition("): ")
+            if tid.isdigit():
+                names[int(tid)] = name
+    return names
+
+
+def py_spy(pid: int, seconds: float) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling process ``pid`` for ``seconds`` into :data:`PY_SPY`, if asked for."""
+    if PY_SPY is None:
+        return None
+    binary = shutil.which("py-spy")
+    if binary is None:
+        raise SystemExit("--py-spy: py-spy is not installed (pip install -e '.[bench]')")
+    argv = [binary, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--format", "raw"]
+    argv += ["--nonblocking", "--threads", "--rate", "200", "--output", str(PY_SPY)]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL)
 
 
 def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
@@ -206,7 +254,12 @@ def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
         ticks = node_ticks(nodes, n_ticks)
         hub = psutil.Process(proc.pid)
         cpu = SplitCpu(hub, hub.children())  # the workers answered before the hub did
+        sampler = py_spy(proc.pid, ticks[-1][0] - time.time() + 1)
         result = post_node_ticks(url, ticks, agents, cpu)
+        if sampler is not None:
+            sampler.wait()
+        names = thread_names(PY_SPY) if PY_SPY is not None else {}
+        THREADS.append({names.get(tid, f"thread {tid}"): s for tid, s in cpu.by_thread().items()})
         SPLIT.append(cpu.split())
         store = httpx.get(f"{url}/api/v1/health", timeout=60).json()["store"]
         syncs = store["counters"].get("store.log_syncs")
@@ -285,10 +338,12 @@ def main() -> None:
     ap.add_argument(
         "--ingest-workers", type=int, default=0, help="the hub's hub.ingest_workers (0: in its process)"
     )
+    ap.add_argument("--py-spy", type=Path, help="write py-spy's collapsed stacks of the hub process here")
     a = ap.parse_args()
-    global content_type, INGEST_WORKERS
+    global content_type, INGEST_WORKERS, PY_SPY
     content_type = JSON_CONTENT_TYPE if a.json else CONTENT_TYPE
     INGEST_WORKERS = a.ingest_workers
+    PY_SPY = a.py_spy
     console.print(
         f"{a.ticks} ticks of {a.nodes} agents' batches, one tick a second, per system; "
         f"{measured_ticks(a.ticks)} measured after {WARM_TICKS} warm-up ticks"
@@ -312,6 +367,10 @@ def main() -> None:
             parts = (("hub process alone", hub_s), (f"its {INGEST_WORKERS} ingest workers", workers_s))
             for part, seconds in parts:
                 rows.append([f"  of which {part}", "", f"{seconds * 1e3 / batches:.2f}", "", ""])
+            threads = sorted(THREADS[-1].items(), key=lambda kv: -kv[1])
+            for thread, seconds in threads:
+                if seconds * 1e3 / batches >= 0.005:
+                    rows.append([f"    hub thread {thread}", "", f"{seconds * 1e3 / batches:.3f}", "", ""])
     hub_rate = figures["gpuscope hub over HTTP"]
     vm_rate = figures.get("anchor: VictoriaMetrics, same samples, one request per node batch")
     rows[0][4] = "≥ 300,000 (issue 9)"

@@ -17,7 +17,7 @@ import pytest
 
 from gpuscope.model import Alert, Batch, Event, TrainingRecord
 from gpuscope.store.duckdb import DuckDBStore
-from gpuscope.store.ingest_log import SUFFIX, _crc
+from gpuscope.store.ingest_log import SUFFIX, record_crc
 from gpuscope.store.log_codec import decode, encode
 from store.store_helpers import frame, gpu
 
@@ -208,4 +208,4 @@ def test_a_records_checksum_taken_in_pieces_is_the_whole_records_crc32() -> None
     for size in (0, 1, 5 * 1024 - 1, 5 * 1024, 5 * 1024 + 1, 10 * 1024, 10 * 1024 + 3, 100_000):
         payload = rng.integers(0, 256, size, dtype=np.uint8).tobytes()
         whole = zlib.crc32(payload, zlib.crc32((12345).to_bytes(8, "little")))
-        assert _crc(12345, payload) == whole
+        assert record_crc(12345, payload) == whole

@@ -6,7 +6,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from gpuscope.counters import Counters
+from gpuscope.store import log_tail
 from gpuscope.store.ingest_log import IngestLog
 from gpuscope.store.log_tail import LogTail
 
@@ -49,3 +52,30 @@ def test_a_reader_resumes_after_the_stored_position_and_skips_a_torn_tail(tmp_pa
     tail = LogTail(tmp_path, 3)  # the store holds 1-3
     assert tail.read(synced=5) == [(4, b"record 4"), (5, b"record 5")]
     assert tail.read(synced=6) == []  # the torn record is never handed out
+
+
+def test_a_reader_takes_every_record_through_reads_smaller_than_the_segment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a segment is read a chunk at a time: records cut by a chunk's end, and a record larger
+    # than a chunk, come whole, in order, each once; a resumed reader skips what the store holds
+    monkeypatch.setattr(log_tail, "CHUNK", 100)
+    log = IngestLog(tmp_path, Counters(), reserve_bytes=0)
+    list(log.recover(0))
+    log.start()
+    payloads = [bytes([k]) * (7 * k if k != 5 else 450) for k in range(1, 13)]
+    for p in payloads:
+        log.append(p, _nothing)
+    tail = LogTail(tmp_path, 0)
+    assert tail.read(synced=12, limit=5) == list(enumerate(payloads[:5], start=1))
+    assert tail.read(synced=12) == list(enumerate(payloads[5:], start=6))
+    assert tail.read(synced=12) == []
+    resumed = LogTail(tmp_path, 9)  # the store holds 1-9: what it skips spans several chunks
+    assert resumed.read(synced=12) == list(enumerate(payloads[9:], start=10))
+    for p in (b"late 13", b"late 14"):  # the open segment grows behind the readers
+        log.append(p, _nothing)
+    assert tail.read(synced=14) == [(13, b"late 13"), (14, b"late 14")]
+    assert resumed.read(synced=13) == [(13, b"late 13")]
+    tail.close()
+    resumed.close()
+    log.close()

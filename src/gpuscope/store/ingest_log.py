@@ -82,7 +82,7 @@ def _fsync_dir(path: Path) -> None:
 _CRC_PIECE = 5 * 1024
 
 
-def _crc(seq: int, payload: bytes) -> int:
+def record_crc(seq: int, payload: bytes) -> int:
     crc = zlib.crc32(_SEQ.pack(seq))
     if len(payload) <= _CRC_PIECE:
         return zlib.crc32(payload, crc)
@@ -156,7 +156,7 @@ class IngestLog:
                     break
                 n, crc, seq = _HEAD.unpack_from(data, pos)
                 end = pos + _HEAD.size + n
-                if end > len(data) or _crc(seq, data[pos + _HEAD.size : end]) != crc:
+                if end > len(data) or record_crc(seq, data[pos + _HEAD.size : end]) != crc:
                     break
                 if seq > after:
                     yield seq, data[pos + _HEAD.size : end]
@@ -236,7 +236,7 @@ class IngestLog:
         if self._failed is not None:
             raise LogFailed(errno.EIO, f"the ingest log failed earlier: {self._failed}")
         seq = self._written + 1
-        record = _HEAD.pack(len(payload), _crc(seq, payload), seq) + payload
+        record = _HEAD.pack(len(payload), record_crc(seq, payload), seq) + payload
         try:
             done = 0
             while done < len(record):

@@ -12,27 +12,41 @@ from __future__ import annotations
 
 import os
 import struct
-import zlib
 from pathlib import Path
 
-from gpuscope.store.ingest_log import SUFFIX
+from gpuscope.store.ingest_log import SUFFIX, record_crc
 
 _HEAD = struct.Struct("<IIQ")
-_SEQ = struct.Struct("<Q")
-
-
-def _crc_ok(seq: int, payload: bytes, crc: int) -> bool:
-    return zlib.crc32(payload, zlib.crc32(_SEQ.pack(seq))) == crc
+#: bytes read from a segment at a time: a replay or a reader behind its worker takes
+#: ``limit`` records a pass, and reading a 32-MiB segment's whole rest for each pass made a
+#: replay quadratic in the segment's size
+CHUNK = 1 << 20
 
 
 class LogTail:
-    """The records of the log in ``directory`` after record ``after``, as they are synced."""
+    """The records of the log in ``directory`` after record ``after``, as they are synced.
+
+    The segment being read stays open between passes (a pass that opened, sought, read to the
+    end and closed it cost the hub's reader about 0.1 ms of CPU, several times a second per
+    worker): the owner appends to the same file, cuts a torn record off it in place and deletes
+    it only once the store holds all of it, so the open file shows what its name would."""
 
     def __init__(self, directory: Path, after: int) -> None:
         self.dir = directory
         self.position = after  # the last record handed out
         self._segment: int | None = None  # first sequence number of the segment being read
+        self._fd = -1  # that segment, open
         self._offset = 0  # bytes of it read
+
+    def close(self) -> None:
+        """Close the segment being read (a later :meth:`read` opens it again)."""
+        self._move(None)
+
+    def _move(self, segment: int | None) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        self._segment, self._offset = segment, 0
 
     def _segments(self) -> list[int]:
         try:
@@ -49,16 +63,14 @@ class LogTail:
         while self.position < synced and len(out) < limit:
             if self._segment is None and not self._find():
                 return out
-            assert self._segment is not None
-            before = len(out)
-            ended = self._read_segment(self.dir / f"{self._segment:020d}{SUFFIX}", synced, limit, out)
-            if len(out) == before:
+            advanced, ended = self._read_segment(synced, limit, out)
+            if not advanced:
                 if not ended:
                     return out  # the rest is still being written
-                newer = [s for s in self._segments() if s > self._segment]
+                newer = [s for s in self._segments() if s > (self._segment or 0)]
                 if not newer:
                     return out
-                self._segment, self._offset = newer[0], 0
+                self._move(newer[0])
         return out
 
     def _find(self) -> bool:
@@ -70,31 +82,46 @@ class LogTail:
         ][:1]
         if not starts:
             return False
-        self._segment, self._offset = starts[-1], 0
+        self._move(starts[-1])
         return True
 
-    def _read_segment(self, path: Path, synced: int, limit: int, out: list[tuple[int, bytes]]) -> bool:
-        """Records of one segment from the saved offset into ``out``; True when nothing more
-        can come from it (its end, or a record that is torn or out of place)."""
-        try:
-            with open(path, "rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:  # released meanwhile: its records are in the store
-            self._segment = None
+    def _open(self) -> bool:
+        if self._segment is None:
             return False
+        if self._fd < 0:
+            try:
+                self._fd = os.open(self.dir / f"{self._segment:020d}{SUFFIX}", os.O_RDONLY)
+            except FileNotFoundError:  # released meanwhile: its records are in the store
+                self._move(None)
+                return False
+        return True
+
+    def _read_segment(self, synced: int, limit: int, out: list[tuple[int, bytes]]) -> tuple[bool, bool]:
+        """Records of one segment from the saved offset into ``out``: (whether it read past any
+        record, whether nothing more can come from it: its end, or a record that is torn or out
+        of place)."""
+        if not self._open():
+            return False, False
+        size = os.fstat(self._fd).st_size
+        data = os.pread(self._fd, max(0, min(size - self._offset, CHUNK)), self._offset)
         pos = 0
         ended = False
         while len(out) < limit and not ended:
             if pos + _HEAD.size > len(data):
-                ended = pos == len(data)  # a part of a header: still being written
+                ended = self._offset + pos == size  # a part of a header: still being written
                 break
             n, crc, seq = _HEAD.unpack_from(data, pos)
             end = pos + _HEAD.size + n
             if end > len(data):
-                break  # still being written
+                if pos or self._offset + end > size:
+                    break  # the next chunk holds it, or it is still being written
+                data = os.pread(self._fd, end, self._offset)  # one record larger than a chunk
+                if len(data) < end:
+                    break
             payload = data[pos + _HEAD.size : end]
-            if not _crc_ok(seq, payload, crc):
+            # in pieces, as the owner wrote it: zlib hands the interpreter lock to another thread
+            # around a CRC of more than 5 KiB (an agent's record), and the reader waited to get it back
+            if record_crc(seq, payload) != crc:
                 ended = True  # torn: the owner cuts it off; its next records are in a newer segment
                 break
             if seq > synced:
@@ -104,4 +131,4 @@ class LogTail:
                 out.append((seq, payload))
                 self.position = seq
         self._offset += pos
-        return ended
+        return pos > 0, ended

@@ -88,6 +88,7 @@ def replay_logs(store: DuckDBStore) -> tuple[int, dict[int, int]]:
                     store.take_logged(decode(payload), index, seq)
                 replayed += len(records)
         finally:
+            tail.close()
             state.close()
         reached[index] = tail.position
     return replayed, reached
@@ -143,6 +144,7 @@ class IngestWorkers:
         before the warm-up reads the store; the detectors see it through the warm-up)."""
         replayed, reached = replay_logs(self.store)
         for worker in self.workers:
+            worker.tail.close()
             worker.tail = LogTail(worker.directory, reached.get(worker.index, worker.tail.position))
         self.hub.counters.inc("store.log_replayed_batches", replayed)
         return replayed
@@ -333,4 +335,5 @@ class IngestWorkers:
 
     def close(self) -> None:
         for worker in self.workers:
+            worker.tail.close()
             worker.state.close()
