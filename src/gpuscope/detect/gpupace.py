@@ -157,10 +157,14 @@ class OwnPace:
         ids = np.flatnonzero(ok)
         if ids.size == 0:
             return
-        order = np.lexsort((step[ids], group[ids], job[ids]))
-        ids = ids[order]
-        keys = job[ids].astype(np.int64) * (int(group.max()) + 1) + group[ids]
-        _, starts, sizes = np.unique(keys, return_index=True, return_counts=True)
+        # one sort by (job, group, change): a float key of the group's code and the change below 4
+        # (a log change past 4 is an outlier, its order among outliers is no matter); a lexsort of
+        # the three took 2 ms of an evaluation over 8,192 GPUs
+        code = job[ids] * (int(group.max()) + 1.0) + group[ids]
+        ids = ids[np.argsort(code * 4.0 + np.minimum(step[ids], 3.9))]
+        code = np.sort(code)  # the codes in the order of ``ids``: the sort above orders by them first
+        starts = np.flatnonzero(np.concatenate(([True], code[1:] != code[:-1])))
+        sizes = np.diff(np.append(starts, len(code)))
         middle = (step[ids[starts + (sizes - 1) // 2]] + step[ids[starts + sizes // 2]]) / 2.0
         # the change of two readings has twice a reading's variance; 1.4826 x the median is a sigma
         var = (1.4826 * middle) ** 2 / 2.0
