@@ -217,12 +217,15 @@ def test_the_pages_of_a_faulty_from_start_gpu_say_which_gpu_its_lag_and_cost_as_
     assert lag in said and "a faulty part, not a slowdown" in said and "rank 5 on it" in said, said
     assert dollars in said and broken.id in said, said
     assert card.locator('a[href="#/gpu/node-1/1"]').count() == 1
+    # the P2's own row among the job's alerts reads the same cost (it read $3.334/h beside $3.33/h)
+    assert dollars in page.inner_text(f'#jb-alerts tr[data-alert="{broken.id}"]')
 
     open_page(page, faulty, "#/gpu/node-1/1")
     said = page.inner_text("#g-faulty")
     assert page.get_attribute("#g-faulty", "data-alert") == broken.id
     assert "P2 slow since it started" in said and lag + " in job pretrain" in said, said
     assert "a faulty part, not a slowdown" in said and dollars in said, said
+    assert dollars in page.inner_text(f'#g-alerts tr[data-alert="{broken.id}"]')
 
     open_page(page, faulty, "#/node/node-1")
     (line,) = page.locator("p.faulty").all()

@@ -85,7 +85,7 @@
     alerts.length
       ? `<table><tr><th>sev</th><th>rule</th><th>where</th><th>state</th><th>cost</th><th>summary</th></tr>${[...alerts]
           .sort((a, b) => !!a.resolved_at - !!b.resolved_at || b.started_at - a.started_at)
-          .map((a) => `<tr data-alert="${esc(a.id)}" data-state="${a.resolved_at ? "resolved" : "firing"}"><td>${sev(a.severity)}</td><td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a></td><td>${GS.entityLinks(a.entity)}</td><td>${a.resolved_at ? `resolved <span class="muted">${GS.ago(a.resolved_at)} ago</span>` : `firing <span class="muted">for ${GS.ago(a.started_at)}</span>`}</td><td>${a.resolved_at ? "–" : `$${fmt(a.cost_per_hour, 2)}/h`}</td><td>${esc(a.summary)}</td></tr>`)
+          .map((a) => `<tr data-alert="${esc(a.id)}" data-state="${a.resolved_at ? "resolved" : "firing"}"><td>${sev(a.severity)}</td><td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a></td><td>${GS.entityLinks(a.entity)}</td><td>${a.resolved_at ? `resolved <span class="muted">${GS.ago(a.resolved_at)} ago</span>` : `firing <span class="muted">for ${GS.ago(a.started_at)}</span>`}</td><td>${a.resolved_at ? "–" : GS.perHour(a.cost_per_hour)}</td><td>${esc(a.summary)}</td></tr>`)
           .join("")}</table>`
       : '<p class="muted">no firing alerts</p>';
 
@@ -223,7 +223,7 @@
     return `<tr data-alert="${esc(a.id)}" data-state="${state}" data-acked="${a.ack ? "1" : "0"}"><td>${sev(a.severity)}</td>
       <td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a><div class="muted">${esc(a.id)} · ${esc(a.owner)}</div></td>
       <td>${GS.entityLinks(a.entity)}</td><td>${state}<div class="muted">${GS.ago(a.started_at)} ago</div></td>
-      <td>$${fmt(a.cost_per_hour, 2)}/h</td><td>${esc(a.summary)}${playbook(a)}</td>
+      <td>${GS.perHour(a.cost_per_hour)}</td><td>${esc(a.summary)}${playbook(a)}</td>
       <td class="ackstate">${acked} ${muted} ${buttons}</td></tr>`;
   }
 
