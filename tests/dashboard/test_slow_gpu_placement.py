@@ -190,3 +190,45 @@ def test_the_job_page_of_a_faulty_from_start_gpu_names_it_as_the_p2s_cause_and_b
     assert "node-1 GPU 1" in said and "since it started" in said and "faulty part" in said, said
     severities = [r.locator(".sev").inner_text() for r in page.locator("#jb-alerts tr[data-alert]").all()]
     assert sorted(severities) == ["P2", "P3"]  # the P2 and the ranks' placement, nothing else
+
+
+def test_the_pages_of_a_faulty_from_start_gpu_say_which_gpu_its_lag_and_cost_as_its_alert_does(
+    faulty: Served, page: Page, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without opening the alert, the job page names node-1 GPU 1 as slow since it started, a faulty
+    part and not a slowdown, its lag behind its speed group and what it costs the job per hour; its
+    GPU page and node page say the same. Every figure is the P2's own (its details, its cost) and
+    the one incident's that ``gpuscope incidents --json`` lists, rooted at it. Seen before: the job
+    page had only the P2's row among the job's alerts, its lag and cost in no line of their own."""
+    (broken,) = [a for a in faulty.hub.alerts.all() if a.rule == "gpu_underperforming"]
+    incident = the_incident(faulty, capsys)
+    assert incident["root"] == broken.id
+    lag = f"{100 * broken.details['lag_share']:.1f} % behind its speed group"
+    dollars = f"${broken.cost_per_hour:.2f}/h"
+    # the incident's cost is this part's (the ranks' placement measures the same pace, smaller)
+    assert f"${incident['cost_per_hour']:.2f}/h" == dollars
+
+    open_page(page, faulty, "#/job/pretrain")
+    (card,) = page.locator(".jb-faulty-gpu").all()
+    assert (card.get_attribute("data-node"), card.get_attribute("data-gpu")) == ("node-1", "1")
+    assert card.get_attribute("data-ranks") == "5" and card.get_attribute("data-alert") == broken.id
+    said = card.locator("xpath=..").inner_text()
+    assert said.startswith("faulty GPU\nP2 node-1 GPU 1 slow since it started"), said
+    assert lag in said and "a faulty part, not a slowdown" in said and "rank 5 on it" in said, said
+    assert dollars in said and broken.id in said, said
+    assert card.locator('a[href="#/gpu/node-1/1"]').count() == 1
+    # the P2's own row among the job's alerts reads the same cost (it read $3.334/h beside $3.33/h)
+    assert dollars in page.inner_text(f'#jb-alerts tr[data-alert="{broken.id}"]')
+
+    open_page(page, faulty, "#/gpu/node-1/1")
+    said = page.inner_text("#g-faulty")
+    assert page.get_attribute("#g-faulty", "data-alert") == broken.id
+    assert "P2 slow since it started" in said and lag + " in job pretrain" in said, said
+    assert "a faulty part, not a slowdown" in said and dollars in said, said
+    assert dollars in page.inner_text(f'#g-alerts tr[data-alert="{broken.id}"]')
+
+    open_page(page, faulty, "#/node/node-1")
+    (line,) = page.locator("p.faulty").all()
+    assert line.get_attribute("data-gpu") == "1"
+    said = line.inner_text()
+    assert said.startswith("P2 GPU 1 slow since it started") and lag in said and dollars in said, said

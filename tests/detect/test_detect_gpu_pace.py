@@ -17,10 +17,12 @@ KEYS = [(f"node-{n}", str(g)) for n in range(2) for g in range(8)]
 
 
 class NoisyClocks:
-    """16 GPUs of one job: part offsets (1 % sigma), a job-wide wander, reading noise (0.5 %)."""
+    """16 GPUs of one job: part offsets (1 % sigma), a job-wide wander, reading noise (``read``,
+    0.5 % unless told)."""
 
-    def __init__(self, seed: int, slower: dict[int, float] | None = None) -> None:
+    def __init__(self, seed: int, slower: dict[int, float] | None = None, read: float = 0.005) -> None:
         self.rng = np.random.default_rng(seed)
+        self.read = read
         self.part = np.clip(self.rng.normal(0.0, 0.01, 16), -0.025, 0.025)
         for i, factor in (slower or {}).items():
             self.part[i] -= math.log(factor)
@@ -32,7 +34,7 @@ class NoisyClocks:
 
     def batches(self, t: float) -> list[Batch]:
         self.common = 0.99 * self.common + self.rng.normal(0.0, 0.002)
-        noise = self.rng.normal(0.0, 0.005, 16)
+        noise = self.rng.normal(0.0, self.read, 16)
         mhz = BASE * np.exp(self.part + self.common + noise) / self.factor
         for i, key in enumerate(KEYS):
             self.cluster.overrides[key] = {"gpu_sm_clock_mhz": round(mhz[i] / 15.0) * 15.0}

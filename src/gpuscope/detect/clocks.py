@@ -153,7 +153,10 @@ class ClockDetector(GpuTableDetector):
         # not before the GPU's first readings give its pace: against the peers alone a part slower
         # from its start looks like a live fault, and where evaluations come 10 s apart those
         # readings take 300 s, past the minute the fast path needs (a slower bin paged for minutes)
-        slow = clean & (ratio < self.lag_ratio * own) & self._pace.known(n)
+        # the fixed bar, or two sigmas of one reading where readings are noisier (10 % apart, a
+        # third of them sat 4 % under the pace, and healthy GPUs paged 40 times in 2 hours)
+        bar = np.exp(-self._pace.reading_bar(n, -math.log(self.lag_ratio)))
+        slow = clean & (ratio < bar * own) & self._pace.known(n)
         lagging = self._slow.update(now, slow)
         self._held = lagging | evident | broken
         out: list[Finding] = []

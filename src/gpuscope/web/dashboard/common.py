@@ -9,6 +9,7 @@ from functools import lru_cache
 from typing import Any
 
 from gpuscope.model import Alert
+from gpuscope.rules import GPU_UNDERPERFORMING
 
 SEVERITY_RANK = {"P1": 3, "P2": 2, "P3": 1}
 _DIGITS = re.compile(r"(\d+)")
@@ -49,6 +50,28 @@ def alert_brief(alert: Alert) -> dict[str, Any]:
         "resolved_at": alert.resolved_at,
         "cost_per_hour": finite(alert.cost_per_hour),
         "incident": alert.incident,
+    }
+
+
+def faulty_part(alert: Alert) -> dict[str, Any] | None:
+    """A firing ``gpu_underperforming`` of a GPU that has lagged its speed group past what parts of
+    one model differ by since it started (``details.since_start``): which GPU, in which job, its lag
+    and what it costs the job, the alert's own figures (its value is the pace, 1 - lag). None for
+    any other alert: a GPU that slowed down later is a live slowdown, not a faulty part."""
+    if alert.rule != GPU_UNDERPERFORMING or alert.details.get("since_start") is not True:
+        return None
+    if alert.resolved_at is not None:
+        return None
+    return {
+        "id": alert.id,
+        "severity": alert.severity,
+        "node": alert.entity.get("node"),
+        "gpu": alert.entity.get("gpu"),
+        "job": alert.details.get("job"),
+        "lag_share": finite(alert.details.get("lag_share")),
+        "lost_share": finite(alert.details.get("lost_share")),
+        "cost_per_hour": finite(alert.cost_per_hour),
+        "summary": alert.summary,
     }
 
 

@@ -16,7 +16,7 @@ from gpuscope.model import Alert
 from gpuscope.productivity.states import owner_of
 from gpuscope.rules import GPU_IDLE_ALLOCATED, spec
 from gpuscope.signals import GPU_METRICS
-from gpuscope.web.dashboard.common import AlertIndex, alert_brief, finite, natural_key
+from gpuscope.web.dashboard.common import AlertIndex, alert_brief, faulty_part, finite, natural_key
 
 UTIL = "gpu_utilization_percent"
 IDLE_UTIL_PERCENT = 5.0
@@ -170,6 +170,11 @@ def node_view(hub: Hub, node: str, stale_after: float) -> dict[str, Any]:
                 "uuid": labels.get("uuid"),
                 "job": labels.get("job"),
                 "state": index.gpu_severity(node, labels["gpu"]) or ("stale" if stale else "ok"),
+                # slow since it started, past what parts differ by: its P2's lag and cost, shown apart
+                "faulty": next(
+                    (f for a in index.by_gpu.get((node, labels["gpu"]), []) if (f := faulty_part(a))),
+                    None,
+                ),
                 "ts": row["ts"],
                 "values": {k: finite(v) for k, v in row["values"].items() if k.startswith("gpu_")},
             }

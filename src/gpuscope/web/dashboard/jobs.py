@@ -15,7 +15,7 @@ from gpuscope.detect.jobs import gpu_of, place_labels
 from gpuscope.hub import Hub
 from gpuscope.model import Alert, Event, TrainingRecord
 from gpuscope.rules import GPU_UNDERPERFORMING, SLOW_PLACEMENT, STEP_TIME_REGRESSION, TRAINING_STRAGGLER
-from gpuscope.web.dashboard.common import AlertIndex, alert_brief, finite, natural_key, worst
+from gpuscope.web.dashboard.common import AlertIndex, alert_brief, faulty_part, finite, natural_key, worst
 
 JOB_EVENTS = ("job_started", "job_ended", "job_failed")
 CHECKPOINT_EVENTS = ("checkpoint_started", "checkpoint_completed", "checkpoint_failed", "checkpoint_verified")
@@ -211,6 +211,19 @@ def _slow_placements(alerts: list[Alert], placement: dict[int, dict[str, str]]) 
     return sorted(out, key=_placement_order)
 
 
+def _faulty_gpus(alerts: list[Alert], placement: dict[int, dict[str, str]]) -> list[dict[str, Any]]:
+    """Each GPU of the job that has been a faulty part since it started (its P2), with the ranks the
+    job placed on it, by place: the page names it apart from the alert rows, with its lag and cost."""
+    out: list[dict[str, Any]] = []
+    for alert in alerts:
+        part = faulty_part(alert)
+        if part is None or part["node"] is None or part["gpu"] is None:
+            continue
+        at = place_labels(part["node"], part["gpu"])
+        out.append(part | {"ranks": sorted(r for r, p in placement.items() if p == at)})
+    return sorted(out, key=lambda p: (natural_key(p["node"]), natural_key(p["gpu"])))
+
+
 def _placement_order(entry: dict[str, Any]) -> tuple[bool, tuple[Any, ...], tuple[Any, ...]]:
     return (entry["kind"] == "gpu", natural_key(entry.get("node", "")), natural_key(entry.get("gpu", "")))
 
@@ -316,6 +329,7 @@ def job_view(hub: Hub, job: str, start: float, end: float, points: int) -> dict[
         "stragglers": _stragglers(hub, job, records, frozenset(r for p in placements for r in p["ranks"])),
         "slow_group": _slow_group(alerts),
         "slow_placements": placements,
+        "faulty_gpus": _faulty_gpus(alerts, placement),
         "checkpoints": checkpoints,
         "goodput": goodput(records, checkpoints, start, end),
         "placement": {str(r): p for r, p in sorted(placement.items())},

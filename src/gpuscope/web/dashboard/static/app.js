@@ -24,6 +24,8 @@ GS.fmt = (v, digits = 1) => {
   if (a !== 0 && a < 0.01) return v.toExponential(1);
   return Number(v.toFixed(a < 10 ? 3 : digits)).toString();
 };
+// Dollars an hour as a person reads them, to the cent (fmt gave "$3.334/h" under $10)
+GS.perHour = (v) => (v === null || v === undefined || Number.isNaN(v) ? "–" : `$${v.toFixed(2)}/h`);
 // Short tick labels that do not run into each other: time of day within two days, else the date.
 GS.timeTicks = (u, vals) => {
   const span = vals.length > 1 ? vals[vals.length - 1] - vals[0] : 0;

@@ -85,7 +85,7 @@
     alerts.length
       ? `<table><tr><th>sev</th><th>rule</th><th>where</th><th>state</th><th>cost</th><th>summary</th></tr>${[...alerts]
           .sort((a, b) => !!a.resolved_at - !!b.resolved_at || b.started_at - a.started_at)
-          .map((a) => `<tr data-alert="${esc(a.id)}" data-state="${a.resolved_at ? "resolved" : "firing"}"><td>${sev(a.severity)}</td><td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a></td><td>${GS.entityLinks(a.entity)}</td><td>${a.resolved_at ? `resolved <span class="muted">${GS.ago(a.resolved_at)} ago</span>` : `firing <span class="muted">for ${GS.ago(a.started_at)}</span>`}</td><td>${a.resolved_at ? "–" : `$${fmt(a.cost_per_hour, 2)}/h`}</td><td>${esc(a.summary)}</td></tr>`)
+          .map((a) => `<tr data-alert="${esc(a.id)}" data-state="${a.resolved_at ? "resolved" : "firing"}"><td>${sev(a.severity)}</td><td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a></td><td>${GS.entityLinks(a.entity)}</td><td>${a.resolved_at ? `resolved <span class="muted">${GS.ago(a.resolved_at)} ago</span>` : `firing <span class="muted">for ${GS.ago(a.started_at)}</span>`}</td><td>${a.resolved_at ? "–" : GS.perHour(a.cost_per_hour)}</td><td>${esc(a.summary)}</td></tr>`)
           .join("")}</table>`
       : '<p class="muted">no firing alerts</p>';
 
@@ -106,7 +106,7 @@
         <div class="card">last report<b>${GS.ago(d.host && d.host.ts)}</b></div>`;
       root.querySelector("#n-gpus").innerHTML = `<table><tr><th>GPU</th><th>state</th><th>job</th><th>util %</th><th>temp °C</th><th>power W</th><th>memory used</th><th>SM MHz</th></tr>${d.gpus
         .map((g) => `<tr><td><a href="#/gpu/${encodeURIComponent(node)}/${encodeURIComponent(g.gpu)}">GPU ${esc(g.gpu)}</a></td><td>${sev(g.state)}</td><td>${g.job ? `<a href="#/job/${encodeURIComponent(g.job)}">${esc(g.job)}</a>` : "–"}</td>${["gpu_utilization_percent", "gpu_temp_celsius", "gpu_power_watts"].map((m) => `<td${g.stale ? ' class="muted stale" title="last value before the GPU went silent"' : ""}>${fmt(g.values[m])}${g.stale ? " (stale)" : ""}</td>`).join("")}<td>${fmt(g.values.gpu_memory_used_bytes)}B</td><td>${fmt(g.values.gpu_sm_clock_mhz)}</td></tr>`)
-        .join("")}</table>${[...new Set(d.services.map((s) => s.labels.service))].map((name) => `<p class="serves">serves <a href="#/service/${encodeURIComponent(name)}">${esc(name)}</a></p>`).join("")}`;
+        .join("")}</table>${d.gpus.filter((g) => g.faulty).map((g) => `<p class="faulty" data-gpu="${esc(g.gpu)}">${sev(g.faulty.severity)} <a href="#/gpu/${encodeURIComponent(node)}/${encodeURIComponent(g.gpu)}">GPU ${esc(g.gpu)}</a> slow since it started: ${faultyText(g.faulty)}</p>`).join("")}${[...new Set(d.services.map((s) => s.labels.service))].map((name) => `<p class="serves">serves <a href="#/service/${encodeURIComponent(name)}">${esc(name)}</a></p>`).join("")}`;
       root.querySelector("#n-alerts").innerHTML = GS.alertRows(d.alerts);
       const gpus = d.gpus.map((g) => g.gpu);
       const per = async (metric) => GS.align(await Promise.all(gpus.map((g) => GS.series(metric, { node, gpu: g }))));
@@ -125,6 +125,10 @@
       GS.chart(root.querySelector("#c-ib"), "InfiniBand B/s", ib, [{ label: "rx" }, { label: "tx" }]);
     },
   };
+
+  // a GPU slow since it started past what parts differ by, in its P2's own figures
+  const faultyText = (f) =>
+    `${fmt(100 * f.lag_share)} % behind its speed group in job ${f.job ? `<a href="#/job/${encodeURIComponent(f.job)}">${esc(f.job)}</a>` : "–"}: a faulty part, not a slowdown; the job loses ${fmt(100 * f.lost_share)} % of its GPU time, ${GS.perHour(f.cost_per_hour)} (<a href="#/alert/${esc(f.id)}">${esc(f.id)}</a>)`;
 
   const HW_EVENTS = ["xid", "ecc_dbe", "gpu_lost"];
   GS.pages.gpu = {
@@ -150,7 +154,8 @@
         <div class="card">util<b>${fmt(v.gpu_utilization_percent)} %</b></div><div class="card">temp<b>${fmt(v.gpu_temp_celsius)} °C</b></div>
         <div class="card">power<b>${fmt(v.gpu_power_watts)} W</b><span class="muted">limit ${fmt(v.gpu_power_limit_watts)}</span></div>
         <div class="card">ECC DBE / SBE<b>${fmt(v.gpu_ecc_dbe_volatile_total)} / ${fmt(v.gpu_ecc_sbe_volatile_total)}</b></div>
-        <div class="card">uuid<b style="font-size:11px">${esc(me.uuid || "–")}</b></div>`;
+        <div class="card">uuid<b style="font-size:11px">${esc(me.uuid || "–")}</b></div>
+        ${me.faulty ? `<div class="card" id="g-faulty" data-alert="${esc(me.faulty.id)}" title="${esc(me.faulty.summary)}">faulty part<b>${sev(me.faulty.severity)} slow since it started</b><span class="muted">${faultyText(me.faulty)}</span></div>` : ""}`;
       const events = evs.flatMap((e) => e.events).sort((a, b) => a.ts - b.ts);
       root.querySelector("#g-events").innerHTML = events.length
         ? `<table><tr><th>time</th><th>kind</th><th>detail</th></tr>${events.map((e) => `<tr><td>${GS.time(e.ts)}</td><td>${esc(e.kind.replace(/_/g, " "))}${e.kind === "xid" && e.data.code ? " " + esc(e.data.code) : ""}</td><td>${esc(e.data.message || e.data.reason || GS.detail(e.data))}</td></tr>`).join("")}</table>`
@@ -218,7 +223,7 @@
     return `<tr data-alert="${esc(a.id)}" data-state="${state}" data-acked="${a.ack ? "1" : "0"}"><td>${sev(a.severity)}</td>
       <td><a href="#/alert/${esc(a.id)}">${esc(a.rule)}</a><div class="muted">${esc(a.id)} · ${esc(a.owner)}</div></td>
       <td>${GS.entityLinks(a.entity)}</td><td>${state}<div class="muted">${GS.ago(a.started_at)} ago</div></td>
-      <td>$${fmt(a.cost_per_hour, 2)}/h</td><td>${esc(a.summary)}${playbook(a)}</td>
+      <td>${GS.perHour(a.cost_per_hour)}</td><td>${esc(a.summary)}${playbook(a)}</td>
       <td class="ackstate">${acked} ${muted} ${buttons}</td></tr>`;
   }
 

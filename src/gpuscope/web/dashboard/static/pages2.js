@@ -42,12 +42,15 @@
       const placements = d.slow_placements || [];
       const slow = [...new Set(placements.flatMap((p) => p.ranks.map(String)))];
       const pct = (share) => (share === null || share === undefined ? "–" : fmt(100 * share));
-      const cost = (p) => `${pct(p.lost_share)} % of its GPU time, $${fmt(p.cost_per_hour, 2)}/h (<a href="#/alert/${esc(p.id)}">${esc(p.id)}</a>)`;
+      const cost = (p) => `${pct(p.lost_share)} % of its GPU time, ${GS.perHour(p.cost_per_hour)} (<a href="#/alert/${esc(p.id)}">${esc(p.id)}</a>)`;
       const rankList = (rs) => (rs.length ? `rank${rs.length > 1 ? "s" : ""} ${rs.map((r) => `<a href="#/job/${encodeURIComponent(job)}/${r}">${r}</a>`).join(", ")}` : "no rank placed");
       const placementCard = (p) =>
         p.kind === "gpu"
           ? `<div class="card" title="${esc(p.summary)}">placement<b class="jb-placement-gpu" data-node="${esc(p.node)}" data-gpu="${esc(p.gpu)}" data-ranks="${esc(p.ranks.join(","))}">${sev(p.severity)} <a href="#/gpu/${encodeURIComponent(p.node)}/${encodeURIComponent(p.gpu)}">${esc(p.node)} GPU ${esc(p.gpu)}</a> ${pct(p.lag_share)} % slower than its speed group</b><span class="muted">${rankList(p.ranks)} on it; since it started (its part or its placement, not a live fault): the job loses ${cost(p)}</span></div>`
           : `<div class="card" title="${esc(p.summary)}">placement<b id="jb-placement" data-ranks="${esc(p.ranks.join(","))}">${sev(p.severity)} ranks ${esc(p.ranks.join(", "))} slower</b><span class="muted">the job's pace since it started, not a live fault: ${cost(p)}</span></div>`;
+      // a GPU slow since it started past what parts differ by: its P2's own figures, named apart
+      const faultyCard = (f) =>
+        `<div class="card" title="${esc(f.summary)}">faulty GPU<b class="jb-faulty-gpu" data-node="${esc(f.node)}" data-gpu="${esc(f.gpu)}" data-ranks="${esc(f.ranks.join(","))}" data-alert="${esc(f.id)}">${sev(f.severity)} <a href="#/gpu/${encodeURIComponent(f.node)}/${encodeURIComponent(f.gpu)}">${esc(f.node)} GPU ${esc(f.gpu)}</a> slow since it started</b><span class="muted">${pct(f.lag_share)} % behind its speed group: a faulty part, not a slowdown; ${rankList(f.ranks)} on it; the job loses ${cost(f)}</span></div>`;
       // the job's ranks are where it runs, whether or not they reported a step in this range
       const placed = Object.keys(d.placement).length;
       const lost = d.alerts.filter((a) => a.rule === "rank_lost" && !a.resolved_at).map((a) => String(a.entity.rank));
@@ -56,6 +59,7 @@
         <div class="card">last step<b>${d.last_step ?? "–"}</b></div>
         <div class="card">ranks<b id="jb-nranks">${Math.max(placed, d.ranks.length)}</b>${d.ranks.length < placed ? `<span class="muted" id="jb-stepping">${d.ranks.length} reporting steps in this range</span>` : ""}</div>
         <div class="card">straggler<b id="jb-strag">${strags.length ? strags.map((r) => `rank <a href="#/job/${encodeURIComponent(job)}/${r}">${r}</a>`).join(", ") : "none"}</b><span class="muted">${d.stragglers.filter((s) => s.firing !== false).map((s) => esc(s.source)).join(", ")}</span>${earlier.length ? `<span class="muted" id="jb-strag-earlier">earlier: ${earlier.map((s) => `rank <a href="#/job/${encodeURIComponent(job)}/${s.rank}">${s.rank}</a> (${esc(s.source)}, resolved)`).join(", ")}</span>` : ""}</div>
+        ${(d.faulty_gpus || []).map(faultyCard).join("")}
         ${placements.map(placementCard).join("")}
         <div class="card">checkpoints<b>${d.checkpoints.filter((c) => c.completed).length}</b><span class="muted">${d.checkpoints.filter((c) => c.failed).length} failed</span></div>
         <div class="card">lifecycle<b style="font-size:12px">${d.lifecycle.slice(-3).map((e) => `${esc(e.kind)} ${GS.ago(e.ts)} ago`).join("<br>") || "–"}</b></div>`;
