@@ -12,6 +12,7 @@ mid-step), ``slow`` (late to every collective), ``healthy`` (none).
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -75,6 +76,9 @@ def main() -> int:
 
 
 def launch() -> None:
+    if os.environ.get("CKPT_DIR"):
+        # what run.dcp_save imports, once for the three ranks
+        importlib.import_module("torch.distributed.checkpoint")
     # a fork copies only the calling thread: a thread started by an import would be missing in the ranks
     assert threading.active_count() == 1, threading.enumerate()
     pids: dict[int, int] = {}
