@@ -1,17 +1,25 @@
-"""One rank of a small DDP job over gloo, reporting through the SDK (run by test_sdk_ddp.py).
+"""The ranks of a small DDP job over gloo, reporting through the SDK (run by test_sdk_ddp.py).
 
-Launched like torchrun launches ranks (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT)
-with GPUSCOPE_HUB / GPUSCOPE_JOB / GPUSCOPE_NODE set. ``MODE`` injects the fault under test into
+One process imports torch and the SDK, then forks one process per rank (``RANKS``: JSON of rank ->
+[node, local rank, log file]): three imports of torch on two cores cost more than the rest of a
+test. Each rank sees the environment torchrun gives its ranks (RANK, WORLD_SIZE, LOCAL_RANK,
+MASTER_ADDR, MASTER_PORT) with GPUSCOPE_HUB / GPUSCOPE_JOB / GPUSCOPE_NODE set, before it calls
+``gpuscope.init``. The parent writes ``rank exit-code`` to ``STATUS_FILE`` as each rank ends (a
+signal's exit code is minus its number) and exits when all have. ``MODE`` injects the fault under test into
 rank ``FAULT_RANK``: ``hang`` (alive but stuck before the step's collective), ``kill`` (SIGKILL
 mid-step), ``slow`` (late to every collective), ``healthy`` (none).
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import signal
 import sys
+import threading
 import time
+import traceback
 from datetime import timedelta
 
 import torch
@@ -67,5 +75,36 @@ def main() -> int:
     return 0
 
 
+def launch() -> None:
+    if os.environ.get("CKPT_DIR"):
+        # what run.dcp_save imports, once for the three ranks
+        importlib.import_module("torch.distributed.checkpoint")
+    # a fork copies only the calling thread: a thread started by an import would be missing in the ranks
+    assert threading.active_count() == 1, threading.enumerate()
+    pids: dict[int, int] = {}
+    for rank, (node, local, log) in json.loads(os.environ["RANKS"]).items():
+        pid = os.fork()
+        if pid == 0:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            os.environ.update(RANK=rank, LOCAL_RANK=str(local), GPUSCOPE_NODE=node)
+            code = 1
+            try:
+                code = main()
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        pids[pid] = int(rank)
+    with open(os.environ["STATUS_FILE"], "a") as status:
+        while pids:
+            pid, wait_status = os.wait()
+            status.write(f"{pids.pop(pid)} {os.waitstatus_to_exitcode(wait_status)}\n")
+            status.flush()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    launch()

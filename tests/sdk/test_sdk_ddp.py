@@ -8,6 +8,7 @@ corrupted checkpoint file fails verification.
 from __future__ import annotations
 
 import argparse
+import signal
 import statistics
 from pathlib import Path
 from typing import Any
@@ -111,7 +112,7 @@ def test_killed_rank_is_lost_with_its_node_and_gpu(tmp_path: Path, sdk_hub: HubP
         wait_until(lambda: _firing(job, "rank_lost"), 120, "rank_lost", interval=0.5)
         lost = _firing(job, "rank_lost")
         assert [a["entity"] for a in lost] == [{"job": "ddp-kill", "rank": "2", "node": "node-b", "gpu": "0"}]
-        assert job.procs[2].wait(5) != 0
+        assert job.wait_rank(2, 5) == -signal.SIGKILL
     finally:
         job.kill()
 
