@@ -8,7 +8,14 @@ over ranks, so one skewed rank is :mod:`~gpuscope.detect.ranks`' business, not a
 * A spike is a step ``spike_ratio`` above the rolling median of recent steps (or ``mild_ratio``
   on two steps in a row), and far outside its MAD-scaled spread; the gradient the same way.
 * Divergence: the smoothed loss (time EWMA) rose ``divergence`` above the best it reached and is
-  still rising, for ``sustain`` seconds. Plateau: over the last ``plateau_window`` seconds the
+  still rising, for ``sustain`` seconds. Each step weighs in the EWMA for the time since the last
+  step seen, up to ``HOLE`` times the job's usual gap (the median of its last 16) or an eighth of
+  ``smooth_tau``, whichever is longer: after a hole in what reached the hub (a shedding hub's
+  refusals, a spool that overflowed) the one step that follows stood for the whole hole, up to
+  63 % of the smoothed loss, and one noisy step became the best or a divergence; now it moves the
+  smoothed loss by 12 % of its excess at most (a job whose steps are minutes long by a step's
+  worth, as before). The smoothing has settled, and the best is kept, once it has weighed
+  ``smooth_tau`` seconds of steps. Plateau: over the last ``plateau_window`` seconds the
   smoothed loss improved by less than ``plateau_gain`` and by far less than in each of the two
   windows before.
   Every baseline restarts after a rollback to an earlier step or a job restart.
@@ -29,6 +36,9 @@ from gpuscope.detect.baseline import RollingMedian
 from gpuscope.detect.settings import FINISHED_JOB_RETENTION_S, JOB_SWEEP_S
 from gpuscope.detect.steps import StepView
 from gpuscope.model import Event, Finding
+
+#: a gap between reported steps this many times the job's usual one is a hole in the data
+HOLE = 3.0
 
 NAN_RULE, SPIKE, DIVERGE, PLATEAU, GRAD = (
     "loss_nan",
@@ -74,6 +84,9 @@ class _Job:
     nan_last: int = -1
     smooth: float = math.nan
     smooth_ts: float = math.nan
+    #: the last gaps between the steps it reported, and seconds of steps the smoothing has weighed
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=16))
+    weighed: float = 0.0
     start_ts: float = math.nan
     best: float = math.inf
     rising_since: float | None = None
@@ -85,6 +98,8 @@ class _Job:
     def restart(self) -> None:
         self.loss, self.grad = _Spiky(), _Spiky()  # a restart resumes from an older step: new baselines
         self.smooth = self.smooth_ts = self.start_ts = math.nan
+        self.gaps.clear()
+        self.weighed = 0.0
         self.best = math.inf
         self.rising_since = None
         self.history.clear()
@@ -173,10 +188,15 @@ class LossDetector(StepDetector):
         if not math.isfinite(job.smooth):
             job.smooth, job.smooth_ts, job.start_ts = loss, ts, ts
             return
-        dt = min(max(ts - job.smooth_ts, 0.0), self.smooth_tau)
+        gap = max(ts - job.smooth_ts, 0.0)
+        job.gaps.append(gap)
+        # the job's own step: the steps missing in a hole do not weigh on the one after it
+        longest = max(HOLE * float(np.median(job.gaps)), self.smooth_tau / 8.0)
+        dt = min(gap, longest, self.smooth_tau)
         job.smooth += (1.0 - math.exp(-dt / self.smooth_tau)) * (loss - job.smooth)
         job.smooth_ts = ts
-        if ts - job.start_ts < self.smooth_tau:
+        job.weighed += dt
+        if job.weighed < self.smooth_tau:
             return  # the smoothing has not settled yet
         job.best = min(job.best, job.smooth)
         if not job.history or ts - job.history[-1][0] >= 60.0:
