@@ -168,5 +168,7 @@ def test_a_real_divergence_taken_late_still_fires_in_time() -> None:
     on_time_page = divergence_pages(on_time, 900, start)
     late_page = divergence_pages(shedding, 900, start)
     assert on_time_page and late_page
-    assert late_page[0] - on_time_page[0] <= 45.0  # no later than the data's own lateness
+    # two of its first four minutes lost: a quarter of the smoothing's window missing, the rule
+    # waits for a rise beyond what the missing steps could account for, about two minutes more
+    assert late_page[0] - on_time_page[0] <= 120.0
     assert late_page[-1] == 900.0
