@@ -173,6 +173,9 @@ class DetectionEngine:
                 self.feeds.steps.forgotten = 0
         if self._services:
             tick.snapshots = self.feeds.services.snapshots()
+            if self.feeds.services.late_rows:
+                self.counters.inc("service_rows_late", self.feeds.services.late_rows)
+                self.feeds.services.late_rows = 0
         findings: list[Finding] = []
         for detector in self.detectors:
             try:

@@ -8,9 +8,20 @@ over ranks, so one skewed rank is :mod:`~gpuscope.detect.ranks`' business, not a
 * A spike is a step ``spike_ratio`` above the rolling median of recent steps (or ``mild_ratio``
   on two steps in a row), and far outside its MAD-scaled spread; the gradient the same way.
 * Divergence: the smoothed loss (time EWMA) rose ``divergence`` above the best it reached and is
-  still rising, for ``sustain`` seconds. Plateau: over the last ``plateau_window`` seconds the
-  smoothed loss improved by less than ``plateau_gain`` and by far less than in each of the two
-  windows before.
+  still rising, for ``sustain`` seconds. Each step weighs in the EWMA for the time since the last
+  step seen, up to ``HOLE`` times the job's usual gap (the median of its last 16) or an eighth of
+  ``smooth_tau``, whichever is longer: after a hole in what reached the hub (a shedding hub's
+  refusals, a spool that overflowed) the one step that follows stood for the whole hole, up to
+  63 % of the smoothed loss, and one noisy step became the best or a divergence; now it moves the
+  smoothed loss by 12 % of its excess at most (a job whose steps are minutes long by a step's
+  worth, as before). The smoothing has settled, and the best is kept, once it has weighed
+  ``smooth_tau`` seconds of steps. Where steps are missing from the smoothing's window (its
+  coverage: the share of the last ``smooth_tau`` its steps stand for), the smoothed loss is a mean
+  of an unevenly sampled curve and may be off by up to the share missing times how far the steps
+  stray from it (:meth:`_Job.doubt`); the rise must exceed ``divergence`` plus ``DOUBT_Z`` times
+  that doubt, of the best's window and of now. On time the doubt is nil.
+  Plateau: over the last ``plateau_window`` seconds the smoothed loss improved by less than
+  ``plateau_gain`` and by far less than in each of the two windows before.
   Every baseline restarts after a rollback to an earlier step or a job restart.
 """
 
@@ -29,6 +40,12 @@ from gpuscope.detect.baseline import RollingMedian
 from gpuscope.detect.settings import FINISHED_JOB_RETENTION_S, JOB_SWEEP_S
 from gpuscope.detect.steps import StepView
 from gpuscope.model import Event, Finding
+
+#: a gap between reported steps this many times the job's usual one is a hole in the data
+HOLE = 3.0
+#: how many mean absolute deviations of the steps' loss the doubt of a partly covered window
+#: stands for (see ``_Job.doubt``)
+DOUBT_Z = 1.0
 
 NAN_RULE, SPIKE, DIVERGE, PLATEAU, GRAD = (
     "loss_nan",
@@ -74,6 +91,22 @@ class _Job:
     nan_last: int = -1
     smooth: float = math.nan
     smooth_ts: float = math.nan
+    #: the last gaps between the steps it reported, and seconds of steps the smoothing has weighed
+    gaps: deque[float] = field(default_factory=lambda: deque(maxlen=16))
+    weighed: float = 0.0
+    #: the share of the last ``smooth_tau`` its steps cover (exponentially weighted), how far a
+    #: step's loss strays from the smoothed one (relative, mean absolute), and the doubt the best
+    #: was taken with
+    coverage: float = 1.0
+    spread: float = 0.0
+    best_doubt: float = 0.0
+
+    def doubt(self) -> float:
+        """How far off the smoothed loss may be for the steps missing from its window: the share
+        missing times how far the steps stray (a curve sampled unevenly: a hole of its low or its
+        high steps moves the mean of the rest by up to that)."""
+        return (1.0 - self.coverage) * self.spread
+
     start_ts: float = math.nan
     best: float = math.inf
     rising_since: float | None = None
@@ -85,6 +118,8 @@ class _Job:
     def restart(self) -> None:
         self.loss, self.grad = _Spiky(), _Spiky()  # a restart resumes from an older step: new baselines
         self.smooth = self.smooth_ts = self.start_ts = math.nan
+        self.gaps.clear()
+        self.weighed, self.coverage, self.spread, self.best_doubt = 0.0, 1.0, 0.0, 0.0
         self.best = math.inf
         self.rising_since = None
         self.history.clear()
@@ -173,12 +208,24 @@ class LossDetector(StepDetector):
         if not math.isfinite(job.smooth):
             job.smooth, job.smooth_ts, job.start_ts = loss, ts, ts
             return
-        dt = min(max(ts - job.smooth_ts, 0.0), self.smooth_tau)
-        job.smooth += (1.0 - math.exp(-dt / self.smooth_tau)) * (loss - job.smooth)
+        gap = max(ts - job.smooth_ts, 0.0)
+        job.gaps.append(gap)
+        # the job's own step: the steps missing in a hole do not weigh on the one after it
+        usual = HOLE * float(np.median(job.gaps))
+        dt = min(gap, max(usual, self.smooth_tau / 8.0), self.smooth_tau)
+        gain = 1.0 - math.exp(-dt / self.smooth_tau)
+        if job.smooth > 0:
+            job.spread += gain * (abs(loss / job.smooth - 1.0) - job.spread)
+        job.smooth += gain * (loss - job.smooth)
         job.smooth_ts = ts
-        if ts - job.start_ts < self.smooth_tau:
+        job.weighed += dt
+        if gap > 0:
+            fade = math.exp(-gap / self.smooth_tau)
+            job.coverage = fade * job.coverage + (1.0 - fade) * min(usual / gap, 1.0)
+        if job.weighed < self.smooth_tau:
             return  # the smoothing has not settled yet
-        job.best = min(job.best, job.smooth)
+        if job.smooth < job.best:
+            job.best, job.best_doubt = job.smooth, job.doubt()
         if not job.history or ts - job.history[-1][0] >= 60.0:
             job.history.append((ts, job.smooth))
             while job.history and ts - job.history[0][0] > 3.2 * self.plateau_window:
@@ -186,7 +233,9 @@ class LossDetector(StepDetector):
             self._plateau(job, ts)
         past = [s for t, s in job.history if ts - t >= self.smooth_tau]
         rising = bool(past) and job.smooth > past[-1]
-        if job.smooth >= job.best * (1.0 + self.divergence) and rising:
+        # beyond what the steps missing from the window of the best and of now may account for
+        doubt = DOUBT_Z * (job.best_doubt + job.doubt())
+        if job.smooth >= job.best * (1.0 + self.divergence + doubt) and rising:
             job.rising_since = job.rising_since if job.rising_since is not None else ts
         elif job.smooth < job.best * (1.0 + 0.5 * self.divergence):
             job.rising_since = None

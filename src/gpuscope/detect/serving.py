@@ -361,9 +361,10 @@ class _Svc:
             self.cum_allowed[-1] - self.cum_allowed[i],
         )
 
-    def count(self, ts: float, errors: float, requests: float, dt: float, budget: float) -> None:
-        served = requests * dt if math.isfinite(requests) else 0.0
-        e = (self.cum_err[-1] if self.cum_err else 0.0) + (errors * dt if math.isfinite(errors) else 0.0)
+    def count(self, ts: float, failed: float, served: float, budget: float) -> None:
+        """Add the errors and requests of a snapshot to the windows, with the errors its budget
+        allows."""
+        e = (self.cum_err[-1] if self.cum_err else 0.0) + failed
         r = (self.cum_req[-1] if self.cum_req else 0.0) + served
         a = (self.cum_allowed[-1] if self.cum_allowed else 0.0) + budget * served
         self.cum_ts.append(ts)
@@ -787,13 +788,23 @@ class ServingDetector(ServiceDetector):
 
     def _errors(self, svc: _Svc, s: Snapshot, dt: float, warm: bool) -> None:
         state = svc.rule(ERRORS)
-        ratio = s.errors / s.requests if s.requests > 0 and math.isfinite(s.errors) else math.nan
-        usual = svc.ewma("error_ratio", self.error_tau, ratio, dt, frozen=state.since is not None)
+        # every row the snapshot newly counted, each once for its own interval (see
+        # :mod:`~gpuscope.detect.services`); a snapshot made by hand stands for the time since the
+        # last one
+        if math.isfinite(s.served) and math.isfinite(s.failed) and math.isfinite(s.covered):
+            served, failed, weight = s.served, s.failed, s.covered
+            ratio = failed / served if served > 0 else math.nan
+        else:
+            served = s.requests * dt if math.isfinite(s.requests) else 0.0
+            failed = s.errors * dt if math.isfinite(s.errors) else 0.0
+            ratio = s.errors / s.requests if s.requests > 0 and math.isfinite(s.errors) else math.nan
+            weight = dt
+        usual = svc.ewma("error_ratio", self.error_tau, ratio, weight, frozen=state.since is not None)
         # its usual ratio at this time of day too: a service that sheds requests at every rush
         usual, _ = svc.reference("error_ratio", s.ts, ratio, usual, self.buckets, self.season_alpha)
         # the service's own operating point, where it is above the SLO's budget
         budget = max(self.budget, usual) if math.isfinite(usual) and warm else self.budget
-        svc.count(s.ts, s.errors, s.requests, dt, budget)
+        svc.count(s.ts, failed, served, budget)
         burns = {}
         for seconds in (30.0, 300.0, 3600.0):
             # against the budget in force over the window: the end of a rush does not make the

@@ -5,7 +5,11 @@ step is *closed* once a later step has been seen, or once as many ranks as the j
 had reported it. Closed steps come out in order, with every rank's metrics side by side, which is
 what cross-rank rules (skew, stragglers) and job-level rules (loss, step time) need. A step
 lower than the last one (a restart from a checkpoint) is reported as a rollback so baselines
-that would be misled by the repeated steps can start again.
+that would be misled by the repeated steps can start again. A rollback's steps are run again, so
+they are newer than the step last closed; records of a lower step that are older than it came
+late (an overloaded hub took a sender's retry after what followed it, or through another worker):
+they are too late to be judged in order, and are counted as late (``dropped``) instead of
+restarting every baseline of the job.
 """
 
 from __future__ import annotations
@@ -47,6 +51,8 @@ class _Open:
 class _Job:
     open: dict[int, _Open] = field(default_factory=dict)
     last_closed: int = -1
+    #: the time of the step last closed: a lower step from before it is late, not a rollback
+    closed_ts: float = -math.inf
     world: int = 0
     placement: dict[int, Place] = field(default_factory=dict)
     heard: int = 0  # when its last record came, in records added
@@ -79,7 +85,9 @@ class StepGatherer:
         if node is not None:
             job.placement[record.rank] = (node, gpu_of(record.labels.get("gpu")))
         step = record.step
-        if job.last_closed - 1 <= step <= job.last_closed:
+        if job.last_closed - 1 <= step <= job.last_closed or (
+            step < job.last_closed and record.ts <= job.closed_ts
+        ):
             self.dropped += 1
             return
         slot = job.open.get(step)
@@ -117,7 +125,7 @@ class StepGatherer:
                 del job.open[step]
                 job.world = max(job.world, len(slot.records))
                 rollback = step < job.last_closed - 1
-                job.last_closed = step
+                job.last_closed, job.closed_ts = step, slot.ts
                 yield self._view(name, step, slot, rollback)
 
     @staticmethod
