@@ -37,16 +37,36 @@ def test_storage_memory_limit_reaches_duckdb(tmp_path: Path) -> None:
         runtime.stop()
 
 
-#: a fresh process: N threads allocate at once (ctypes calls leave the GIL), then malloc_info
-#: lists the arenas (one <heap nr=...> each)
+#: runs ``run(arg)`` once per argument, each in a child forked from this interpreter: the hub's modules
+#: are imported once, not once per configuration, and each child starts as a fresh process would,
+#: with glibc's one main arena and its own mmap threshold (nothing before the fork set either)
+_EACH_IN_A_CHILD = """
+import os, traceback
+for arg in sys.argv[1:]:
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            run(arg)
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            os._exit(code)
+    status = os.waitpid(pid, 0)[1]
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"child for {arg!r} failed")
+"""
+
+#: N threads allocate at once (ctypes calls leave the GIL), then malloc_info lists the arenas (one
+#: <heap nr=...> each); argument: "config,info"
 _ARENAS = """
 import ctypes, sys, threading
 from gpuscope import procmem
 from gpuscope.alert.engine import AlertChange
 from gpuscope.config import load_config
 from gpuscope.runtime import assemble
-cfg = load_config(sys.argv[1])
-runtime = assemble(cfg, serve=False, evaluate_interval=None)
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
@@ -55,60 +75,68 @@ libc.fopen.restype = ctypes.c_void_p
 libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
 libc.fclose.argtypes = [ctypes.c_void_p]
 libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
-barrier = threading.Barrier(8)
-def work():
-    barrier.wait()
-    for _ in range(20000):
-        libc.free(libc.malloc(200))
-threads = [threading.Thread(target=work) for _ in range(8)]
-for t in threads: t.start()
-for t in threads: t.join()
-f = libc.fopen(sys.argv[2].encode(), b"w")
-libc.malloc_info(0, f)
-libc.fclose(f)
-runtime.stop()
+def arenas_to(path):
+    f = libc.fopen(path.encode(), b"w")
+    libc.malloc_info(0, f)
+    libc.fclose(f)
+def run(arg):
+    config, info = arg.split(",")
+    runtime = assemble(load_config(config), serve=False, evaluate_interval=None)
+    barrier = threading.Barrier(8)
+    def work():
+        barrier.wait()
+        for _ in range(20000):
+            libc.free(libc.malloc(200))
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    arenas_to(info)
+    runtime.stop()
+arenas_to(sys.argv[1].split(",")[1] + ".parent")
 """
 
 
-def _arenas(tmp_path: Path, limits: str) -> int:
-    config = tmp_path / f"{limits or 'default'}.yaml"
-    config.write_text(f"storage: {{path: {tmp_path / 'a.duckdb'}}}\n{limits}")
-    info = tmp_path / "malloc_info.xml"
-    subprocess.run([sys.executable, "-c", _ARENAS, str(config), str(info)], check=True, timeout=120)
-    return info.read_text().count("<heap nr=")
-
-
 def test_limits_malloc_arenas_bounds_glibc_arenas(tmp_path: Path) -> None:
-    assert _arenas(tmp_path, "") <= 2  # the hub's default
-    assert _arenas(tmp_path, "limits: {malloc_arenas: 1}\n") == 1
-    assert _arenas(tmp_path, "limits: {malloc_arenas: 0}\n") > 2  # glibc's own: 8 per core
+    limits = {"default": "", "one": "limits: {malloc_arenas: 1}\n", "glibc": "limits: {malloc_arenas: 0}\n"}
+    args = []
+    for name, text in limits.items():
+        config = tmp_path / f"{name}.yaml"
+        config.write_text(f"storage: {{path: {tmp_path / name}.duckdb}}\n{text}")
+        args.append(f"{config},{tmp_path / name}.xml")
+    script = _ARENAS + _EACH_IN_A_CHILD
+    subprocess.run([sys.executable, "-c", script, *args], check=True, timeout=120)
+
+    def arenas(name: str) -> int:
+        return (tmp_path / f"{name}.xml").read_text().count("<heap nr=")
+
+    assert (tmp_path / "default.xml.parent").read_text().count("<heap nr=") == 1  # the children's start
+    assert arenas("default") <= 2  # the hub's default
+    assert arenas("one") == 1
+    assert arenas("glibc") > 2  # glibc's own: 8 per core
 
 
-#: a fresh process: a 16 MiB block freed (glibc would raise its mmap threshold to 16 MiB), then an
-#: 8 MiB block: printed is whether that one was mapped on its own (malloc's mapped bytes grew)
+#: a 16 MiB block freed (glibc would raise its mmap threshold to 16 MiB), then an 8 MiB block:
+#: printed is whether that one was mapped on its own (malloc's mapped bytes grew); argument: the
+#: hub's config, or "-" for no hub
 _MMAP = """
 import ctypes, sys
 from gpuscope import procmem
 from gpuscope.config import load_config
 from gpuscope.runtime import assemble
-runtime = assemble(load_config(sys.argv[1]), serve=False, evaluate_interval=None) if sys.argv[1] else None
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
 libc.malloc.argtypes = [ctypes.c_size_t]
 libc.free.argtypes = [ctypes.c_void_p]
-libc.free(libc.malloc(16 << 20))
-before = procmem.snapshot().malloc_mmap_bytes
-block = libc.malloc(8 << 20)
-print(procmem.snapshot().malloc_mmap_bytes - before >= 8 << 20)
-libc.free(block)
-if runtime is not None:
-    runtime.stop()
+def run(config):
+    runtime = assemble(load_config(config), serve=False, evaluate_interval=None) if config != "-" else None
+    libc.free(libc.malloc(16 << 20))
+    before = procmem.snapshot().malloc_mmap_bytes
+    block = libc.malloc(8 << 20)
+    print(procmem.snapshot().malloc_mmap_bytes - before >= 8 << 20)
+    libc.free(block)
+    if runtime is not None:
+        runtime.stop()
 """
-
-
-def _mapped_after_a_larger_free(config: str) -> bool:
-    out = subprocess.run([sys.executable, "-c", _MMAP, config], check=True, timeout=120, capture_output=True)
-    return out.stdout.decode().strip() == "True"
 
 
 def test_the_hub_keeps_large_blocks_out_of_the_arenas_after_larger_ones_were_freed(tmp_path: Path) -> None:
@@ -116,8 +144,12 @@ def test_the_hub_keeps_large_blocks_out_of_the_arenas_after_larger_ones_were_fre
         pytest.skip("not glibc")
     config = tmp_path / "hub.yaml"
     config.write_text(f"storage: {{path: {tmp_path / 'a.duckdb'}}}\n")
-    assert not _mapped_after_a_larger_free("")  # glibc's own: the threshold followed the freed block
-    assert _mapped_after_a_larger_free(str(config))
+    script = _MMAP + _EACH_IN_A_CHILD
+    out = subprocess.run(
+        [sys.executable, "-c", script, "-", str(config)], check=True, timeout=120, capture_output=True
+    )
+    # glibc's own: the threshold followed the freed block; the hub's: fixed, the block mapped alone
+    assert out.stdout.decode().split() == ["False", "True"]
 
 
 def test_the_clock_hands_freed_arena_memory_back_after_upkeep() -> None:

@@ -7,7 +7,11 @@ restart, is still found."""
 
 from __future__ import annotations
 
+import copy
+import shutil
 from pathlib import Path
+
+import pytest
 
 from detect.rig import FakeCluster, FakeJob
 from gpuscope.hub import Hub
@@ -45,24 +49,42 @@ def silence_alerts(hub: Hub) -> list[str]:
     return [f"{a.rule} {a.entity}" for a in hub.alert_view()[0] if a.rule in SILENCE_RULES]
 
 
-def reopen_after_silence(tmp_path: Path, world: World) -> Hub:
-    """The job reports 0-60 s, then stops without a word; the hub stops at 60 s and reopens at 75 s."""
-    path = tmp_path / "hub.duckdb"
-    hub = Hub(DuckDBStore(str(path)))
+@pytest.fixture(scope="module")
+def first_minute(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, World]:
+    """A hub's store after the job reported 0-60 s, closed, and the world as it was then: each test
+    reopens its own copy (the same for every test, so it is written once)."""
+    folder = tmp_path_factory.mktemp("first-minute")
+    world = World()
+    hub = Hub(DuckDBStore(str(folder / "hub.duckdb")))
     world.run(hub, 0, 60)
     assert not silence_alerts(hub)
     hub.store.close()
+    return folder, world
+
+
+def after_first_minute(tmp_path: Path, first_minute: tuple[Path, World]) -> tuple[Path, World]:
+    """This test's copy of the store and the world of ``first_minute``."""
+    folder, world = first_minute
+    copied = tmp_path / "hub"
+    shutil.copytree(folder, copied)
+    return copied / "hub.duckdb", copy.deepcopy(world)
+
+
+def reopen_after_silence(path: Path, world: World) -> Hub:
+    """The job reported 0-60 s, then stops without a word; the hub stopped at 60 s reopens at 75 s."""
     world.job_reports = False
     reopened = Hub(DuckDBStore(str(path)))
     reopened.resume(75.0)
     return reopened
 
 
-def test_a_job_that_died_while_the_hub_was_down_is_one_stall_after_the_restart(tmp_path: Path) -> None:
+def test_a_job_that_died_while_the_hub_was_down_is_one_stall_after_the_restart(
+    tmp_path: Path, first_minute: tuple[Path, World]
+) -> None:
     """Seen: a job whose every rank died while the hub was down raised nothing after the restart,
     though its nodes reported its GPUs allocated to it (and idle) for as long as anyone looked."""
-    world = World()
-    hub = reopen_after_silence(tmp_path, world)
+    path, world = after_first_minute(tmp_path, first_minute)
+    hub = reopen_after_silence(path, world)
     try:
         world.run(hub, 75, 99)  # the nodes report the job's GPUs, still allocated to it
         assert silence_alerts(hub) == []  # within the grace for senders to come back after a restart
@@ -84,11 +106,13 @@ def test_a_job_that_died_while_the_hub_was_down_is_one_stall_after_the_restart(t
         hub.store.close()
 
 
-def test_a_job_whose_gpus_were_freed_raises_nothing_after_the_restart(tmp_path: Path) -> None:
+def test_a_job_whose_gpus_were_freed_raises_nothing_after_the_restart(
+    tmp_path: Path, first_minute: tuple[Path, World]
+) -> None:
     """It ended unsaid: the scheduler freed its GPUs, which the nodes report idle and unallocated."""
-    world = World()
+    path, world = after_first_minute(tmp_path, first_minute)
     world.cluster.free(world.job.name)  # at 60 s, while the hub is down
-    hub = reopen_after_silence(tmp_path, world)
+    hub = reopen_after_silence(path, world)
     try:
         world.run(hub, 75, 300)
         assert silence_alerts(hub) == []
@@ -98,10 +122,12 @@ def test_a_job_whose_gpus_were_freed_raises_nothing_after_the_restart(tmp_path: 
         hub.store.close()
 
 
-def test_a_store_reopened_with_the_cluster_stopped_raises_nothing(tmp_path: Path) -> None:
+def test_a_store_reopened_with_the_cluster_stopped_raises_nothing(
+    tmp_path: Path, first_minute: tuple[Path, World]
+) -> None:
     """A stopped demo's store, opened again to look at it: nothing reports, not even the nodes."""
-    world = World()
-    hub = reopen_after_silence(tmp_path, world)
+    path, world = after_first_minute(tmp_path, first_minute)
+    hub = reopen_after_silence(path, world)
     try:
         for t in range(75, 300):
             hub.evaluate(float(t))
@@ -129,9 +155,11 @@ def test_a_job_that_said_it_ended_before_the_restart_raises_nothing(tmp_path: Pa
         reopened.store.close()
 
 
-def test_a_rank_that_does_not_come_back_with_its_job_is_found(tmp_path: Path) -> None:
-    world = World()
-    hub = reopen_after_silence(tmp_path, world)
+def test_a_rank_that_does_not_come_back_with_its_job_is_found(
+    tmp_path: Path, first_minute: tuple[Path, World]
+) -> None:
+    path, world = after_first_minute(tmp_path, first_minute)
+    hub = reopen_after_silence(path, world)
     try:
         world.run(hub, 75, 90)
         world.job.dead = {3}  # the job speaks again at 90 s, but rank 3 never does
@@ -144,12 +172,10 @@ def test_a_rank_that_does_not_come_back_with_its_job_is_found(tmp_path: Path) ->
         hub.store.close()
 
 
-def test_a_rank_that_goes_silent_after_the_restart_is_found(tmp_path: Path) -> None:
-    world = World()
-    path = tmp_path / "hub.duckdb"
-    hub = Hub(DuckDBStore(str(path)))
-    world.run(hub, 0, 60)
-    hub.store.close()
+def test_a_rank_that_goes_silent_after_the_restart_is_found(
+    tmp_path: Path, first_minute: tuple[Path, World]
+) -> None:
+    path, world = after_first_minute(tmp_path, first_minute)
     reopened = Hub(DuckDBStore(str(path)))  # a 15-s restart: every rank's last report is old
     reopened.resume(75.0)
     try:
