@@ -4,6 +4,7 @@ merge loses and duplicates nothing."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -232,12 +233,23 @@ CRASH = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("where", ["mid-write", "before-commit", "after-commit"])
-def test_a_crash_mid_merge_loses_and_duplicates_nothing(tmp_path: Path, where: str) -> None:
-    path = tmp_path / "p.duckdb"
+@pytest.fixture(scope="module")
+def five_pieces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A closed store with five pieces of hour 0, its last ten minutes hot (built once: each test
+    crashes its own copy)."""
+    path = tmp_path_factory.mktemp("five") / "p.duckdb"
     with DuckDBStore(str(path), seal_interval_s=PIECE) as store:
-        upkeep_until(store, 0, HOUR + 60)  # five pieces of hour 0; its last ten minutes are hot
+        upkeep_until(store, 0, HOUR + 60)
         assert files(store) == ["chunk"] * 5
+    return path
+
+
+@pytest.mark.parametrize("where", ["mid-write", "before-commit", "after-commit"])
+def test_a_crash_mid_merge_loses_and_duplicates_nothing(
+    tmp_path: Path, where: str, five_pieces: Path
+) -> None:
+    path = tmp_path / "p.duckdb"
+    shutil.copytree(five_pieces.parent, tmp_path, dirs_exist_ok=True)
     run = subprocess.run([sys.executable, "-c", CRASH, str(path), where], capture_output=True, text=True)
     assert run.returncode == 9, run.stderr  # it sealed the sixth piece, then died merging the hour
     on_disk = sorted(p.name.split("-")[0] for p in (tmp_path / "p.duckdb.chunks").iterdir())

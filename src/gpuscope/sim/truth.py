@@ -15,8 +15,29 @@ from gpuscope.sim.training import TrainingJob, true_slowdown
 from gpuscope.sim.world import World
 
 
-def _training_cause(job: TrainingJob, i: int, throttled: bool) -> tuple[str, float]:
-    rank = job.ranks_on_gpu(i)[0]
+class _JobNow:
+    """What a training job's GPUs share in one interval, worked out once for all of them."""
+
+    __slots__ = ("_slowdown", "first_rank", "throttled")
+
+    def __init__(self, job: TrainingJob) -> None:
+        self.first_rank: dict[int, int] = {}
+        for rank, i in enumerate(job.gpu_idx.tolist()):
+            self.first_rank.setdefault(int(i), rank)
+        # against each GPU's normal speed: a slower part a job was placed on is not throttled
+        mods = job.fleet.mods
+        perf = job.fleet.perf[job.gpu_idx] * mods.part_slowdown[job.gpu_idx]
+        self.throttled = bool((perf < 1.0 / DEGRADED_AT).any())
+        self._slowdown: float | None = None
+
+    def slowdown(self, job: TrainingJob) -> float:
+        if self._slowdown is None:
+            self._slowdown = true_slowdown(job)
+        return self._slowdown
+
+
+def _training_cause(job: TrainingJob, i: int, now: _JobNow) -> tuple[str, float]:
+    rank = now.first_rank[i]
     if job.cond.idle:
         return "idle_job", 0.0
     if not job.alive[rank]:
@@ -27,9 +48,9 @@ def _training_cause(job: TrainingJob, i: int, throttled: bool) -> tuple[str, flo
         return ("restart" if job.restarts else "startup"), 0.0
     if job.phase == "ckpt":
         return "checkpoint", 0.0
-    slowdown = true_slowdown(job)
+    slowdown = now.slowdown(job)
     if slowdown > DEGRADED_AT:
-        return ("throttled" if throttled else "slow_steps"), 1.0 - 1.0 / slowdown
+        return ("throttled" if now.throttled else "slow_steps"), 1.0 - 1.0 / slowdown
     return "training", 0.0
 
 
@@ -42,13 +63,14 @@ class GroundTruth:
 
     def record(self, world: World, dt: float) -> None:
         """Count ``dt`` seconds of every GPU in the condition it is in now."""
+        jobs: dict[str, _JobNow] = {}
         for i in range(world.fleet.n):
-            cause, lost = self._cause(world, i)
+            cause, lost = self._cause(world, i, jobs)
             self.seconds[cause] += dt
             self.lost_seconds += dt * lost
 
     @staticmethod
-    def _cause(world: World, i: int) -> tuple[str, float]:
+    def _cause(world: World, i: int, jobs: dict[str, _JobNow]) -> tuple[str, float]:
         fleet = world.fleet
         mods = fleet.mods
         if world.nodes.down[i // world.per_node]:
@@ -64,10 +86,10 @@ class GroundTruth:
         if service is not None:
             return ("idle_job" if service.cond.idle else "serving"), 0.0
         job = world.jobs[name]
-        # against each GPU's normal speed: a slower part a job was placed on is not throttled
-        perf = fleet.perf[job.gpu_idx] * mods.part_slowdown[job.gpu_idx]
-        throttled = bool((perf < 1.0 / DEGRADED_AT).any())
-        return _training_cause(job, i, throttled)
+        now = jobs.get(name)
+        if now is None:
+            now = jobs[name] = _JobNow(job)
+        return _training_cause(job, i, now)
 
     def gpu_hours(self) -> dict[str, float]:
         """True GPU-hours per state."""
