@@ -146,8 +146,10 @@ def test_drift_latency_and_lineage_by_version(rig: Rig, tmp_path: Path) -> None:
 
     drift_v1 = series("model_input_drift_score", "v1", feature="context_tokens")
     drift_v2 = series("model_input_drift_score", "v2", feature="context_tokens")
-    # inputs 4x longer: the score rises as shifted windows replace older ones (KS distance ~0.6)
-    assert drift_v2 and drift_v2[-1] > 0.4 and drift_v2[-1] > drift_v2[0], drift_v2
+    # inputs 4x longer: v2's score settles far above anything v1 showed (KS distance ~0.6). Whether
+    # it rises from v2's first score depends on how many v1 windows the current window still held
+    # at the switch (none when the reference took all of v1's requests), so only the end is judged.
+    assert drift_v2 and drift_v2[-1] > 0.4, drift_v2
     assert not drift_v1 or max(drift_v1) < 0.4  # the reference period itself does not drift
     assert max(series("model_input_drifted", "v2", feature="context_tokens")) == 1.0
     lat_v1 = np.median(series("inference_latency_p50_seconds", "v1"))

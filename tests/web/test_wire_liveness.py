@@ -43,14 +43,18 @@ class _Member(threading.Thread):
     """One agent or one training rank: its own spooling Sender naming what it reports for, posting
     the batches handed to it in order; once killed it sends nothing more, spool and all."""
 
-    def __init__(self, url: str, name: str, labels: dict[str, str], tmp: Path, counters: Counters) -> None:
+    def __init__(
+        self, url: str, name: str, labels: dict[str, str], tmp: Path, counters: Counters, phase: float
+    ) -> None:
         super().__init__(daemon=True, name=name)
+        self.phase = phase
         self.sender = Sender(url, spool=Spool(tmp / name, fsync=False), counters=counters, sender=labels)
         self.inbox: queue.Queue[Batch | None] = queue.Queue()
         self.sent = 0
 
     def run(self) -> None:
         while (batch := self.inbox.get()) is not None:
+            time.sleep(self.phase)
             batch.batch_id = f"{self.name}:{self.sent}"
             self.sent += 1
             self.sender.submit(encode_batch(batch))
@@ -68,12 +72,16 @@ class _Fleet:
         self.job = FakeJob.on(self.cluster.names, GPUS, start=time.time())
         self.cluster.allocate(self.job.name, self.job.placement)
         self.counters = Counters()
+        senders = [(n, {"node": n}) for n in self.cluster.names] + [
+            (f"rank-{rank}", {"job": self.job.name, "rank": str(rank)}) for rank, _, _ in self.job.placement
+        ]
+        # each sender on its own phase of the second, as agents and ranks started apart are: all 24
+        # posting on the same instant would exceed the hub's 8 in flight each tick, so it would shed
+        # the fleet's own traffic for ever after the flood and the spools would never drain
         self.members: dict[str, _Member] = {
-            n: _Member(url, n, {"node": n}, tmp, self.counters) for n in self.cluster.names
+            name: _Member(url, name, labels, tmp, self.counters, k / len(senders))
+            for k, (name, labels) in enumerate(senders)
         }
-        for rank, _, _ in self.job.placement:
-            name, labels = f"rank-{rank}", {"job": self.job.name, "rank": str(rank)}
-            self.members[name] = _Member(url, name, labels, tmp, self.counters)
         self.dead: set[str] = set()
         self.stop = threading.Event()
         self.lock = threading.Lock()
