@@ -23,9 +23,8 @@ from __future__ import annotations
 import bisect
 import itertools
 import math
+import statistics
 from dataclasses import dataclass, field
-
-import numpy as np
 
 from gpuscope.model import Frame
 
@@ -98,7 +97,7 @@ class _Service:
             del times[0]
         # the node's interval: the median gap between its recent rows (a hole is one wide gap)
         gaps = [b - a for a, b in itertools.pairwise(times[-17:])]
-        interval = min(max(float(np.median(gaps)) if gaps else 1.0, 1e-3), LONGEST_INTERVAL)
+        interval = min(max(statistics.median(gaps) if gaps else 1.0, 1e-3), LONGEST_INTERVAL)
         self.covered += interval
         if math.isfinite(requests):
             self.served += requests * interval
