@@ -75,3 +75,23 @@ def test_an_incident_that_ended_recently_is_kept_and_still_takes_a_related_alert
 def test_keep_must_be_positive() -> None:
     with pytest.raises(ValueError, match="keep"):
         LocalAlertState(None, keep=0)
+
+
+def test_a_firing_alert_is_listed_as_its_last_evaluation_left_it_not_as_it_fired(store: DuckDBStore) -> None:
+    # the API lists alerts from here: a straggler that slowed further, a hub that has refused
+    # 140,000 requests since it fell behind, must not read as they did when they fired
+    state = LocalAlertState(store)
+    engine = AlertEngine(resolve_after=5.0, state=state)
+    entity = {"job": "job-1", "rank": "3"}
+    engine.update(0.0, [Finding("training_straggler", entity, "rank 3 is 1.3x its peers", value=1.3)])
+    engine.update(10.0, [Finding("training_straggler", entity, "rank 3 is 4.0x its peers", value=4.0)])
+    (listed,) = state.alerts()
+    assert listed.firing and listed.value == 4.0 and listed.summary == "rank 3 is 4.0x its peers"
+    (firing,) = state.alerts(firing_only=True)
+    assert firing.value == 4.0
+    engine.update(20.0, [])
+    (resolved,) = state.alerts()
+    assert not resolved.firing and resolved.value == 4.0
+    # what the store holds on its own (after a restart) is the same alert at its last transition
+    (stored,) = store.alerts()
+    assert stored.id == listed.id and stored.value == 4.0 and not stored.firing

@@ -171,7 +171,13 @@ class LocalAlertState:
 
     def alerts(self, firing_only: bool = False, limit: int = 1000) -> list[Alert]:
         if self.store is not None:
-            return self.store.alerts(firing_only, limit)
+            # the store holds an alert as it was at its last transition (fired, escalated,
+            # resolved); memory holds it as its last evaluation left it (value, summary, details
+            # follow the condition): where both have it, memory's is the one the pages show
+            stored = self.store.alerts(firing_only, limit)
+            with self._lock:
+                live = {a.id: a for a in self._alerts}
+            return [live.get(a.id, a) for a in stored]
         newest = sorted(self.view()[0], key=lambda a: a.started_at, reverse=True)
         return [a for a in newest if a.firing or not firing_only][:limit]
 
