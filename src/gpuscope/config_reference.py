@@ -276,6 +276,17 @@ SECTIONS: tuple[Section, ...] = (
 )
 
 
+AGENT_TEXT = (
+    "`gpuscope agent` reads no file: its settings are options (`gpuscope agent --help`). Rounds are "
+    "collected on multiples of `--interval` (default 1 s) on the node's clock, so every node's "
+    "samples line up; each round is sent at that instant plus an offset of the node's own in "
+    "`[0, --send-spread)`, a hash of its name (the same on every start), so that a fleet's agents do "
+    "not all post on one instant. It defaults to half the interval, `0` sends at the instant, and it "
+    "must stay below 0.8 x the interval, by when a round's sends end. `--spool-dir` and `--spool-max-mb` (default 256) bound what waits while the hub is "
+    "away; `--token` (or `$GPUSCOPE_TOKEN`) is a token with the `ingest` scope."
+)
+
+
 def render() -> str:
     """``docs/configuration.md``."""
     out = [
@@ -298,4 +309,5 @@ def render() -> str:
             out.append("")
         if s.example:
             out += ["```yaml", s.example.rstrip("\n"), "```", ""]
+    out += ["## The agent", "", AGENT_TEXT, ""]
     return "\n".join(out)

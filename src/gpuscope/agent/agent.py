@@ -2,13 +2,23 @@
 
 Rounds are aligned to multiples of the interval on the agent's clock (so samples of all nodes
 line up and timestamps compress well) and never drift: a late round does not push the next
-one back, and rounds that could not run at all are counted as ``rounds_missed``. A simulated
+one back, and rounds that could not run at all are counted as ``rounds_missed``.
+
+Each round is *sent* later than it is collected, at its tick plus an offset of the node's own
+within ``[0, send_spread)`` (a hash of the node's name: stable across restarts, spread across the
+fleet). Nodes synchronised by NTP collect on the same instant; posting then too, a fleet of 1,024
+would reach the hub within a few tens of milliseconds every second, past the hub's
+``overload.max_in_flight``, and be shed as one. The hub's ``Retry-After`` cannot part them either:
+it is whole seconds, and a sender only posts in its own slot, so an agent shed in its slot retries
+in that slot of a later round. News found while a spool is pending (an XID) is not held back.
+``send_spread=0`` sends at the tick, as every agent did before. A simulated
 node is simply another :class:`~gpuscope.collect.base.Collector`, so the demo feeds simulated
 data through this same agent, sender and spool.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import os
@@ -67,6 +77,18 @@ URGENT_SPOOL = "urgent"
 URGENT_SPOOL_MIN_BYTES = 1 << 20
 
 
+#: the part of the interval after a round's tick by which its sends and its spool's drain end, so
+#: that the next round is collected on time
+SEND_WINDOW = 0.8
+
+
+def send_offset(node: str, spread: float) -> float:
+    """The node's send offset in ``[0, spread)``: a hash of its name, so the same on every start and
+    on every machine (Python's ``hash`` of a string is neither), and even across a fleet."""
+    digest = hashlib.blake2b(node.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2.0**64 * spread
+
+
 def default_spool_dir(node: str) -> Path:
     """``$XDG_STATE_HOME/gpuscope/spool/<node>`` (``~/.local/state`` when unset)."""
     state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
@@ -79,6 +101,10 @@ class Agent:
     A hub that refuses the agent's token (401, 403) ends :meth:`run` with
     :class:`~gpuscope.agent.sender.TokenRefused`: an agent that cannot deliver anything must not
     look healthy. The refused batch stays in the spool for the next start.
+
+    ``send_spread``: each round is sent at its tick plus :func:`send_offset` of the node within
+    ``[0, send_spread)`` (default: half the interval; 0: at the tick). It must stay below
+    :data:`SEND_WINDOW` of the interval, where the round's sends end.
     """
 
     def __init__(
@@ -99,13 +125,22 @@ class Agent:
         counters: Counters | None = None,
         fsync: bool = True,
         ca_file: str | None = None,
+        send_spread: float | None = None,
     ) -> None:
         if not (interval > 0 and math.isfinite(interval)):
             raise ValueError(f"interval must be a positive number of seconds, got {interval!r}")
+        spread = interval / 2 if send_spread is None else send_spread
+        if not (0 <= spread < SEND_WINDOW * interval):
+            raise ValueError(
+                f"send spread must be from 0 to below {SEND_WINDOW:g} x the interval "
+                f"({SEND_WINDOW * interval:g} s), got {spread!r}"
+            )
         if not node:
             raise ValueError("node name must not be empty")
         self.node = node
         self.interval = interval
+        #: seconds after each tick at which this node sends its round
+        self.send_offset = send_offset(node, spread)
         self.clock = clock
         self._sleep = sleep
         self.counters = counters if counters is not None else Counters()
@@ -185,6 +220,15 @@ class Agent:
     def step(self, now: float | None = None, deadline: float | None = None) -> Batch:
         """Collect one round and deliver it (or spool it); spooled batches drain until ``deadline``."""
         batch = self.run_once(now)
+        urgent, body = self._encode(batch)
+        if urgent is not None:
+            self.sender.submit_urgent(urgent, deadline=deadline)
+        if body is not None:
+            self.sender.submit(body, batch.sample_count, deadline=deadline)
+        return batch
+
+    def _encode(self, batch: Batch) -> tuple[bytes | None, bytes | None]:
+        """The round's news to send ahead (None: none, or nothing is pending) and the rest."""
         # behind a spool (the hub away or shedding load), news goes ahead of it: an XID must not
         # wait minutes behind the frames queued before it
         news, rest = urgent_part(batch) if self.sender.backlog or not self.sender.hub_ok else (None, batch)
@@ -194,15 +238,33 @@ class Agent:
         except (TypeError, ValueError) as exc:  # event data JSON cannot hold, a string too long
             self.counters.inc("batches_unencodable")
             log.error("batch %s cannot be encoded (%s); dropped", batch.batch_id, exc)
-            return batch
+            return None, None
+        return urgent, body
+
+    def _round(self, stop: threading.Event, tick: float) -> None:
+        """The round due at ``tick``: collected and stamped at the tick, sent at the node's offset
+        after it (news ahead of a spool at once), its spool drained until the send window ends.
+
+        The window ends :data:`SEND_WINDOW` of the interval after the tick whatever the offset: the
+        same thread collects the next round at the next tick, on time only if the drain has ended
+        (an offset moves the drain's start, not its end, and stays below it)."""
+        deadline = tick + SEND_WINDOW * self.interval
+        batch = self.run_once(tick)
+        urgent, body = self._encode(batch)
         if urgent is not None:
             self.sender.submit_urgent(urgent, deadline=deadline)
+        send_at = tick + self.send_offset
+        while not stop.is_set():  # stopping: sent at once, the last round
+            now = self.clock()
+            if not (now < send_at <= now + self.interval):  # due, or the clock stepped back
+                break
+            self._wait(stop, send_at - now)
         if body is not None:
             self.sender.submit(body, batch.sample_count, deadline=deadline)
-        return batch
 
     def run(self, stop: threading.Event) -> None:
-        """Run rounds at multiples of the interval until ``stop`` is set."""
+        """Run rounds at multiples of the interval until ``stop`` is set, each sent at the node's
+        offset after its tick."""
         tick = self._next_tick(self.clock())
         while not stop.is_set():
             now = self.clock()
@@ -217,7 +279,7 @@ class Agent:
                 self.counters.inc("rounds_missed", late)
                 tick += late * self.interval
             try:
-                self.step(now=tick, deadline=tick + 0.8 * self.interval)
+                self._round(stop, tick)
             except TokenRefused:
                 raise  # no round can succeed: the caller says so and stops
             except Exception as exc:  # a bug in one round must not end monitoring of the node

@@ -73,6 +73,14 @@ def add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--node", default=None, help="this node's name (default: the short host name)")
     parser.add_argument("--interval", type=float, default=1.0, help="seconds between rounds (default 1)")
+    parser.add_argument(
+        "--send-spread",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="send each round at its tick plus this node's offset in [0, SECONDS), a hash of its "
+        "name, so a fleet does not post on the same instant (default: half the interval; 0: at the tick)",
+    )
     parser.add_argument("--token", default=None, help="bearer token for the hub (default: $GPUSCOPE_TOKEN)")
     parser.add_argument(
         "--ca-file",
@@ -223,6 +231,7 @@ def run_agent(args: argparse.Namespace) -> int:
             spool_dir=args.spool_dir,
             spool_max_bytes=int(args.spool_max_mb * 1024 * 1024),
             ca_file=getattr(args, "ca_file", None),
+            send_spread=getattr(args, "send_spread", None),
         )
     except (ValueError, SpoolError) as exc:
         for c in collectors:
