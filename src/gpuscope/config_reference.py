@@ -282,7 +282,8 @@ AGENT_TEXT = (
     "samples line up; each round is sent at that instant plus an offset of the node's own in "
     "`[0, --send-spread)`, a hash of its name (the same on every start), so that a fleet's agents do "
     "not all post on one instant. It defaults to half the interval, `0` sends at the instant, and it "
-    "must stay below 0.8 x the interval, by when a round's sends end. `--spool-dir` and `--spool-max-mb` (default 256) bound what waits while the hub is "
+    "must stay below 0.8 x the interval, by when a round's sends end. `--spool-dir` and "
+    "`--spool-max-mb` (default 256) bound what waits while the hub is "
     "away; `--token` (or `$GPUSCOPE_TOKEN`) is a token with the `ingest` scope."
 )
 
