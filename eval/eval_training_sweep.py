@@ -29,7 +29,9 @@ scored by ``sim-eval --report``'s rules. Results and what they showed are in doc
 ``--trace`` prints, for each straggler verdict of the per-worker logs, the rank's state at the step
 it was flagged: the clause that sustained it (``new5``: 5 new readings, ``30s``: 30 s with 3 new,
 ``short``: the short window), the long window's rise over its normal and its bar, the evidence and
-its bar, the steps and new readings of the run, the spread, and the rank's last 12 readings.
+its bar, the steps and new readings of the run, how long its smoothed lag has been half way to
+its bars and whether the verdict needed that time (``sure``: it did not), the spread, and the
+rank's last 12 readings.
 
 usage: python eval/eval_training_sweep.py [--seeds 1,2] [--only SUBSTRING ...] [--sim] [--trace]
 """
@@ -213,7 +215,8 @@ def trace_verdicts() -> None:
             print(
                 f"  verdict at {ts:.0f} s, rank {r}: {clause}, long window {rise:+.3f} (bar {long_bar:.3f}), "
                 f"evidence {state.evidence:.3f} (bar {self._evidence_bar(state):.3f}), "
-                f"{state.lag_hits} steps / {state.new_hits} new, spread {state.lag_spread:.3f}, "
+                f"{state.lag_hits} steps / {state.new_hits} new, half way for {ts - state.near_since:.0f} s, "
+                f"sure {state.sure}, spread {state.lag_spread:.3f}, "
                 f"readings {[round(v, 3) for v in last]}",
                 flush=True,
             )

@@ -41,6 +41,17 @@ normal keeps learning meanwhile, at ``step_learn_rate`` of its rate, so a lastin
 for good): a slowdown near its bar is one alert for as long as it lasts, not a new one each time
 its median dips under the bar.
 
+The step counts above were set on traces that read every 10 s. A rank whose own step times are
+read more often (one step a second: ``_reads`` is 10) is judged in time instead: its normal learns
+at ``step_alpha`` over that many of its rate, its evidence's level spans that many times the
+readings, a copy of a reading adds no evidence, and the hold lets go after that many steps back
+within half its bars.
+A verdict by five new readings (five seconds) also needs its smoothed lag half way to its bars for
+``sustain_seconds``, unless its evidence clears a bar ``step_h_growth`` higher per e-fold of that
+ratio (a CUSUM's false alarms come per reading) or its median is beyond the short window's bar:
+healthy ranks with 10 % noise per reading were flagged for 1-11 s several times a day on their
+noise alone. At one step every 10 s all of it is as before.
+
 Jobs with two or more stable speeds (mixed hardware, a slow placement): for the first
 ``warm_steps`` steps each rank's raw pace is only recorded. Then the ranks are clustered by their
 median lag: sorted, they split at every gap of at least ``split_gap`` of a step (and ``noise_k``
@@ -104,16 +115,29 @@ class _Rank:
     #: that repeats its last reading adds a step, not evidence), and when the run began
     new_hits: int = 0
     slow_since: float = math.nan
+    #: when its smoothed lag last got more than half way to its bars (``_held``'s test) and has
+    #: stayed there since: the time a verdict by the long window's median is counted from
+    near_since: float = math.nan
+    #: its last slow step needs no time: arrival lags, or its evidence over its bar, or its
+    #: long window's median beyond the short window's (higher) bar
+    sure: bool = False
+    #: seconds between its steps (a running mean): how many readings it gets in a time (``_reads``)
+    gap: float = math.nan
     #: its last raw reading (per-worker step time): a repeat of it is no new reading
     last_raw: float = math.nan
     #: per-worker step times: a one-sided CUSUM of its readings over its level (``_evidence``)
     evidence: float = 0.0
     #: slow last step by that evidence alone, its smoothed lag under its noise bar
     evident: bool = False
+    #: its evidence over the bar that needs no time (``_sure_bar``) at its last step
+    proven: bool = False
     #: its last raw lags (``level_window`` of them): the level that evidence is measured from
     history: deque[float] = field(default_factory=deque)
     #: flagged a straggler: held until its smoothed lag is back within half its bars (``_held``)
     flagged: bool = False
+    #: flagged, steps in a row its smoothed lag has been back within half its bars: at one step a
+    #: second (per-worker step times) the hold lets go after ``_reads`` of them, one step at 10 s
+    loose: int = 0
     short_hits: int = 0  # steps in a row the short window has been far behind
     short_since: float = math.nan  # when it began
     rising_n: int = 0  # steps in a row its step time has been more than half its bar above its normal
@@ -219,11 +243,13 @@ class RankDetector(StepDetector):
         step_learn_rate: float = 0.25,
         step_shift: float = 0.15,
         step_h: float = 8.0,
+        step_h_growth: float = 0.35,
         level_window: int = 30,
     ) -> None:
         self.step_excess, self.step_k, self.step_alpha = step_excess, step_k, step_alpha
         self.step_learn, self.step_learn_rate = step_learn, step_learn_rate
         self.step_shift, self.step_h, self.level_window = step_shift, step_h, level_window
+        self.step_h_growth = step_h_growth
         self.window, self.base_alpha, self.lag, self.excess = window, base_alpha, lag, excess
         self.ref_quantile, self.noise_k = ref_quantile, noise_k
         self.normal_cap = normal_cap
@@ -484,7 +510,7 @@ class RankDetector(StepDetector):
             state.recent.clear()
             state.lag, state.lag_base, state.lag_spread, state.said = math.nan, math.nan, 0.0, math.nan
             state.lag_n = state.lag_hits = state.new_hits = state.short_hits = 0
-            state.flagged = state.evident = False
+            state.flagged = state.evident = state.proven = False
             state.evidence = 0.0
             state.history.clear()
         # a rank whose group pace moved has its own pace on a new scale: it learns it again
@@ -525,6 +551,9 @@ class RankDetector(StepDetector):
             state.last_raw = reading
             state.recent.append(x)
             del state.recent[: -self.sustain]
+            if ts > state.last_ts:  # a replayed warm-up goes back in time: no gap
+                gap, last = ts - state.last_ts, state.gap
+                state.gap = gap if not math.isfinite(last) else last + self.step_alpha * (gap - last)
             state.last_ts = ts
             state.lags.append(x)
             state.lag = _median(state.lags)
@@ -543,7 +572,10 @@ class RankDetector(StepDetector):
             # becomes its normal, slowly, as a held straggler's does
             if (state.lag_hits == 0 or state.evident) and state.short_hits == 0 and not beyond:
                 # a running mean at first, so the normal does not hang on the first sample
-                alpha = max(self.base_alpha if additive else self.step_alpha, 1.0 / state.lag_n)
+                # per time, not per step: at one step a second the normal must not learn a
+                # slowdown in the 30 s that ``_sustained`` asks of it
+                rate = self.base_alpha if additive else self.step_alpha / self._reads(state)
+                alpha = max(rate, 1.0 / state.lag_n)
                 # within its speed group a rank may be slower by up to the gap that splits groups
                 learn = min(state.lag, max(self.normal_cap, job.groups.gap))
                 base = state.lag_base if math.isfinite(state.lag_base) else learn
@@ -571,11 +603,18 @@ class RankDetector(StepDetector):
             ahead = min(state.lag_base, 0.0)
             behind = judged and self._rise(state.lag, ahead, additive) >= self.lag
             rise = self._rise(state.lag, state.lag_base, additive)
-            evident = not additive and judged and self._evidence(state, x)
+            # a copy of a reading adds no evidence where the rank reads faster than it needs to
+            # (its bar counts readings); at one step every 10 s copies count as before
+            evident = not additive and judged and self._evidence(state, x, new or self._reads(state) == 1)
             # a noisy worker's small lasting lag stands out of its noise by evidence that grows
             # with time, not by one window's median: then the floor that real wander asks is enough
             state.evident = behind and self.step_excess <= rise < long_bar and evident
             slow = behind and (rise >= long_bar or state.evident)
+            if not (judged and self._held(state, ahead, long_bar, additive)):
+                state.near_since = math.nan
+            elif not math.isfinite(state.near_since):
+                state.near_since = ts
+            state.sure = additive or (evident and state.proven) or rise >= short_bar
             if slow and not state.lag_hits:
                 state.slow_since, state.new_hits = ts, 0
             state.lag_hits = state.lag_hits + 1 if slow else 0
@@ -593,10 +632,13 @@ class RankDetector(StepDetector):
                 state.short_since = ts
             state.short_hits = state.short_hits + 1 if far else 0
             was = state.flagged
+            held = state.flagged and self._held(state, ahead, long_bar, additive)
+            state.loose = state.loose + 1 if state.flagged and not held else 0
             state.flagged = (
                 self._sustained(state, ts)
                 or self._short_slow(state)
-                or (state.flagged and self._held(state, ahead, long_bar, additive))
+                or held
+                or (state.flagged and not additive and state.loose < self._reads(state))
             )
             if not state.flagged:
                 if was:
@@ -635,7 +677,7 @@ class RankDetector(StepDetector):
             return excess, max(self.short_excess, excess)
         return max(self.step_excess, self.step_k * state.lag_spread), max(self.short_excess, excess)
 
-    def _evidence(self, state: _Rank, x: float) -> bool:
+    def _evidence(self, state: _Rank, x: float, new: bool = True) -> bool:
         """Has the rank's step time been slower than its normal long enough to stand out of its own
         noise? A one-sided CUSUM of its readings' rises over its level: each adds what it is above
         half of ``step_shift`` (the smallest slowdown the rule must find; a smaller lag, or the
@@ -643,7 +685,9 @@ class RankDetector(StepDetector):
         reading is not a slowdown), and it holds at ``step_h`` spreads. On a worker with 10 % noise
         per reading a 1.15x lag holds within about a dozen readings, where a median of nine would
         need a bar of three spreads (30 %); its evidence, capped at twice the bar, is gone within a
-        few readings of the lag's end."""
+        few readings of the lag's end (the cap is twice ``_sure_bar``, the bar itself at one reading
+        every 10 s). ``new``: the reading adds to the evidence. At a faster cadence its level is
+        the median of ``_reads`` times as many readings: the time it spans at one every 10 s."""
         sigma = 1.25 * state.lag_spread
         allowance, bar = 0.5 * self.step_shift, self._evidence_bar(state)
         # measured from the rank's recent level where that is above its normal: a worker whose
@@ -651,10 +695,13 @@ class RankDetector(StepDetector):
         # it), a step up stands out for the readings the median takes to follow it
         level = max(state.lag_base, _median(state.history)) if state.history else state.lag_base
         state.history.append(x)
-        if len(state.history) > self.level_window:
+        if len(state.history) > self.level_window * self._reads(state):
             state.history.popleft()
         rise = min(self._rise(x, level, False), allowance + 4.0 * sigma)
-        state.evidence = min(2.0 * bar, max(0.0, state.evidence + rise - allowance))
+        sure = self._sure_bar(state)
+        if new:
+            state.evidence = min(2.0 * sure, max(0.0, state.evidence + rise - allowance))
+        state.proven = sure > 0 and state.evidence >= sure
         return bar > 0 and state.evidence >= bar
 
     def _evidence_bar(self, state: _Rank) -> float:
@@ -662,11 +709,28 @@ class RankDetector(StepDetector):
         is 0.8 sigma)."""
         return self.step_h * 1.25 * state.lag_spread
 
+    def _sure_bar(self, state: _Rank) -> float:
+        """The evidence that sustains a verdict without ``_sustained``'s time: the evidence bar,
+        higher by ``step_h_growth`` of it per e-fold of readings per ``sustain_seconds`` beyond
+        ``short_sustain``. A CUSUM's false alarms come once in so many readings, not seconds: at
+        one reading a second healthy workers with 10 % noise per reading cleared the plain bar
+        for a few seconds several times a day (docs/scenarios.md, eighteenth round). At one
+        reading every 10 s it is the evidence bar."""
+        return (1.0 + self.step_h_growth * math.log(self._reads(state))) * self._evidence_bar(state)
+
+    def _reads(self, state: _Rank) -> int:
+        """How many times more often than ``short_sustain`` per ``sustain_seconds`` the rank reads,
+        rounded, at least 1: 1 at one step every 10 s (or a little more often), 10 at one a second.
+        The rates and windows that count steps are divided or multiplied by it, so they span the
+        same time at every cadence."""
+        return max(1, round(self.sustain_seconds / state.gap / self.short_sustain)) if state.gap > 0 else 1
+
     def _held(self, state: _Rank, ahead: float, long_bar: float, additive: bool) -> bool:
         """Is a flagged straggler still more than half way to its bars? A slowdown near its bar (a
         1.2x straggler on a worker with 5 % noise per reading) crosses it again and again; one
         alert that lasts as long as the slowdown, not a new one each time its median dips. The
-        normal keeps learning meanwhile (slowly), so a lasting shift is not held for good."""
+        normal keeps learning meanwhile (slowly), so a lasting shift is not held for good. (At one
+        step a second the hold lets go after ``_reads`` steps in a row back under half way.)"""
         return (
             self._rise(state.lag, ahead, additive) >= 0.5 * self.lag
             and self._rise(state.lag, state.lag_base, additive) >= 0.5 * long_bar
@@ -678,11 +742,20 @@ class RankDetector(StepDetector):
         reading are not evidence that it lasted (on a worker with 10 % noise per reading whose
         logger repeats 40 % of its readings, five slow steps are often two or three readings),
         while a trace that reads every 10 s and repeats some of its values has held for the time
-        its steps say (the real per-worker traces keep every episode they had)."""
+        its steps say (the real per-worker traces keep every episode they had). Five readings of a
+        worker that reads every second are five seconds: the long window's median of a worker with
+        10 % noise per reading crosses a bar of three spreads for that long on its noise alone
+        (8 alerts of 1-11 s in 12 hours of 16 healthy ranks), so where its step times alone
+        sustain it, its smoothed lag must also have been half way to its bars for
+        ``sustain_seconds`` (the hold's test: a noisy straggler that dips under its bar keeps
+        the time it has), unless it is ``sure``: its evidence, whose bar grows with the readings
+        per ``sustain_seconds``, or a median beyond the short window's bar. At one reading every
+        10 s five readings span 40 s: judged as before."""
         if state.lag_hits < self.sustain:
             return False
         held = ts - state.slow_since >= self.sustain_seconds and state.new_hits >= self.short_sustain
-        return state.new_hits >= self.sustain or held
+        near = state.sure or ts - state.near_since >= self.sustain_seconds
+        return (state.new_hits >= self.sustain and near) or held
 
     def _short_slow(self, state: _Rank) -> bool:
         """Far behind over the short window for ``short_sustain`` steps and ``short_seconds``: a
