@@ -362,11 +362,12 @@ def main() -> None:
         cpu, batches, samples = measured
         figures[name] = samples / cpu
         rows.append([name, f"{batches:,}", f"{cpu * 1e3 / batches:.2f}", f"{samples / cpu:,.0f}", ""])
-        if run is over_http and INGEST_WORKERS:
-            hub_s, workers_s = SPLIT[-1]
-            parts = (("hub process alone", hub_s), (f"its {INGEST_WORKERS} ingest workers", workers_s))
-            for part, seconds in parts:
-                rows.append([f"  of which {part}", "", f"{seconds * 1e3 / batches:.2f}", "", ""])
+        if run is over_http:
+            if INGEST_WORKERS:
+                hub_s, workers_s = SPLIT[-1]
+                parts = (("hub process alone", hub_s), (f"its {INGEST_WORKERS} ingest workers", workers_s))
+                for part, seconds in parts:
+                    rows.append([f"  of which {part}", "", f"{seconds * 1e3 / batches:.2f}", "", ""])
             threads = sorted(THREADS[-1].items(), key=lambda kv: -kv[1])
             for thread, seconds in threads:
                 if seconds * 1e3 / batches >= 0.005:

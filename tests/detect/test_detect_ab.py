@@ -2,8 +2,10 @@
 
 The old paths are kept here: every on-frame detector handed every frame (the engine now skips those
 a frame's layout gives nothing to read), the thermal-throttle detector judging each frame on its
-own (now a tick's GPU rows in one pass) and the network detector reading each counter as a numpy
-scalar; their code before the change is copied below, verbatim. Both engines see the same
+own (now a tick's GPU rows in one pass), the network detector reading each counter as a numpy
+scalar and the ECC detector testing each frame's rows with numpy calls of its own and looking every
+GPU up (now the engine's row test of a tick's rows at once, and no look-up while no GPU has an
+error); their code before the change is copied below, verbatim. Both engines see the same
 simulated cluster, its agents' batches through the binary wire format (frames with layout
 numbers, as a hub decodes them) and its SDKs' batches, with hardware faults, a degraded network,
 a lost GPU and a node going down; at every evaluation the findings must be equal.
@@ -16,8 +18,11 @@ import math
 import numpy as np
 import pytest
 
+from gpuscope.detect import frames as frames_module
 from gpuscope.detect.base import Detector
 from gpuscope.detect.baseline import FlagWindow
+from gpuscope.detect.ecc import _METRICS as ECC_METRICS
+from gpuscope.detect.ecc import EccDetector
 from gpuscope.detect.engine import DetectionEngine, load_detectors
 from gpuscope.detect.frames import BoolArray, FrameView, view
 from gpuscope.detect.network import _COUNTERS, NetworkDetector, _Node
@@ -151,6 +156,36 @@ class OldNetwork(NetworkDetector):
             )
 
 
+class OldEcc(EccDetector):
+    """The ECC detector before the change: its own row test per frame, every GPU looked up."""
+
+    def on_frame(self, frame: Frame) -> None:
+        v = view(frame)
+        columns = [(m, c) for m in ECC_METRICS if (c := v.gpu_column(m)) is not None]
+        if not columns:
+            return
+        block = np.column_stack([c for _, c in columns])
+        nonzero: list[bool] = np.asarray((block > 0).any(axis=1)).tolist()  # NaN > 0 is False: no error
+        rows: list[list[float]] | None = None  # Python floats, converted once when a GPU needs them
+        for i, key in enumerate(v.gpu_keys):
+            state = self._gpus.get(key)
+            if state is None and not nonzero[i]:
+                self._seen.add(key)
+                continue
+            if rows is None:
+                rows = block.tolist()
+            self._update(key, state or self._state(key), [m for m, _ in columns], rows[i], frame.ts)
+
+
+def _old_alive(v: FrameView) -> list[bool]:
+    """``FrameView.gpu_alive`` before the change: the frame's own numpy calls."""
+    rows = v.frame.values[v._gpu_index]
+    alive = np.zeros(len(rows), bool)
+    if rows.shape[1]:
+        np.logical_not(np.isnan(rows).all(axis=1), out=alive)
+    return [bool(a) for a in alive]
+
+
 class EveryFrameEngine(DetectionEngine):
     """The engine before the change: every on-frame detector sees every frame."""
 
@@ -163,7 +198,12 @@ def _engines(old_paths: bool) -> tuple[DetectionEngine, DetectionEngine]:
     names = sorted(registry)
     new = DetectionEngine([registry[n]() for n in names])
     old_kinds = (
-        {**registry, "ThermalThrottleDetector": OldThrottle, "NetworkDetector": OldNetwork}
+        {
+            **registry,
+            "ThermalThrottleDetector": OldThrottle,
+            "NetworkDetector": OldNetwork,
+            "EccDetector": OldEcc,
+        }
         if old_paths
         else registry
     )
@@ -224,3 +264,35 @@ def test_one_frame_at_a_time_as_a_tick_at_once() -> None:
         assert sorted(_key(f) for f in single.evaluate(now)) == expected
         found = found or bool(expected)
     assert found
+
+
+def test_row_tests_of_a_tick_as_frame_by_frame() -> None:
+    """The engine's row tests of a tick's frames at once (all-NaN rows, ECC counters above zero)
+    are each frame's own, decoded frames and in-process ones, SDK frames among them."""
+    scenario = parse_scenario(SCENARIO)
+    dead = errors = 0
+    for k, tick in enumerate(Simulator(scenario, t0=1.7e9).ticks()):
+        nodes = list(tick.node_batches.values())
+        # a GPU that answered nothing (an all-NaN row), on a different node each tick
+        first = nodes[k % len(nodes)].frames[0]
+        empty = first.values.copy()
+        empty[k % len(empty)] = np.nan
+        blank = Frame(first.ts, first.metrics, first.entities, empty, first.layout)
+        decoded = [decode_frame(encode_frame(b)) for b in nodes]
+        for tick_frames in (
+            [f for b in decoded for f in b.frames] + [blank],
+            [f for b in nodes + tick.sdk_batches for f in b.frames] + [blank],
+        ):
+            views = [frames_module.index(f) for f in tick_frames]
+            frames_module.judge_gpu_rows([v for v in views if v.gpu_keys], [ECC_METRICS])
+            for v in views:
+                fresh = frames_module.index(v.frame)  # nothing filled in: each frame's own numpy calls
+                assert v.gpu_alive() == fresh.gpu_alive() == _old_alive(v)
+                columns = [c for m in ECC_METRICS if (c := v.gpu_column(m)) is not None]
+                if columns:
+                    old = np.asarray((np.column_stack(columns) > 0).any(axis=1)).tolist()
+                    assert v.gpu_positive(ECC_METRICS) == fresh.gpu_positive(ECC_METRICS) == old
+                    errors += sum(old)
+                dead += v.gpu_alive().count(False)
+    # the tests had something to find: the lost GPU's empty rows and the DBE's counters
+    assert dead and errors

@@ -123,7 +123,7 @@ def test_frame_view_roles() -> None:
     v = view(Frame(5.0, ["x", "y"], entities, values))
     assert v.gpu_keys == [("a", "1"), ("b", "0")] and v.gpu_jobs == ["j", None]
     assert v.node_rows == {"a": 1} and v.nodes == ["a", "b"]
-    assert v.gpu_alive().tolist() == [True, False]
+    assert v.gpu_alive() == [True, False]
     column = v.gpu_column("x")
     assert column is not None and column[0] == 1.0 and math.isnan(column[1])
     assert v.gpu_column("missing") is None

@@ -1,10 +1,13 @@
 """A/B: the productivity model's cheaper GPU-frame path counts every GPU-second as the old one did.
 
-The old path is kept here (``_gpu_frame`` before the change, verbatim): it asked the holders of
-every GPU row twice and noted its node's last report once per row. Both models see the same
+The old path is kept here (``observe`` and ``_gpu_frame`` before the changes, verbatim): it asked
+the holders of every GPU row twice, noted its node's last report once per row, and found each
+metric's column by a scan of the frame's metric list (now kept per frame layout). Both models see the same
 simulated cluster (training, a service, a lost GPU, a node going down, a thermal fault) and, in a
 second run, allocation rows (pods holding GPUs, with teams) as the kubelet collector reports them;
-at every tick the GPU states and the GPU time by fleet, node, job, team and service must be equal.
+the agents' batches in process and through the binary wire format (frames with layout numbers, as
+a hub decodes them); at every tick the GPU states and the GPU time by fleet, node, job, team and
+service must be equal.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import math
 import numpy as np
 import pytest
 
+from gpuscope.ingest.frame import decode_frame, encode_frame
 from gpuscope.model import Batch, Frame
 from gpuscope.productivity import ProductivityModel
 from gpuscope.productivity.model import _THROTTLE_FLAGS, GpuView
@@ -38,7 +42,29 @@ faults:
 
 
 class OldModel(ProductivityModel):
-    """The productivity model before the change: holders asked per row, the node noted per row."""
+    """The productivity model before the changes: holders asked per row, the node noted per row,
+    each column found by a scan of the metric list."""
+
+    def observe(self, batch: Batch) -> None:
+        with self._lock:
+            for event in batch.events:
+                job = event.labels.get("job")
+                if job is not None:
+                    self._job(job).on_event(event)
+                elif event.kind == "agent_stopping":  # the node left on purpose: not down, gone
+                    node = event.labels.get("node")
+                    self.gpus = {k: v for k, v in self.gpus.items() if v.node != node}
+            for record in batch.training:
+                self._job(record.job).on_record(record)
+            for frame in batch.frames:
+                if frame.column("gpu_utilization_percent") is not None:
+                    self._gpu_frame(frame)
+                elif (held := frame.column("slurm_node_unavailable")) is not None:
+                    self._scheduler_frame(frame, held)
+                elif (owned := frame.column("gpu_owner_allocated")) is not None:
+                    self.holders.observe(frame, owned)
+                elif frame.entities and "service" in frame.entities[0]:
+                    self.services.update(e["service"] for e in frame.entities if "service" in e)
 
     def _gpu_frame(self, frame: Frame) -> None:
         ts = frame.ts
@@ -103,14 +129,24 @@ def _same(old: ProductivityModel, new: ProductivityModel, now: float) -> None:
     for by in ("fleet", "node", "job", "team", "service"):
         assert new.summary(by, 0.0, now) == old.summary(by, 0.0, now), by
     assert new.ledger.unsaved() == old.ledger.unsaved()
+    # what a GPU's frame said of it besides its state: its throttle flags and its full clock
+    assert {k: (v.throttled, v.clock_max) for k, v in new.gpus.items()} == {
+        k: (v.throttled, v.clock_max) for k, v in old.gpus.items()
+    }
 
 
-@pytest.mark.parametrize("allocations", [False, True], ids=["agents-only", "with-allocations"])
-def test_same_gpu_time_as_the_old_gpu_frame_path(allocations: bool) -> None:
+@pytest.mark.parametrize(
+    ("allocations", "wire"),
+    [(False, False), (True, False), (False, True)],
+    ids=["agents-only", "with-allocations", "decoded-frames"],
+)
+def test_same_gpu_time_as_the_old_gpu_frame_path(allocations: bool, wire: bool) -> None:
     old, new = OldModel(2.5), ProductivityModel(2.5)
     states: set[str] = set()
+    throttled = False
     for tick in Simulator(parse_scenario(SCENARIO), t0=1.7e9).ticks():
-        batches = [*tick.node_batches.values(), *tick.sdk_batches]
+        nodes = list(tick.node_batches.values())
+        batches = [*([decode_frame(encode_frame(b)) for b in nodes] if wire else nodes), *tick.sdk_batches]
         ts = max(f.ts for b in tick.node_batches.values() for f in b.frames)
         if allocations and int(ts) % 30 == 0:
             batches.append(_holdings(ts))
@@ -120,8 +156,10 @@ def test_same_gpu_time_as_the_old_gpu_frame_path(allocations: bool) -> None:
             model.advance(ts + 0.5, [])
         _same(old, new, ts + 1)
         states.update(s["cause"] for s in new.gpu_states())
+        throttled = throttled or any(v.throttled for v in new.gpus.values())
     # the run went through the states a user reads on the page, not only healthy training
     assert {"training", "lost_gpu", "node_unreachable"} <= states
+    assert throttled  # the thermal fault's flags reached the model
     if allocations:
         # the held GPUs' time went to the pods' teams: the holders' path ran
         assert {"vision", "nlp"} <= {g["group"] for g in new.summary("team", 0.0, 2e9)["groups"]}

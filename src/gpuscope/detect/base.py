@@ -61,6 +61,9 @@ class Detector:
     feed: ClassVar[Feed] = "batch"
     #: the GPU metrics a ``gpu_table`` detector reads
     metrics: ClassVar[tuple[str, ...]] = ()
+    #: metric tuples whose per-GPU-row test (:meth:`~gpuscope.detect.frames.FrameView.gpu_positive`)
+    #: :meth:`on_frame` reads: the engine computes them for a tick's frames at once
+    gpu_tests: ClassVar[tuple[tuple[str, ...], ...]] = ()
 
     def on_frame(self, frame: Frame) -> None:
         """A telemetry frame arrived (one timestamp, many entities)."""

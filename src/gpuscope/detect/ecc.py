@@ -18,7 +18,7 @@ from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.frames import FrameView, GpuKey, view
 from gpuscope.detect.refusals import event_gpu, refuse
-from gpuscope.model import Event, Finding, Frame
+from gpuscope.model import Event, Finding, FloatArray, Frame
 from gpuscope.rules import GPU_ECC_UNCORRECTABLE as RULE
 
 VOLATILE = "gpu_ecc_dbe_volatile_total"
@@ -47,6 +47,7 @@ class _Gpu:
 @register
 class EccDetector(Detector):
     rules = (RULE,)
+    gpu_tests = (_METRICS,)
 
     def __init__(self, hold: float = 600.0) -> None:
         self.hold = hold
@@ -93,19 +94,23 @@ class EccDetector(Detector):
 
     def on_frame(self, frame: Frame) -> None:
         v = view(frame)
-        columns = [(m, c) for m in _METRICS if (c := v.gpu_column(m)) is not None]
-        if not columns:
+        if all(v.position(m) is None for m in _METRICS):
             return
-        block = np.column_stack([c for _, c in columns])
-        nonzero: list[bool] = np.asarray((block > 0).any(axis=1)).tolist()  # NaN > 0 is False: no error
-        rows: list[list[float]] | None = None  # Python floats, converted once when a GPU needs them
+        nonzero = v.gpu_positive(_METRICS)  # NaN > 0 is False: no error
+        gpus = self._gpus
+        if not gpus and not any(nonzero):  # the usual frame: no error, none to compare against
+            self._seen.update(v.gpu_keys)
+            return
+        columns: list[tuple[str, FloatArray]] | None = None
+        rows: list[list[float]] = []  # Python floats, converted once when a GPU needs them
         for i, key in enumerate(v.gpu_keys):
-            state = self._gpus.get(key)
+            state = gpus.get(key)
             if state is None and not nonzero[i]:
                 self._seen.add(key)
                 continue
-            if rows is None:
-                rows = block.tolist()
+            if columns is None:
+                columns = [(m, c) for m in _METRICS if (c := v.gpu_column(m)) is not None]
+                rows = np.column_stack([c for _, c in columns]).tolist()
             self._update(key, state or self._state(key), [m for m, _ in columns], rows[i], frame.ts)
 
     def _update(self, key: GpuKey, state: _Gpu, metrics: list[str], row: list[float], ts: float) -> None:

@@ -66,6 +66,8 @@ class DetectionEngine:
         self._on_frame = [d for d in raw if _overrides(d, "on_frame") and d not in self._on_frames]
         #: per frame layout: the detectors of ``_on_frame`` that read its frames
         self._readers: dict[int, list[Detector]] = {}
+        #: the per-GPU-row tests the frame readers ask for, computed for a tick's frames at once
+        self._gpu_tests = list(dict.fromkeys(t for d in self._on_frame for t in d.gpu_tests))
         self._on_event = [d for d in detectors if _overrides(d, "on_event")]
         self._on_training = [d for d in raw if _overrides(d, "on_training")]
         self._wire = [d for d in detectors if _overrides(d, "hear_wire")]
@@ -77,11 +79,18 @@ class DetectionEngine:
     def observe_many(self, batches: list[Batch]) -> None:
         """Let every detector see a tick's batches, in order: the GPU table takes all their GPU
         rows at once (one scatter per run of frames sharing a metric layout), and so do the
-        detectors that take a tick's frames at once."""
+        detectors that take a tick's frames at once. The frames are indexed first, and the row
+        tests that depend on a row alone (all-NaN, the ECC counters above zero) computed for all
+        of them in one pass; then each batch's frames, events and records are dispatched in order."""
+        indexed = [(batch, self._index(batch)) for batch in batches]
+        if self._on_frame:
+            gpu_views = [v for _, vs in indexed for v in vs if v.gpu_keys]
+            if gpu_views:
+                frames.judge_gpu_rows(gpu_views, self._gpu_tests)
         views: list[frames.FrameView] = []
         seen: list[frames.FrameView] = []
-        for batch in batches:
-            self._observe(batch, views, seen)
+        for batch, batch_views in indexed:
+            self._observe(batch, batch_views, views, seen)
         if views:
             self.feeds.table.ingest_many(views)
         for detector in self._on_frames:
@@ -90,7 +99,9 @@ class DetectionEngine:
             except Exception:
                 self._failed(detector, "on_frames")
 
-    def _observe(self, batch: Batch, views: list[frames.FrameView], seen: list[frames.FrameView]) -> None:
+    def _index(self, batch: Batch) -> list[frames.FrameView]:
+        """The views of a batch's frames, malformed frames refused (counted and logged)."""
+        out: list[frames.FrameView] = []
         for frame in batch.frames:
             if not math.isfinite(frame.ts) or frame.values.shape != (len(frame.entities), len(frame.metrics)):
                 shape = (len(frame.entities), len(frame.metrics))
@@ -107,6 +118,19 @@ class DetectionEngine:
             view = frames.index(frame)
             if view.unplaced_gpu_rows:
                 self.counters.inc("detect_gpu_rows_without_node", view.unplaced_gpu_rows)
+            out.append(view)
+        return out
+
+    def _observe(
+        self,
+        batch: Batch,
+        batch_views: list[frames.FrameView],
+        views: list[frames.FrameView],
+        seen: list[frames.FrameView],
+    ) -> None:
+        for view in batch_views:
+            frame = view.frame
+            frames.select(view)  # what ``frames.view`` returns for it in the detectors
             if self._table and view.gpu_keys:
                 views.append(view)
             if self._on_frames:

@@ -35,7 +35,9 @@ class FrameView:
     unplaced_gpu_rows: int
     _columns: dict[str, int] = field(default_factory=dict)
     _gpu_index: slice | npt.NDArray[np.intp] = field(default_factory=lambda: slice(0, 0))
-    _gpu_alive: BoolArray | None = None
+    _gpu_alive: list[bool] | None = None
+    #: per metric tuple asked for: per GPU row, is any of them above zero
+    _gpu_positive: dict[tuple[str, ...], list[bool]] | None = None
 
     def column(self, metric: str) -> FloatArray | None:
         """One metric over every row of the frame, or None when the frame lacks it."""
@@ -55,16 +57,43 @@ class FrameView:
         """The given columns (frame positions) over the GPU rows only, as one matrix."""
         return self.frame.values[self._gpu_index][:, columns]
 
-    def gpu_alive(self) -> BoolArray:
-        """Per GPU row: did it report any value at all? An all-NaN row is a GPU that did not answer."""
+    def gpu_alive(self) -> list[bool]:
+        """Per GPU row: did it report any value at all? An all-NaN row is a GPU that did not answer.
+        (The engine fills it for a tick's frames at once: :func:`judge_gpu_rows`.)"""
         alive = self._gpu_alive
         if alive is None:
-            rows = self.frame.values[self._gpu_index]
-            alive = np.zeros(len(rows), bool)
-            if rows.shape[1]:
-                np.logical_not(np.isnan(rows).all(axis=1), out=alive)
-            self._gpu_alive = alive
+            alive = self._gpu_alive = _alive(self.frame.values[self._gpu_index]).tolist()
         return alive
+
+    def gpu_positive(self, metrics: tuple[str, ...]) -> list[bool]:
+        """Per GPU row: is any of ``metrics`` above zero (NaN is not)? All False for a frame that
+        has none of them. (The engine fills it for a tick's frames at once for the tuples its
+        detectors name in :attr:`~gpuscope.detect.base.Detector.gpu_tests`.)"""
+        known = self._gpu_positive
+        flags = None if known is None else known.get(metrics)
+        if flags is None:
+            columns = [j for m in metrics if (j := self._columns.get(m)) is not None]
+            flags = _positive(self.frame.values[self._gpu_index], columns).tolist()
+            if known is None:
+                known = self._gpu_positive = {}
+            known[metrics] = flags
+        return flags
+
+
+def _alive(rows: FloatArray) -> BoolArray:
+    """Per row: not all NaN (False for every row when there are no columns)."""
+    alive = np.zeros(len(rows), bool)
+    if rows.shape[1]:
+        np.logical_not(np.isnan(rows).all(axis=1), out=alive)
+    return alive
+
+
+def _positive(rows: FloatArray, columns: list[int]) -> BoolArray:
+    """Per row: is any of ``columns`` above zero (NaN > 0 is False)?"""
+    if not columns:
+        return np.zeros(len(rows), bool)
+    out: BoolArray = np.logical_or.reduce(rows[:, columns] > 0, axis=1)
+    return out
 
 
 @dataclass(slots=True)
@@ -100,6 +129,26 @@ def stack_gpu_rows(views: list[FrameView]) -> list[GpuRows]:
         values = parts[0] if len(parts) == 1 else np.concatenate(parts)
         out.append(GpuRows(members, starts, ends, values, views[members[0]]._columns))
     return out
+
+
+def judge_gpu_rows(views: list[FrameView], positive: list[tuple[str, ...]]) -> None:
+    """Fill the row tests of ``views`` (:meth:`FrameView.gpu_alive`, and
+    :meth:`FrameView.gpu_positive` of each tuple in ``positive``) for a tick's frames at once: one
+    numpy pass per stack of frames sharing a metric layout, not a few numpy calls per frame. What
+    each row's test says depends on that row alone, so the result is the same as frame by frame."""
+    for block in stack_gpu_rows(views):
+        alive: list[bool] = _alive(block.values).tolist()
+        flags: list[tuple[tuple[str, ...], list[bool]]] = []
+        for metrics in positive:
+            columns = [j for m in metrics if (j := block._columns.get(m)) is not None]
+            flags.append((metrics, _positive(block.values, columns).tolist()))
+        starts: list[int] = block.starts.tolist()
+        ends: list[int] = block.ends.tolist()
+        for k, start, end in zip(block.members, starts, ends, strict=True):
+            v = views[k]
+            v._gpu_alive = alive[start:end]
+            if flags:
+                v._gpu_positive = {metrics: rows[start:end] for metrics, rows in flags}
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +241,13 @@ def index(frame: Frame) -> FrameView:
     built = _build(frame)
     _last = (frame, built)
     return built
+
+
+def select(built: FrameView) -> None:
+    """Make ``built`` the index :func:`view` returns for its frame (the engine indexes a tick's
+    frames first, then dispatches them one by one)."""
+    global _last
+    _last = (built.frame, built)
 
 
 def view(frame: Frame) -> FrameView:

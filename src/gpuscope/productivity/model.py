@@ -50,6 +50,8 @@ _THROTTLE_FLAGS = (
 )
 #: slots kept for reuse (about one per GPU and state at a time)
 _MAX_SLOTS = 1 << 18
+#: frame layouts whose column positions are kept (a sender repeats its layout every tick)
+_MAX_LAYOUTS = 16_384
 
 
 @dataclass(slots=True)
@@ -109,6 +111,9 @@ class ProductivityModel:
         self.holders = Holders()
         #: the slots counted into, reused: a GPU stays in one slot for many frames
         self._slots: dict[tuple[str, str, str, str, str, str], Slot] = {}
+        #: metric positions by frame layout, and those of the last frame without one
+        self._layouts: dict[int, dict[str, int]] = {}
+        self._unnumbered: tuple[Frame, dict[str, int]] | None = None
         self._lock = threading.Lock()
 
     # -- input ------------------------------------------------------------------------------------
@@ -125,12 +130,13 @@ class ProductivityModel:
             for record in batch.training:
                 self._job(record.job).on_record(record)
             for frame in batch.frames:
-                if frame.column("gpu_utilization_percent") is not None:
+                columns = self._columns(frame)
+                if "gpu_utilization_percent" in columns:
                     self._gpu_frame(frame)
-                elif (held := frame.column("slurm_node_unavailable")) is not None:
-                    self._scheduler_frame(frame, held)
-                elif (owned := frame.column("gpu_owner_allocated")) is not None:
-                    self.holders.observe(frame, owned)
+                elif (j := columns.get("slurm_node_unavailable")) is not None:
+                    self._scheduler_frame(frame, frame.values[:, j])
+                elif (j := columns.get("gpu_owner_allocated")) is not None:
+                    self.holders.observe(frame, frame.values[:, j])
                 elif frame.entities and "service" in frame.entities[0]:
                     self.services.update(e["service"] for e in frame.entities if "service" in e)
 
@@ -211,6 +217,23 @@ class ProductivityModel:
         with self._lock:
             return self.drains.pop(node, None)
 
+    def _columns(self, frame: Frame) -> dict[str, int]:
+        """Where each metric is among the frame's columns (the first of a name given twice, as
+        :meth:`Frame.column` finds it): a scan of the metric list per look-up cost more than the
+        rest of a frame's numpy work, several times a frame. Kept per layout number (a decoded
+        frame's metrics are the same every tick for its layout), and for the last frame without."""
+        if frame.layout is not None:
+            known = self._layouts.get(frame.layout)
+            if known is None:
+                if len(self._layouts) >= _MAX_LAYOUTS:  # senders with ever-new layouts: start afresh
+                    self._layouts.clear()
+                known = self._layouts[frame.layout] = _positions(frame.metrics)
+            return known
+        last = self._unnumbered
+        if last is None or last[0] is not frame:
+            last = self._unnumbered = (frame, _positions(frame.metrics))
+        return last[1]
+
     def _job(self, name: str) -> JobView:
         view = self.jobs.get(name)
         if view is None:
@@ -235,17 +258,16 @@ class ProductivityModel:
 
     def _gpu_frame(self, frame: Frame) -> None:
         ts = frame.ts
-        column = frame.column("gpu_utilization_percent")
-        assert column is not None
+        columns = self._columns(frame)
+        values = frame.values
         # the columns as Python floats once per frame: indexing numpy scalars row by row costs more
-        util: list[float] = column.tolist()
-        throttled = np.zeros(len(util), bool)
-        for flag in _THROTTLE_FLAGS:
-            if (c := frame.column(flag)) is not None:
-                throttled |= c > 0
-        is_throttled: list[bool] = throttled.tolist()
-        clock_column = frame.column("gpu_sm_clock_mhz")
-        clocks: list[float] | None = None if clock_column is None else clock_column.tolist()
+        util: list[float] = values[:, columns["gpu_utilization_percent"]].tolist()
+        flags = [j for flag in _THROTTLE_FLAGS if (j := columns.get(flag)) is not None]
+        is_throttled: list[bool] = (
+            np.logical_or.reduce(values[:, flags] > 0, axis=1).tolist() if flags else [False] * len(util)
+        )
+        clock_at = columns.get("gpu_sm_clock_mhz")
+        clocks: list[float] | None = None if clock_at is None else values[:, clock_at].tolist()
         holders = self.holders
         # no allocation reported (agents without the kubelet collector): no GPU is held, no pod has a team
         unheld = not holders.gpus and not holders.pod_team
@@ -417,3 +439,11 @@ class ProductivityModel:
             if causes & {"throttled", "slow_steps"}:
                 return "degraded"
             return "running" if causes else "finished"
+
+
+def _positions(metrics: list[str]) -> dict[str, int]:
+    """Each metric's position, the first where a name is given twice."""
+    out: dict[str, int] = {}
+    for j, metric in enumerate(metrics):
+        out.setdefault(metric, j)
+    return out
