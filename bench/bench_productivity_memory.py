@@ -20,6 +20,7 @@ import os
 import sys
 import time
 import types
+from collections import Counter
 
 from common import console, print_table
 from gpuscope import procmem
@@ -87,15 +88,28 @@ def main() -> None:
                     *(f"{v / MIB:.2f}" for v in sizes.values()),
                     f"{sum(sizes.values()) / MIB:.2f}",
                     f"{cells:,}",
+                    f"{len(model._slots):,}",
                     f"{procmem.entries(model):,}",
                 ]
             )
             console.print(" ".join(rows[-1]))
     cpu = time.process_time() - c0
+    causes = Counter(slot.cause for slot in model._slots.values())
+    console.print(
+        f"slot cache: {len(model._slots):,} slots for {len(model.gpus):,} GPUs; by cause: "
+        + ", ".join(f"{cause} {n:,}" for cause, n in causes.most_common())
+    )
     print_table(
         f"productivity model bytes (MiB) by part, {args.nodes} nodes, {args.hours:g} virtual hours, "
         f"load {load0:.1f} -> {os.getloadavg()[0]:.1f}, {cpu:.0f} CPU-s",
-        ["minute", *parts(ProductivityModel()), "total", "minute cells", "entries (/metrics)"],
+        [
+            "minute",
+            *parts(ProductivityModel()),
+            "total",
+            "minute cells",
+            "slots cached",
+            "entries (/metrics)",
+        ],
         rows,
     )
 
