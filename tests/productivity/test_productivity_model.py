@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from gpuscope import procmem
 from gpuscope.model import Alert, Batch, Event, Frame, TrainingRecord
 from gpuscope.productivity import ProductivityModel
 from gpuscope.productivity.ledger import HOUR, MINUTES_KEPT_S
@@ -306,3 +307,13 @@ def test_a_job_a_gpu_still_names_is_not_forgotten() -> None:
         model.observe(Batch("node-0", frames=[frame(float(t))]))
         model.advance(float(t), [])
     assert "train" in model.jobs
+
+
+def test_jobs_that_come_and_go_do_not_grow_the_models_entries() -> None:
+    # a job a minute on each GPU for a week of minutes: each one its own slot (GPU, job, cause)
+    model = ProductivityModel()
+    for t in range(1, 10_081):
+        model.observe(Batch("node-0", frames=[frame(60.0 * t, job=f"job-{t}")]))
+        model.advance(60.0 * t, [])
+    # what /metrics shows as gpuscope_hub_structure_entries{structure="productivity"}
+    assert procmem.entries(model) < 4096 + 64

@@ -48,8 +48,11 @@ _THROTTLE_FLAGS = (
     "gpu_throttle_hw_thermal",
     "gpu_throttle_hw_power_brake",
 )
-#: slots kept for reuse (about one per GPU and state at a time)
-_MAX_SLOTS = 1 << 18
+#: slots kept for reuse, per GPU known (and at least _MIN_SLOTS): a GPU counts into one slot for
+#: many frames, and moves among a few (its job's states); the combinations it ever had, over
+#: jobs that come and go, are not needed
+_SLOTS_PER_GPU = 4
+_MIN_SLOTS = 4096
 #: frame layouts whose column positions are kept (a sender repeats its layout every tick)
 _MAX_LAYOUTS = 16_384
 
@@ -360,7 +363,7 @@ class ProductivityModel:
         key = (view.node, view.gpu, job, team, service, cause)
         slot = self._slots.get(key)
         if slot is None:
-            if len(self._slots) >= _MAX_SLOTS:  # jobs come and go: start the cache afresh
+            if len(self._slots) >= max(_MIN_SLOTS, _SLOTS_PER_GPU * len(self.gpus)):  # start afresh
                 self._slots.clear()
             slot = self._slots[key] = Slot(*key)
         return slot
