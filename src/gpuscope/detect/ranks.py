@@ -610,7 +610,8 @@ class RankDetector(StepDetector):
             # with time, not by one window's median: then the floor that real wander asks is enough
             state.evident = behind and self.step_excess <= rise < long_bar and evident
             slow = behind and (rise >= long_bar or state.evident)
-            if not (judged and self._held(state, ahead, long_bar, additive)):
+            half_way = self._held(state, ahead, long_bar, additive)
+            if not (judged and half_way):
                 state.near_since = math.nan
             elif not math.isfinite(state.near_since):
                 state.near_since = ts
@@ -632,7 +633,7 @@ class RankDetector(StepDetector):
                 state.short_since = ts
             state.short_hits = state.short_hits + 1 if far else 0
             was = state.flagged
-            held = state.flagged and self._held(state, ahead, long_bar, additive)
+            held = state.flagged and half_way
             state.loose = state.loose + 1 if state.flagged and not held else 0
             state.flagged = (
                 self._sustained(state, ts)
