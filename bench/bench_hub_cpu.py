@@ -19,6 +19,12 @@ Anchors, same run:
   durably; the detectors and observers see each tick at once before it is evaluated): the
   difference is what the HTTP layer costs.
 
+``--shape`` is when each agent's batch leaves after its tick: ``agents`` (default) as ``gpuscope
+agent`` sends, at a stable per-node offset within the first half second (its default send
+spread), so a tick's batches come twice as dense as an even spread; ``even`` over the whole
+second (the shape of the rounds before the agents' send offset, and friendlier); ``aligned`` all
+at the tick. The anchor gets the same shape.
+
 Batches go as binary frames (``application/vnd.gpuscope.frame``), as agents send them; ``--json``
 sends the JSON batches of earlier rounds instead.
 
@@ -34,7 +40,7 @@ count by function; it costs the hub nothing it counts (py-spy reads the process 
 without pausing it).
 
 usage: python bench/bench_hub_cpu.py [--nodes 64] [--ticks 30] [--agents 32] [--json]
-       [--ingest-workers N] [--py-spy FILE]
+       [--ingest-workers N] [--py-spy FILE] [--shape agents|even|aligned]
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ import httpx
 import psutil
 
 from common import console, gpuscope_hub, hub_flush_interval_s, print_table, victoria_metrics_binary
+from gpuscope.agent.agent import send_offset
 from gpuscope.hub import Hub
 from gpuscope.ingest.frame import CONTENT_TYPE, JSON_CONTENT_TYPE, decode_body, encode_frame
 from gpuscope.ingest.payload import Limits, check_time_window, encode_batch
@@ -77,6 +84,10 @@ Ticks = list[tuple[float, list[Outgoing]]]
 
 #: the body's media type: set once from ``--json`` before any run
 content_type = CONTENT_TYPE
+#: the agent's default send spread at its default 1-s interval (half the interval)
+AGENT_SPREAD_S = 0.5
+#: each tick's batch ``i`` leaves ``OFFSETS[i]`` seconds after the tick: set once from ``--shape``
+OFFSETS: list[float] = []
 
 
 def node_ticks(nodes: int, ticks: int) -> Ticks:
@@ -105,13 +116,25 @@ def paced(ticks: list[tuple[float, T]]) -> Iterator[tuple[int, T]]:
 
 
 def spread(pool: ThreadPoolExecutor, send: Callable[[Item], int], items: list[Item]) -> list[Future[int]]:
-    """Submit the items of one tick evenly over the next second (agents are not synchronised)."""
+    """Submit the items of one tick at their offsets after it (:data:`OFFSETS`: the ``--shape``)."""
     start = time.time()
     futures = []
-    for i, item in enumerate(items):
-        time.sleep(max(0.0, start + i / len(items) - time.time()))
-        futures.append(pool.submit(send, item))
+    for offset, i in sorted((OFFSETS[i], i) for i in range(len(items))):
+        time.sleep(max(0.0, start + offset - time.time()))
+        futures.append(pool.submit(send, items[i]))
     return futures
+
+
+def shape_offsets(shape: str, senders: list[str]) -> list[float]:
+    """Each sender's send time after its tick, in seconds: ``agents`` as ``gpuscope agent`` sends
+    (at the tick plus a stable hash of its node name in ``[0, interval / 2)``, the default spread),
+    ``even`` spread evenly over the second (the friendlier shape of earlier rounds), ``aligned``
+    all on the tick (agents before they had a send offset)."""
+    if shape == "even":
+        return [i / len(senders) for i in range(len(senders))]
+    if shape == "aligned":
+        return [0.0] * len(senders)
+    return [send_offset(node, AGENT_SPREAD_S) for node in senders]
 
 
 def measured_ticks(n_ticks: int) -> int:
@@ -339,13 +362,20 @@ def main() -> None:
         "--ingest-workers", type=int, default=0, help="the hub's hub.ingest_workers (0: in its process)"
     )
     ap.add_argument("--py-spy", type=Path, help="write py-spy's collapsed stacks of the hub process here")
+    ap.add_argument(
+        "--shape",
+        choices=("agents", "even", "aligned"),
+        default="agents",
+        help="when each batch leaves after its tick: as agents send (default), evenly, or all at the tick",
+    )
     a = ap.parse_args()
-    global content_type, INGEST_WORKERS, PY_SPY
+    global content_type, INGEST_WORKERS, PY_SPY, OFFSETS
     content_type = JSON_CONTENT_TYPE if a.json else CONTENT_TYPE
     INGEST_WORKERS = a.ingest_workers
     PY_SPY = a.py_spy
+    OFFSETS = shape_offsets(a.shape, [o.sender for o in node_ticks(a.nodes, 1)[0][1]])
     console.print(
-        f"{a.ticks} ticks of {a.nodes} agents' batches, one tick a second, per system; "
+        f"{a.ticks} ticks of {a.nodes} agents' batches, one tick a second ({a.shape} shape), per system; "
         f"{measured_ticks(a.ticks)} measured after {WARM_TICKS} warm-up ticks"
     )
     rows = []
@@ -379,7 +409,7 @@ def main() -> None:
         rows[0][4] += f"; ratio to VictoriaMetrics {hub_rate / vm_rate:.2f} (≥ 1.0, issue 13)"
     load = os.getloadavg()
     print_table(
-        f"hub CPU per node batch ({a.nodes} agents, {samples // batches} samples per batch, "
+        f"hub CPU per node batch ({a.nodes} agents, {a.shape} shape, {samples // batches} samples per batch, "
         f"{content_type}; load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f})",
         ["path", "batches", "CPU ms/batch", "samples per CPU-s", "target"],
         rows,
