@@ -22,7 +22,7 @@ from gpuscope.detect.base import DETECTORS, Detector, Feeds, Tick
 from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.refusals import refuse
 from gpuscope.ingest.overload import Wire
-from gpuscope.model import Batch, Finding
+from gpuscope.model import MAX_LAYOUTS, Batch, Finding
 
 log = logging.getLogger(__name__)
 
@@ -171,7 +171,7 @@ class DetectionEngine:
             return [d for d in self._on_frame if d.reads(view)]
         readers = self._readers.get(layout)
         if readers is None:
-            if len(self._readers) >= frames.MAX_LAYOUTS:  # senders with ever-new layouts: start afresh
+            if len(self._readers) >= MAX_LAYOUTS:  # senders with ever-new layouts: start afresh
                 self._readers.clear()
             readers = self._readers[layout] = [d for d in self._on_frame if d.reads(view)]
         return readers

@@ -3,7 +3,8 @@
 The engine hands the same frame to each detector in turn; building the index once and reusing
 it (a one-entry identity cache) keeps the per-frame cost flat as detectors are added. The row
 roles depend on the frame's entities and metrics alone, so a decoded frame (whose
-:attr:`~gpuscope.model.Frame.layout` a sender repeats every tick) reuses those of its layout.
+:attr:`~gpuscope.model.Frame.layout` a sender repeats every tick) reuses those of its layout; its
+column positions are the frame's own (:func:`gpuscope.model.positions`), shared with every stage.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from gpuscope.model import FloatArray, Frame
+from gpuscope.model import MAX_LAYOUTS, FloatArray, Frame, positions
 
 GpuKey = tuple[str, str]
 BoolArray = npt.NDArray[np.bool_]
@@ -178,9 +179,9 @@ class _Roles:
         )
 
 
-#: roles by :attr:`Frame.layout` (a sender repeats its layout every tick), bounded
+#: roles by :attr:`Frame.layout` (a sender repeats its layout every tick), bounded as the
+#: positions are
 _roles: dict[int, _Roles] = {}
-MAX_LAYOUTS = 16_384
 
 
 def _build(frame: Frame) -> FrameView:
@@ -224,7 +225,7 @@ def _roles_of(frame: Frame) -> _Roles:
         node_rows,
         list(nodes),
         unplaced,
-        {m: j for j, m in enumerate(frame.metrics)},
+        positions(frame),
         slice(gpu_rows[0], gpu_rows[0] + n) if contiguous else np.asarray(gpu_rows, np.intp),
     )
 
