@@ -284,7 +284,7 @@ def test_row_tests_of_a_tick_as_frame_by_frame() -> None:
             [f for b in nodes + tick.sdk_batches for f in b.frames] + [blank],
         ):
             views = [frames_module.index(f) for f in tick_frames]
-            frames_module.judge_gpu_rows([v for v in views if v.gpu_keys], [ECC_METRICS])
+            frames_module.judge_gpu_rows(frames_module.TickRows.of(views), [ECC_METRICS])
             for v in views:
                 fresh = frames_module.index(v.frame)  # nothing filled in: each frame's own numpy calls
                 assert v.gpu_alive() == fresh.gpu_alive() == _old_alive(v)

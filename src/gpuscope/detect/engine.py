@@ -81,18 +81,20 @@ class DetectionEngine:
         rows at once (one scatter per run of frames sharing a metric layout), and so do the
         detectors that take a tick's frames at once. The frames are indexed first, and the row
         tests that depend on a row alone (all-NaN, the ECC counters above zero) computed for all
-        of them in one pass; then each batch's frames, events and records are dispatched in order."""
+        of them in one pass; then each batch's frames, events and records are dispatched in order.
+        The tick's GPU rows are stacked once (:class:`~gpuscope.detect.frames.TickRows`), for the
+        row tests and the table's scatter both."""
         indexed = [(batch, self._index(batch)) for batch in batches]
-        if self._on_frame:
-            gpu_views = [v for _, vs in indexed for v in vs if v.gpu_keys]
-            if gpu_views:
-                frames.judge_gpu_rows(gpu_views, self._gpu_tests)
-        views: list[frames.FrameView] = []
+        tick = None
+        if self._on_frame or self._table:
+            tick = frames.TickRows.of([v for _, vs in indexed for v in vs])
+            if self._on_frame and tick.blocks:
+                frames.judge_gpu_rows(tick, self._gpu_tests)
         seen: list[frames.FrameView] = []
         for batch, batch_views in indexed:
-            self._observe(batch, batch_views, views, seen)
-        if views:
-            self.feeds.table.ingest_many(views)
+            self._observe(batch, batch_views, seen)
+        if self._table and tick is not None and tick.blocks:
+            self.feeds.table.ingest_many(tick)
         for detector in self._on_frames:
             try:
                 detector.on_frames(seen)
@@ -125,14 +127,11 @@ class DetectionEngine:
         self,
         batch: Batch,
         batch_views: list[frames.FrameView],
-        views: list[frames.FrameView],
         seen: list[frames.FrameView],
     ) -> None:
         for view in batch_views:
             frame = view.frame
             frames.select(view)  # what ``frames.view`` returns for it in the detectors
-            if self._table and view.gpu_keys:
-                views.append(view)
             if self._on_frames:
                 seen.append(view)
             if self._services:
