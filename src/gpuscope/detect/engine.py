@@ -83,21 +83,22 @@ class DetectionEngine:
         tests that depend on a row alone (all-NaN, the ECC counters above zero) computed for all
         of them in one pass; then each batch's frames, events and records are dispatched in order.
         The tick's GPU rows are stacked once (:class:`~gpuscope.detect.frames.TickRows`), for the
-        row tests and the table's scatter both."""
+        row tests, the table's scatter and the detectors that take a tick's frames at once."""
         indexed = [(batch, self._index(batch)) for batch in batches]
         tick = None
-        if self._on_frame or self._table:
+        if self._on_frame or self._table or self._on_frames:
             tick = frames.TickRows.of([v for _, vs in indexed for v in vs])
             if self._on_frame and tick.blocks:
                 frames.judge_gpu_rows(tick, self._gpu_tests)
-        seen: list[frames.FrameView] = []
         for batch, batch_views in indexed:
-            self._observe(batch, batch_views, seen)
-        if self._table and tick is not None and tick.blocks:
+            self._observe(batch, batch_views)
+        if tick is None:
+            return
+        if self._table and tick.blocks:
             self.feeds.table.ingest_many(tick)
         for detector in self._on_frames:
             try:
-                detector.on_frames(seen)
+                detector.on_frames(tick)
             except Exception:
                 self._failed(detector, "on_frames")
 
@@ -123,17 +124,10 @@ class DetectionEngine:
             out.append(view)
         return out
 
-    def _observe(
-        self,
-        batch: Batch,
-        batch_views: list[frames.FrameView],
-        seen: list[frames.FrameView],
-    ) -> None:
+    def _observe(self, batch: Batch, batch_views: list[frames.FrameView]) -> None:
         for view in batch_views:
             frame = view.frame
             frames.select(view)  # what ``frames.view`` returns for it in the detectors
-            if self._on_frames:
-                seen.append(view)
             if self._services:
                 self.feeds.services.on_frame(frame)
             for detector in self._frame_readers(view):

@@ -117,16 +117,12 @@ class GpuRows:
         return None if j is None else self.values[:, j]
 
 
-def stack_gpu_rows(views: list[FrameView]) -> list[GpuRows]:
-    """The GPU rows of ``views``, one stack per metric layout (frames without GPU rows left out)."""
-    return TickRows.of(views).blocks
-
-
 @dataclass(slots=True)
 class TickRows:
     """A tick's frame views, in the order they came, and their GPU rows stacked once per metric
-    layout (:class:`GpuRows`): the engine's row tests (:func:`judge_gpu_rows`) and the GPU table's
-    scatter read the same stacks."""
+    layout (:class:`GpuRows`, frames without GPU rows left out): the engine's row tests
+    (:func:`judge_gpu_rows`), the GPU table's scatter and the detectors that take a tick's frames
+    at once (:meth:`~gpuscope.detect.base.Detector.on_frames`) read the same stacks."""
 
     views: list[FrameView]
     blocks: list[GpuRows]
