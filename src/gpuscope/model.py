@@ -45,8 +45,13 @@ class Frame:
     #: set by the frame decoder: two frames with the same layout number have equal ``metrics``
     #: and ``entities`` (a sender repeats its layout every tick), so what derives from those alone
     #: may be cached by it; numbers are never reused. None: unknown, derive afresh. Whoever
-    #: changes a frame's metrics or entities sets it to None.
+    #: changes a frame's metrics or entities sets it to None (and gives it a new metrics list,
+    #: not the old one changed in place: see :func:`positions`).
     layout: int | None = None
+    #: the metric positions of a frame without a layout number, with the list they were read from
+    _positions: tuple[list[str], dict[str, int]] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     @property
     def sample_count(self) -> int:
@@ -54,11 +59,42 @@ class Frame:
 
     def column(self, metric: str) -> FloatArray | None:
         """The values of one metric across the frame's entities, or None when absent."""
-        try:
-            j = self.metrics.index(metric)
-        except ValueError:
-            return None
-        return self.values[:, j]
+        j = positions(self).get(metric)
+        return None if j is None else self.values[:, j]
+
+
+#: metric positions by :attr:`Frame.layout` (:func:`positions`): every stage that reads a frame's
+#: columns by name finds them here, once per layout; bounded (senders with ever-new layouts start
+#: it afresh)
+_by_layout: dict[int, dict[str, int]] = {}
+MAX_LAYOUTS = 16_384
+
+
+def positions(frame: Frame) -> dict[str, int]:
+    """Where each metric is among ``frame``'s columns (the first of a name given twice; ingest
+    refuses those). A scan of the metric list per look-up costs more than the rest of a frame's
+    numpy work, and the engine, its detectors and the productivity model look several up a frame,
+    so the positions are kept per layout number (a decoded frame's metrics are the same every tick
+    for its layout); a frame without one keeps its own, for as long as it has the same metrics
+    list. Shared: read it, never change it."""
+    if frame.layout is not None:
+        known = _by_layout.get(frame.layout)
+        if known is None:
+            if len(_by_layout) >= MAX_LAYOUTS:
+                _by_layout.clear()
+            known = _by_layout[frame.layout] = _scan(frame.metrics)
+        return known
+    own = frame._positions
+    if own is None or own[0] is not frame.metrics:
+        own = frame._positions = (frame.metrics, _scan(frame.metrics))
+    return own[1]
+
+
+def _scan(metrics: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for j, metric in enumerate(metrics):
+        out.setdefault(metric, j)
+    return out
 
 
 @dataclass(slots=True)

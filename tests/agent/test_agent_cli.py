@@ -76,6 +76,11 @@ def test_default_collectors_and_options_that_switch_one_on(dcgm_registered: None
         (["--collector", "nvml9", "--once"], "unknown collector 'nvml9'"),
         (["--node", "n1"], "--hub URL is required"),
         (["--hub", "http://h", "--interval", "0"], "--interval must be positive"),
+        (
+            ["--hub", "http://h", "--interval", "2", "--send-spread", "1.6"],
+            "gpuscope agent: --send-spread must be from 0 to below 0.8 x --interval (1.6 s), got 1.6",
+        ),
+        (["--hub", "http://h", "--send-spread=-0.1"], "--send-spread must be from 0 to below"),
         (["--kube-api", "--once"], "--kube-api adds pod metadata to --kubelet-socket's allocations"),
     ],
 )

@@ -93,7 +93,9 @@ def test_offsets_are_the_nodes_own_stable_and_spread_over_the_fleet(tmp_path: Pa
     off = _agent(tmp_path, hub, Gpu("node-3", threading.Event(), 0), send_spread=0.0)
     assert off.send_offset == 0.0
     off.close()
-    with pytest.raises(ValueError, match=r"send spread must be from 0 to below 0\.8 x the interval"):
+    with pytest.raises(
+        ValueError, match=r"^--send-spread must be from 0 to below 0\.8 x --interval \(0\.8 s\), got 0\.8$"
+    ):
         _agent(tmp_path, hub, Gpu("node-3", threading.Event(), 0), send_spread=0.8)
 
 

@@ -24,7 +24,7 @@ from gpuscope.detect.baseline import FlagWindow
 from gpuscope.detect.ecc import _METRICS as ECC_METRICS
 from gpuscope.detect.ecc import EccDetector
 from gpuscope.detect.engine import DetectionEngine, load_detectors
-from gpuscope.detect.frames import BoolArray, FrameView, view
+from gpuscope.detect.frames import BoolArray, FrameView, TickRows, view
 from gpuscope.detect.network import _COUNTERS, NetworkDetector, _Node
 from gpuscope.detect.throttle import THERMAL_REASONS, ThermalThrottleDetector, _Gpu
 from gpuscope.ingest.frame import decode_frame, encode_frame
@@ -55,9 +55,9 @@ faults:
 class OldThrottle(ThermalThrottleDetector):
     """The thermal-throttle detector before the change: each frame judged on its own."""
 
-    def on_frames(self, frames: list[FrameView]) -> None:
-        for frame in frames:
-            self.on_frame(frame.frame)
+    def on_frames(self, tick: TickRows) -> None:
+        for v in tick.views:
+            self.on_frame(v.frame)
 
     def on_frame(self, frame: Frame) -> None:
         v = view(frame)
@@ -257,7 +257,7 @@ def test_one_frame_at_a_time_as_a_tick_at_once() -> None:
         for frame in frames:
             one.on_frame(frame)
             single.on_frame(frame)
-        many.on_frames([view(f) for f in frames])
+        many.on_frames(TickRows.of([view(f) for f in frames]))
         now = max(f.ts for f in frames) + 0.5
         expected = sorted(_key(f) for f in one.evaluate(now))
         assert sorted(_key(f) for f in many.evaluate(now)) == expected
@@ -284,7 +284,7 @@ def test_row_tests_of_a_tick_as_frame_by_frame() -> None:
             [f for b in nodes + tick.sdk_batches for f in b.frames] + [blank],
         ):
             views = [frames_module.index(f) for f in tick_frames]
-            frames_module.judge_gpu_rows([v for v in views if v.gpu_keys], [ECC_METRICS])
+            frames_module.judge_gpu_rows(frames_module.TickRows.of(views), [ECC_METRICS])
             for v in views:
                 fresh = frames_module.index(v.frame)  # nothing filled in: each frame's own numpy calls
                 assert v.gpu_alive() == fresh.gpu_alive() == _old_alive(v)

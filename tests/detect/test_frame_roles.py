@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuscope import model as model_module
 from gpuscope.detect import frames
 from gpuscope.ingest.frame import decode_frame, encode_frame
-from gpuscope.model import Batch, Frame
+from gpuscope.model import Batch, Frame, positions
 
 METRICS = ["gpu_utilization_percent", "gpu_temp_celsius"]
 
@@ -37,3 +38,26 @@ def test_a_changed_entity_list_gets_its_own_roles() -> None:
     assert after.gpu_keys == [("n1", "1"), ("n1", "2")]
     undecoded = Frame(1.0, METRICS, [{"node": "n2", "gpu": "0"}], np.array([[7.0, 60.0]]))
     assert frames.index(undecoded).gpu_keys == [("n2", "0")]  # no layout: derived afresh
+
+
+def test_column_positions_have_one_home_per_layout_shared_by_every_reader() -> None:
+    entities = [{"node": "n1", "gpu": "0"}]
+    first, second = decoded(entities, [1.0]), decoded(entities, [2.0])
+    shared = positions(first)
+    assert positions(second) is shared == {"gpu_utilization_percent": 0, "gpu_temp_celsius": 1}
+    assert frames.index(second)._columns is shared  # the detectors' view reads the same map
+    column = second.column("gpu_temp_celsius")
+    assert column is not None and column.tolist() == [60.0] and second.column("gpu_power_watts") is None
+    # a frame without a layout number keeps its own, read again once its metrics list is another
+    plain = Frame(1.0, ["b", "a", "b"], entities, np.array([[1.0, 2.0, 3.0]]))
+    assert positions(plain) == {"b": 0, "a": 1}  # the first of a name given twice, as list.index
+    plain.metrics, plain.values = ["a", "c"], np.array([[4.0, 5.0]])
+    assert positions(plain) == {"a": 0, "c": 1}
+    column = plain.column("c")
+    assert column is not None and column.tolist() == [5.0]
+
+
+def test_the_layouts_whose_positions_are_kept_are_bounded() -> None:
+    for k in range(model_module.MAX_LAYOUTS + 10):
+        positions(Frame(1.0, METRICS, [], np.zeros((0, 2)), layout=10**9 + k))
+    assert 0 < len(model_module._by_layout) <= model_module.MAX_LAYOUTS

@@ -80,7 +80,7 @@ def test_a_tick_of_frames_at_once_leaves_the_table_as_frame_by_frame_would() -> 
     one_by_one, at_once = GpuTable(metrics), GpuTable(metrics)
     for frame in tick:
         one_by_one.ingest(frames.index(frame))
-    at_once.ingest_many([frames.index(frame) for frame in tick])
+    at_once.ingest_many(frames.TickRows.of([frames.index(frame) for frame in tick]))
     assert at_once.keys == one_by_one.keys
     for m in metrics:
         assert at_once.column(m).tolist() == one_by_one.column(m).tolist()
@@ -106,7 +106,7 @@ def test_a_row_older_than_its_gpus_newest_is_stale_counted_and_not_written() -> 
     for at_once in (False, True):
         table = GpuTable(metrics)
         if at_once:
-            table.ingest_many([frames.index(newer), frames.index(late)])
+            table.ingest_many(frames.TickRows.of([frames.index(newer), frames.index(late)]))
         else:
             table.ingest(frames.index(newer))
             table.ingest(frames.index(late))

@@ -132,7 +132,7 @@ class Agent:
         spread = interval / 2 if send_spread is None else send_spread
         if not (0 <= spread < SEND_WINDOW * interval):
             raise ValueError(
-                f"send spread must be from 0 to below {SEND_WINDOW:g} x the interval "
+                f"--send-spread must be from 0 to below {SEND_WINDOW:g} x --interval "
                 f"({SEND_WINDOW * interval:g} s), got {spread!r}"
             )
         if not node:

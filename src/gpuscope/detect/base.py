@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
-from gpuscope.detect.frames import FrameView, view
+from gpuscope.detect.frames import FrameView, TickRows, view
 from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.hwfaults import HardwareFaults
 from gpuscope.detect.services import ServiceAggregator, Snapshot
@@ -74,12 +74,14 @@ class Detector:
         once per frame layout and skips the detector on the frames of a layout it does not read."""
         return True
 
-    def on_frames(self, frames: list[FrameView]) -> None:
-        """A tick's frames at once, in the order they came, after the tick's events and training
-        records: a detector whose frames never meet its other input overrides this instead of
-        :meth:`on_frame` to judge all of a tick's rows in one vectorised pass."""
-        for frame in frames:
-            self.on_frame(frame.frame)
+    def on_frames(self, tick: TickRows) -> None:
+        """A tick's frames at once (``tick.views``, in the order they came; their GPU rows stacked
+        per metric layout in ``tick.blocks``, the stacks the engine's row tests read), after the
+        tick's events and training records: a detector whose frames never meet its other input
+        overrides this instead of :meth:`on_frame` to judge all of a tick's rows in one vectorised
+        pass."""
+        for v in tick.views:
+            self.on_frame(v.frame)
 
     def on_event(self, event: Event) -> None:
         """An event arrived."""

@@ -22,7 +22,7 @@ from gpuscope.detect.base import DETECTORS, Detector, Feeds, Tick
 from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.refusals import refuse
 from gpuscope.ingest.overload import Wire
-from gpuscope.model import Batch, Finding
+from gpuscope.model import MAX_LAYOUTS, Batch, Finding
 
 log = logging.getLogger(__name__)
 
@@ -81,21 +81,24 @@ class DetectionEngine:
         rows at once (one scatter per run of frames sharing a metric layout), and so do the
         detectors that take a tick's frames at once. The frames are indexed first, and the row
         tests that depend on a row alone (all-NaN, the ECC counters above zero) computed for all
-        of them in one pass; then each batch's frames, events and records are dispatched in order."""
+        of them in one pass; then each batch's frames, events and records are dispatched in order.
+        The tick's GPU rows are stacked once (:class:`~gpuscope.detect.frames.TickRows`), for the
+        row tests, the table's scatter and the detectors that take a tick's frames at once."""
         indexed = [(batch, self._index(batch)) for batch in batches]
-        if self._on_frame:
-            gpu_views = [v for _, vs in indexed for v in vs if v.gpu_keys]
-            if gpu_views:
-                frames.judge_gpu_rows(gpu_views, self._gpu_tests)
-        views: list[frames.FrameView] = []
-        seen: list[frames.FrameView] = []
+        tick = None
+        if self._on_frame or self._table or self._on_frames:
+            tick = frames.TickRows.of([v for _, vs in indexed for v in vs])
+            if self._on_frame and tick.blocks:
+                frames.judge_gpu_rows(tick, self._gpu_tests)
         for batch, batch_views in indexed:
-            self._observe(batch, batch_views, views, seen)
-        if views:
-            self.feeds.table.ingest_many(views)
+            self._observe(batch, batch_views)
+        if tick is None:
+            return
+        if self._table and tick.blocks:
+            self.feeds.table.ingest_many(tick)
         for detector in self._on_frames:
             try:
-                detector.on_frames(seen)
+                detector.on_frames(tick)
             except Exception:
                 self._failed(detector, "on_frames")
 
@@ -121,20 +124,10 @@ class DetectionEngine:
             out.append(view)
         return out
 
-    def _observe(
-        self,
-        batch: Batch,
-        batch_views: list[frames.FrameView],
-        views: list[frames.FrameView],
-        seen: list[frames.FrameView],
-    ) -> None:
+    def _observe(self, batch: Batch, batch_views: list[frames.FrameView]) -> None:
         for view in batch_views:
             frame = view.frame
             frames.select(view)  # what ``frames.view`` returns for it in the detectors
-            if self._table and view.gpu_keys:
-                views.append(view)
-            if self._on_frames:
-                seen.append(view)
             if self._services:
                 self.feeds.services.on_frame(frame)
             for detector in self._frame_readers(view):
@@ -171,7 +164,7 @@ class DetectionEngine:
             return [d for d in self._on_frame if d.reads(view)]
         readers = self._readers.get(layout)
         if readers is None:
-            if len(self._readers) >= frames.MAX_LAYOUTS:  # senders with ever-new layouts: start afresh
+            if len(self._readers) >= MAX_LAYOUTS:  # senders with ever-new layouts: start afresh
                 self._readers.clear()
             readers = self._readers[layout] = [d for d in self._on_frame if d.reads(view)]
         return readers

@@ -3,7 +3,8 @@
 The engine hands the same frame to each detector in turn; building the index once and reusing
 it (a one-entry identity cache) keeps the per-frame cost flat as detectors are added. The row
 roles depend on the frame's entities and metrics alone, so a decoded frame (whose
-:attr:`~gpuscope.model.Frame.layout` a sender repeats every tick) reuses those of its layout.
+:attr:`~gpuscope.model.Frame.layout` a sender repeats every tick) reuses those of its layout; its
+column positions are the frame's own (:func:`gpuscope.model.positions`), shared with every stage.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
-from gpuscope.model import FloatArray, Frame
+from gpuscope.model import MAX_LAYOUTS, FloatArray, Frame, positions
 
 GpuKey = tuple[str, str]
 BoolArray = npt.NDArray[np.bool_]
@@ -100,6 +101,8 @@ def _positive(rows: FloatArray, columns: list[int]) -> BoolArray:
 class GpuRows:
     """The GPU rows of frames sharing one metric layout, stacked: a tick's frames in one numpy pass."""
 
+    #: the metrics of the frames stacked here (their columns, in order)
+    names: tuple[str, ...]
     #: positions, in the list of frames given, of the frames stacked here (in their order)
     members: list[int]
     #: each member's first row in the stack, and one past its last
@@ -114,29 +117,67 @@ class GpuRows:
         return None if j is None else self.values[:, j]
 
 
-def stack_gpu_rows(views: list[FrameView]) -> list[GpuRows]:
-    """The GPU rows of ``views``, one stack per metric layout (frames without GPU rows left out)."""
-    groups: dict[tuple[str, ...], list[int]] = {}
-    for k, v in enumerate(views):
-        if v.gpu_keys:  # senders' layouts differ by their entities; their metrics are often the same
-            groups.setdefault(tuple(v.frame.metrics), []).append(k)
-    out: list[GpuRows] = []
-    for members in groups.values():
-        parts = [views[k].frame.values[views[k]._gpu_index] for k in members]
-        ends = np.cumsum([len(p) for p in parts], dtype=np.intp)
-        starts = np.zeros(len(parts), np.intp)
-        starts[1:] = ends[:-1]
-        values = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        out.append(GpuRows(members, starts, ends, values, views[members[0]]._columns))
-    return out
+@dataclass(slots=True)
+class TickRows:
+    """A tick's frame views, in the order they came, and their GPU rows stacked once per metric
+    layout (:class:`GpuRows`, frames without GPU rows left out): the engine's row tests
+    (:func:`judge_gpu_rows`), the GPU table's scatter and the detectors that take a tick's frames
+    at once (:meth:`~gpuscope.detect.base.Detector.on_frames`) read the same stacks."""
+
+    views: list[FrameView]
+    blocks: list[GpuRows]
+    #: per view with GPU rows, in order: its block's index in ``blocks``
+    _order: list[int]
+
+    @classmethod
+    def of(cls, views: list[FrameView]) -> TickRows:
+        groups: dict[tuple[str, ...], tuple[int, list[int]]] = {}
+        order: list[int] = []
+        for k, v in enumerate(views):
+            if v.gpu_keys:  # senders' layouts differ by their entities; their metrics are often the same
+                names = tuple(v.frame.metrics)
+                group = groups.get(names)
+                if group is None:
+                    group = groups[names] = (len(groups), [])
+                group[1].append(k)
+                order.append(group[0])
+        blocks: list[GpuRows] = []
+        for names, (_, members) in groups.items():
+            parts = [views[k].frame.values[views[k]._gpu_index] for k in members]
+            ends = np.cumsum([len(p) for p in parts], dtype=np.intp)
+            starts = np.zeros(len(parts), np.intp)
+            starts[1:] = ends[:-1]
+            values = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            blocks.append(GpuRows(names, members, starts, ends, values, views[members[0]]._columns))
+        return cls(views, blocks, order)
+
+    def runs(self) -> list[tuple[GpuRows, int, int]]:
+        """The views with GPU rows in their order, cut into runs of consecutive ones sharing a
+        metric layout: (their stack, the run's first member in it, one past its last). A run's rows
+        are one slice of its stack, from ``starts[first]`` to ``ends[last - 1]``."""
+        out: list[tuple[GpuRows, int, int]] = []
+        taken = [0] * len(self.blocks)  # per block: its members in the runs so far
+        start = 0
+        order = self._order
+        while start < len(order):
+            b = order[start]
+            end = start + 1
+            while end < len(order) and order[end] == b:
+                end += 1
+            first = taken[b]
+            taken[b] = first + end - start
+            out.append((self.blocks[b], first, taken[b]))
+            start = end
+        return out
 
 
-def judge_gpu_rows(views: list[FrameView], positive: list[tuple[str, ...]]) -> None:
-    """Fill the row tests of ``views`` (:meth:`FrameView.gpu_alive`, and
-    :meth:`FrameView.gpu_positive` of each tuple in ``positive``) for a tick's frames at once: one
-    numpy pass per stack of frames sharing a metric layout, not a few numpy calls per frame. What
-    each row's test says depends on that row alone, so the result is the same as frame by frame."""
-    for block in stack_gpu_rows(views):
+def judge_gpu_rows(tick: TickRows, positive: list[tuple[str, ...]]) -> None:
+    """Fill the row tests of the tick's views (:meth:`FrameView.gpu_alive`, and
+    :meth:`FrameView.gpu_positive` of each tuple in ``positive``) at once: one numpy pass per
+    stack of frames sharing a metric layout, not a few numpy calls per frame. What each row's test
+    says depends on that row alone, so the result is the same as frame by frame."""
+    views = tick.views
+    for block in tick.blocks:
         alive: list[bool] = _alive(block.values).tolist()
         flags: list[tuple[tuple[str, ...], list[bool]]] = []
         for metrics in positive:
@@ -178,9 +219,9 @@ class _Roles:
         )
 
 
-#: roles by :attr:`Frame.layout` (a sender repeats its layout every tick), bounded
+#: roles by :attr:`Frame.layout` (a sender repeats its layout every tick), bounded as the
+#: positions are
 _roles: dict[int, _Roles] = {}
-MAX_LAYOUTS = 16_384
 
 
 def _build(frame: Frame) -> FrameView:
@@ -224,7 +265,7 @@ def _roles_of(frame: Frame) -> _Roles:
         node_rows,
         list(nodes),
         unplaced,
-        {m: j for j, m in enumerate(frame.metrics)},
+        positions(frame),
         slice(gpu_rows[0], gpu_rows[0] + n) if contiguous else np.asarray(gpu_rows, np.intp),
     )
 

@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from gpuscope.counters import Counters
-from gpuscope.detect.frames import FrameView, GpuKey
+from gpuscope.detect.frames import FrameView, GpuKey, TickRows
 from gpuscope.detect.vectors import IntArray, grow
 from gpuscope.model import FloatArray
 
@@ -78,11 +78,18 @@ class GpuTable:
         """Scatter one frame's GPU rows; returns their ids (None when the frame has no GPU rows)."""
         if not v.gpu_keys:
             return None
+        return self._ingest_one(v, tuple(v.frame.metrics), None)
+
+    def _ingest_one(self, v: FrameView, names: tuple[str, ...], stacked: FloatArray | None) -> IntArray:
+        """:meth:`ingest`; ``stacked``: the frame's GPU rows, all columns, where a tick's stack
+        holds them."""
         ids = np.fromiter((self._id(k) for k in v.gpu_keys), np.intp, len(v.gpu_keys))
-        source, target = self._layout(tuple(v.frame.metrics))
+        source, target = self._layout(names)
         jobs = np.fromiter((self.job_code(j) for j in v.gpu_jobs), np.intp, len(ids))
         fresh = self._fresh(ids, np.full(len(ids), v.frame.ts))
-        rows = v.gpu_rows_of(source) if len(target) else None
+        rows = None
+        if len(target):
+            rows = v.gpu_rows_of(source) if stacked is None else stacked[:, source]
         if fresh is not None:
             kept, jobs = ids[fresh], jobs[fresh]
             rows = rows[fresh] if rows is not None else None
@@ -94,36 +101,28 @@ class GpuTable:
         self.job[kept] = jobs
         return ids
 
-    def ingest_many(self, views: list[FrameView]) -> None:
-        """Scatter many frames' GPU rows as :meth:`ingest` one after the other would: consecutive
-        frames with one metric layout (a tick of agents' batches) in one write, the last report of
-        a GPU winning."""
-        start = 0
-        while start < len(views):
-            metrics = views[start].frame.metrics
-            names = tuple(metrics)
-            end = start + 1
-            # decoded frames of one layout share their metric list; else compare the names
-            while end < len(views) and (
-                views[end].frame.metrics is metrics or tuple(views[end].frame.metrics) == names
-            ):
-                end += 1
-            if end - start == 1:
-                self.ingest(views[start])
+    def ingest_many(self, tick: TickRows) -> None:
+        """Scatter a tick's frames' GPU rows as :meth:`ingest` one after the other would:
+        consecutive frames with one metric layout (a tick of agents' batches) in one write, the
+        last report of a GPU winning. The rows are read from the tick's stacks (built once for the
+        engine's row tests too)."""
+        views = tick.views
+        for block, first, last in tick.runs():
+            stacked = block.values[int(block.starts[first]) : int(block.ends[last - 1])]
+            run = [views[k] for k in block.members[first:last]]
+            if len(run) == 1:
+                self._ingest_one(run[0], block.names, stacked)
             else:
-                self._ingest_run(views[start:end], names)
-            start = end
+                self._ingest_run(run, block.names, stacked)
 
-    def _ingest_run(self, run: list[FrameView], names: tuple[str, ...]) -> None:
+    def _ingest_run(self, run: list[FrameView], names: tuple[str, ...], stacked: FloatArray) -> None:
         keys = [k for v in run for k in v.gpu_keys]
-        if not keys:
-            return
         ids = np.fromiter((self._id(k) for k in keys), np.intp, len(keys))
         counts = [len(v.gpu_keys) for v in run]
         ts = np.repeat(np.array([v.frame.ts for v in run]), counts)
         jobs = np.fromiter((self.job_code(j) for v in run for j in v.gpu_jobs), np.intp, len(keys))
         source, target = self._layout(names)
-        rows = np.concatenate([v.gpu_rows_of(source) for v in run]) if len(target) else None
+        rows = stacked[:, source] if len(target) else None
         if len(np.unique(ids)) < len(ids):  # a GPU twice (two ticks of a node): its newest report wins
             order = np.lexsort((np.arange(len(ids)), ts, ids))  # by GPU, then time, then arrival
             last = order[np.r_[ids[order][1:] != ids[order][:-1], True]]

@@ -20,7 +20,7 @@ import numpy as np
 
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.frames import FrameView
-from gpuscope.model import Finding, Frame
+from gpuscope.model import Finding, Frame, positions
 from gpuscope.rules import JOB_PENDING_TOO_LONG
 
 RULE = JOB_PENDING_TOO_LONG
@@ -65,13 +65,10 @@ class QueueDetector(Detector):
         return "slurm_job_pending_seconds" in metrics or "slurm_job_queue_wait_seconds" in metrics
 
     def on_frame(self, frame: Frame) -> None:
-        if (
-            "slurm_job_pending_seconds" not in frame.metrics
-            and "slurm_job_queue_wait_seconds" not in frame.metrics
-        ):
-            return
-        cols = {m: j for j, m in enumerate(frame.metrics)}
+        cols = positions(frame)
         pend, wait = cols.get("slurm_job_pending_seconds"), cols.get("slurm_job_queue_wait_seconds")
+        if pend is None and wait is None:
+            return
         for i, labels in enumerate(frame.entities):
             job, partition = labels.get("job_id"), labels.get("partition")
             if not job or partition is None:

@@ -555,6 +555,7 @@ class RankDetector(StepDetector):
                 gap, last = ts - state.last_ts, state.gap
                 state.gap = gap if not math.isfinite(last) else last + self.step_alpha * (gap - last)
             state.last_ts = ts
+            reads = self._reads(state)  # by the gap, which nothing below moves
             state.lags.append(x)
             state.lag = _median(state.lags)
             state.lag_n += 1
@@ -574,7 +575,7 @@ class RankDetector(StepDetector):
                 # a running mean at first, so the normal does not hang on the first sample
                 # per time, not per step: at one step a second the normal must not learn a
                 # slowdown in the 30 s that ``_sustained`` asks of it
-                rate = self.base_alpha if additive else self.step_alpha / self._reads(state)
+                rate = self.base_alpha if additive else self.step_alpha / reads
                 alpha = max(rate, 1.0 / state.lag_n)
                 # within its speed group a rank may be slower by up to the gap that splits groups
                 learn = min(state.lag, max(self.normal_cap, job.groups.gap))
@@ -605,7 +606,7 @@ class RankDetector(StepDetector):
             rise = self._rise(state.lag, state.lag_base, additive)
             # a copy of a reading adds no evidence where the rank reads faster than it needs to
             # (its bar counts readings); at one step every 10 s copies count as before
-            evident = not additive and judged and self._evidence(state, x, new or self._reads(state) == 1)
+            evident = not additive and judged and self._evidence(state, x, reads, new or reads == 1)
             # a noisy worker's small lasting lag stands out of its noise by evidence that grows
             # with time, not by one window's median: then the floor that real wander asks is enough
             state.evident = behind and self.step_excess <= rise < long_bar and evident
@@ -639,7 +640,7 @@ class RankDetector(StepDetector):
                 self._sustained(state, ts)
                 or self._short_slow(state)
                 or held
-                or (state.flagged and not additive and state.loose < self._reads(state))
+                or (state.flagged and not additive and state.loose < reads)
             )
             if not state.flagged:
                 if was:
@@ -678,7 +679,7 @@ class RankDetector(StepDetector):
             return excess, max(self.short_excess, excess)
         return max(self.step_excess, self.step_k * state.lag_spread), max(self.short_excess, excess)
 
-    def _evidence(self, state: _Rank, x: float, new: bool = True) -> bool:
+    def _evidence(self, state: _Rank, x: float, reads: int, new: bool = True) -> bool:
         """Has the rank's step time been slower than its normal long enough to stand out of its own
         noise? A one-sided CUSUM of its readings' rises over its level: each adds what it is above
         half of ``step_shift`` (the smallest slowdown the rule must find; a smaller lag, or the
@@ -687,8 +688,9 @@ class RankDetector(StepDetector):
         per reading a 1.15x lag holds within about a dozen readings, where a median of nine would
         need a bar of three spreads (30 %); its evidence, capped at twice the bar, is gone within a
         few readings of the lag's end (the cap is twice ``_sure_bar``, the bar itself at one reading
-        every 10 s). ``new``: the reading adds to the evidence. At a faster cadence its level is
-        the median of ``_reads`` times as many readings: the time it spans at one every 10 s."""
+        every 10 s). ``reads``: the rank's ``_reads``; ``new``: the reading adds to the evidence. At
+        a faster cadence its level is the median of ``reads`` times as many readings: the time it
+        spans at one every 10 s."""
         sigma = 1.25 * state.lag_spread
         allowance, bar = 0.5 * self.step_shift, self._evidence_bar(state)
         # measured from the rank's recent level where that is above its normal: a worker whose
@@ -696,10 +698,10 @@ class RankDetector(StepDetector):
         # it), a step up stands out for the readings the median takes to follow it
         level = max(state.lag_base, _median(state.history)) if state.history else state.lag_base
         state.history.append(x)
-        if len(state.history) > self.level_window * self._reads(state):
+        if len(state.history) > self.level_window * reads:
             state.history.popleft()
         rise = min(self._rise(x, level, False), allowance + 4.0 * sigma)
-        sure = self._sure_bar(state)
+        sure = self._sure_bar(state, reads)
         if new:
             state.evidence = min(2.0 * sure, max(0.0, state.evidence + rise - allowance))
         state.proven = sure > 0 and state.evidence >= sure
@@ -710,14 +712,14 @@ class RankDetector(StepDetector):
         is 0.8 sigma)."""
         return self.step_h * 1.25 * state.lag_spread
 
-    def _sure_bar(self, state: _Rank) -> float:
+    def _sure_bar(self, state: _Rank, reads: int) -> float:
         """The evidence that sustains a verdict without ``_sustained``'s time: the evidence bar,
         higher by ``step_h_growth`` of it per e-fold of readings per ``sustain_seconds`` beyond
         ``short_sustain``. A CUSUM's false alarms come once in so many readings, not seconds: at
         one reading a second healthy workers with 10 % noise per reading cleared the plain bar
         for a few seconds several times a day (docs/scenarios.md, eighteenth round). At one
         reading every 10 s it is the evidence bar."""
-        return (1.0 + self.step_h_growth * math.log(self._reads(state))) * self._evidence_bar(state)
+        return (1.0 + self.step_h_growth * math.log(reads)) * self._evidence_bar(state)
 
     def _reads(self, state: _Rank) -> int:
         """How many times more often than ``short_sustain`` per ``sustain_seconds`` the rank reads,

@@ -26,7 +26,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from gpuscope.model import Frame
+from gpuscope.model import Frame, positions
 
 REQUESTS = "inference_requests_per_second"
 ERRORS = "inference_errors_per_second"
@@ -130,9 +130,10 @@ class ServiceAggregator:
         self.late_rows = 0
 
     def on_frame(self, frame: Frame) -> None:
-        if REQUESTS not in frame.metrics and P95 not in frame.metrics and MEAN not in frame.metrics:
+        at = positions(frame)  # every frame comes here: a look-up per layout, not a scan per name
+        if REQUESTS not in at and P95 not in at and MEAN not in at:
             return
-        cols = [(m, frame.metrics.index(m)) for m in METRICS if m in frame.metrics]
+        cols = [(m, j) for m in METRICS if (j := at.get(m)) is not None]
         for i, labels in enumerate(frame.entities):
             name = labels.get("service")
             if name is None:

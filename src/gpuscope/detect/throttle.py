@@ -20,7 +20,7 @@ import numpy as np
 from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.baseline import FlagWindow, finite_or_none
-from gpuscope.detect.frames import BoolArray, FrameView, GpuKey, GpuRows, stack_gpu_rows, view
+from gpuscope.detect.frames import BoolArray, FrameView, GpuKey, GpuRows, TickRows, view
 from gpuscope.model import Finding, FloatArray, Frame
 from gpuscope.rules import GPU_THERMAL_THROTTLE as RULE
 
@@ -88,13 +88,15 @@ class ThermalThrottleDetector(Detector):
         self._node_ts: dict[str, float] = {}
 
     def on_frame(self, frame: Frame) -> None:
-        self.on_frames([view(frame)])
+        self.on_frames(TickRows.of([view(frame)]))
 
-    def on_frames(self, frames: list[FrameView]) -> None:
+    def on_frames(self, tick: TickRows) -> None:
         # what a GPU row says (throttle flags, hotter than its peers) depends on its frame alone:
-        # judged for all of a tick's rows at once; the windows then take them frame by frame
+        # judged for all of a tick's rows at once, on the tick's stacks; the windows then take
+        # them frame by frame
+        frames = tick.views
         judged: list[_Judged | None] = [None] * len(frames)
-        for block in stack_gpu_rows(frames):
+        for block in tick.blocks:
             rows = self._judge(frames, block)
             for m, k in enumerate(block.members):
                 judged[k] = _Judged(rows, int(block.starts[m]), rows.any[m])

@@ -23,7 +23,7 @@ import numpy as np
 
 from gpuscope.counters import Counters
 from gpuscope.detect.settings import FINISHED_JOB_RETENTION_S, JOB_SWEEP_S
-from gpuscope.model import Alert, Batch, FloatArray, Frame
+from gpuscope.model import Alert, Batch, FloatArray, Frame, positions
 from gpuscope.productivity.holders import Holders
 from gpuscope.productivity.jobs import JobView
 from gpuscope.productivity.ledger import MINUTE, MINUTES_KEPT_S, RETENTION_S, Ledger, Slot
@@ -53,8 +53,6 @@ _THROTTLE_FLAGS = (
 #: jobs that come and go, are not needed
 _SLOTS_PER_GPU = 4
 _MIN_SLOTS = 4096
-#: frame layouts whose column positions are kept (a sender repeats its layout every tick)
-_MAX_LAYOUTS = 16_384
 
 
 @dataclass(slots=True)
@@ -114,9 +112,6 @@ class ProductivityModel:
         self.holders = Holders()
         #: the slots counted into, reused: a GPU stays in one slot for many frames
         self._slots: dict[tuple[str, str, str, str, str, str], Slot] = {}
-        #: metric positions by frame layout, and those of the last frame without one
-        self._layouts: dict[int, dict[str, int]] = {}
-        self._unnumbered: tuple[Frame, dict[str, int]] | None = None
         self._lock = threading.Lock()
 
     # -- input ------------------------------------------------------------------------------------
@@ -133,7 +128,7 @@ class ProductivityModel:
             for record in batch.training:
                 self._job(record.job).on_record(record)
             for frame in batch.frames:
-                columns = self._columns(frame)
+                columns = positions(frame)
                 if "gpu_utilization_percent" in columns:
                     self._gpu_frame(frame)
                 elif (j := columns.get("slurm_node_unavailable")) is not None:
@@ -220,23 +215,6 @@ class ProductivityModel:
         with self._lock:
             return self.drains.pop(node, None)
 
-    def _columns(self, frame: Frame) -> dict[str, int]:
-        """Where each metric is among the frame's columns (the first of a name given twice, as
-        :meth:`Frame.column` finds it): a scan of the metric list per look-up cost more than the
-        rest of a frame's numpy work, several times a frame. Kept per layout number (a decoded
-        frame's metrics are the same every tick for its layout), and for the last frame without."""
-        if frame.layout is not None:
-            known = self._layouts.get(frame.layout)
-            if known is None:
-                if len(self._layouts) >= _MAX_LAYOUTS:  # senders with ever-new layouts: start afresh
-                    self._layouts.clear()
-                known = self._layouts[frame.layout] = _positions(frame.metrics)
-            return known
-        last = self._unnumbered
-        if last is None or last[0] is not frame:
-            last = self._unnumbered = (frame, _positions(frame.metrics))
-        return last[1]
-
     def _job(self, name: str) -> JobView:
         view = self.jobs.get(name)
         if view is None:
@@ -261,7 +239,7 @@ class ProductivityModel:
 
     def _gpu_frame(self, frame: Frame) -> None:
         ts = frame.ts
-        columns = self._columns(frame)
+        columns = positions(frame)
         values = frame.values
         # the columns as Python floats once per frame: indexing numpy scalars row by row costs more
         util: list[float] = values[:, columns["gpu_utilization_percent"]].tolist()
@@ -442,11 +420,3 @@ class ProductivityModel:
             if causes & {"throttled", "slow_steps"}:
                 return "degraded"
             return "running" if causes else "finished"
-
-
-def _positions(metrics: list[str]) -> dict[str, int]:
-    """Each metric's position, the first where a name is given twice."""
-    out: dict[str, int] = {}
-    for j, metric in enumerate(metrics):
-        out.setdefault(metric, j)
-    return out
