@@ -3,8 +3,9 @@
 16 ranks of one job, each reporting its own step time (``step_seconds``, 10 s) with ``--noise``
 (10 %) reading noise, a share ``--repeat`` (none) of the readings repeating the rank's last one (a
 logger that writes its last value again; the real 10-s logs repeat 28-49 %), one step every
-``--every`` seconds for ``--duration`` seconds (2 hours), fed to :class:`~gpuscope.detect.ranks.RankDetector` alone in virtual time
-(a new step opens a tenth of a step after each, findings are taken a fifth of a step after).
+``--every`` seconds for ``--duration`` seconds (2 hours), fed to
+:class:`~gpuscope.detect.ranks.RankDetector` alone in virtual time (a new step opens a tenth of a
+step after each, findings are taken a fifth of a step after).
 Every rank is healthy, so every finding is false. Per seed it prints the P1/P2 findings (each new
 ``training_straggler`` of a rank is one alert; the rule is P2), the P3 ``slow_placement`` alerts,
 and how many alerts lasted under 60 s (a flap by itself: nobody acts on a 2-s straggler), with the
