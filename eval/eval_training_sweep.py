@@ -9,8 +9,9 @@ Two kinds of job, several seeds each:
   a two-speed job whose fast group gets a straggler; jobs of 4 and 64 workers; a healthy job whose
   warm-up starts at twice its pace; healthy jobs with an eval or checkpoint pause (every 50 or 100
   steps one step 3-5x longer, on every worker or on rank 0 only), one with a straggler too; a
-  job-wide 1.2x regression; healthy jobs with 10 % noise (with and without 40 % repeated
-  readings, as the real logs repeat them). Each with a reading every second and every 10 s.
+  job-wide 1.2x regression; healthy jobs with 10 % noise, and the 1.15/1.2/1.3x stragglers on
+  them, with and without 40 % repeated readings (as the real logs repeat them). Each with a
+  reading every second and every 10 s.
 * **simulated jobs** (``--sim``: scenario files, DESIGN §4, through ``sim-eval``'s runner; ranks
   report their arrival lag at the collective): stragglers at 1.15/1.2/1.3x; 7 of 16 then 8 of 16
   ranks slowing; 2 of 4; three speeds (two ``slow_placement`` groups) with stragglers in the middle
@@ -29,9 +30,9 @@ scored by ``sim-eval --report``'s rules. Results and what they showed are in doc
 ``--trace`` prints, for each straggler verdict of the per-worker logs, the rank's state at the step
 it was flagged: the clause that sustained it (``new5``: 5 new readings, ``30s``: 30 s with 3 new,
 ``short``: the short window), the long window's rise over its normal and its bar, the evidence and
-its bar, the steps and new readings of the run, how long its smoothed lag has been half way to
-its bars and whether the verdict needed that time (``sure``: it did not), the spread, and the
-rank's last 12 readings.
+its bar, the steps, new readings and telling readings (``_telling``) of the run, how long its
+smoothed lag has been half way to its bars and whether the verdict needed that time (``sure``: it
+did not), the spread, and the rank's last 12 readings.
 
 usage: python eval/eval_training_sweep.py [--seeds 1,2] [--only SUBSTRING ...] [--sim] [--trace]
 """
@@ -150,6 +151,10 @@ def shapes() -> dict[str, Shape]:
         out[f"job-regression-{tag}"] = Shape(every=every, duration=duration, job_slow=[(a, b, 1.2)])
         out[f"healthy-noise10%-{tag}"] = Shape(every=every, duration=duration, noise=0.10)
         out[f"healthy-noise10%-repeats-{tag}"] = Shape(every=every, duration=duration, noise=0.10, repeat=0.4)
+        for factor in (1.15, 1.2, 1.3):
+            out[f"straggler-{factor}x-noise10%-repeats-{tag}"] = Shape(
+                every=every, duration=duration, noise=0.10, repeat=0.4, slow=[([5], a, b, factor)]
+            )
     return out
 
 
@@ -215,7 +220,8 @@ def trace_verdicts() -> None:
             print(
                 f"  verdict at {ts:.0f} s, rank {r}: {clause}, long window {rise:+.3f} (bar {long_bar:.3f}), "
                 f"evidence {state.evidence:.3f} (bar {self._evidence_bar(state):.3f}), "
-                f"{state.lag_hits} steps / {state.new_hits} new, half way for {ts - state.near_since:.0f} s, "
+                f"{state.lag_hits} steps / {state.new_hits} new / {state.told} telling, "
+                f"half way for {ts - state.near_since:.0f} s, "
                 f"sure {state.sure}, spread {state.lag_spread:.3f}, "
                 f"readings {[round(v, 3) for v in last]}",
                 flush=True,

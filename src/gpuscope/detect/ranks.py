@@ -52,6 +52,15 @@ ratio (a CUSUM's false alarms come per reading) or its median is beyond the shor
 healthy ranks with 10 % noise per reading were flagged for 1-11 s several times a day on their
 noise alone. At one step every 10 s all of it is as before.
 
+A log that repeats its readings (28-49 % of the real 10-s logs' readings are copies of the last one)
+fills the windows with copies: a median of nine steps can be one high reading logged five times.
+So a verdict by the long window, or by the evidence, needs ``short_sustain`` distinct readings that
+tell of it (``_telling``: new, and as far behind as its median must be, or as the floor where the
+evidence judges), counted over the window when the run began and the run itself; the short
+window's two slow steps must be two readings; and at one step every 10 s a reading adds to the
+evidence once and its first copy once more (a step that outlasted the log's interval; the real logs
+mostly repeat a reading once), further copies nothing.
+
 Jobs with two or more stable speeds (mixed hardware, a slow placement): for the first
 ``warm_steps`` steps each rank's raw pace is only recorded. Then the ranks are clustered by their
 median lag: sorted, they split at every gap of at least ``split_gap`` of a step (and ``noise_k``
@@ -104,6 +113,8 @@ from gpuscope.rules import TRAINING_STRAGGLER as STRAGGLER
 class _Rank:
     lag: float = math.nan
     lags: deque[float] = field(default_factory=deque)  # the last ``window`` lags
+    #: of those steps, which brought a new reading (``_telling``)
+    fresh: deque[bool] = field(default_factory=deque)
     lag_base: float = math.nan
     lag_spread: float = 0.0  # mean absolute deviation of its raw lags from their median, while healthy
     #: its own pace (over its group's), learned while healthy: its share of the job-wide factor
@@ -114,6 +125,9 @@ class _Rank:
     #: of those steps in a row, how many brought a new reading (per-worker step times: a logger
     #: that repeats its last reading adds a step, not evidence), and when the run began
     new_hits: int = 0
+    #: the readings that tell of that run's slowdown (``_telling``), counted over the long window
+    #: when the run began and then over the run: copies of one high reading are one
+    told: int = 0
     slow_since: float = math.nan
     #: when its smoothed lag last got more than half way to its bars (``_held``'s test) and has
     #: stayed there since: the time a verdict by the long window's median is counted from
@@ -125,6 +139,7 @@ class _Rank:
     gap: float = math.nan
     #: its last raw reading (per-worker step time): a repeat of it is no new reading
     last_raw: float = math.nan
+    copies: int = 0  # of it in a row, just before this step's reading
     #: per-worker step times: a one-sided CUSUM of its readings over its level (``_evidence``)
     evidence: float = 0.0
     #: slow last step by that evidence alone, its smoothed lag under its noise bar
@@ -140,6 +155,9 @@ class _Rank:
     loose: int = 0
     short_hits: int = 0  # steps in a row the short window has been far behind
     short_since: float = math.nan  # when it began
+    #: the readings past the short bar that run has seen, those in the short window when it
+    #: began included (``_short_slow``)
+    short_new: int = 0
     rising_n: int = 0  # steps in a row its step time has been more than half its bar above its normal
     last_ts: float = math.nan  # of the last step judged
     recent: list[float] = field(default_factory=list)  # the last few unsmoothed lags: what is said
@@ -282,7 +300,8 @@ class RankDetector(StepDetector):
         if job is None or view.rollback:
             job = self._jobs[view.job] = _Job()
         ranks = [
-            job.ranks.get(r) or job.ranks.setdefault(r, _Rank(lags=deque(maxlen=self.window)))
+            job.ranks.get(r)
+            or job.ranks.setdefault(r, _Rank(lags=deque(maxlen=self.window), fresh=deque(maxlen=self.window)))
             for r in view.ranks
         ]
         for state in ranks:
@@ -507,6 +526,7 @@ class RankDetector(StepDetector):
         for r in fresh & set(job.ranks):
             state = job.ranks[r]
             state.lags.clear()
+            state.fresh.clear()
             state.recent.clear()
             state.lag, state.lag_base, state.lag_spread, state.said = math.nan, math.nan, 0.0, math.nan
             state.lag_n = state.lag_hits = state.new_hits = state.short_hits = 0
@@ -549,6 +569,7 @@ class RankDetector(StepDetector):
             # of their readings), not a second step at that pace
             new = additive or reading != state.last_raw
             state.last_raw = reading
+            state.copies = 0 if new else state.copies + 1
             state.recent.append(x)
             del state.recent[: -self.sustain]
             if ts > state.last_ts:  # a replayed warm-up goes back in time: no gap
@@ -557,6 +578,7 @@ class RankDetector(StepDetector):
             state.last_ts = ts
             reads = self._reads(state)  # by the gap, which nothing below moves
             state.lags.append(x)
+            state.fresh.append(new)
             state.lag = _median(state.lags)
             state.lag_n += 1
             judged = state.lag_n >= self.warm_steps
@@ -605,8 +627,12 @@ class RankDetector(StepDetector):
             behind = judged and self._rise(state.lag, ahead, additive) >= self.lag
             rise = self._rise(state.lag, state.lag_base, additive)
             # a copy of a reading adds no evidence where the rank reads faster than it needs to
-            # (its bar counts readings); at one step every 10 s copies count as before
-            evident = not additive and judged and self._evidence(state, x, reads, new or reads == 1)
+            # (its bar counts readings). At one step every 10 s a reading logged once more may be
+            # a step that outlasted the log's interval (the real logs mostly repeat a reading
+            # once), further copies are the logger repeating itself: one high reading logged six
+            # times was six readings' worth of evidence on healthy workers with 10 % noise
+            once = state.copies == 1 and reads == 1
+            evident = not additive and judged and self._evidence(state, x, reads, new or once)
             # a noisy worker's small lasting lag stands out of its noise by evidence that grows
             # with time, not by one window's median: then the floor that real wander asks is enough
             state.evident = behind and self.step_excess <= rise < long_bar and evident
@@ -617,10 +643,17 @@ class RankDetector(StepDetector):
             elif not math.isfinite(state.near_since):
                 state.near_since = ts
             state.sure = additive or (evident and state.proven) or rise >= short_bar
+            # the readings that tell of the slowdown: new, and as far behind as the median must be
+            # (those that hold it behind), or as the floor where the evidence judges; a run counts
+            # those the window held when it began, since the median is behind only once they are in
+            level = self.step_excess if state.evident else long_bar
+            telling = additive or (new and self._rise(x, state.lag_base, additive) >= level)
             if slow and not state.lag_hits:
                 state.slow_since, state.new_hits = ts, 0
+                state.told = 0 if additive else self._telling(state, level) - telling
             state.lag_hits = state.lag_hits + 1 if slow else 0
             state.new_hits = state.new_hits + new if slow else 0
+            state.told = state.told + telling if slow else 0
             # a short, large slowdown (a minute on a trace sampled every 10 s) is over before the
             # long window's median moves: the median of the last few lags, with a higher bar
             far = False
@@ -631,7 +664,11 @@ class RankDetector(StepDetector):
                     and self._rise(short, state.lag_base, additive) >= short_bar
                 )
             if far and not state.short_hits:
+                # its median of three is behind on two steps: they must be two readings
                 state.short_since = ts
+                state.short_new = 1 if additive else self._telling(state, short_bar, self.short)
+            elif far:
+                state.short_new += additive or (new and self._rise(x, state.lag_base, False) >= short_bar)
             state.short_hits = state.short_hits + 1 if far else 0
             was = state.flagged
             held = state.flagged and half_way
@@ -728,6 +765,13 @@ class RankDetector(StepDetector):
         same time at every cadence."""
         return max(1, round(self.sustain_seconds / state.gap / self.short_sustain)) if state.gap > 0 else 1
 
+    def _telling(self, state: _Rank, level: float, steps: int = 0) -> int:
+        """How many of the window's last ``steps`` steps (all of them: 0) brought a new reading at
+        least ``level`` above the rank's normal (per-worker step times): copies of one reading that
+        hold a median behind are one reading."""
+        pairs = list(zip(state.lags, state.fresh, strict=True))[-steps:]
+        return sum(new and self._rise(x, state.lag_base, False) >= level for x, new in pairs)
+
     def _held(self, state: _Rank, ahead: float, long_bar: float, additive: bool) -> bool:
         """Is a flagged straggler still more than half way to its bars? A slowdown near its bar (a
         1.2x straggler on a worker with 5 % noise per reading) crosses it again and again; one
@@ -753,8 +797,11 @@ class RankDetector(StepDetector):
         ``sustain_seconds`` (the hold's test: a noisy straggler that dips under its bar keeps
         the time it has), unless it is ``sure``: its evidence, whose bar grows with the readings
         per ``sustain_seconds``, or a median beyond the short window's bar. At one reading every
-        10 s five readings span 40 s: judged as before."""
-        if state.lag_hits < self.sustain:
+        10 s five readings span 40 s: judged as before. Either way ``short_sustain`` readings must tell
+        of the slowdown (``told``): on a 10-s log that repeats 40 % of its readings, copies of one or
+        two high readings held a median of nine behind, and the new readings that came meanwhile were
+        normal ones."""
+        if state.lag_hits < self.sustain or state.told < self.short_sustain:
             return False
         held = ts - state.slow_since >= self.sustain_seconds and state.new_hits >= self.short_sustain
         near = state.sure or ts - state.near_since >= self.sustain_seconds
@@ -763,8 +810,9 @@ class RankDetector(StepDetector):
     def _short_slow(self, state: _Rank) -> bool:
         """Far behind over the short window for ``short_sustain`` steps and ``short_seconds``: a
         blip of one or two samples is no straggler however slow, and a trace that repeats its
-        last sample must not make one from a single slow reading."""
-        if state.short_hits < self.short_sustain or not state.lags:
+        last sample must not make one from a single slow reading (``short_new``: two readings past
+        the bar at least)."""
+        if state.short_hits < self.short_sustain or state.short_new < 2 or not state.lags:
             return False
         return state.last_ts - state.short_since >= self.short_seconds
 
