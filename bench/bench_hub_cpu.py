@@ -36,8 +36,9 @@ about 6 ms of CPU an alert, a cost of the bench stopping the agents, not of inge
 
 ``--py-spy FILE`` samples the served hub process (all its threads, idle ones left out) with py-spy
 (the ``bench`` extra) over the run and writes its collapsed stacks to FILE, for a flame graph or a
-count by function; it costs the hub nothing it counts (py-spy reads the process from outside,
-without pausing it).
+count by function, and each ingest worker's to ``FILE.worker<N>``; it costs the hub nothing it
+counts (py-spy reads the process from outside, without pausing it). With ``--ingest-workers`` the
+workers' CPU is also given by thread, split into user and system (kernel) time.
 
 usage: python bench/bench_hub_cpu.py [--nodes 64] [--ticks 30] [--agents 32] [--json]
        [--ingest-workers N] [--py-spy FILE] [--shape agents|even|aligned]
@@ -186,15 +187,34 @@ class SplitCpu:
     def __init__(self, hub: psutil.Process, workers: list[psutil.Process]) -> None:
         self.proc = hub
         self.hub = process_cpu(hub)
+        self.worker_procs = workers
         self.workers = [process_cpu(w) for w in workers]
         self.readings: list[tuple[float, float]] = []  # (hub process, workers)
         self.threads: list[dict[int, float]] = []  # the hub process's CPU seconds by thread id
+        #: the workers' (user, system) CPU seconds by (process id, thread id)
+        self.worker_threads: list[dict[tuple[int, int], tuple[float, float]]] = []
 
     def __call__(self) -> float:
         self.threads.append({t.id: t.user_time + t.system_time for t in self.proc.threads()})
+        self.worker_threads.append(
+            {(w.pid, t.id): (t.user_time, t.system_time) for w in self.worker_procs for t in w.threads()}
+        )
         reading = (self.hub(), sum(w() for w in self.workers))
         self.readings.append(reading)
         return reading[0] + reading[1]
+
+    def by_worker_thread(self, names: dict[int, str]) -> dict[str, tuple[float, float]]:
+        """The workers' (user, system) CPU seconds between the first and last reading by thread,
+        the same thread of each worker added up: its name from ``names`` (py-spy's), the main
+        thread (the event loop) by its id, any other by its id."""
+        out: dict[str, tuple[float, float]] = {}
+        first, last = self.worker_threads[0], self.worker_threads[-1]
+        for (pid, tid), (user, system) in last.items():
+            user0, system0 = first.get((pid, tid), (0.0, 0.0))
+            name = "MainThread (event loop)" if tid == pid else names.get(tid, f"thread {tid}")
+            had = out.get(name, (0.0, 0.0))
+            out[name] = (had[0] + user - user0, had[1] + system - system0)
+        return out
 
     def by_thread(self) -> dict[int, float]:
         """CPU seconds of each of the hub process's threads between the first and last reading
@@ -232,6 +252,8 @@ INGEST_WORKERS = 0
 SPLIT: list[tuple[float, float]] = []
 #: the hub process's CPU seconds by thread (its name where py-spy saw it, else its id)
 THREADS: list[dict[str, float]] = []
+#: the ingest workers' (user, system) CPU seconds by thread, the workers added up
+WORKER_THREADS: list[dict[str, tuple[float, float]]] = []
 #: ``--py-spy``: where py-spy writes the hub process's collapsed stacks (None: not sampled)
 PY_SPY: Path | None = None
 
@@ -251,15 +273,21 @@ def thread_names(stacks: Path) -> dict[int, str]:
     return names
 
 
-def py_spy(pid: int, seconds: float) -> subprocess.Popen[bytes] | None:
-    """py-spy sampling process ``pid`` for ``seconds`` into :data:`PY_SPY`, if asked for."""
-    if PY_SPY is None:
+def worker_stacks(index: int) -> Path:
+    """Where py-spy writes ingest worker ``index``'s collapsed stacks (beside :data:`PY_SPY`'s)."""
+    assert PY_SPY is not None
+    return PY_SPY.with_name(f"{PY_SPY.name}.worker{index}")
+
+
+def py_spy(pid: int, seconds: float, output: Path | None) -> subprocess.Popen[bytes] | None:
+    """py-spy sampling process ``pid`` for ``seconds`` into ``output``, if asked for."""
+    if output is None:
         return None
     binary = shutil.which("py-spy")
     if binary is None:
         raise SystemExit("--py-spy: py-spy is not installed (pip install -e '.[bench]')")
     argv = [binary, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--format", "raw"]
-    argv += ["--nonblocking", "--threads", "--rate", "200", "--output", str(PY_SPY)]
+    argv += ["--nonblocking", "--threads", "--rate", "200", "--output", str(output)]
     return subprocess.Popen(argv, stdout=subprocess.DEVNULL)
 
 
@@ -276,21 +304,33 @@ def over_http(nodes: int, n_ticks: int, agents: int) -> tuple[float, int, int]:
     ):
         ticks = node_ticks(nodes, n_ticks)
         hub = psutil.Process(proc.pid)
-        cpu = SplitCpu(hub, hub.children())  # the workers answered before the hub did
-        sampler = py_spy(proc.pid, ticks[-1][0] - time.time() + 1)
+        workers = hub.children()  # the workers answered before the hub did
+        cpu = SplitCpu(hub, workers)
+        seconds = ticks[-1][0] - time.time() + 1
+        samplers = [py_spy(proc.pid, seconds, PY_SPY)]
+        if PY_SPY is not None:
+            samplers += [py_spy(w.pid, seconds, worker_stacks(i)) for i, w in enumerate(workers)]
         result = post_node_ticks(url, ticks, agents, cpu)
-        if sampler is not None:
-            sampler.wait()
+        for sampler in samplers:
+            if sampler is not None:
+                sampler.wait()
         names = thread_names(PY_SPY) if PY_SPY is not None else {}
         THREADS.append({names.get(tid, f"thread {tid}"): s for tid, s in cpu.by_thread().items()})
+        if PY_SPY is not None:
+            for i in range(len(workers)):
+                names.update(thread_names(worker_stacks(i)))
+        WORKER_THREADS.append(cpu.by_worker_thread(names))
         SPLIT.append(cpu.split())
-        store = httpx.get(f"{url}/api/v1/health", timeout=60).json()["store"]
-        syncs = store["counters"].get("store.log_syncs")
+        health = httpx.get(f"{url}/api/v1/health", timeout=60).json()
         sent = sum(len(tick) for _, tick in ticks)
-        if syncs is not None:  # the ingest log's group commit: how many requests share a sync
-            console.print(
-                f"hub: {syncs:,} ingest-log syncs for {sent:,} batches ({syncs / sent:.2f} a batch)"
-            )
+        # the ingest log's group commit: how many requests share a sync (the workers' logs are
+        # counted in the hub's counters, from their reports)
+        for who, counters in (("hub", health["store"]["counters"]), ("workers", health["counters"])):
+            syncs = counters.get("store.log_syncs")
+            if syncs is not None:
+                console.print(
+                    f"{who}: {syncs:,} ingest-log syncs for {sent:,} batches ({syncs / sent:.2f} a batch)"
+                )
         return result
 
 
@@ -398,6 +438,11 @@ def main() -> None:
                 parts = (("hub process alone", hub_s), (f"its {INGEST_WORKERS} ingest workers", workers_s))
                 for part, seconds in parts:
                     rows.append([f"  of which {part}", "", f"{seconds * 1e3 / batches:.2f}", "", ""])
+                by_thread = sorted(WORKER_THREADS[-1].items(), key=lambda kv: -sum(kv[1]))
+                for thread, (user, system) in by_thread:
+                    if (user + system) * 1e3 / batches >= 0.005:
+                        ms = f"{(user + system) * 1e3 / batches:.3f} (sys {system * 1e3 / batches:.3f})"
+                        rows.append([f"    workers' thread {thread}", "", ms, "", ""])
             threads = sorted(THREADS[-1].items(), key=lambda kv: -kv[1])
             for thread, seconds in threads:
                 if seconds * 1e3 / batches >= 0.005:

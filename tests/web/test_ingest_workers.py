@@ -5,19 +5,23 @@ same port; overload still sheds with 503 + Retry-After and raises one ``hub_over
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 import orjson
 import pytest
+import uvicorn
 import yaml
+from starlette.types import Receive, Scope, Send
 
 from gpuscope.config import ConfigError, load_config
 from gpuscope.counters import Counters
@@ -27,8 +31,10 @@ from gpuscope.ingest.overload import (
     URGENT_EVENTS,
     URGENT_HEADER,
     OverloadMonitor,
+    OverloadSettings,
     parse_sender,
 )
+from gpuscope.ingest.payload import Limits
 from gpuscope.ingest.worker_state import WorkerState
 from gpuscope.model import Batch, Event, Frame
 from gpuscope.procmem import entries
@@ -36,7 +42,15 @@ from gpuscope.rules import HUB_OVERLOADED
 from gpuscope.runtime import AssemblyError, Runtime, assemble
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.ingest_log import IngestLog
-from gpuscope.web.ingest_worker import MAX_MESSAGE, REPORT, Control, Reporter
+from gpuscope.web.auth import AuthSettings
+from gpuscope.web.ingest_worker import (
+    MAX_MESSAGE,
+    REPORT,
+    Control,
+    Reporter,
+    WorkerSpec,
+    worker_clock,
+)
 from support import free_port, wait_until
 
 NODES = 4
@@ -277,5 +291,66 @@ def test_a_workers_report_names_only_the_senders_new_since_the_last_and_it_keeps
         assert reported(t + 0.25) == set()  # told once: nothing new, nothing again
         assert entries(overload) == 0
     finally:
+        worker_end.close()
+        hub_end.close()
+
+
+async def _no_app(scope: Scope, receive: Receive, send: Send) -> None:
+    """The app of a server that is never started (the worker's clock only reads its flag)."""
+
+
+def test_a_workers_clock_deletes_what_its_hub_holds_and_ends_the_worker_when_the_hub_goes(
+    tmp_path: Path,
+) -> None:
+    """The worker's clock releases its log's segments when the hub's store moved or the open
+    segment filled, not every quarter second: what the hub holds still goes (the segment a
+    release rotated away included), what it does not hold stays, and the worker ends once its
+    hub's control socket closes."""
+    directory = tmp_path / "0"
+    ingest_log = IngestLog(directory, Counters(), segment_bytes=1, reserve_bytes=0)  # full at once
+    for _ in ingest_log.recover(0):
+        pass
+    ingest_log.start()
+    state = WorkerState(directory)
+    worker_end, hub_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    overload = OverloadMonitor(name="worker-0")
+    reporter = Reporter(Control(worker_end, Counters()), overload, Counters())
+    server = uvicorn.Server(uvicorn.Config(_no_app))
+    spec = WorkerSpec(0, str(directory), 0, AuthSettings(), Limits(), OverloadSettings(), True, "hub", -1, -1)
+
+    def segments() -> list[int]:  # each segment by its first record
+        return sorted(int(p.stem) for p in directory.glob("*.seg"))
+
+    async def until(what: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + 5
+        while not what():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+
+    async def scenario() -> None:
+        clock = asyncio.create_task(
+            worker_clock(server, spec, state, ingest_log, overload, reporter, worker_end)
+        )
+        ingest_log.append(b"record 1", lambda seq: None)
+        state.held = 1  # the hub holds it: its segment goes, a fresh one is opened
+        await until(lambda: segments() == [2])
+        for k in (2, 3):
+            ingest_log.append(b"record %d" % k, lambda seq: None)
+        await until(lambda: segments() == [2, 4])  # full: a fresh one, the full one kept
+        await asyncio.sleep(0.6)
+        assert segments() == [2, 4]  # records 2 and 3 are the worker's alone
+        state.held = 3
+        await until(lambda: segments() == [4])
+        assert (directory / f"{4:020d}.seg").stat().st_size == 0
+        assert not clock.done()
+        hub_end.close()  # the hub went away
+        await asyncio.wait_for(clock, 2)
+        assert server.should_exit
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        ingest_log.close()
+        state.close()
         worker_end.close()
         hub_end.close()

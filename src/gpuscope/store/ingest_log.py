@@ -353,12 +353,20 @@ class IngestLog:
 
     # ------------------------------------------------------------------ releasing
 
-    def release(self, upto: int) -> None:
+    def segment_full(self) -> bool:
+        """Whether the open segment reached ``segment_bytes`` (:meth:`release` then asks for a
+        fresh one)."""
+        return self._size >= self.segment_bytes
+
+    def release(self, upto: int) -> bool:
         """Everything up to ``upto`` is safe elsewhere: delete the segments that hold nothing
-        newer, and ask for a fresh segment once the current one is large or fully released."""
+        newer, and ask for a fresh segment once the current one is large or fully released.
+        True when it asked: the segment it leaves is deleted by a later call (with the same
+        ``upto`` if it was fully released)."""
         with self._cond:
             self._first_unreleased = max(self._first_unreleased, upto + 1)
-            if self._size and (self._size >= self.segment_bytes or self._written <= upto):
+            asked = bool(self._size and (self._size >= self.segment_bytes or self._written <= upto))
+            if asked:
                 self._rotate = True
                 self._work.notify()
         segments = self._segments()
@@ -366,6 +374,7 @@ class IngestLog:
             if segments[k + 1][0] - 1 <= upto and path != self._current:
                 with contextlib.suppress(FileNotFoundError):
                     path.unlink()
+        return asked
 
     # ------------------------------------------------------------------ space
 
