@@ -7,8 +7,8 @@ DESIGN's kinds only, on the targets DESIGN names, with the contract's defaults o
 parameters (DESIGN documents no ranges; the values drawn are ones its examples use or near them).
 Faults overlap in time, share a job or node, and some come within the first two minutes. About one
 in six scenarios is healthy. A fault that ends its target for good (a crash, a lost GPU or node, a
-dead rank, a fatal XID, a hang) is the last fault drawn in its blast radius (an uncorrectable ECC error kills its rank too): nothing is left to
-detect there afterwards, so a later fault could not count as a miss of the detectors.
+dead rank, a fatal XID or an uncorrectable ECC error, a hang) is the last fault drawn in its blast
+radius: nothing is left to detect there afterwards, so a later fault could not count as a miss.
 
 Every scenario's YAML and its ``sim-eval --json`` document go to ``--out``; the runs go through
 ``gpuscope.simeval.runner.run_scenario`` and are scored by ``gpuscope.simeval.report.evaluate``

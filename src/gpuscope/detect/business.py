@@ -6,9 +6,9 @@ baseline keeps learning, so a lasting drop would soon look normal: this detector
 reference, the monitor's baseline, frozen while a drop is pending or firing. The recent level is
 the mean of the last ``reports`` values; it must sit below the reference by ``min_drop`` and by
 four standard errors of the metric's own report-to-report noise (learned while healthy, each
-report's share capped), for ``sustain`` seconds. The rule does not fire in the first ``warmup`` seconds of a series, but a
-drop there already freezes the reference: the monitor's baseline would learn a drop that began in
-the warm-up before the rule may judge, and the drop would look normal by then.
+report's share capped), for ``sustain`` seconds. The rule does not fire in the first ``warmup``
+seconds of a series, but a drop there already pends and freezes the reference: the monitor's
+baseline would learn a drop that began in the warm-up before the rule may judge.
 """
 
 from __future__ import annotations
