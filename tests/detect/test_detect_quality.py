@@ -84,6 +84,17 @@ def test_business_drop_fires_on_a_lasting_drop_against_a_frozen_baseline() -> No
     assert BusinessDetector().evaluate(0.0) == []  # a fresh detector has nothing to say
 
 
+def test_a_business_drop_in_the_warm_up_is_found_once_warm_not_learned_as_normal() -> None:
+    rng = np.random.default_rng(3)
+    values = [0.1 * (1 + 0.02 * rng.standard_normal()) * (0.7 if k >= 2 else 1.0) for k in range(40)]
+    firing = business_run(values, BusinessDetector())
+    # onset at the third report (t = 180 s), inside the warm-up (600 s from the first report, at
+    # 60 s): the drop has held for far longer than ``sustain`` by then, so the rule holds at the
+    # first report once warm (660 s), not 90 s of a new pending later, and for as long as it lasts
+    assert firing and firing[0] == 660.0
+    assert len(firing) == 30
+
+
 def test_business_noise_raises_the_bar_and_healthy_noise_stays_quiet() -> None:
     rng = np.random.default_rng(2)
     noisy = [0.1 * (1 + 0.1 * rng.standard_normal()) for _ in range(600)]

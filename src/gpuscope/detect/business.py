@@ -6,7 +6,9 @@ baseline keeps learning, so a lasting drop would soon look normal: this detector
 reference, the monitor's baseline, frozen while a drop is pending or firing. The recent level is
 the mean of the last ``reports`` values; it must sit below the reference by ``min_drop`` and by
 four standard errors of the metric's own report-to-report noise (learned while healthy, each
-report's share capped), for ``sustain`` seconds. The first ``warmup`` seconds of a series only learn.
+report's share capped), for ``sustain`` seconds. The rule does not fire in the first ``warmup``
+seconds of a series, but a drop there already pends and freezes the reference: the monitor's
+baseline would learn a drop that began in the warm-up before the rule may judge.
 """
 
 from __future__ import annotations
@@ -94,12 +96,12 @@ class BusinessDetector(Detector):
         s.level = sum(s.recent) / len(s.recent)
         drop = max(self.min_drop, 4.0 * math.sqrt(s.noise / len(s.recent)))
         s.limit = s.reference * (1.0 - drop)
-        warm = ts - s.first >= self.warmup and len(s.recent) == self.reports
-        if warm and s.level <= s.limit:
+        warm = ts - s.first >= self.warmup
+        if len(s.recent) == self.reports and s.level <= s.limit:
             s.since = s.since if s.since is not None else ts
         elif s.level >= s.reference * (1.0 - 0.5 * drop) or not s.firing:
             s.since = None
-        s.firing = s.since is not None and ts - s.since >= self.sustain
+        s.firing = warm and s.since is not None and ts - s.since >= self.sustain
 
     def learns_first(self) -> dict[str, float]:
         return {RULE: self.warmup}
