@@ -30,7 +30,7 @@ from pathlib import Path
 from gpuscope.model import Alert
 from gpuscope.rules import RULES
 from gpuscope.sim import builtin_scenario
-from gpuscope.sim.scenario import load_scenario
+from gpuscope.sim.scenario import Scenario, load_scenario
 from gpuscope.simeval.report import evaluate
 from gpuscope.simeval.runner import alerts_json, run_scenario
 
@@ -73,6 +73,20 @@ def from_document(doc: dict[str, object]) -> list[Alert]:
     ]
 
 
+def play(scenario: Scenario, saved: Path | None, reuse: bool) -> tuple[list[Alert], str]:
+    """The scenario's alerts and a note of the wall time: read from the ``sim-eval --json``
+    document ``saved`` when ``reuse`` (and it exists), else simulated (and written there)."""
+    if reuse and saved is not None and saved.exists():
+        return from_document(json.loads(saved.read_text())), ""
+    began = time.monotonic()
+    result = run_scenario(scenario)
+    wall = f", {time.monotonic() - began:.0f} s wall, load average {os.getloadavg()[0]:.1f}"
+    if saved is not None:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(json.dumps(alerts_json(result)))
+    return result.alerts, wall
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="scenario names to run")
@@ -94,21 +108,15 @@ def main() -> None:
     flaps: list[str] = []
     for path in paths:
         scenario = load_scenario(path)
-        wall = ""  # simulated results are deterministic; the wall time depends on the machine's load
+        # simulated results are deterministic; the wall time depends on the machine's load
         if args.from_json is not None:
-            saved = args.from_json / f"{path.stem}.json"
-            if not saved.exists():
+            if not (args.from_json / f"{path.stem}.json").exists():
                 print(f"  {scenario.name}: no saved document, left out")
                 continue
-            alerts = from_document(json.loads(saved.read_text()))
+            alerts, wall = play(scenario, args.from_json / f"{path.stem}.json", reuse=True)
         else:
-            began = time.monotonic()
-            result = run_scenario(scenario)
-            wall = f", {time.monotonic() - began:.0f} s wall, load average {os.getloadavg()[0]:.1f}"
-            alerts = result.alerts
-            if args.json_dir is not None:
-                args.json_dir.mkdir(parents=True, exist_ok=True)
-                (args.json_dir / f"{path.stem}.json").write_text(json.dumps(alerts_json(result)))
+            out = args.json_dir / f"{path.stem}.json" if args.json_dir is not None else None
+            alerts, wall = play(scenario, out, reuse=False)
         report = evaluate(scenario, alerts)
         for o in report.outcomes:
             faults[o.rule] += 1

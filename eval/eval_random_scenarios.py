@@ -26,13 +26,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import statistics
 import subprocess
 import sys
-import time
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,11 +38,10 @@ from typing import Any
 
 import yaml
 from datapath import data_dir
-from eval_families import flapping, from_document
+from eval_families import flapping, from_document, play
 
 from gpuscope.sim.scenario import load_scenario
 from gpuscope.simeval.report import evaluate
-from gpuscope.simeval.runner import alerts_json, run_scenario
 
 GPU_KINDS = (
     "xid",
@@ -336,15 +333,7 @@ def main() -> None:
         yaml_path, doc_path = args.out / f"{name}.yaml", args.out / f"{name}.json"
         yaml_path.write_text(yaml.safe_dump(doc, sort_keys=False, width=200))
         scenario = load_scenario(yaml_path)
-        wall = ""
-        if args.from_out and doc_path.exists():
-            alerts = from_document(json.loads(doc_path.read_text()))
-        else:
-            began = time.monotonic()
-            result = run_scenario(scenario)
-            wall = f", {time.monotonic() - began:.0f} s wall, load average {os.getloadavg()[0]:.1f}"
-            alerts = result.alerts
-            doc_path.write_text(json.dumps(alerts_json(result)))
+        alerts, wall = play(scenario, doc_path, reuse=args.from_out)
         report = evaluate(scenario, alerts)
         for o in report.outcomes:
             ours.faults[o.rule] += 1
