@@ -25,13 +25,14 @@ import os
 import statistics
 import time
 from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuscope.model import Alert
 from gpuscope.rules import RULES
 from gpuscope.sim import builtin_scenario
 from gpuscope.sim.scenario import Scenario, load_scenario
-from gpuscope.simeval.report import evaluate
+from gpuscope.simeval.report import Report, evaluate
 from gpuscope.simeval.runner import alerts_json, run_scenario
 
 ROOT = Path(__file__).resolve().parent.parent / "tests" / "scenarios"
@@ -87,6 +88,61 @@ def play(scenario: Scenario, saved: Path | None, reuse: bool) -> tuple[list[Aler
     return result.alerts, wall
 
 
+@dataclass
+class Tally:
+    """Per family (rule): faults, detections, times to detect, alerts, alerts no fault explains;
+    with the P1/P2 alerts of healthy scenarios and the steady state's flapping."""
+
+    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    found: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    ttd: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
+    fired: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    stray: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    healthy_p1p2: list[str] = field(default_factory=list)
+    flaps: list[str] = field(default_factory=list)
+
+    def add(self, name: str, scenario: Scenario, alerts: list[Alert], report: Report) -> list[str]:
+        """Count one scenario's run as ``sim-eval --report`` judged it; its missed faults and
+        unexplained alerts, one line each."""
+        notes = []
+        for o in report.outcomes:
+            self.faults[o.rule] += 1
+            if o.time_to_detect is not None:
+                self.found[o.rule] += 1
+                self.ttd[o.rule].append(o.time_to_detect)
+            else:
+                notes.append(f"{name}: MISSED {o.fault.kind} at {o.fault.at} {o.fault.target}")
+        for a in alerts:
+            self.fired[a.rule] += 1
+        for a in report.unexplained:
+            self.stray[a.rule] += 1
+            notes.append(f"{name}: UNEXPLAINED {a.severity} {a.rule} at {a.started_at:.0f} {a.entity}")
+        if not scenario.faults:
+            self.healthy_p1p2 += [f"{name} {a.rule}" for a in alerts if a.severity in ("P1", "P2")]
+        self.flaps += [f"{name}: {f}" for f in flapping(report.unexplained)]  # steady state
+        return notes
+
+    def rows(self) -> list[str]:
+        """The per-family table: a header and a line per rule."""
+        head = ("faults", "recall", "alerts", "precision", "TTD p50", "max")
+        out = [f"{'family (rule)':<30} " + " ".join(f"{h:>9}" for h in head)]
+        for rule in sorted(set(self.faults) | set(self.fired)):
+            n, hit, a = self.faults.get(rule, 0), self.found.get(rule, 0), self.fired.get(rule, 0)
+            recall = f"{hit / n:.2f}" if n else "-"
+            precision = f"{(a - self.stray.get(rule, 0)) / a:.2f}" if a else "-"
+            times = self.ttd.get(rule, [])
+            p50 = f"{statistics.median(times):.0f}" if times else "-"
+            worst = f"{max(times):.0f}" if times else "-"
+            out.append(f"{rule:<30} " + " ".join(f"{c:>9}" for c in (n, recall, a, precision, p50, worst)))
+        return out
+
+    def totals(self) -> str:
+        tf, th = sum(self.faults.values()), sum(self.found.values())
+        ta, ts = sum(self.fired.values()), sum(self.stray.values())
+        recall, precision = th / max(tf, 1), (ta - ts) / max(ta, 1)
+        return f"all: recall {recall:.3f} ({th}/{tf}), precision {precision:.3f} ({ta - ts}/{ta})"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", default=None, help="scenario names to run")
@@ -99,13 +155,7 @@ def main() -> None:
         paths += sorted((ROOT / "long").glob("*.yaml")) + [builtin_scenario(name) for name in MIXES]
     if args.only:
         paths = [p for p in paths if p.stem in args.only]
-    faults: dict[str, int] = defaultdict(int)
-    found: dict[str, int] = defaultdict(int)
-    ttd: dict[str, list[float]] = defaultdict(list)
-    fired: dict[str, int] = defaultdict(int)
-    stray: dict[str, int] = defaultdict(int)
-    healthy_p1p2: list[str] = []
-    flaps: list[str] = []
+    tally = Tally()
     for path in paths:
         scenario = load_scenario(path)
         # simulated results are deterministic; the wall time depends on the machine's load
@@ -118,38 +168,13 @@ def main() -> None:
             out = args.json_dir / f"{path.stem}.json" if args.json_dir is not None else None
             alerts, wall = play(scenario, out, reuse=False)
         report = evaluate(scenario, alerts)
-        for o in report.outcomes:
-            faults[o.rule] += 1
-            if o.time_to_detect is not None:
-                found[o.rule] += 1
-                ttd[o.rule].append(o.time_to_detect)
-            else:
-                print(f"  {scenario.name}: MISSED {o.fault.kind} at {o.fault.at} {o.fault.target}")
-        for a in alerts:
-            fired[a.rule] += 1
-        for a in report.unexplained:
-            stray[a.rule] += 1
-            print(f"  {scenario.name}: UNEXPLAINED {a.severity} {a.rule} at {a.started_at:.0f} {a.entity}")
-        if not scenario.faults:
-            healthy_p1p2 += [f"{scenario.name} {a.rule}" for a in alerts if a.severity in ("P1", "P2")]
-        flaps += [f"{scenario.name}: {f}" for f in flapping(report.unexplained)]  # steady state
+        for note in tally.add(scenario.name, scenario, alerts, report):
+            print(f"  {note}")
         print(f"{scenario.name}: {len(alerts)} alerts, {report.recall:.2f} recall{wall}", flush=True)
-    head = ("faults", "recall", "alerts", "precision", "TTD p50", "max")
-    print(f"\n{'family (rule)':<30} " + " ".join(f"{h:>9}" for h in head))
-    for rule in sorted(set(faults) | set(fired)):
-        n, hit, a = faults.get(rule, 0), found.get(rule, 0), fired.get(rule, 0)
-        recall = f"{hit / n:.2f}" if n else "-"
-        precision = f"{(a - stray.get(rule, 0)) / a:.2f}" if a else "-"
-        times = ttd.get(rule, [])
-        p50 = f"{statistics.median(times):.0f}" if times else "-"
-        worst = f"{max(times):.0f}" if times else "-"
-        print(f"{rule:<30} " + " ".join(f"{c:>9}" for c in (n, recall, a, precision, p50, worst)))
-    total_f, total_hit = sum(faults.values()), sum(found.values())
-    total_a, total_stray = sum(fired.values()), sum(stray.values())
+    print("\n" + "\n".join(tally.rows()))
     print(
-        f"\nall: recall {total_hit / max(total_f, 1):.3f} ({total_hit}/{total_f}), precision "
-        f"{(total_a - total_stray) / max(total_a, 1):.3f} ({total_a - total_stray}/{total_a}); "
-        f"P1/P2 on healthy scenarios: {len(healthy_p1p2)} {healthy_p1p2}; flapping: {len(flaps)} {flaps}"
+        f"\n{tally.totals()}; P1/P2 on healthy scenarios: {len(tally.healthy_p1p2)} {tally.healthy_p1p2}; "
+        f"flapping: {len(tally.flaps)} {tally.flaps}"
     )
 
 

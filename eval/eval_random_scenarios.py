@@ -28,17 +28,15 @@ import argparse
 import json
 import random
 import re
-import statistics
 import subprocess
 import sys
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 from datapath import data_dir
-from eval_families import flapping, from_document, play
+from eval_families import Tally, from_document, play
 
 from gpuscope.sim.scenario import load_scenario
 from gpuscope.simeval.report import evaluate
@@ -247,36 +245,12 @@ def draw(seed: int, index: int) -> dict[str, Any]:
     }
 
 
-@dataclass
-class Tally:
-    """Per family (rule): faults, detections, times to detect, alerts, alerts no fault explains."""
-
-    faults: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    found: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    ttd: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
-    fired: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    stray: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    notes: list[str] = field(default_factory=list)
-
-    def table(self, title: str) -> None:
-        head = ("faults", "recall", "alerts", "precision", "TTD p50", "max")
-        print(f"\n{title}\n{'family (rule)':<30} " + " ".join(f"{h:>9}" for h in head))
-        for rule in sorted(set(self.faults) | set(self.fired)):
-            n, hit, a = self.faults.get(rule, 0), self.found.get(rule, 0), self.fired.get(rule, 0)
-            recall = f"{hit / n:.2f}" if n else "-"
-            precision = f"{(a - self.stray.get(rule, 0)) / a:.2f}" if a else "-"
-            times = self.ttd.get(rule, [])
-            p50 = f"{statistics.median(times):.0f}" if times else "-"
-            worst = f"{max(times):.0f}" if times else "-"
-            print(f"{rule:<30} " + " ".join(f"{c:>9}" for c in (n, recall, a, precision, p50, worst)))
-        tf, th = sum(self.faults.values()), sum(self.found.values())
-        ta, ts = sum(self.fired.values()), sum(self.stray.values())
-        print(
-            f"all: recall {th / max(tf, 1):.3f} ({th}/{tf}), "
-            f"precision {(ta - ts) / max(ta, 1):.3f} ({ta - ts}/{ta})"
-        )
-        for note in self.notes:
-            print(f"  {note}")
+def show(title: str, tally: Tally, notes: list[str]) -> None:
+    """One scorer's per-family table, its totals and its notes (misses, unexplained alerts)."""
+    print(f"\n{title}\n" + "\n".join(tally.rows()))
+    print(tally.totals())
+    for note in notes:
+        print(f"  {note}")
 
 
 _ROW = re.compile(r"^\s+(DETECTED|MISSED)\s+(\S+)\s+(\S+)\s+(?:ttd=\s*([\d.]+)s\s+)?target=(.*)$")
@@ -284,7 +258,7 @@ _STRAY = re.compile(r"^\s+UNEXPLAINED (\S+) (\S+) at (\S+) (.*)$")
 _TOTAL = re.compile(r"alerts=(\d+)$")
 
 
-def outside(scorer: Path, name: str, yaml_path: Path, doc_path: Path, tally: Tally) -> None:
+def outside(scorer: Path, name: str, yaml_path: Path, doc_path: Path, tally: Tally, notes: list[str]) -> None:
     """Score one run with the outside scorer; its rows into ``tally`` (it lists 10 strays at most)."""
     out = subprocess.run(
         [sys.executable, str(scorer), str(yaml_path), str(doc_path)],
@@ -304,14 +278,14 @@ def outside(scorer: Path, name: str, yaml_path: Path, doc_path: Path, tally: Tal
                 tally.found[rule] += 1
                 tally.ttd[rule].append(float(ttd))
             else:
-                tally.notes.append(f"{name}: MISSED {kind} {target}")
+                notes.append(f"{name}: MISSED {kind} {target}")
         elif m := _STRAY.match(line):
             severity, rule, at, entity = m.groups()
             tally.stray[rule] += 1
             strays += 1
-            tally.notes.append(f"{name}: UNEXPLAINED {severity} {rule} at {float(at):.0f} {entity}")
+            notes.append(f"{name}: UNEXPLAINED {severity} {rule} at {float(at):.0f} {entity}")
         elif (m := _TOTAL.search(line)) and strays == 10:
-            tally.notes.append(f"{name}: the outside scorer lists 10 unexplained alerts at most")
+            notes.append(f"{name}: the outside scorer lists 10 unexplained alerts at most")
 
 
 def main() -> None:
@@ -325,8 +299,8 @@ def main() -> None:
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     ours, theirs = Tally(), Tally()
-    healthy_p1p2: list[str] = []
-    flaps: list[str] = []
+    our_notes: list[str] = []
+    their_notes: list[str] = []
     for index in range(args.first, args.first + args.count):
         doc = draw(args.seed, index)
         name = doc["name"]
@@ -335,32 +309,18 @@ def main() -> None:
         scenario = load_scenario(yaml_path)
         alerts, wall = play(scenario, doc_path, reuse=args.from_out)
         report = evaluate(scenario, alerts)
-        for o in report.outcomes:
-            ours.faults[o.rule] += 1
-            if o.time_to_detect is not None:
-                ours.found[o.rule] += 1
-                ours.ttd[o.rule].append(o.time_to_detect)
-            else:
-                ours.notes.append(f"{name}: MISSED {o.fault.kind} at {o.fault.at} {o.fault.target}")
-        for a in alerts:
-            ours.fired[a.rule] += 1
-        for a in report.unexplained:
-            ours.stray[a.rule] += 1
-            ours.notes.append(f"{name}: UNEXPLAINED {a.severity} {a.rule} at {a.started_at:.0f} {a.entity}")
-        if not scenario.faults:
-            healthy_p1p2 += [f"{name} {a.rule}" for a in alerts if a.severity in ("P1", "P2")]
-        flaps += [f"{name}: {f}" for f in flapping(report.unexplained)]
+        our_notes += ours.add(name, scenario, alerts, report)
         if args.scorer.is_file():
-            outside(args.scorer, name, yaml_path, doc_path, theirs)
+            outside(args.scorer, name, yaml_path, doc_path, theirs, their_notes)
         kinds = ",".join(f["kind"] for f in doc["faults"]) or "healthy"
         print(f"{name} [{kinds}]: {len(alerts)} alerts, {report.recall:.2f} recall{wall}", flush=True)
-    ours.table("our scorer (gpuscope.simeval.report.evaluate)")
+    show("our scorer (gpuscope.simeval.report.evaluate)", ours, our_notes)
     if args.scorer.is_file():
-        theirs.table(f"outside scorer ({args.scorer.name})")
+        show(f"outside scorer ({args.scorer.name})", theirs, their_notes)
     else:
         print(f"\noutside scorer: {args.scorer} not found, skipped")
-    print(f"\nP1/P2 on healthy scenarios: {len(healthy_p1p2)} {healthy_p1p2}")
-    print(f"flapping (steady state): {len(flaps)} {flaps}")
+    print(f"\nP1/P2 on healthy scenarios: {len(ours.healthy_p1p2)} {ours.healthy_p1p2}")
+    print(f"flapping (steady state): {len(ours.flaps)} {ours.flaps}")
 
 
 if __name__ == "__main__":
