@@ -10,7 +10,14 @@ reader: a worker's group commit holds one to a few of them at 64 agents), and ti
 thread CPU per batch. No HTTP, no commit (the store's flush thread, the evaluator and DuckDB's
 threads are not in it), so the stages add up to the reader thread's own work only.
 
-usage: python bench/bench_hub_take.py [--nodes 64] [--ticks 20] [--per-pass 2]
+``--sdk`` adds the training jobs' batches as the load generator sends them (one a job a tick, each
+with its ranks' heartbeats and step records in the frame's extras: 16 nodes a job, 8 ranks a node),
+the traffic of ``bench_load.py`` that bench_hub_cpu's node batches leave out; the figures are then
+also given per node batch (the fleet's cost over its node batches, as bench_load's per-batch
+figures are). Anchor, same run: each record decoded again as the hub decoded it before the
+ingest-log decode built the extras without their checks (``decode_frame`` with every check).
+
+usage: python bench/bench_hub_take.py [--nodes 64] [--ticks 20] [--per-pass 2] [--sdk]
 """
 
 from __future__ import annotations
@@ -25,12 +32,12 @@ from common import console, print_table
 from gpuscope import gcpolicy
 from gpuscope.counters import Counters
 from gpuscope.hub import Hub
-from gpuscope.ingest.frame import encode_frame
+from gpuscope.ingest.frame import decode_frame, encode_frame
 from gpuscope.loadgen.traffic import FleetShape, build_scenario
 from gpuscope.sim.cluster import Simulator
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.ingest_log import IngestLog
-from gpuscope.store.log_codec import decode
+from gpuscope.store.log_codec import TRUSTED, decode
 from gpuscope.store.log_tail import LogTail
 
 
@@ -38,13 +45,16 @@ def _nothing(seq: int) -> None:
     pass
 
 
-def bodies(nodes: int, ticks: int) -> list[bytes]:
+def bodies(nodes: int, ticks: int, sdk: bool = False) -> list[bytes]:
+    """Each tick's node batches as frames, and with ``sdk`` its jobs' batches after them."""
     scenario = build_scenario(FleetShape(nodes=nodes), ticks + 5, faults=[])
     out: list[bytes] = []
     for k, tick in enumerate(Simulator(scenario, t0=time.time()).ticks()):
         if k == ticks:
             break
         out += [encode_frame(b) for b in tick.node_batches.values()]
+        if sdk:
+            out += [encode_frame(b) for b in tick.sdk_batches]
     return out
 
 
@@ -56,6 +66,7 @@ FLUSH_S = 0.2
 def run(records: list[bytes], warm: int, per_pass: int) -> dict[str, float]:
     """Thread CPU seconds of each stage over ``records`` after the first ``warm``."""
     spent = dict.fromkeys(("log read", "decode", "store take (claim, prepare)", "queue for detectors"), 0.0)
+    spent[ANCHOR] = 0.0
     with tempfile.TemporaryDirectory() as tmp:
         log = IngestLog(Path(tmp) / "log", Counters(), reserve_bytes=0)
         list(log.recover(0))
@@ -87,6 +98,9 @@ def run(records: list[bytes], warm: int, per_pass: int) -> dict[str, float]:
                 lap["decode"] += t1 - t0
                 lap["store take (claim, prepare)"] += t2 - t1
                 lap["queue for detectors"] += t3 - t2
+                t0 = clock()
+                decode_frame(payload, TRUSTED)  # the anchor: the same record with every check
+                lap[ANCHOR] += clock() - t0
             if start % 640 == 0:
                 hub.settle()  # the evaluator's part, off the clock: keeps the queue short
         tail.close()
@@ -95,22 +109,33 @@ def run(records: list[bytes], warm: int, per_pass: int) -> dict[str, float]:
     return spent
 
 
+#: the anchor's row: the decode as it was before the ingest log's records were decoded unchecked
+ANCHOR = "anchor: decode with every check (before)"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", type=int, default=64)
     ap.add_argument("--ticks", type=int, default=20)
     ap.add_argument("--per-pass", type=int, default=2)
+    ap.add_argument("--sdk", action="store_true", help="add the jobs' batches (bench_load's traffic)")
     a = ap.parse_args()
-    records = bodies(a.nodes, a.ticks)
-    warm = a.nodes * 3  # the first ticks register entities and columns: left out
+    records = bodies(a.nodes, a.ticks, a.sdk)
+    per_tick = len(records) // a.ticks
+    warm = per_tick * 3  # the first ticks register entities and columns: left out
     spent = run(records, warm, a.per_pass)
     n = len(records) - warm
-    rows = [[stage, f"{s * 1e3 / n:.3f}"] for stage, s in spent.items()]
-    rows.append(["all four", f"{sum(spent.values()) * 1e3 / n:.3f}"])
+    nodes = a.nodes * (a.ticks - 3)
+    anchor = spent.pop(ANCHOR)
+    rows = [[stage, f"{s * 1e3 / n:.3f}", f"{s * 1e3 / nodes:.3f}"] for stage, s in spent.items()]
+    total = sum(spent.values())
+    rows.append(["all four", f"{total * 1e3 / n:.3f}", f"{total * 1e3 / nodes:.3f}"])
+    rows.append([ANCHOR, f"{anchor * 1e3 / n:.3f}", f"{anchor * 1e3 / nodes:.3f}"])
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     print_table(
-        f"hub process, reader thread, per batch ({n:,} batches, {a.per_pass} a pass; load average {load})",
-        ["stage", "CPU ms/batch"],
+        f"hub process, reader thread ({n:,} batches, {nodes:,} of them node batches, {a.per_pass} a pass; "
+        f"load average {load})",
+        ["stage", "CPU ms/batch", "CPU ms/node batch"],
         rows,
     )
     console.print("thread CPU; no HTTP, commit, evaluation or DuckDB threads in it")

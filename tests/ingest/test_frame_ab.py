@@ -15,8 +15,9 @@ from gpuscope.ingest import frame as frame_module
 from gpuscope.ingest.frame import decode_frame, encode_frame
 from gpuscope.ingest.payload import Limits, PayloadError
 from gpuscope.loadgen.traffic import FleetShape, build_scenario
-from gpuscope.model import Batch
+from gpuscope.model import Batch, Event, TrainingRecord
 from gpuscope.sim.cluster import Simulator
+from gpuscope.store import log_codec
 
 Outcome = Batch | tuple[str, str]
 
@@ -69,9 +70,9 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     calls = [0]
     checked = frame_module._checked
 
-    def counting(body: bytes, limits: Limits) -> Batch:
+    def counting(body: bytes, limits: Limits, logged: bool = False) -> Batch:
         calls[0] += 1
-        return checked(body, limits)
+        return checked(body, limits, logged)
 
     monkeypatch.setattr(frame_module, "_checked", counting)
     return calls
@@ -139,3 +140,34 @@ def test_infinite_values_and_names_beyond_ascii_give_the_checked_decoders_answer
         f"frames[0].values[{len(f.entities) - 1}][{len(f.metrics) - 1}]",
         "must be finite (NaN = not reported)",
     )
+
+
+def test_a_logged_record_decodes_to_the_batch_its_checks_made() -> None:
+    """An ingest-log record was checked when it was taken: the hub builds its events and training
+    records without the checks again, and gets the batch the checked decoder makes (int times,
+    label values and metrics as the checks turn them, a NaN loss, no labels, no data)."""
+    odd = Batch(
+        "sdk:job-9",
+        events=[
+            Event(1_700_000_000, "heartbeat", {"job": "job-9", "rank": 3}, {"step": 7}),  # type: ignore[dict-item]
+            Event(1.7e9 + 0.5, "checkpoint_saved", {}),
+        ],
+        training=[
+            TrainingRecord(1_700_000_001, "job-9", 3, 7, {"loss": math.nan, "tokens": 4096}),  # type: ignore[arg-type]
+            TrainingRecord(1.7e9 + 2.25, "job-9", 4, 7, {"loss": 2.5}, {"node": "n-1", "gpu": 0}),  # type: ignore[dict-item]
+        ],
+        batch_id="b-9",
+    )
+    bodies = [*_fleet(20), encode_frame(odd)]
+    for body in bodies:
+        want = frame_module._checked(body, log_codec.TRUSTED)
+        got = log_codec.decode(body)
+        assert_same(got, want)
+        assert [type(e.ts) for e in got.events] == [float] * len(got.events)
+        assert [type(t.ts) for t in got.training] == [float] * len(got.training)
+    odd_back = log_codec.decode(bodies[-1])
+    assert odd_back.events[0].labels == {"job": "job-9", "rank": "3"}
+    assert odd_back.training[1].labels == {"node": "n-1", "gpu": "0"}
+    tokens, loss = odd_back.training[0].metrics["tokens"], odd_back.training[0].metrics["loss"]
+    assert tokens == 4096.0 and math.isnan(loss)
+    assert sum(len(log_codec.decode(b).training) for b in bodies) > 2

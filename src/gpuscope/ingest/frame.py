@@ -43,6 +43,7 @@ from gpuscope.ingest.payload import (
     _str,
     _timestamp,
     batch_to_json,
+    checked_extras,
     decode_json,
     encode_batch,
     parse_batch,
@@ -384,11 +385,13 @@ def _layout(
     return metrics, tuple(entities), next(_numbers)
 
 
-def _extras_of(r: _Reader, limits: Limits) -> tuple[list[Event], list[TrainingRecord]]:
+def _extras_of(r: _Reader, limits: Limits, logged: bool) -> tuple[list[Event], list[TrainingRecord]]:
     n = r.u32("extras")
     if not n:
         return [], []
     doc = decode_json(bytes(r.take(n, "extras")), limits)
+    if logged and isinstance(doc, dict):
+        return checked_extras(doc)
     if not isinstance(doc, dict) or set(doc) - {"events", "training"}:
         raise PayloadError("extras", "must be a JSON object of 'events' and 'training'")
     # the JSON path's checks, bounds and field names, on just these two lists
@@ -398,7 +401,7 @@ def _extras_of(r: _Reader, limits: Limits) -> tuple[list[Event], list[TrainingRe
     return shell.events, shell.training
 
 
-def _known(body: bytes, limits: Limits) -> Batch | None:
+def _known(body: bytes, limits: Limits, logged: bool) -> Batch | None:
     """The batch of a body whose string table and frame layouts were all seen before (an agent's
     every tick after its first), read in place with the checks of :func:`_checked`; None as soon
     as anything is not so (unknown, cut short or refused), for :func:`_checked` to decode afresh
@@ -469,23 +472,27 @@ def _known(body: bytes, limits: Limits) -> Batch | None:
     else:  # events and training records: their own checks, whose refusals the checked path repeats
         r = _Reader(body)
         r.pos = pos
-        events, training = _extras_of(r, limits)
+        events, training = _extras_of(r, limits, logged)
         pos = r.pos
     if pos != size:
         return None
     return Batch(source=source, frames=frames, events=events, training=training, batch_id=batch_id, wire=body)
 
 
-def decode_frame(body: bytes, limits: Limits = DEFAULT_LIMITS) -> Batch:
-    """Decode and validate a binary frame; raise :class:`PayloadError` naming the first bad field."""
+def decode_frame(body: bytes, limits: Limits = DEFAULT_LIMITS, *, logged: bool = False) -> Batch:
+    """Decode and validate a binary frame; raise :class:`PayloadError` naming the first bad field.
+
+    ``logged``: the body is an ingest-log record, validated when the hub (or its ingest worker)
+    took it: its events and training records are built without their checks
+    (:func:`~gpuscope.ingest.payload.checked_extras`); the frames are checked as ever."""
     if len(body) > limits.max_body_bytes:
         raise PayloadError("body", f"{len(body)} bytes is over the limit of {limits.max_body_bytes}")
     body = bytes(body)
-    batch = _known(body, limits)
-    return _checked(body, limits) if batch is None else batch
+    batch = _known(body, limits, logged)
+    return _checked(body, limits, logged) if batch is None else batch
 
 
-def _checked(body: bytes, limits: Limits) -> Batch:
+def _checked(body: bytes, limits: Limits, logged: bool = False) -> Batch:
     """:func:`decode_frame` field by field, remembering the string table and layouts it reads."""
     r = _Reader(body)
     magic, version, _flags = _HEAD.unpack(r.take(_HEAD.size, "header"))
@@ -504,7 +511,7 @@ def _checked(body: bytes, limits: Limits) -> Batch:
     if n_frames > limits.max_frames:
         raise PayloadError("frames", f"{n_frames} items is over the limit of {limits.max_frames}")
     frames = [_frame(r, table, strings, f"frames[{i}]", limits) for i in range(n_frames)]
-    events, training = _extras_of(r, limits)
+    events, training = _extras_of(r, limits, logged)
     if r.pos != len(body):
         raise PayloadError("body", f"{len(body) - r.pos} bytes after the end of the frame (at byte {r.pos})")
     return Batch(source=source, frames=frames, events=events, training=training, batch_id=batch_id, wire=body)

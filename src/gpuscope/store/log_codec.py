@@ -91,7 +91,7 @@ def encode(batch: Batch) -> bytes:
 
 def decode(data: bytes) -> Batch:
     if is_frame(data):
-        return decode_frame(data, TRUSTED)
+        return decode_frame(data, TRUSTED, logged=True)
     (n,) = _HEAD.unpack_from(data)
     head = orjson.loads(data[_HEAD.size : _HEAD.size + n])
     offset = _HEAD.size + n
