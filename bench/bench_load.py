@@ -12,7 +12,13 @@ Anchor, same run: VictoriaMetrics ingesting the same samples at the same pace (o
 node per second, Prometheus text through its import API): the cores it needs for what the hub
 does, beside the hub's cores.
 
+``--py-spy FILE`` (setup (a)): py-spy (the ``bench`` extra) samples the hub process over the load,
+every thread that is not idle into FILE and only the thread holding the interpreter lock into
+``FILE.gil`` (collapsed stacks: where its one core of Python goes), and the hub process's CPU is
+given by thread (named from py-spy's stacks) in cores and in ms a batch it took.
+
 usage: python bench/bench_load.py [--duration 600] [--nodes 1024] [--only a|b|c] [--anchor-seconds 60]
+       [--ingest-workers N] [--py-spy FILE]
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +42,7 @@ import orjson
 import psutil
 import yaml
 
+from bench_hub_cpu import thread_names
 from common import (
     ROOT,
     Pacer,
@@ -74,20 +82,90 @@ def run_single(args: argparse.Namespace, shape: FleetShape) -> LoadReport:
         how = f", {len(children)} ingest worker process(es)" if workers else ", ingest in the hub's process"
         console.print(f"(a) one hub on DuckDB at {url}{how}: {shape.nodes} agents for {args.duration:g} s")
         alone, fronts = ResourceMonitor([proc.pid]), ResourceMonitor(children)
+        samplers, threads = [], None
+        if args.py_spy is not None:
+            threads = HubThreads(proc.pid, url)
+            gil = args.py_spy.with_name(f"{args.py_spy.name}.gil")
+            samplers = [
+                py_spy(proc.pid, args.duration, args.py_spy, False),
+                py_spy(proc.pid, args.duration, gil, True),
+            ]
         alone.start()
         fronts.start()
         report = run_load(_options(args, shape, [url], [proc.pid, *children]), say=console.print)
         alone.stop()
         fronts.stop()
+        if threads is not None:
+            threads.stop()
+        for sampler in samplers:
+            sampler.wait()
     rows = [
         ["hub process alone, cores (mean)", f"{alone.mean_cores:.2f}", "store commit, detection, API"],
         ["ingest workers, cores (mean)", f"{fronts.mean_cores:.2f}", f"{len(children)} process(es)"],
     ]
+    if threads is not None and args.py_spy is not None:
+        rows += threads.rows(thread_names(args.py_spy))
     title = f"(a) one hub, DuckDB: {shape.nodes} nodes × {shape.gpus_per_node} GPUs at 1 Hz"
     if workers:
         title += f", {workers} ingest workers"
     print_report(title, report, rows if workers else None)
     return report
+
+
+def py_spy(pid: int, seconds: float, output: Path, gil: bool) -> subprocess.Popen[bytes]:
+    """py-spy sampling process ``pid`` for ``seconds`` into ``output`` (collapsed stacks), every
+    thread that is not idle, or with ``gil`` only the one holding the interpreter lock."""
+    binary = shutil.which("py-spy")
+    if binary is None:
+        raise SystemExit("--py-spy: py-spy is not installed (pip install -e '.[bench]')")
+    argv = [binary, "record", "--pid", str(pid), "--duration", str(int(seconds)), "--format", "raw"]
+    argv += ["--nonblocking", "--threads", "--rate", "100", "--output", str(output)]
+    return subprocess.Popen([*argv, "--gil"] if gil else argv, stdout=subprocess.DEVNULL)
+
+
+class HubThreads:
+    """The hub process's CPU seconds by thread, and the batches it took, from now to :meth:`stop`."""
+
+    def __init__(self, pid: int, url: str) -> None:
+        self.proc, self.url = psutil.Process(pid), url
+        self.start, self.wall = self._cpu(), time.monotonic()
+        self.taken = self._taken()
+        self.spent: dict[int, float] = {}
+
+    def _cpu(self) -> dict[int, float]:
+        return {t.id: t.user_time + t.system_time for t in self.proc.threads()}
+
+    def _taken(self) -> int:
+        """Batches the hub has taken in (its ``ingested`` counter, the workers' batches included)."""
+        for line in httpx.get(f"{self.url}/metrics", timeout=60).text.splitlines():
+            if line.startswith('gpuscope_hub_ingested_total{kind="batches"}'):
+                return int(float(line.rsplit(" ", 1)[1]))
+        return 0
+
+    def stop(self) -> None:
+        end = self._cpu()
+        self.wall = time.monotonic() - self.wall
+        self.taken = max(1, self._taken() - self.taken)
+        self.spent = {tid: s - self.start.get(tid, 0.0) for tid, s in end.items()}
+
+    def rows(self, names: dict[int, str]) -> list[list[str]]:
+        """A row a thread of at least 0.005 core: cores, and ms of CPU a batch taken."""
+        rows = [
+            [
+                f"· hub thread {names.get(tid, f'{tid} (not Python)')}",
+                f"{s / self.wall:.3f}",
+                f"{s * 1e3 / self.taken:.3f} ms a batch taken",
+            ]
+            for tid, s in sorted(self.spent.items(), key=lambda kv: -kv[1])
+            if s / self.wall >= 0.005
+        ]
+        total = sum(self.spent.values())
+        head = [
+            "hub process by thread, cores",
+            f"{total / self.wall:.2f}",
+            f"{total * 1e3 / self.taken:.3f} ms a batch taken ({self.taken:,} batches)",
+        ]
+        return [head, *rows]
 
 
 def _options(args: argparse.Namespace, shape: FleetShape, hubs: list[str], pids: list[int]) -> LoadOptions:
@@ -559,6 +637,7 @@ def main() -> None:
         help="(a): the hub's hub.ingest_workers (0: ingest in the hub's process)",
     )
     ap.add_argument("--json-out", type=Path, default=None, help="also write the figures as JSON here")
+    ap.add_argument("--py-spy", type=Path, default=None, help="(a): py-spy's stacks of the hub process here")
     args = ap.parse_args()
     shape = FleetShape(nodes=args.nodes, gpus_per_node=args.gpus_per_node, job_nodes=args.job_nodes)
     load = os.getloadavg()
