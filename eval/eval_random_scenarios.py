@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import random
 import re
 import subprocess
@@ -261,22 +262,42 @@ def draw(seed: int, index: int) -> dict[str, Any]:
     }
 
 
+#: faults that silence their own job while they last, and the kinds of fault on that job they
+#: silence: an idle job makes no step and serves no request (no loss, checkpoint, rank pace or
+#: request to judge); a job that stopped checkpointing has no checkpoint left to fail; the loss
+#: follows one shape at a time (the simulator plays the later of a plateau and a divergence)
+SILENCING: dict[str, frozenset[str]] = {
+    "idle_allocation": frozenset(TRAINING_KINDS + SERVICE_KINDS)
+    | {"straggler", "gradient_skew", "memory_fragmentation"},
+    "checkpoint_stop": frozenset({"checkpoint_failure", "checkpoint_corrupt"}),
+    "loss_plateau": frozenset({"loss_divergence"}),
+    "loss_divergence": frozenset({"loss_plateau"}),
+}
+
+
 def _prune(fleet: Fleet, faults: list[dict[str, Any]], fatal_xids: tuple[int, ...]) -> list[dict[str, Any]]:
     """``faults`` in time order, less those an earlier fault (or one at the same second) had ended
-    the blast radius of: nothing is left there to detect (see the module docstring)."""
+    the blast radius of (see the module docstring) or silenced the job of (``SILENCING``): nothing
+    is left there to detect."""
 
     def ends(f: dict[str, Any]) -> bool:
         return f["kind"] in ENDING or (f["kind"] == "xid" and f["params"]["code"] in fatal_xids)
 
     kept: list[dict[str, Any]] = []
     ended: list[tuple[float, set[str], set[str]]] = []
-    for f in sorted(faults, key=lambda f: (f["at"], not ends(f))):
+    quiet: list[tuple[float, float, str, frozenset[str]]] = []
+    for f in sorted(faults, key=lambda f: (f["at"], not (ends(f) or f["kind"] in SILENCING))):
         nodes, jobs = _blast(fleet, f["target"])
         if any(at <= f["at"] and (nodes & n or jobs & j) for at, n, j in ended):
+            continue
+        job = f["target"].get("job") or f["target"].get("service")
+        if any(a <= f["at"] < b and job == j and f["kind"] in kinds for a, b, j, kinds in quiet):
             continue
         kept.append(f)
         if ends(f):
             ended.append((f["at"], nodes, jobs))
+        if f["kind"] in SILENCING:
+            quiet.append((f["at"], f["at"] + f.get("duration", math.inf), job, SILENCING[f["kind"]]))
     return kept
 
 
