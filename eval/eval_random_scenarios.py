@@ -23,24 +23,27 @@ fault and every UNEXPLAINED alert with its scenario, P1/P2 on healthy scenarios,
 ``wide-S-NNN``; the base profile's draws, ``random-S-NNN``, stay what they were): 2-5 nodes; a
 training job over 1-3 whole nodes; the service on half a node (1/2), a whole node (3/10) or one
 GPU (1/5); a fine-tuning job on the rest of the service's node (one GPU of it 3 times in 10) or on
-a node of its own, starting late (3/10) or ending before the run (1/7 of the others); on a free
-node, 3 times in 5, two jobs one after the other on the same one GPU, two or the whole node with
-an idle gap of 30, 60 or 120 s between them; ``interval`` 1 (7/10), 2 or 5 (3/20 each); a
+a node of its own, starting late (3/10) or ending before the run does (1 in 7); on a free node, 3
+times in 5, two jobs one after the other on the same one GPU, two or the whole node with an idle
+gap of 30, 60 or 120 s between them; ``interval`` 1 (7/10), 2 or 5 (3/20 each); a
 ``price_per_gpu_hour`` of 1.5, 2.5 or 4. Faults: the base families with training faults twice as
-likely; XID codes drawn from both of DESIGN §3's classes evenly (fatal 48, 63, 64, 74, 79, 92, 94,
-95, 119, 120; application 13, 31, 43, 45, 68); ``bad_version`` names the version half the time; a
-drawn duration is short (60, 90 or 120 s) half the time; 2 GPU faults in 5 after the first strike a
-GPU already struck and 1 in 10 of the others a GPU no job holds; a fault on a job starts a minute
-into its run and 10 minutes before its end; straggler and gradient skew are not drawn on a one-rank
-job (it has no peer to differ from).
+likely; XID codes from both of DESIGN §3's classes evenly (fatal 48, 63, 64, 74, 79, 92, 94, 95,
+119, 120; application 13, 31, 43, 45, 68); ``bad_version`` names its version half the time; a
+drawn duration is short (60, 90 or 120 s) half the time, except for kinds judged over minutes
+(``TREND_KINDS``); after the first GPU fault, 2 in 5 strike a GPU already struck, and 1 in 10 of
+the others a GPU no job holds; a fault on a job starts a minute into its run and 10 minutes before
+its end; straggler and gradient skew are not drawn on a one-rank job (no peer to differ from); a
+fault is not drawn on a job an earlier fault silenced (``SILENCING``: idle, no checkpoints, the
+other loss shape).
 
-usage: python eval/eval_random_scenarios.py [--seed 1] [--count 20] [--out DIR] [--from-out]
+usage: python eval/eval_random_scenarios.py [--seed 1 [2 ...]] [--count 20] [--out DIR] [--from-out]
                                             [--profile base|wide]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import random
@@ -554,7 +557,7 @@ def outside(scorer: Path, name: str, yaml_path: Path, doc_path: Path, tally: Tal
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, nargs="+", default=[1], help="one or more seeds, one table")
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--first", type=int, default=0, help="index of the first scenario drawn")
     parser.add_argument(
@@ -568,8 +571,8 @@ def main() -> None:
     ours, theirs = Tally(), Tally()
     our_notes: list[str] = []
     their_notes: list[str] = []
-    for index in range(args.first, args.first + args.count):
-        doc = (draw_wide if args.profile == "wide" else draw)(args.seed, index)
+    for seed, index in itertools.product(args.seed, range(args.first, args.first + args.count)):
+        doc = (draw_wide if args.profile == "wide" else draw)(seed, index)
         name = doc["name"]
         yaml_path, doc_path = args.out / f"{name}.yaml", args.out / f"{name}.json"
         yaml_path.write_text(yaml.safe_dump(doc, sort_keys=False, width=200))
