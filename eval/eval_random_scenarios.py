@@ -19,13 +19,33 @@ fault and every UNEXPLAINED alert with its scenario, P1/P2 on healthy scenarios,
 
 ``--from-out`` scores the documents already in ``--out`` instead of simulating again.
 
-usage: python eval/eval_random_scenarios.py [--seed 1] [--count 20] [--out DIR] [--from-out]
+``--profile wide`` draws the shapes DESIGN §4 allows that the base profile does not (scenarios
+``wide-S-NNN``; the base profile's draws, ``random-S-NNN``, stay what they were): 2-5 nodes; a
+training job over 1-3 whole nodes; the service on half a node (1/2), a whole node (3/10) or one
+GPU (1/5); a fine-tuning job on the rest of the service's node (one GPU of it 3 times in 10) or on
+a node of its own, starting late (3/10) or ending before the run does (1 in 7); on a free node, 3
+times in 5, two jobs one after the other on the same one GPU, two or the whole node with an idle
+gap of 30, 60 or 120 s between them; ``interval`` 1 (7/10), 2 or 5 (3/20 each); a
+``price_per_gpu_hour`` of 1.5, 2.5 or 4. Faults: the base families with training faults twice as
+likely; XID codes from both of DESIGN §3's classes evenly (fatal 48, 63, 64, 74, 79, 92, 94, 95,
+119, 120; application 13, 31, 43, 45, 68); ``bad_version`` names its version half the time; a
+drawn duration is short (60, 90 or 120 s) half the time, except for kinds judged over minutes
+(``TREND_KINDS``); after the first GPU fault, 2 in 5 strike a GPU already struck, and 1 in 10 of
+the others a GPU no job holds; a fault on a job starts a minute into its run and 10 minutes before
+its end; straggler and gradient skew are not drawn on a one-rank job (no peer to differ from); a
+fault is not drawn on a job an earlier fault silenced (``SILENCING``: idle, no checkpoints, the
+other loss shape).
+
+usage: python eval/eval_random_scenarios.py [--seed 1 [2 ...]] [--count 20] [--out DIR] [--from-out]
+                                            [--profile base|wide]
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import math
 import random
 import re
 import subprocess
@@ -245,6 +265,253 @@ def draw(seed: int, index: int) -> dict[str, Any]:
     }
 
 
+#: faults that silence their own job while they last, and the kinds of fault on that job they
+#: silence: an idle job makes no step and serves no request (no loss, checkpoint, rank pace or
+#: request to judge); a job that stopped checkpointing has no checkpoint left to fail; the loss
+#: follows one shape at a time (the simulator plays the later of a plateau and a divergence)
+SILENCING: dict[str, frozenset[str]] = {
+    "idle_allocation": frozenset(TRAINING_KINDS + SERVICE_KINDS)
+    | {"straggler", "gradient_skew", "memory_fragmentation"},
+    "checkpoint_stop": frozenset({"checkpoint_failure", "checkpoint_corrupt"}),
+    "loss_plateau": frozenset({"loss_divergence"}),
+    "loss_divergence": frozenset({"loss_plateau"}),
+}
+
+
+def _prune(fleet: Fleet, faults: list[dict[str, Any]], fatal_xids: tuple[int, ...]) -> list[dict[str, Any]]:
+    """``faults`` in time order, less those an earlier fault (or one at the same second) had ended
+    the blast radius of (see the module docstring) or silenced the job of (``SILENCING``): nothing
+    is left there to detect."""
+
+    def ends(f: dict[str, Any]) -> bool:
+        return f["kind"] in ENDING or (f["kind"] == "xid" and f["params"]["code"] in fatal_xids)
+
+    kept: list[dict[str, Any]] = []
+    ended: list[tuple[float, set[str], set[str]]] = []
+    quiet: list[tuple[float, float, str, frozenset[str]]] = []
+    for f in sorted(faults, key=lambda f: (f["at"], not (ends(f) or f["kind"] in SILENCING))):
+        nodes, jobs = _blast(fleet, f["target"])
+        if any(at <= f["at"] and (nodes & n or jobs & j) for at, n, j in ended):
+            continue
+        job = f["target"].get("job") or f["target"].get("service")
+        if any(a <= f["at"] < b and job == j and f["kind"] in kinds for a, b, j, kinds in quiet):
+            continue
+        kept.append(f)
+        if ends(f):
+            ended.append((f["at"], nodes, jobs))
+        if f["kind"] in SILENCING:
+            quiet.append((f["at"], f["at"] + f.get("duration", math.inf), job, SILENCING[f["kind"]]))
+    return kept
+
+
+# -- the wide profile ------------------------------------------------------------------------------
+
+WIDE_FATAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+WIDE_APP_XIDS = (13, 31, 43, 45, 68)
+#: short faults (60-120 s) half the time a duration is drawn, else the base profile's
+WIDE_DURATIONS = ((60, 90, 120), (300, 600, 900))
+#: kinds whose rule judges a trend or a cadence over minutes (or whose next checkpoint may be 10
+#: minutes away): a 1-2 minute fault of these has no signal to find, so they are never drawn short
+TREND_KINDS = frozenset(
+    {
+        "loss_plateau",
+        "loss_divergence",
+        "prediction_drift",
+        "confidence_shift",
+        "input_drift",
+        "business_drop",
+        "checkpoint_stop",
+        "checkpoint_failure",
+        "checkpoint_corrupt",
+        "idle_allocation",
+        "memory_fragmentation",
+        "gpu_slow",
+        "ecc_sbe_storm",
+        "pcie_replay",
+    }
+)
+#: the base profile's families, training faults twice as likely
+WIDE_FAMILIES = ("gpu", "gpu", "node", "job", "training", "training", "rank", "service", "service")
+#: kinds judged against the job's other ranks: not drawn on a one-rank job (no peer to differ from)
+PEER_KINDS = frozenset({"straggler", "gradient_skew"})
+
+
+def _wide_params(rng: random.Random, kind: str, service: dict[str, Any]) -> dict[str, Any]:
+    """``_params``, with XIDs of both classes drawn evenly over DESIGN §3's codes and a named
+    version for ``bad_version`` half the time."""
+    if kind == "xid":
+        return {"code": rng.choice(rng.choice((WIDE_FATAL_XIDS, WIDE_APP_XIDS)))}
+    if kind == "bad_version" and rng.random() < 0.5:
+        return {"version": f"v{int(service['version'][1:]) + rng.randint(1, 3)}"}
+    return _params(rng, kind)
+
+
+def _wide_fleet(rng: random.Random, duration: int) -> Fleet:
+    """2-5 nodes; a training job on 1-3 whole nodes; the service on half a node, a whole node or
+    one GPU; the rest of its node to a fine-tuning job (one GPU when the service leaves one), or a
+    node of its own; on a free node, sometimes two short jobs one after the other with an idle gap
+    of 30-120 s (each on one GPU, two, or the node), or one job that ends before the run does."""
+    nodes = rng.randint(2, 5)
+    fleet = Fleet(nodes, rng.choice([4, 8]) if nodes <= 3 else 4)
+    free = [f"node-{i}" for i in range(nodes)]
+    span = rng.randint(1, min(3, nodes - 1))
+    fleet.jobs.append(
+        {
+            "name": "pretrain",
+            "kind": "training",
+            "nodes": free[:span],
+            "step_time": round(rng.uniform(0.6, 2.0), 1),
+            "checkpoint_every": rng.choice([300, 600]),
+        }
+    )
+    free = free[span:]
+    api: dict[str, Any] = {
+        "name": "api",
+        "kind": "inference",
+        "nodes": [free.pop(0)],
+        "rps": rng.choice([10, 20, 30, 40]),
+        "model": "chat",
+        "version": f"v{rng.randint(1, 9)}",
+    }
+    shape = rng.choices(["half", "node", "one"], weights=[0.5, 0.3, 0.2])[0]
+    rest: list[int] = []
+    if shape == "half":
+        api["gpus"], rest = list(range(fleet.gpus // 2)), list(range(fleet.gpus // 2, fleet.gpus))
+    elif shape == "one":
+        api["gpus"], rest = [0], list(range(1, fleet.gpus))
+    fleet.jobs.append(api)
+    ft: dict[str, Any] = {"name": "finetune", "kind": "training"}
+    ft["step_time"] = round(rng.uniform(0.5, 1.2), 1)
+    ft["checkpoint_every"] = 300
+    if rest and rng.random() < 0.6:
+        ft.update(nodes=list(api["nodes"]), gpus=rest if rng.random() < 0.7 else rest[-1:])
+    elif free and rng.random() < 0.5:
+        ft.update(nodes=[free.pop(0)])
+    else:
+        ft = {}
+    if ft:
+        if rng.random() < 0.3:
+            ft["start"] = rng.choice([60, 120, 300])
+        elif rng.random() < 0.2:
+            ft["end"] = rng.randrange(duration // 2, duration - 300, 30)
+        fleet.jobs.append(ft)
+    if free and rng.random() < 0.6:
+        gpus = rng.choice([[0], [0, 1], list(range(fleet.gpus))])
+        first_end = rng.randrange(duration // 4, duration // 2, 30)
+        gap = rng.choice([30, 60, 120])
+        for name, start, end in (("sweep-a", 0, first_end), ("sweep-b", first_end + gap, None)):
+            job = {"name": name, "kind": "training", "nodes": [free[0]], "gpus": list(gpus)}
+            job["step_time"] = round(rng.uniform(0.5, 1.2), 1)
+            job["checkpoint_every"] = 300
+            if start:
+                job["start"] = start
+            if end is not None:
+                job["end"] = end
+            fleet.jobs.append(job)
+    return fleet
+
+
+def _window(job: dict[str, Any] | None, duration: int) -> tuple[int, int]:
+    """When a fault on ``job`` may start: a minute into its run, and 10 minutes before its end
+    (15 before the scenario's) so that a rule has time to judge while the job still runs."""
+    start = job.get("start", 0) if job else 0
+    end = job.get("end", duration) if job else duration
+    return max(30, start + 60), min(duration - 900, end - 600)
+
+
+def draw_wide(seed: int, index: int) -> dict[str, Any]:
+    """One scenario of the wide profile: every shape ``draw`` draws, and the shapes DESIGN §4
+    allows that it does not (see the module docstring)."""
+    rng = random.Random(seed * 100_003 + index)
+    duration = rng.choice([1200, 1500, 1800, 2100, 2400])
+    fleet = _wide_fleet(rng, duration)
+    interval = rng.choices([1, 2, 5], weights=[0.7, 0.15, 0.15])[0]
+    healthy = rng.random() < 1 / 6
+    service = next(j for j in fleet.jobs if j["kind"] == "inference")
+    taken_gpus = {slot for j in fleet.jobs for slot in fleet.gpus_of(j)}
+    spare = [(f"node-{n}", g) for n in range(fleet.nodes) for g in range(fleet.gpus)]
+    spare = [slot for slot in spare if slot not in taken_gpus]
+    faults: list[dict[str, Any]] = []
+    struck: list[dict[str, Any]] = []  # targets of the GPU faults drawn so far
+    taken: set[tuple[str, str]] = set()
+    for _ in range(0 if healthy else rng.randint(1, 4)):
+        family = rng.choice(WIDE_FAMILIES)
+        # jobs that run long enough for a fault on them to be judged
+        jobs = [j for j in fleet.jobs if _window(j, duration)[0] <= _window(j, duration)[1]]
+        trainings = [j for j in jobs if j["kind"] == "training"]
+        job: dict[str, Any] | None = rng.choice(jobs if family in ("gpu", "job") else trainings)
+        target: dict[str, Any]
+        if family == "gpu":
+            kind = rng.choice(GPU_KINDS)
+            if struck and rng.random() < 0.4:  # a second fault on a GPU already struck
+                target = dict(rng.choice(struck))
+                job = next(
+                    (j for j in fleet.jobs if (target["node"], target["gpu"]) in fleet.gpus_of(j)), None
+                )
+            elif spare and rng.random() < 0.1:  # a GPU no job holds
+                node, gpu = rng.choice(spare)
+                target, job = {"node": node, "gpu": gpu}, None
+            else:
+                assert job is not None
+                node, gpu = rng.choice(fleet.gpus_of(job))
+                target = {"node": node, "gpu": gpu}
+            struck.append(target)
+        elif family == "node":
+            assert job is not None
+            kind = rng.choice(NODE_KINDS)
+            target, job = {"node": rng.choice(job["nodes"])}, None
+        elif family == "job":
+            assert job is not None
+            kind = rng.choice(JOB_KINDS)
+            target = {"job": job["name"]}
+        elif family == "training":
+            assert job is not None
+            kind = rng.choice(TRAINING_KINDS)
+            target = {"job": job["name"]}
+        elif family == "rank":
+            assert job is not None
+            world = len(fleet.gpus_of(job))
+            kind = rng.choice([k for k in RANK_KINDS if world > 1 or k not in PEER_KINDS])
+            target = {"job": job["name"], "rank": rng.randrange(world)}
+        else:
+            kind = rng.choice(SERVICE_KINDS)
+            target, job = {"service": service["name"]}, service
+        key = (kind, json.dumps(target, sort_keys=True))
+        lo, hi = _window(job, duration)
+        if key in taken or lo > hi:
+            continue
+        taken.add(key)
+        if faults and rng.random() < 0.5:  # overlap the previous fault, often on its target
+            at = faults[-1]["at"] + rng.randint(0, 180)
+        elif rng.random() < 0.2:
+            at = rng.randint(30, 120)  # near the start
+        else:
+            at = rng.randint(120, duration - 900)
+        fault: dict[str, Any] = {"at": min(max(at, lo), hi), "kind": kind, "target": target}
+        params = _wide_params(rng, kind, service)
+        if params:
+            fault["params"] = params
+        if rng.random() < 0.5:
+            spans = WIDE_DURATIONS[1:] if kind in TREND_KINDS else WIDE_DURATIONS
+            fault["duration"] = rng.choice(rng.choice(spans))
+        faults.append(fault)
+    return {
+        "name": f"wide-{seed}-{index:03d}",
+        "description": "drawn by eval/eval_random_scenarios.py --profile wide from DESIGN §4",
+        "seed": seed * 1000 + index,
+        "duration": duration,
+        "interval": interval,
+        "cluster": {
+            "nodes": fleet.nodes,
+            "gpus_per_node": fleet.gpus,
+            "gpu_model": "H100-SXM5-80GB",
+            "price_per_gpu_hour": rng.choice([1.5, 2.5, 4.0]),
+        },
+        "jobs": fleet.jobs,
+        "faults": _prune(fleet, faults, WIDE_FATAL_XIDS),
+    }
+
+
 def show(title: str, tally: Tally, notes: list[str]) -> None:
     """One scorer's per-family table, its totals and its notes (misses, unexplained alerts)."""
     print(f"\n{title}\n" + "\n".join(tally.rows()))
@@ -290,9 +557,12 @@ def outside(scorer: Path, name: str, yaml_path: Path, doc_path: Path, tally: Tal
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, nargs="+", default=[1], help="one or more seeds, one table")
     parser.add_argument("--count", type=int, default=20)
     parser.add_argument("--first", type=int, default=0, help="index of the first scenario drawn")
+    parser.add_argument(
+        "--profile", choices=("base", "wide"), default="base", help="the shapes drawn (module docstring)"
+    )
     parser.add_argument("--out", type=Path, default=Path("random-scenarios"))
     parser.add_argument("--from-out", action="store_true", help="score the documents in --out")
     parser.add_argument("--scorer", type=Path, default=data_dir().parent / "tools" / "score.py")
@@ -301,8 +571,8 @@ def main() -> None:
     ours, theirs = Tally(), Tally()
     our_notes: list[str] = []
     their_notes: list[str] = []
-    for index in range(args.first, args.first + args.count):
-        doc = draw(args.seed, index)
+    for seed, index in itertools.product(args.seed, range(args.first, args.first + args.count)):
+        doc = (draw_wide if args.profile == "wide" else draw)(seed, index)
         name = doc["name"]
         yaml_path, doc_path = args.out / f"{name}.yaml", args.out / f"{name}.json"
         yaml_path.write_text(yaml.safe_dump(doc, sort_keys=False, width=200))
