@@ -7,8 +7,9 @@ import pytest
 
 from gpuscope.detect.business import BusinessDetector
 from gpuscope.detect.drift import DriftDetector
-from gpuscope.model import Batch, Frame
+from gpuscope.model import Batch, Event, Frame
 from gpuscope.quality.monitor import QualityMonitor
+from gpuscope.quality.sketch import NumericSketch
 
 LABELS = {"service": "chat", "model": "chat", "version": "v7", "node": "node-0"}
 
@@ -32,7 +33,8 @@ def test_drift_fires_when_material_and_sustained_and_clears() -> None:
         det.on_frame(drift_frame(ts, "input", "language", 0.15, 1.0))  # drifted, but not material
         fired.append((ts, det.evaluate(ts)))
     firing = [ts for ts, found in fired if found]
-    assert firing == [ts for ts in range(600, 900, 30)]
+    # 0.35 is 1.75 times min_score: held 300 / 1.75 = 171 s, the first sketch after it at 480 s
+    assert firing == [ts for ts in range(480, 900, 30)]
     (finding,) = dict(fired)[600.0]
     assert finding.rule == "input_drift"
     assert finding.entity == {"service": "chat", "model": "chat", "version": "v7"}
@@ -56,6 +58,64 @@ def test_drift_rows_without_service_or_values_are_counted() -> None:
     assert det.counters.get("drift_rows_refused") == 2 and det.evaluate(1.0) == []
     with pytest.raises(ValueError):
         DriftDetector(min_score=0.0)
+
+
+def test_a_strong_drift_is_held_for_less_a_mild_one_for_sustain_and_a_blip_not_at_all() -> None:
+    def first_firing(scores: dict[float, float]) -> float | None:
+        det = DriftDetector(min_score=0.2, sustain=300.0)  # min_hold 120 s
+        for k in range(1, 60):
+            ts = 30.0 * k
+            score = scores.get(ts, 0.04)
+            det.on_frame(drift_frame(ts, "prediction", "prediction", score, float(score > 0.1)))
+            if det.evaluate(ts):
+                return ts
+        return None
+
+    # a drift of five minutes at twice the material score: material for 240 s, found after 150 s
+    assert first_firing({300.0 + 30 * k: 0.4 for k in range(8)}) == 450.0
+    # at the material score itself it still takes sustain, and 240 s of it is not enough
+    assert first_firing({300.0 + 30 * k: 0.2 for k in range(20)}) == 600.0
+    assert first_firing({300.0 + 30 * k: 0.2 for k in range(8)}) is None
+    # however strong, two minutes at least: three windows of a perfect score are a blip
+    assert first_firing({300.0 + 30 * k: 1.0 for k in range(4)}) is None
+    assert first_firing({300.0 + 30 * k: 1.0 for k in range(5)}) == 420.0
+
+
+def prompt_run(factors: list[float], seed: int) -> tuple[QualityMonitor, list[float], list[float]]:
+    """400 prompt lengths a window through the monitor and the rule: (monitor, scores, firing times)."""
+    rng = np.random.default_rng(seed)
+    monitor, det = QualityMonitor(), DriftDetector()
+    labels = LABELS | {"signal": "input", "feature": "prompt_tokens"}
+    scores, firing = [], []
+    for k, factor in enumerate(factors, start=1):
+        ts = 30.0 * k
+        sk = NumericSketch()
+        sk.extend(np.round(rng.lognormal(np.log(400.0 * factor), 0.6, 400)))
+        event = Event(ts, "quality_sketch", labels, {"sketch": sk.to_json()})
+        derived = monitor.observe(Batch("sdk:chat", events=[event]))
+        for f in derived.frames if derived else []:
+            det.on_frame(f)
+            scores.append(float(f.values[0, f.metrics.index("model_input_drift_score")]))
+        if det.evaluate(ts):
+            firing.append(ts)
+    return monitor, scores, firing
+
+
+def test_a_drift_while_the_reference_learns_is_not_learned_as_normal() -> None:
+    # prompts 1.6 times longer from the third window on: the first 1000 observations (three
+    # windows) would hold one drifted window, and the drift would score about 0.4 against them
+    monitor, scores, firing = prompt_run([1.0, 1.0] + [1.6] * 30, seed=5)
+    assert min(scores) > 0.7  # judged against the two clean windows only
+    assert firing and firing[0] <= 90.0 + 150.0 and firing[-1] == 960.0
+    assert monitor.counters.get("quality_references_cut_short") == 1
+
+
+def test_healthy_windows_and_a_lone_odd_one_are_learned_and_stay_quiet() -> None:
+    monitor, scores, firing = prompt_run([1.0] * 40, seed=6)
+    assert monitor.counters.get("quality_references_cut_short") == 0 and firing == []
+    assert len(scores) == 37 and max(scores) < 0.15
+    monitor, scores, firing = prompt_run([1.0, 1.0, 1.6, 1.0] + [1.0] * 30, seed=7)
+    assert monitor.counters.get("quality_references_cut_short") == 0 and firing == []
 
 
 def business_run(values: list[float], det: BusinessDetector, every: float = 60.0) -> list[float]:

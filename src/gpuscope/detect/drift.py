@@ -4,10 +4,14 @@ The hub's quality monitor (:mod:`gpuscope.quality.monitor`) compares each window
 frozen reference and publishes ``model_<signal>_drift_score`` and ``model_<signal>_drifted`` per
 service and feature; this detector judges those series. A feature drifts when the monitor's test
 says so *and* the score is material (``min_score``: a distance of 0.2 is twice the monitor's own
-threshold, so sampling noise and slow daily movement stay quiet), held for ``sustain`` seconds.
-It clears when the score falls under half of ``min_score`` or the test no longer rejects, and goes
-quiet when a service stops sending sketches for ``stale`` seconds. One finding per service and
-rule names the features that drift, worst first.
+threshold, so sampling noise and slow daily movement stay quiet) and held long enough: a score at
+``min_score`` for ``sustain`` seconds, a stronger one for less in proportion (twice the score, half
+the time; never under ``min_hold``). The monitor's score already averages its last windows, so it
+lags a drift's onset and falls once the drift ends: a drift of five minutes is material for less
+than five, and a strong score held for less time is as much evidence as a mild one held for
+``sustain``. It clears when the score falls under half of ``min_score`` or the test no longer
+rejects, and goes quiet when a service stops sending sketches for ``stale`` seconds. One finding
+per service and rule names the features that drift, worst first.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ class _Feature:
     labels: Labels
     score: float = math.nan
     since: float | None = None
+    held: float = 0.0  # seconds of pending, each weighted by its score over min_score
     firing: bool = False
 
 
@@ -44,10 +49,13 @@ class _Service:
 class DriftDetector(Detector):
     rules = tuple(RULES.values())
 
-    def __init__(self, min_score: float = 0.2, sustain: float = 300.0, stale: float = 600.0) -> None:
-        if min_score <= 0 or sustain < 0 or stale <= 0:
-            raise ValueError("min_score and stale must be positive, sustain not negative")
+    def __init__(
+        self, min_score: float = 0.2, sustain: float = 300.0, stale: float = 600.0, min_hold: float = 120.0
+    ) -> None:
+        if min_score <= 0 or sustain < 0 or stale <= 0 or min_hold < 0:
+            raise ValueError("min_score and stale must be positive, sustain and min_hold not negative")
         self.min_score, self.sustain, self.stale = min_score, sustain, stale
+        self.min_hold = min(min_hold, sustain)
         self.counters = Counters()
         self._services: dict[str, _Service] = {}
 
@@ -77,12 +85,18 @@ class DriftDetector(Detector):
         f = svc.features.get(key)
         if f is None:
             f = svc.features[key] = _Feature(ts, dict(labels))
+        previous, gap = f.score, max(ts - f.last, 0.0)
         f.last, f.labels, f.score = ts, dict(labels), score
         if flag and score >= self.min_score:
-            f.since = f.since if f.since is not None else ts
+            if f.since is None:
+                f.since, f.held = ts, 0.0
+            else:  # the weaker end of the interval: one strong window alone proves nothing
+                f.held += gap * min(previous, score) / self.min_score
         elif not flag or score < 0.5 * self.min_score or not f.firing:
             f.since = None
-        f.firing = f.since is not None and ts - f.since >= self.sustain
+        f.firing = f.since is not None and (
+            f.firing or (ts - f.since >= self.min_hold and f.held >= self.sustain)
+        )
 
     def evaluate(self, now: float) -> list[Finding]:
         out: list[Finding] = []

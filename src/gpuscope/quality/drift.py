@@ -43,8 +43,12 @@ class DriftResult:
 
 
 def choose_method(reference: Sketch, small: int = SMALL) -> str:
-    numeric = isinstance(reference, NumericSketch)
-    if reference.count <= small:
+    return method_for(isinstance(reference, NumericSketch), reference.count, small)
+
+
+def method_for(numeric: bool, count: float, small: int = SMALL) -> str:
+    """The method for a reference of ``count`` observations: a test when small, a distance above."""
+    if count <= small:
         return "ks" if numeric else "chi_squared"
     return "wasserstein" if numeric else "jensen_shannon"
 

@@ -6,6 +6,16 @@ latency sketch). Per service, signal and feature the first ``reference_count`` o
 the reference, frozen from then on; the last ``current_windows`` sketches form the current
 distribution. Each new sketch publishes ``model_<signal>_drift_score`` (labels service, model,
 version, feature; the method is in :mod:`~gpuscope.quality.drift`) and ``model_<signal>_drifted``.
+
+Drift tools take as reference a window known to be good (Evidently and NannyML a chosen period or
+the training data); the hub has only the first windows, and a drift that starts while they are
+learned would be learned as normal (a third of the reference, on a service whose SDK samples 400
+requests per 30 s window and drifts at 60 s). So once the reference holds a quarter of its
+observations, two sketches in a row far from it (the small-sample test rejects at ``refuse_p``
+*and* the distance is at least ``refuse_distance``) end the learning: the reference keeps what it
+had and those two are the first current ones. One far sketch followed by a near one is noise, and
+both are learned.
+
 Business metrics get an EWMA baseline (``model_business_metric_baseline`` and ``_ratio``), and
 ``serving_window`` counts feed the SLO burn rates (``slo_burn_rate``, ``slo_burn_alert``).
 State is bounded by the number of series, never by the number of predictions.
@@ -23,7 +33,7 @@ import numpy as np
 
 from gpuscope.counters import Counters
 from gpuscope.model import Batch, Event, Frame, Labels
-from gpuscope.quality.drift import drift
+from gpuscope.quality.drift import drift, method_for
 from gpuscope.quality.sketch import NumericSketch, Sketch, SketchError, sketch_from_json
 from gpuscope.quality.slo import PAIRS, BurnRates, Slo
 
@@ -37,6 +47,8 @@ SOURCE = "quality"
 @dataclass(slots=True)
 class _Drift:
     reference: Sketch | None = None
+    method: str | None = None  # chosen when the reference is complete
+    suspect: Sketch | None = None  # a sketch far from the reference while it learns, held aside
     current: deque[Sketch] = field(default_factory=deque)
 
 
@@ -48,10 +60,13 @@ class QualityMonitor:
         reference_count: int = 1000,
         current_windows: int = 6,
         business_tau: float = 1800.0,
+        refuse_p: float = 0.001,
+        refuse_distance: float = 0.2,
         counters: Counters | None = None,
     ) -> None:
         self.reference_count = reference_count
         self.current_windows = current_windows
+        self.refuse_p, self.refuse_distance = refuse_p, refuse_distance
         self.business_tau = business_tau
         self.counters = counters if counters is not None else Counters()
         self._drift: dict[tuple[str, str, str], _Drift] = {}
@@ -102,13 +117,9 @@ class QualityMonitor:
             return []
         feature = lb.get("feature", signal)
         state = self._drift.setdefault((service, signal, feature), _Drift())
-        if state.reference is None or state.reference.count < self.reference_count:
-            if state.reference is None:
-                state.reference = sk
-            elif type(state.reference) is type(sk):
-                state.reference.merge(sk)  # type: ignore[arg-type]
+        if state.method is None and not self._learn(state, sk):
             return []
-        if type(state.reference) is not type(sk):
+        if state.reference is None or type(state.reference) is not type(sk):
             self.counters.inc("quality_refused_sketches")
             return []
         state.current.append(sk)
@@ -117,7 +128,7 @@ class QualityMonitor:
         current = sketch_from_json(state.current[0].to_json())
         for extra in list(state.current)[1:]:
             current.merge(extra)  # type: ignore[arg-type]
-        result = drift(state.reference, current)
+        result = drift(state.reference, current, state.method)
         labels = {k: lb[k] for k in ("service", "model", "version", "node") if k in lb} | {"feature": feature}
         values = {
             f"model_{signal}_drift_score": result.score,
@@ -125,6 +136,42 @@ class QualityMonitor:
         }
         self.counters.inc("quality_drift_evaluations")
         return [(event.ts, labels, values)]
+
+    def _learn(self, state: _Drift, sk: Sketch) -> bool:
+        """Learn ``sk`` into the reference; True when it ended the learning and is to be judged."""
+        ref = state.reference
+        if ref is None:
+            state.reference = sk
+            return False
+        if type(ref) is not type(sk):
+            return False
+        if ref.count >= self.reference_count // 4 and self._far(ref, sk):
+            if state.suspect is None:
+                state.suspect = sk
+                return False
+            state.current.append(state.suspect)
+            state.suspect = None
+            # a test on a reference cut short would flag the daily movement of a current window
+            # larger than it: judge it by distance, as a full one
+            state.method = method_for(isinstance(ref, NumericSketch), math.inf)
+            self.counters.inc("quality_references_cut_short")
+            return True
+        for learnt in (state.suspect, sk):
+            if learnt is not None:
+                ref.merge(learnt)  # type: ignore[arg-type]
+        state.suspect = None
+        if ref.count >= self.reference_count:
+            state.method = method_for(isinstance(ref, NumericSketch), ref.count)
+        return False
+
+    def _far(self, ref: Sketch, sk: Sketch) -> bool:
+        if not sk.count:
+            return False
+        numeric = isinstance(ref, NumericSketch)
+        test = drift(ref, sk, method_for(numeric, 0.0))
+        if test.p_value is None or test.p_value >= self.refuse_p:
+            return False
+        return drift(ref, sk, method_for(numeric, math.inf)).score >= self.refuse_distance
 
     # -- business --------------------------------------------------------------------------------
 
