@@ -18,8 +18,10 @@ A GPU with too few peers to be compared with (a service or job on one to ``min_p
 GPU no job label names) is judged against the clock its part runs at: under load and with no clock
 event reason at all, a GPU runs at its boost clock, so one ``alone_ratio`` or further below the
 fastest such clock of its node's GPUs or of its own past is slow with nothing to explain it
-(``gpu_underperforming``). On a GPU serving inference this is the only per-GPU sign: the service's
-latency mixes every replica's.
+(``gpu_underperforming``). Only at ``busy_percent`` or more: real captures show reason-free clocks
+under the maximum (a T4 at 0 % at 585 of 1,590 MHz; an A100, its utilisation not given, at 1,275 of
+1,410 MHz, within the bar; nvidia-smi -q captures in telegraf's tests). On a GPU serving inference
+this is the only per-GPU sign: the service's latency mixes every replica's.
 
 Peers are the loaded GPUs of the same job, judged within their speed group against its fast end
 (:class:`~gpuscope.detect.peers.ClockPeers`, shared with ``gpu_failure_risk``): a group that was
@@ -121,7 +123,7 @@ class ClockDetector(GpuTableDetector):
         load_percent: float = 50.0,
         lag_ratio: float = 0.96,
         cap_ratio: float = 0.85,
-        busy_percent: float = 10.0,
+        busy_percent: float = 25.0,
         alone_ratio: float = 0.85,
         peers: ClockPeers | None = None,
         pace: OwnPace | None = None,
