@@ -57,3 +57,39 @@ def test_gpus_joining_the_job_are_learned_again_but_a_live_fault_is_not_the_new_
     slow(cluster, later, 1.25)  # the job grows onto slower parts: their own speed group
     driver.run(300, 600, cluster.batches)
     assert flagged(driver) == set(first[:2])
+
+
+def service_of_two() -> tuple[FakeCluster, Driver]:
+    """A node: a training job on GPUs 0-5, a service on GPUs 6 and 7 at a light load (30 %)."""
+    cluster = FakeCluster(nodes=1, gpus=8)
+    cluster.allocate("llm", [(g, "node-0", str(g)) for g in range(6)])
+    cluster.allocate("api", [(0, "node-0", "6"), (1, "node-0", "7")])
+    for gpu in ("6", "7"):
+        cluster.overrides[("node-0", gpu)] = {"gpu_utilization_percent": 30.0}
+    return cluster, Driver([ClockDetector()])
+
+
+def test_a_slow_gpu_with_too_few_peers_is_judged_against_the_clock_its_part_runs_at() -> None:
+    cluster, driver = service_of_two()
+    driver.run(0, 200, cluster.batches)
+    assert driver.alerts_of("gpu_underperforming") == []
+    slow_key = ("node-0", "6")
+    cluster.overrides[slow_key]["gpu_sm_clock_mhz"] = 1305.0  # 1.52x slower, no clock event reason
+    driver.run(200, 300, cluster.batches)
+    alert = driver.only("gpu_underperforming")
+    assert alert.entity == {"node": "node-0", "gpu": "6"} and alert.severity == "P2"
+    assert 240 <= alert.started_at <= 270
+    assert "1305 MHz under load with no clock event reason, 34% below the 1980 MHz" in alert.summary
+    del cluster.overrides[slow_key]["gpu_sm_clock_mhz"]
+    driver.run(300, 500, cluster.batches)
+    assert alert.resolved_at is not None
+
+
+def test_a_lone_gpu_slow_for_a_reason_or_idle_is_no_underperformer() -> None:
+    cluster, driver = service_of_two()
+    cluster.overrides[("node-0", "6")].update(
+        {"gpu_sm_clock_mhz": 1305.0, "gpu_clock_event_reasons": 0x4, "gpu_throttle_sw_power": 1.0}
+    )
+    cluster.overrides[("node-0", "7")].update({"gpu_sm_clock_mhz": 345.0, "gpu_utilization_percent": 0.0})
+    driver.run(0, 300, cluster.batches)
+    assert driver.alerts_of("gpu_underperforming") == []

@@ -1,8 +1,10 @@
-"""gpu_thermal_throttle: sustained or recurring slowdown under load, or far hotter than peers."""
+"""gpu_thermal_throttle: sustained or recurring thermal slowdown (idle or loaded), or far hotter than
+peers under load; gpu_power_throttle on a lowered enforced power limit whatever the load."""
 
 from __future__ import annotations
 
 from detect.rig import Driver, FakeCluster
+from gpuscope.detect.clocks import ClockDetector
 from gpuscope.detect.throttle import ThermalThrottleDetector
 from gpuscope.model import Batch
 
@@ -48,9 +50,8 @@ def test_recurring_throttle_via_clock_event_reasons_fires() -> None:
     assert 50 <= alert.started_at <= 80 and alert.firing  # recurring: no flapping while it recurs
 
 
-def test_blips_and_idle_throttle_raise_nothing() -> None:
+def test_blips_raise_nothing() -> None:
     cluster = busy_cluster()
-    cluster.overrides[("node-0", "0")] = {**THROTTLED, "gpu_utilization_percent": 0.0}  # idle GPU: harmless
     driver = Driver([ThermalThrottleDetector()])
 
     def ticks(t: float) -> list[Batch]:
@@ -62,6 +63,19 @@ def test_blips_and_idle_throttle_raise_nothing() -> None:
 
     driver.run(0, 400, ticks)
     assert not driver.alerts.all()
+
+
+def test_an_idle_gpu_held_down_by_heat_fires_as_a_cooling_fault() -> None:
+    """An idle GPU 40-50 °C above where idle GPUs sit, with its thermal slowdown engaged, has lost
+    its cooling: the next work placed on it runs throttled, so it is the rule's P2 as under load."""
+    cluster = busy_cluster()
+    driver = Driver([ThermalThrottleDetector()])
+    driver.run(0, 100, cluster.batches)
+    cluster.overrides[HOT] = {**THROTTLED, "gpu_utilization_percent": 0.0, "gpu_sm_active_ratio": 0.0}
+    driver.run(100, 200, cluster.batches)
+    alert = driver.only("gpu_thermal_throttle")
+    assert alert.entity == {"node": "node-0", "gpu": "6"} and alert.severity == "P2"
+    assert 129 <= alert.started_at <= 131 and "while idle" in alert.summary and alert.details["idle"]
 
 
 def test_far_hotter_than_peers_of_the_same_job_fires_but_different_jobs_may_differ() -> None:
@@ -93,3 +107,38 @@ def test_missing_temperature_and_flags_are_ignored() -> None:
     driver = Driver([ThermalThrottleDetector()])
     driver.run(0, 100, cluster.batches)
     assert not driver.alerts.all()
+
+
+def capped_node() -> FakeCluster:
+    """A node whose GPUs 6 and 7 serve inference at a light load (30 %), drawing 250 W."""
+    cluster = busy_cluster()
+    light = {"gpu_utilization_percent": 30.0, "gpu_power_watts": 250.0}
+    for gpu in ("6", "7"):
+        cluster.overrides[("node-0", gpu)] = dict(light)
+    return cluster
+
+
+def test_a_lowered_power_limit_fires_even_where_the_draw_never_reaches_it() -> None:
+    cluster = capped_node()
+    driver = Driver([ClockDetector()])
+    driver.run(0, 100, cluster.batches)
+    cluster.overrides[HOT]["gpu_power_limit_watts"] = 385.0  # capped at 55 %: 250 W never reaches it
+    driver.run(100, 200, cluster.batches)
+    alert = driver.only("gpu_power_throttle")
+    assert alert.entity == {"node": "node-0", "gpu": "6"} and alert.severity == "P2"
+    assert 130 <= alert.started_at <= 150
+    assert "lowered to 385 W, 55% of the 700 W its node's other GPUs enforce" in alert.summary
+    assert alert.details["limit_lowered"] and alert.details["node_power_limit_watts"] == 700.0
+    cluster.overrides[HOT]["gpu_power_limit_watts"] = 700.0
+    driver.run(200, 400, cluster.batches)
+    assert alert.resolved_at is not None and 260 <= alert.resolved_at <= 300
+
+
+def test_a_power_limit_lowered_alike_on_a_whole_node_or_a_little_raises_nothing() -> None:
+    cluster = capped_node()
+    for g in range(8):  # a deliberate cap on every GPU of the node
+        cluster.overrides.setdefault(("node-0", str(g)), {})["gpu_power_limit_watts"] = 500.0
+    cluster.overrides[HOT]["gpu_power_limit_watts"] = 450.0  # one 10 % lower: within the bar
+    driver = Driver([ClockDetector()])
+    driver.run(0, 300, cluster.batches)
+    assert driver.alerts_of("gpu_power_throttle") == []

@@ -6,6 +6,23 @@ Both judge a per-GPU condition sampled at each evaluation and smoothed into the 
 ``clear_share``, so one- or two-second power blips (normal under load) never reach it and a
 recurring throttle does not flap. Vectorised over every GPU.
 
+A power cap lowered well under what the node's other GPUs enforce (``gpu_power_limit_watts``, NVML
+``nvmlDeviceGetEnforcedPowerLimit``, DCGM ``DCGM_FI_DEV_ENFORCED_POWER_LIMIT``) is a power throttle
+whatever the load: the GPUs of a node are one model with one default limit, so one GPU capped at
+``cap_ratio`` of its node's highest limit or less was capped by someone or something, and its clocks
+fall with the software power-cap reason as soon as its draw reaches the cap. On a GPU serving
+inference at a light load, or idle, the draw may never reach it, so the reason alone would never say
+so; a limit lowered on every GPU of a node alike (a deliberate fleet cap) is not judged.
+
+A GPU with too few peers to be compared with (a service or job on one to ``min_peers`` GPUs, or a
+GPU no job label names) is judged against the clock its part runs at: under load and with no clock
+event reason at all, a GPU runs at its boost clock, so one ``alone_ratio`` or further below the
+fastest such clock of its node's GPUs or of its own past is slow with nothing to explain it
+(``gpu_underperforming``). Only at ``busy_percent`` or more: real captures show reason-free clocks
+under the maximum (a T4 at 0 % at 585 of 1,590 MHz; an A100, its utilisation not given, at 1,275 of
+1,410 MHz, within the bar; nvidia-smi -q captures in telegraf's tests). On a GPU serving inference
+this is the only per-GPU sign: the service's latency mixes every replica's.
+
 Peers are the loaded GPUs of the same job, judged within their speed group against its fast end
 (:class:`~gpuscope.detect.peers.ClockPeers`, shared with ``gpu_failure_risk``): a group that was
 slower from the start is the job's placement, not a live fault, and a GPU that is firing keeps
@@ -33,7 +50,7 @@ from gpuscope.detect.gpupace import OwnPace
 from gpuscope.detect.gpuplace import GpuPlacement
 from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.peers import ClockPeers
-from gpuscope.detect.vectors import grow
+from gpuscope.detect.vectors import IntArray, grow
 from gpuscope.model import Finding, FloatArray
 from gpuscope.rules import GPU_POWER_THROTTLE as POWER
 from gpuscope.rules import GPU_UNDERPERFORMING as SLOW
@@ -105,12 +122,20 @@ class ClockDetector(GpuTableDetector):
         tau: float = 60.0,
         load_percent: float = 50.0,
         lag_ratio: float = 0.96,
+        cap_ratio: float = 0.85,
+        busy_percent: float = 25.0,
+        alone_ratio: float = 0.85,
         peers: ClockPeers | None = None,
         pace: OwnPace | None = None,
         placement: GpuPlacement | None = None,
     ) -> None:
         super().__init__()
-        self.load_percent, self.lag_ratio = load_percent, lag_ratio
+        self.load_percent, self.lag_ratio, self.cap_ratio = load_percent, lag_ratio, cap_ratio
+        self.busy_percent, self.alone_ratio = busy_percent, alone_ratio
+        self._alone = _Share(tau, 0.6, 0.3)
+        #: per GPU id, the fastest SM clock it has run at under load with no clock event reason
+        self._best: FloatArray = np.zeros(0)
+        self._alone_ref: FloatArray = np.zeros(0)
         self._power = _Share(tau, 0.5, 0.25)
         self._slow = _Share(tau, 0.6, 0.3)
         self._ratio: FloatArray = np.zeros(0)
@@ -118,6 +143,35 @@ class ClockDetector(GpuTableDetector):
         self._pace = pace if pace is not None else OwnPace()
         self._placement = placement if placement is not None else GpuPlacement()
         self._held: BoolArray = np.zeros(0, bool)
+        #: per GPU id, its node's code (GPUs grouped by node without a Python loop per evaluation)
+        self._node: IntArray = np.zeros(0, np.intp)
+        self._node_codes: dict[str, int] = {}
+        self._node_limit: FloatArray = np.zeros(0)
+        self._lowered: BoolArray = np.zeros(0, bool)
+        self._capped: BoolArray = np.zeros(0, bool)
+
+    def _nodes(self, n: int) -> IntArray:
+        """Per GPU id (the first ``n``), the code of its node."""
+        known = len(self._node)
+        if known < n:
+            codes = self._node_codes
+            fresh = [codes.setdefault(node, len(codes)) for node, _ in self.table.keys[known:n]]
+            self._node = np.concatenate([self._node, np.array(fresh, np.intp)])
+        return self._node[:n]
+
+    def _lowered_limits(self, recent: BoolArray) -> BoolArray:
+        """Per GPU: its enforced power limit is at most ``cap_ratio`` of the highest one of its node's
+        recent GPUs (each GPU's node reference kept in ``_node_limit`` for the summary)."""
+        n = len(recent)
+        node = self._nodes(n)
+        limit = self.table.column("gpu_power_limit_watts")
+        known = recent & np.isfinite(limit)
+        top = np.full(len(self._node_codes), -math.inf)
+        np.maximum.at(top, node[known], limit[known])
+        ref = top[node]
+        self._node_limit = ref
+        lowered: BoolArray = known & (ref > 0) & (limit <= self.cap_ratio * ref)
+        return lowered
 
     def evaluate(self, now: float) -> list[Finding]:
         t = self.table
@@ -129,13 +183,16 @@ class ClockDetector(GpuTableDetector):
         loaded = recent & ~(util < self.load_percent)
         capped = _flag(t, "gpu_throttle_sw_power") | _bits(t, SW_POWER)
         brake = _flag(t, "gpu_throttle_hw_power_brake") | _bits(t, POWER_BRAKE)
-        power = (capped | brake) & loaded
+        lowered = self._lowered_limits(recent)
+        self._lowered, self._capped = lowered, capped & loaded
+        power = ((capped | brake) & loaded) | lowered
         thermal = (
             _flag(t, "gpu_throttle_sw_thermal")
             | _flag(t, "gpu_throttle_hw_thermal")
             | _bits(t, SW_THERMAL | HW_THERMAL)
         )
         hw = _flag(t, "gpu_throttle_hw_slowdown") | _bits(t, HW_SLOWDOWN)
+        alone = self._alone.update(now, self._alone_slow(recent, util, power | thermal | hw))
         clock = np.where(loaded, t.column("gpu_sm_clock_mhz"), math.nan)
         peers, judged = self._peers.references(clock, t.job[:n], recent, self._held)
         ratio = clock / peers
@@ -167,7 +224,55 @@ class ClockDetector(GpuTableDetector):
             out.append(self._from_start(i, finding) if broken[i] else finding)
         for i in np.flatnonzero(placed & recent).tolist():
             out.append(self._placement_finding(i))
+        for i in np.flatnonzero(alone & recent & ~self._held).tolist():
+            out.append(self._alone_finding(i))
         return out
+
+    def _alone_slow(self, recent: BoolArray, util: FloatArray, flagged: BoolArray) -> BoolArray:
+        """Per GPU with too few peers in its job: under load, no clock event reason, and its SM clock
+        ``alone_ratio`` or further below the fastest such clock of its node or of its own past."""
+        t = self.table
+        n = len(recent)
+        sm = t.column("gpu_sm_clock_mhz")
+        reasons = t.column("gpu_clock_event_reasons")
+        plain = recent & (reasons == 0) & ~flagged & (util >= self.busy_percent) & np.isfinite(sm)
+        node = self._nodes(n)
+        top = np.full(len(self._node_codes), -math.inf)
+        np.maximum.at(top, node[plain], sm[plain])
+        self._best = grow(self._best, n, -math.inf)
+        best = self._best[:n]
+        best[plain] = np.maximum(best[plain], sm[plain])
+        ref = np.maximum(top[node], best)
+        self._alone_ref = ref
+        job = t.job[:n]
+        members = np.bincount(job[recent & (job >= 0)], minlength=len(t.job_names))
+        few = (job < 0) | (members[np.maximum(job, 0)] <= self._peers.min_peers)
+        cond: BoolArray = plain & few & (sm < self.alone_ratio * ref)
+        return cond
+
+    def _alone_finding(self, i: int) -> Finding:
+        t = self.table
+        node, gpu = t.keys[i]
+        code = int(t.job[i])
+        job = t.job_names[code] if code >= 0 else None
+        clock = float(t.column("gpu_sm_clock_mhz")[i])
+        ref = float(self._alone_ref[i])
+        ratio = clock / ref
+        whose = f"job {job}" if job is not None else "no job"
+        return Finding(
+            SLOW,
+            {"node": node, "gpu": gpu},
+            f"{node} GPU {gpu} runs at {clock:.0f} MHz under load with no clock event reason, "
+            f"{1 - ratio:.0%} below the {ref:.0f} MHz its part runs at (its node's GPUs or its own past); "
+            f"too few GPUs in {whose} to compare it with",
+            value=ratio,
+            details={
+                "clock_ratio_to_part": ratio,
+                "reference_clock_mhz": ref,
+                "job": job,
+                "peers": False,
+            },
+        )
 
     def _placement_finding(self, i: int) -> Finding:
         t = self.table
@@ -224,21 +329,38 @@ class ClockDetector(GpuTableDetector):
         share = float(self._power.share[i])
         power = self.table.column("gpu_power_watts")[i]
         limit = self.table.column("gpu_power_limit_watts")[i]
+        lowered = bool(self._lowered[i])
+        node_limit = float(self._node_limit[i])
         why = "the external power brake is engaged" if brake else "clocks are held down by the power cap"
         watts = (
             f" ({power:.0f} W of {limit:.0f} W allowed)"
             if math.isfinite(power) and math.isfinite(limit)
             else ""
         )
+        said = f"{node} GPU {gpu}: {why}{watts} for {share:.0%} of the last minute under load"
+        if lowered and not brake:
+            drawing = f"drawing {power:.0f} W" if math.isfinite(power) else "its draw unknown"
+            now = (
+                f"its clocks are held down by the cap ({drawing})"
+                if self._capped[i]
+                else f"{drawing} now, its clocks fall as soon as its load reaches the cap"
+            )
+            said = (
+                f"{node} GPU {gpu}: its enforced power limit is lowered to {limit:.0f} W, "
+                f"{limit / node_limit:.0%} of the {node_limit:.0f} W its node's other GPUs enforce; {now}"
+            )
         return Finding(
             POWER,
             {"node": node, "gpu": gpu},
-            f"{node} GPU {gpu}: {why}{watts} for {share:.0%} of the last minute under load",
+            said,
             value=share,
             details={
                 "throttled_share": share,
                 "brake": brake,
                 "power_watts": power if math.isfinite(power) else None,
+                "power_limit_watts": limit if math.isfinite(limit) else None,
+                "limit_lowered": lowered,
+                "node_power_limit_watts": node_limit if math.isfinite(node_limit) else None,
             },
         )
 

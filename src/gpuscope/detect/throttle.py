@@ -1,8 +1,11 @@
 """Thermal slowdown: ``gpu_thermal_throttle``.
 
-A GPU is a thermal problem when, under load, its clocks are held down by temperature for at least
-``fire_fraction`` of the last ``window`` seconds (sustained or recurring), or when it runs far
-hotter than the GPUs next to it doing the same work (same node, same job). A blip of a second or
+A GPU is a thermal problem when its clocks are held down by temperature for at least
+``fire_fraction`` of the last ``window`` seconds (sustained or recurring), or when, under load, it
+runs far hotter than the GPUs next to it doing the same work (same node, same job). The thermal
+slowdown reasons count whatever the load: an idle GPU sits 40-50 °C under its slowdown temperature,
+so one idle and still held down by heat has lost its cooling, and the next work placed on it runs
+throttled (a service's GPU between requests, a job's GPUs left idle, a spare GPU). A blip of a second or
 two is a small share of the window and is ignored. Once firing, the alert holds until the share
 falls below ``clear_fraction``, so a recurring slowdown does not flap.
 
@@ -36,6 +39,7 @@ class _Gpu:
     cause: str = ""
     temp: float = math.nan
     peer_temp: float = math.nan
+    idle: bool = False
 
 
 @dataclass(slots=True)
@@ -46,14 +50,16 @@ class _Rows:
     flags: BoolArray
     temp: FloatArray | None
     peer: FloatArray
+    loaded: BoolArray
     #: per frame of the stack: any row under the condition
     any: list[bool]
-    _lists: tuple[list[bool], list[bool], list[float] | None, list[float]] | None = None
+    _lists: tuple[list[bool], list[bool], list[float] | None, list[float], list[bool]] | None = None
 
-    def lists(self) -> tuple[list[bool], list[bool], list[float] | None, list[float]]:
+    def lists(self) -> tuple[list[bool], list[bool], list[float] | None, list[float], list[bool]]:
         if self._lists is None:
             temp = None if self.temp is None else self.temp.tolist()
-            self._lists = (self.cond.tolist(), self.flags.tolist(), temp, self.peer.tolist())
+            lists = (self.cond.tolist(), self.flags.tolist(), temp, self.peer.tolist(), self.loaded.tolist())
+            self._lists = lists
         return self._lists
 
 
@@ -108,7 +114,7 @@ class ThermalThrottleDetector(Detector):
                 self._node_ts[node] = ts
             if j is None or (not gpus and not j.any):
                 continue
-            cond, flags, temp, peer = j.rows.lists()
+            cond, flags, temp, peer, loaded = j.rows.lists()
             for i, key in enumerate(v.gpu_keys, j.start):
                 state = gpus.get(key)
                 on = cond[i]
@@ -122,6 +128,7 @@ class ThermalThrottleDetector(Detector):
                     state.cause = "throttle_flags" if flags[i] else "hot_vs_peers"
                     state.temp = math.nan if temp is None else temp[i]
                     state.peer_temp = peer[i]
+                    state.idle = not loaded[i]
 
     def _judge(self, frames: list[FrameView], block: GpuRows) -> _Rows:
         """Per stacked GPU row: under a thermal condition, by its flags or hotter than its peers."""
@@ -130,7 +137,7 @@ class ThermalThrottleDetector(Detector):
         n = len(block.values)
         # an unreported utilisation does not excuse a throttle
         loaded = np.ones(n, bool) if util is None else ~(util < self.load_percent)
-        flags = self._flags(block, n) & loaded
+        flags = self._flags(block, n)
         hot = np.zeros(n, bool)
         peer = np.full(n, math.nan)
         if temp is not None:
@@ -144,7 +151,7 @@ class ThermalThrottleDetector(Detector):
                 a, b = int(block.starts[m]), int(block.ends[m])
                 self._hot(frames[block.members[m]], temp[a:b], usable[a:b], hot[a:b], peer[a:b])
         cond = flags | hot
-        return _Rows(cond, flags, temp, peer, np.logical_or.reduceat(cond, block.starts).tolist())
+        return _Rows(cond, flags, temp, peer, loaded, np.logical_or.reduceat(cond, block.starts).tolist())
 
     @staticmethod
     def _flags(block: GpuRows, n: int) -> BoolArray:
@@ -203,7 +210,8 @@ class ThermalThrottleDetector(Detector):
             why = f"runs at {temp}, {above:.0f} °C above its peers ({state.peer_temp:.0f} °C)"
         else:
             why = f"clocks held down by temperature ({temp})"
-        summary = f"{node} GPU {gpu} {why} for {share:.0%} of the last {self.window:.0f} s under load"
+        load = "while idle (its cooling, not its work)" if state.idle else "under load"
+        summary = f"{node} GPU {gpu} {why} for {share:.0%} of the last {self.window:.0f} s {load}"
         return Finding(
             RULE,
             {"node": node, "gpu": gpu},
@@ -215,5 +223,6 @@ class ThermalThrottleDetector(Detector):
                 "cause": state.cause,
                 "temp_celsius": finite_or_none(state.temp),
                 "peer_temp_celsius": finite_or_none(state.peer_temp),
+                "idle": state.idle,
             },
         )
