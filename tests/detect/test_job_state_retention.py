@@ -101,3 +101,11 @@ def test_a_job_that_never_saves_its_first_checkpoint_is_overdue_by_its_declared_
     # a restart declares again and starts the clock again
     det.on_event(Event(1300.0, "job_started", {"job": "a"}, declared))
     assert overdue(1850.0) == [] and len(overdue(1900.0)) == 1
+
+
+def test_a_stalled_job_is_not_overdue_by_its_declared_interval() -> None:
+    det = LifecycleDetector()
+    det.on_event(Event(0.0, "job_started", {"job": "a"}, {"world_size": 1, "checkpoint_every": 300}))
+    for t in range(0, 1000, 10):  # training until 200 s, then stuck at step 200 (a dead peer, a hang)
+        det.on_event(Event(float(t), "heartbeat", {"job": "a", "rank": "0"}, {"step": min(t, 200)}))
+    assert [f for f in det.evaluate(999.0) if f.rule == "checkpoint_overdue"] == []

@@ -9,8 +9,10 @@ verification) or ``hold`` passes. A checkpoint is overdue when the running job h
 one for ``overdue_factor`` times its usual interval: the median gap between good checkpoints,
 learned once it has two; before that, the interval the job declared in its ``job_started``
 (``checkpoint_every``, seconds, from the training SDK's ``gpuscope.init``), counted from its
-start or its one good checkpoint. A job that stops saving before its first checkpoint is overdue
-by its declared interval; jobs that declared none and never checkpointed twice are not judged.
+start or its one good checkpoint, while its heartbeats' step has advanced within that interval
+(a stalled job cannot save: ``training_stalled`` says so). A job that stops saving before its
+first checkpoint is overdue by its declared interval; jobs that declared none and never
+checkpointed twice are not judged.
 """
 
 from __future__ import annotations
@@ -65,6 +67,8 @@ class _Ckpt:
     corrupt: tuple[float, int] | None = None
     since: float = math.nan  # when the job (re)started: the overdue clock starts no earlier
     declared: float = math.nan  # the interval its job_started declared (seconds), if any
+    step: int = -1  # the furthest step its heartbeats told
+    advanced: float = math.nan  # when that step was first told
     last_ts: float = -math.inf  # its newest checkpoint event
 
 
@@ -160,6 +164,9 @@ class LifecycleDetector(Detector):
             return  # the liveness detector counts malformed heartbeats
         deaths = self._job_deaths(name)
         deaths.beat(rank, event.ts, event.labels.get("node", ""), event.labels.get("gpu", ""))
+        state, step = self._ckpt.get(name), event.data.get("step")
+        if state is not None and type(step) is int and step > state.step:
+            state.step, state.advanced = step, event.ts
 
     def _exited(self, event: Event) -> None:
         name, rank = event.labels.get("job"), parse_rank(event.labels.get("rank"))
@@ -282,7 +289,11 @@ class LifecycleDetector(Detector):
             return None
         if len(state.goods) >= 2:
             interval, how = float(np.median(np.diff([ts for _, ts in state.goods]))), "usually one"
-        elif math.isfinite(state.declared):
+        elif math.isfinite(state.declared) and not (
+            state.step >= 0 and now - state.advanced > state.declared
+        ):
+            # a job whose steps stopped a declared interval ago is stalled (training_stalled's
+            # business): it cannot save, and it was not judged by a learned cadence either
             interval, how = state.declared, "it declared one"
         else:
             return None
