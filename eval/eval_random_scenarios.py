@@ -8,7 +8,8 @@ parameters (DESIGN documents no ranges; the values drawn are ones its examples u
 Faults overlap in time, share a job or node, and some come within the first two minutes. About one
 in six scenarios is healthy. A fault that ends its target for good (a crash, a lost GPU or node, a
 dead rank, a fatal XID or an uncorrectable ECC error, a hang) is the last fault drawn in its blast
-radius: nothing is left to detect there afterwards, so a later fault could not count as a miss.
+radius: nothing is left to detect there afterwards (nor at the same second), so a later fault
+could not count as a miss.
 
 Every scenario's YAML and its ``sim-eval --json`` document go to ``--out``; the runs go through
 ``gpuscope.simeval.runner.run_scenario`` and are scored by ``gpuscope.simeval.report.evaluate``
@@ -103,6 +104,12 @@ SERVICE_KINDS = (
 ENDING = frozenset({"job_crash", "node_down", "gpu_lost", "rank_dropout", "training_hang", "ecc_dbe"})
 FATAL_XIDS = (79, 48, 63, 64, 74, 94, 95)
 APP_XIDS = (13, 31, 43)
+
+
+def _ends(fault: dict[str, Any]) -> bool:
+    """Whether ``fault`` ends its target for good (see the module docstring)."""
+    fatal_xid = fault["kind"] == "xid" and fault["params"]["code"] in FATAL_XIDS
+    return fault["kind"] in ENDING or fatal_xid
 
 
 def _params(rng: random.Random, kind: str) -> dict[str, Any]:
@@ -242,7 +249,9 @@ def draw(seed: int, index: int) -> dict[str, Any]:
         if rng.random() < 0.5:
             fault["duration"] = rng.choice([300, 600, 900])
         faults.append(fault)
-    faults.sort(key=lambda f: f["at"])
+    # a fault that ends its blast radius goes first among those at its second: one drawn at the
+    # same second as it has nothing left to detect either
+    faults.sort(key=lambda f: (f["at"], not _ends(f)))
     kept: list[dict[str, Any]] = []
     ended: list[tuple[float, set[str], set[str]]] = []
     for f in faults:
@@ -250,8 +259,7 @@ def draw(seed: int, index: int) -> dict[str, Any]:
         if any(at <= f["at"] and (nodes & n or jobs & j) for at, n, j in ended):
             continue
         kept.append(f)
-        fatal_xid = f["kind"] == "xid" and f["params"]["code"] in FATAL_XIDS
-        if f["kind"] in ENDING or fatal_xid:
+        if _ends(f):
             ended.append((f["at"], nodes, jobs))
     return {
         "name": f"random-{seed}-{index:03d}",

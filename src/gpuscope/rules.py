@@ -243,7 +243,8 @@ RULES: dict[str, RuleSpec] = _table(
         0.3,
         "training",
         False,
-        "One rank is slower than the median of its peers, sustained.",
+        "One rank is slower than the median of its peers (in a two-rank job: than the other, and the "
+        "job slowed), sustained.",
     ),
     RuleSpec(
         SLOW_PLACEMENT,

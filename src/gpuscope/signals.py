@@ -306,7 +306,8 @@ EVENT_KINDS = {
     "heartbeat_seen": "Stored by a hub whose meta store is PostgreSQL instead of every heartbeat: a rank "
     "began beating, or beat again after a silence (labels and data of that beat)",
     "heartbeat_lost": "Stored by such a hub: a rank silent for 60 s, at the time of its last beat",
-    "job_started": "A job began; data: kind, placement [[rank, node, gpu], ...]",
+    "job_started": "A job began; data: kind, placement [[rank, node, gpu], ...], checkpoint_every "
+    "(seconds, optional: the interval the training script saves at)",
     "job_ended": "A job finished normally",
     "job_failed": "A job's processes exited abnormally; data: reason, exit_code (a rank's last words: "
     "labels rank, node, gpu; data: cause, exception, message, signal, step)",

@@ -19,29 +19,30 @@ def run(
     steps: int = 400,
     seed: int = 3,
     placement: dict[int, float] | None = None,
+    world: int = WORLD,
 ) -> list[list[Finding]]:
     """Feed a synchronous job: rank r computes ``0.85 * factor`` of a step, ``slow[r]`` lists
     (from_step, factor) changes, ``placement[r]`` a factor from the first step (a slower GPU
     model); each rank reports how late it arrived at the collective."""
     rng = np.random.default_rng(seed)
-    offsets = rng.uniform(0.95, 1.05, WORLD)  # fixed per-GPU speed differences
+    offsets = rng.uniform(0.95, 1.05, world)  # fixed per-GPU speed differences
     for rank, f in (placement or {}).items():
         offsets[rank] *= f
     detector = RankDetector()
     out: list[list[Finding]] = []
     for k in range(steps):
-        factor = np.ones(WORLD)
+        factor = np.ones(world)
         for rank, changes in slow.items():
             for start, f in changes:
                 if k >= start:
                     factor[rank] = f
-        compute = 0.85 * STEP * offsets * factor * (1.0 - np.abs(0.012 * rng.standard_normal(WORLD)))
+        compute = 0.85 * STEP * offsets * factor * (1.0 - np.abs(0.012 * rng.standard_normal(world)))
         if rng.random() < 0.02:  # a data-loader hiccup
-            compute[int(rng.integers(WORLD))] += rng.uniform(0.3, 1.2)
+            compute[int(rng.integers(world))] += rng.uniform(0.3, 1.2)
         skew = compute - compute.min()
         step_seconds = float(compute.max()) + 0.15
         ts = float(k) * STEP
-        for r in range(WORLD):
+        for r in range(world):
             metrics = {"step_seconds": step_seconds, "collective_arrival_skew_seconds": float(skew[r])}
             detector.on_training(
                 TrainingRecord(ts, "j", r, k, metrics, {"node": f"n{r // 4}", "gpu": str(r % 4)})
@@ -58,6 +59,23 @@ def flagged(findings: list[list[Finding]], since: int = 0) -> set[int]:
 def test_healthy_job_with_offsets_and_hiccups_raises_nothing() -> None:
     for seed in range(5):
         assert flagged(run({}, seed=seed)) == set()
+
+
+def test_a_straggler_in_a_two_rank_job_is_named_and_a_healthy_one_stays_quiet() -> None:
+    # two ranks have no peer median: the late one at each collective, confirmed by the job's own
+    # step time (a straggler sets the pace of a synchronous job)
+    for seed in range(3):
+        assert flagged(run({}, seed=seed, world=2)) == set()
+    for rank in (0, 1):
+        findings = run({rank: [(150, 1.3)]}, world=2)
+        assert flagged(findings) == {rank}
+        first = min(k for k, fs in enumerate(findings) if fs)
+        assert 150 <= first <= 170
+
+
+def test_a_rank_of_a_two_rank_job_whose_peer_got_faster_is_no_straggler() -> None:
+    # it now arrives last at every collective, but the job's steps did not get longer
+    assert flagged(run({1: [(150, 0.75)]}, world=2)) == set()
 
 
 def test_five_of_eight_ranks_slowing_together_are_all_flagged() -> None:

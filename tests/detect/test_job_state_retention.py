@@ -80,3 +80,32 @@ def test_a_failed_jobs_alert_holds_its_hold_whatever_the_retention() -> None:
     assert det.evaluate(1900.0) == []
     det.evaluate(2000.0)
     assert det._ckpt == {}
+
+
+def test_a_job_that_never_saves_its_first_checkpoint_is_overdue_by_its_declared_interval() -> None:
+    det = LifecycleDetector()
+    declared = {"kind": "training", "world_size": 2, "checkpoint_every": 300}
+    det.on_event(Event(0.0, "job_started", {"job": "a"}, declared))
+    det.on_event(_lifecycle("job_started", "b", 0.0))  # declared none: nothing to be overdue against
+
+    def overdue(now: float) -> list[str]:
+        return [f.summary for f in det.evaluate(now) if f.rule == "checkpoint_overdue"]
+
+    assert overdue(599.0) == []
+    (summary,) = overdue(600.0)
+    assert "job a" in summary.lower() and "every 300 s" in summary and "none since it started" in summary
+    # one good checkpoint: the clock starts again from it
+    for event in _checkpoint("a", 650.0, 40):
+        det.on_event(event)
+    assert overdue(1200.0) == [] and len(overdue(1250.0)) == 1
+    # a restart declares again and starts the clock again
+    det.on_event(Event(1300.0, "job_started", {"job": "a"}, declared))
+    assert overdue(1850.0) == [] and len(overdue(1900.0)) == 1
+
+
+def test_a_stalled_job_is_not_overdue_by_its_declared_interval() -> None:
+    det = LifecycleDetector()
+    det.on_event(Event(0.0, "job_started", {"job": "a"}, {"world_size": 1, "checkpoint_every": 300}))
+    for t in range(0, 1000, 10):  # training until 200 s, then stuck at step 200 (a dead peer, a hang)
+        det.on_event(Event(float(t), "heartbeat", {"job": "a", "rank": "0"}, {"step": min(t, 200)}))
+    assert [f for f in det.evaluate(999.0) if f.rule == "checkpoint_overdue"] == []

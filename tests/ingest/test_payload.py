@@ -95,6 +95,18 @@ def test_round_trip_through_bytes() -> None:
         (lambda b: b["events"][0].update(kind=None), "events[0].kind"),
         (lambda b: b["events"][0].update(data=[1]), "events[0].data"),
         (lambda b: b["events"][0].update(data={"x": "y" * 20000}), "events[0].data"),
+        (
+            lambda b: b["events"][0].update(kind="job_started", data={"checkpoint_every": "5m"}),
+            "events[0].data.checkpoint_every",
+        ),
+        (
+            lambda b: b["events"][0].update(kind="job_started", data={"checkpoint_every": 0}),
+            "events[0].data.checkpoint_every",
+        ),
+        (
+            lambda b: b["events"][0].update(kind="job_started", data={"checkpoint_every": True}),
+            "events[0].data.checkpoint_every",
+        ),
         (lambda b: b["training"][0].update(rank=-1), "training[0].rank"),
         (lambda b: b["training"][0].update(step=1.5), "training[0].step"),
         (lambda b: b["training"][0].update(job=""), "training[0].job"),
@@ -107,6 +119,16 @@ def test_bad_fields_are_named(mutate: Any, field: str) -> None:
     with pytest.raises(PayloadError) as info:
         parse_batch(body)
     assert info.value.field == field, str(info.value)
+
+
+def test_a_job_may_declare_its_checkpoint_interval_and_older_senders_need_not() -> None:
+    body = good()
+    body["events"] = [
+        {"ts": 1.0, "kind": "job_started", "labels": {"job": "j"}, "data": {"checkpoint_every": 300}},
+        {"ts": 1.0, "kind": "job_started", "labels": {"job": "k"}, "data": {"kind": "training"}},
+    ]
+    declared, older = parse_batch(body).events
+    assert declared.data == {"checkpoint_every": 300} and older.data == {"kind": "training"}
 
 
 def test_limits_are_enforced() -> None:

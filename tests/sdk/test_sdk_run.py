@@ -48,6 +48,9 @@ def test_one_record_per_step_with_merged_metrics(tmp_path: Path, local_hub: HubS
     assert beats and beats[0]["labels"] == {"job": "unit", "rank": "1", "node": "n1", "gpu": "3"}
     with pytest.raises(ValueError, match="non-negative int"):
         run.log(-1, loss=1.0)
+    for bad in (0, -300, float("inf"), "300"):
+        with pytest.raises(ValueError, match="checkpoint_every must be a positive number of seconds"):
+            _init(local_hub.url, tmp_path, job="bad-interval", checkpoint_every=bad)
 
 
 def test_a_step_is_not_split_when_its_log_comes_late(tmp_path: Path, local_hub: HubServer) -> None:
@@ -247,8 +250,12 @@ def test_team_and_pod_uid_from_the_pods_downward_api_reach_job_started(
     (podinfo / "uid").write_text("6f1c2a34-8b7d-4e2f-9a10-1b2c3d4e5f60")
     monkeypatch.setenv("GPUSCOPE_PODINFO", str(podinfo))
     monkeypatch.setenv("GPUSCOPE_TEAM_LABEL", "group")
-    run = _init(local_hub.url, tmp_path, job="pod-job", rank=0, world_size=1, node="n1", gpu=0)
+    run = _init(
+        local_hub.url, tmp_path, job="pod-job", rank=0, world_size=1, node="n1", gpu=0, checkpoint_every=300
+    )
     run.finish()
     (started,) = events(local_hub.url, "pod-job", "job_started")
     assert started["data"]["team"] == "nlp"
+    # the interval the script saves at, for the hub to tell a first checkpoint that never came
+    assert started["data"]["checkpoint_every"] == 300.0
     assert started["data"]["pod_uid"] == "6f1c2a34-8b7d-4e2f-9a10-1b2c3d4e5f60"

@@ -159,6 +159,7 @@ def test_placement_is_reported_at_job_start() -> None:
         "kind": "training",
         "world_size": 8,
         "placement": [[r, f"node-{r // 4}", r % 4] for r in range(8)],
+        "checkpoint_every": 120.0,  # the scenario's interval, as a script passes it to the SDK
     }
     chat = trace.events("job_started", job="chat")[0].data
     assert chat["kind"] == "inference" and chat["placement"] == [

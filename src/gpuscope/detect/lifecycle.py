@@ -6,13 +6,19 @@ A checkpoint fails when a rank reports ``checkpoint_failed`` or when some ranks 
 save and the others did not within ``incomplete_after`` seconds; it is corrupt when verification
 says so. Both hold until a later checkpoint is good (every rank completed, not failed
 verification) or ``hold`` passes. A checkpoint is overdue when the running job has had no good
-one for ``overdue_factor`` times its usual interval (the median gap between good checkpoints,
-learned; jobs that never checkpointed twice are not judged).
+one for ``overdue_factor`` times its usual interval: the median gap between good checkpoints,
+learned once it has two; before that, the interval the job declared in its ``job_started``
+(``checkpoint_every``, seconds, from the training SDK's ``gpuscope.init``), counted from its
+start or its one good checkpoint, while its heartbeats' step has advanced within that interval
+(a stalled job cannot save: ``training_stalled`` says so). A job that stops saving before its
+first checkpoint is overdue by its declared interval; jobs that declared none and never
+checkpointed twice are not judged.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +36,15 @@ FAILED, CKPT_FAILED, CORRUPT, OVERDUE = (
     "checkpoint_corrupt",
     "checkpoint_overdue",
 )
+
+
+def declared_interval(data: Mapping[str, object]) -> float:
+    """The checkpoint interval a ``job_started`` declares (seconds), NaN when it declares none
+    (ingest refuses a bad one; an event from elsewhere with one is read as none)."""
+    every = data.get("checkpoint_every")
+    if isinstance(every, bool) or not isinstance(every, int | float):
+        return math.nan
+    return float(every) if math.isfinite(every) and every > 0 else math.nan
 
 
 def _links(job: Job | None) -> list[dict[str, str]]:
@@ -51,6 +66,9 @@ class _Ckpt:
     failure: tuple[float, int, str] | None = None  # (ts, step, reason)
     corrupt: tuple[float, int] | None = None
     since: float = math.nan  # when the job (re)started: the overdue clock starts no earlier
+    declared: float = math.nan  # the interval its job_started declared (seconds), if any
+    step: int = -1  # the furthest step its heartbeats told
+    advanced: float = math.nan  # when that step was first told
     last_ts: float = -math.inf  # its newest checkpoint event
 
 
@@ -93,7 +111,8 @@ class LifecycleDetector(Detector):
         if kind.startswith("job_"):
             job = self._jobs.on_event(event)
             if job is not None and kind == "job_started":
-                self._state(job.name).since = event.ts
+                state = self._state(job.name)
+                state.since, state.declared = event.ts, declared_interval(event.data)
                 self._deaths.pop(job.name, None)
             elif job is not None and kind == "job_failed":
                 self._last_words(job, event)
@@ -145,6 +164,9 @@ class LifecycleDetector(Detector):
             return  # the liveness detector counts malformed heartbeats
         deaths = self._job_deaths(name)
         deaths.beat(rank, event.ts, event.labels.get("node", ""), event.labels.get("gpu", ""))
+        state, step = self._ckpt.get(name), event.data.get("step")
+        if state is not None and type(step) is int and step > state.step:
+            state.step, state.advanced = step, event.ts
 
     def _exited(self, event: Event) -> None:
         name, rank = event.labels.get("job"), parse_rank(event.labels.get("rank"))
@@ -263,20 +285,31 @@ class LifecycleDetector(Detector):
                 state.failure = (now, step, f"rank(s) {ranks} never completed the save")
 
     def _overdue(self, state: _Ckpt, job: Job | None, now: float) -> Finding | None:
-        if job is None or not job.running or len(state.goods) < 2:
+        if job is None or not job.running:
             return None
-        gaps = np.diff([ts for _, ts in state.goods])
-        interval = float(np.median(gaps))
-        last = state.goods[-1][1]
+        if len(state.goods) >= 2:
+            interval, how = float(np.median(np.diff([ts for _, ts in state.goods]))), "usually one"
+        elif math.isfinite(state.declared) and not (
+            state.step >= 0 and now - state.advanced > state.declared
+        ):
+            # a job whose steps stopped a declared interval ago is stalled (training_stalled's
+            # business): it cannot save, and it was not judged by a learned cadence either
+            interval, how = state.declared, "it declared one"
+        else:
+            return None
+        last = state.goods[-1][1] if state.goods else state.since
+        if not math.isfinite(last):
+            return None
         since = max(last, state.since) if math.isfinite(state.since) else last
         silence = now - since
         if interval <= 0 or silence < self.overdue_factor * interval:
             return None
+        good = f"last good at step {state.goods[-1][0]}" if state.goods else "none since it started"
         return Finding(
             OVERDUE,
             {"job": job.name},
             f"Job {job.name} has had no good checkpoint for {silence:.0f} s "
-            f"(usually one every {interval:.0f} s; last good at step {state.goods[-1][0]})",
+            f"({how} every {interval:.0f} s; {good})",
             value=silence,
             affected_gpus=job.world_size,
             details={"seconds_since_good": silence, "interval_seconds": interval, "links": _links(job)},

@@ -84,6 +84,13 @@ back on another node or GPU after a restart), the groups are learned again over 
 got worse by the split gap since it was last learned, keeps its old group and pace: a live fault
 never becomes the new normal. Ranks whose group changed (and new ones) learn their normal again.
 
+A job of two ranks has no peer median: each rank is judged by its arrival lag behind the other's
+(the first to arrive is the reference), with the same normal, bars and hold. Which of the two is
+slow, rather than its peer faster, the job's own step time tells: in synchronous data parallel a
+straggler sets the pace, so the median of the job's last few step times must have grown over its
+pace, learned while neither rank was behind, by half the straggler's lag at least. Two ranks that
+report only their step times (one and the same) say nothing of each other.
+
 Gradient skew: a rank's smoothed log-ratio of gradient norm to the peer median beyond
 ``log(skew_ratio)``. Fragmentation: a rank's allocator fragmentation ``frag_rise`` above its own
 early level, or allocator retries climbing; these verdicts need ``sustain`` steps in a row.
@@ -225,6 +232,11 @@ class _Learning:
 class _Job:
     ranks: dict[int, _Rank] = field(default_factory=dict)
     step_time: float = math.nan
+    #: its step time while no rank is behind (a running mean): a two-rank job's straggler slows it
+    pace: float = math.nan
+    pace_n: int = 0
+    #: its last few step times: one step held up by a data-loader hiccup is not a slower job
+    steps: deque[float] = field(default_factory=lambda: deque(maxlen=5))
     groups: _Groups = field(default_factory=_Groups)
     learning: _Learning = field(default_factory=_Learning)
 
@@ -313,15 +325,20 @@ class RankDetector(StepDetector):
         if len(ranks) >= 3:
             self._lags(job, view, ranks, step)
             self._skew(view, ranks)
+        elif len(ranks) == 2 and len(job.ranks) == 2:  # a job of two ranks, not two of a larger one
+            self._lags(job, view, ranks, step, need=2)
+            self._learn_pace(job)
         self._frag(view, ranks)
 
-    def _lags(self, job: _Job, view: StepView, ranks: list[_Rank], step: FloatArray) -> None:
+    def _lags(self, job: _Job, view: StepView, ranks: list[_Rank], step: FloatArray, need: int = 3) -> None:
+        """``need``: the ranks that must report an arrival (two ranks have no peer median: each is
+        judged by its arrival behind the other's, ``_reference``; their step times are one)."""
         arrival = view.get("collective_arrival_skew_seconds")
-        if np.isfinite(arrival).sum() < 3:  # the SDK reports each rank's own gap; the median is the same
+        if np.isfinite(arrival).sum() < need:  # the SDK reports each rank's own gap; the median is the same
             arrival = view.get("collective_arrival_gap_seconds")
-        if np.isfinite(arrival).sum() >= 3 and job.step_time > 0:
+        if np.isfinite(arrival).sum() >= need and job.step_time > 0:
             raw, additive = arrival / job.step_time, True
-        elif np.isfinite(step).sum() >= 3:
+        elif need >= 3 and np.isfinite(step).sum() >= 3:
             raw, additive = step, False
         else:
             return
@@ -419,6 +436,11 @@ class RankDetector(StepDetector):
         own = raw - pace if additive else raw / (1.0 + pace)
         if np.isfinite(own).sum() < 2:
             return own, np.full(len(raw), math.nan)
+        if additive and len(job.ranks) == 2:
+            # two ranks: the first to arrive is the reference (a quantile between the two would
+            # split the late one's lag between them); which one is slow, not faster, the job's
+            # step time tells (``_confirmed``)
+            return own, own - float(np.min(own))
         known = np.array([job.ranks[r].level if r in job.ranks else math.nan for r in rank_ids])
         ok = np.isfinite(own) & np.isfinite(known) & (additive or known > 0)
         if levels and ok.sum() >= 3:
@@ -900,8 +922,34 @@ class RankDetector(StepDetector):
             )
         ]
 
+    def _learn_pace(self, job: _Job) -> None:
+        """A two-rank job's step time (the median of its last few), learned while neither rank is
+        behind: in synchronous data parallel a straggler sets the job's pace, a rank that got
+        faster does not."""
+        if not math.isfinite(job.step_time):
+            return
+        job.steps.append(job.step_time)
+        if any(s.flagged or s.lag_hits or s.short_hits for s in job.ranks.values()):
+            return
+        now = _median(job.steps)
+        job.pace_n += 1
+        pace = job.pace if math.isfinite(job.pace) else now
+        job.pace = pace + max(self.base_alpha, 1.0 / job.pace_n) * (now - pace)
+
+    def _confirmed(self, job: _Job, state: _Rank) -> bool:
+        """Is a rank of a two-rank job behind because it is slow, not because its peer got faster?
+        The job's step time must have grown by half of its lag at least (its lag is a share of
+        the longer step, as is the growth). Jobs of three ranks or more: their peers tell."""
+        if len(job.ranks) != 2:
+            return True
+        lag = state.said if math.isfinite(state.said) else state.lag
+        behind = lag - min(state.lag_base, 0.0) if math.isfinite(state.lag_base) else lag
+        now = _median(job.steps) if job.steps else math.nan
+        grown = 1.0 - job.pace / now if job.pace > 0 and now > 0 else math.nan
+        return math.isfinite(grown) and grown >= 0.5 * behind
+
     def _findings(self, job_name: str, job: _Job, rank: int, state: _Rank) -> list[Finding]:
-        straggler = state.flagged
+        straggler = state.flagged and self._confirmed(job, state)
         if not (straggler or state.skew_hits >= self.sustain or state.frag_hits >= self.sustain):
             return []  # most ranks most seconds: no entity to build
         out: list[Finding] = []

@@ -208,9 +208,14 @@ def parse_event(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Event:
         raise PayloadError(f"{field}.data", f"is not JSON ({exc})") from None
     if size > limits.max_data_bytes:
         raise PayloadError(f"{field}.data", f"is over the limit of {limits.max_data_bytes} bytes")
+    kind = _name(obj.get("kind"), f"{field}.kind")
+    if kind == "job_started" and "checkpoint_every" in data:
+        every = _finite(data["checkpoint_every"], f"{field}.data.checkpoint_every")
+        if every <= 0:
+            raise PayloadError(f"{field}.data.checkpoint_every", "must be a positive number of seconds")
     return Event(
         ts=_timestamp(obj.get("ts"), f"{field}.ts"),
-        kind=_name(obj.get("kind"), f"{field}.kind"),
+        kind=kind,
         labels=parse_labels(obj.get("labels", {}), f"{field}.labels", limits),
         data=data,
     )

@@ -32,6 +32,7 @@ def init(
     memory_interval: float | None = 5.0,
     flops_per_step: float | None = None,
     peak_flops: float | None = None,
+    checkpoint_every: float | None = None,
     collectives: bool = True,
     last_words: bool = True,
 ) -> Run:
@@ -40,7 +41,9 @@ def init(
     Job, rank, local rank, world size and node come from the launcher's environment when not
     given (torchrun, Slurm, Kubernetes; ``GPUSCOPE_*`` variables override), the hub and token
     from ``GPUSCOPE_HUB`` / ``GPUSCOPE_TOKEN``. ``flops_per_step`` (per rank) and ``peak_flops``
-    (of its GPU) turn step times into MFU.
+    (of its GPU) turn step times into MFU. ``checkpoint_every``, the seconds between the
+    checkpoints the script saves, lets the hub tell a job that never saves its first one
+    (``checkpoint_overdue``) before it could learn the job's interval.
 
     With ``collectives`` (the default), the first ``DistributedDataParallel`` model to run forward
     gets collective timing, which names stragglers and ranks that never arrive. With
@@ -65,6 +68,7 @@ def init(
         memory_interval=memory_interval,
         flops_per_step=flops_per_step,
         peak_flops=peak_flops,
+        checkpoint_every=checkpoint_every,
         last_words=last_words,
     )
     if collectives:

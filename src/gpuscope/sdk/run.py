@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import math
 import os
 import sys
 import threading
@@ -138,12 +139,19 @@ class Run:
         memory_interval: float | None = 5.0,
         flops_per_step: float | None = None,
         peak_flops: float | None = None,
+        checkpoint_every: float | None = None,
         spool_bytes: int = 64 * 1024 * 1024,
         last_words: bool = True,
         last_words_timeout: float = 3.0,
     ) -> None:
         if capacity < 1:
             raise ValueError(f"capacity must be at least 1, got {capacity}")
+        declared: dict[str, float] = {}
+        if checkpoint_every is not None:
+            every = checkpoint_every
+            if type(every) not in (int, float) or not 0 < every < math.inf:
+                raise ValueError(f"checkpoint_every must be a positive number of seconds, got {every!r}")
+            declared["checkpoint_every"] = float(every)
         self.placement = placement
         self.flops_per_step = flops_per_step
         self.peak_flops = peak_flops
@@ -180,6 +188,7 @@ class Run:
                         "kind": "training",
                         "world_size": placement.world_size,
                         "placement": [[placement.rank, placement.node, placement.gpu or ""]],
+                        **declared,
                         **own_pod(os.environ),  # team and pod_uid from the pod's downward API
                     },
                 )

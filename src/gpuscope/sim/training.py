@@ -137,6 +137,8 @@ class TrainingJob:
 
     def start(self, t: float) -> None:
         data = {"kind": "training", "placement": self.placement, "world_size": self.world}
+        if self.spec.checkpoint_every > 0:  # the script knows its interval: the SDK passes it on
+            data["checkpoint_every"] = self.spec.checkpoint_every
         if self.restarts:
             data |= {"restart": self.restarts, "resumed_from_step": self.step}
         self.events.append(Event(t, "job_started", {"job": self.spec.name}, data))
