@@ -7,7 +7,16 @@ import math
 import numpy as np
 import pytest
 
-from gpuscope.detect.vectors import Cusum, SeasonalBaseline, VecEwma, alpha_for, group_median, quantile
+from gpuscope.detect.vectors import (
+    Cusum,
+    SeasonalBaseline,
+    VecEwma,
+    alpha_for,
+    group_max,
+    group_median,
+    grow_codes,
+    quantile,
+)
 
 
 def test_vec_ewma_skips_nan_and_frozen_slots() -> None:
@@ -75,3 +84,17 @@ def test_quantile_and_alpha() -> None:
     assert alpha_for(60.0, 60.0) == pytest.approx(1 - math.exp(-1))
     with pytest.raises(ValueError):
         alpha_for(1.0, 0.0)
+
+
+def test_group_max_takes_the_masked_values_of_each_group_and_minus_inf_for_none() -> None:
+    values = np.array([1.0, 5.0, 3.0, 9.0, 2.0])
+    groups = np.array([0, 0, 1, 1, 2], np.intp)
+    mask = np.array([True, True, True, False, True])
+    assert group_max(values, groups, mask, 4).tolist() == [5.0, 3.0, 2.0, -math.inf]
+
+
+def test_grow_codes_keeps_the_codes_and_marks_new_slots_none() -> None:
+    codes = np.array([2, 0], np.intp)
+    grown = grow_codes(codes, 3)
+    assert grown[:2].tolist() == [2, 0] and (grown[2:] == -1).all() and len(grown) >= 16
+    assert grow_codes(grown, 3) is grown

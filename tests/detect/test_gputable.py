@@ -128,3 +128,21 @@ def test_the_engine_counts_stale_rows_for_every_table_detector() -> None:
         engine.observe(Batch("peer", frames=[frame]))
     assert engine.stats()["detect_stale_gpu_rows"] == 1
     assert table.ts[: table.n].tolist() == [20.0] and table.column(metric)[0] == 80.0
+
+
+def test_the_table_numbers_nodes_once_in_the_order_their_gpus_are_first_seen() -> None:
+    table = GpuTable(("gpu_temp_celsius",))
+    first = _frame(
+        1.0,
+        ["gpu_temp_celsius"],
+        [{"node": "b", "gpu": "0"}, {"node": "a", "gpu": "0"}, {"node": "b", "gpu": "1"}],
+        [[50.0], [51.0], [52.0]],
+    )
+    assert table.ingest(frames.index(first)) is not None
+    # past the first allocation: the codes of the GPUs seen before are kept
+    many = [{"node": f"m{i // 8}", "gpu": str(i % 8)} for i in range(40)]
+    second = _frame(2.0, ["gpu_temp_celsius"], [*many, {"node": "a", "gpu": "1"}], [[40.0]] * 41)
+    assert table.ingest(frames.index(second)) is not None
+    names = list(table.node_codes)
+    assert names == ["b", "a", "m0", "m1", "m2", "m3", "m4"]
+    assert [names[c] for c in table.node[: table.n]] == [node for node, _ in table.keys]

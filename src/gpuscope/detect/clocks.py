@@ -50,7 +50,7 @@ from gpuscope.detect.gpupace import OwnPace
 from gpuscope.detect.gpuplace import GpuPlacement
 from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.peers import ClockPeers
-from gpuscope.detect.vectors import IntArray, grow
+from gpuscope.detect.vectors import group_max, grow
 from gpuscope.model import Finding, FloatArray
 from gpuscope.rules import GPU_POWER_THROTTLE as POWER
 from gpuscope.rules import GPU_UNDERPERFORMING as SLOW
@@ -143,32 +143,18 @@ class ClockDetector(GpuTableDetector):
         self._pace = pace if pace is not None else OwnPace()
         self._placement = placement if placement is not None else GpuPlacement()
         self._held: BoolArray = np.zeros(0, bool)
-        #: per GPU id, its node's code (GPUs grouped by node without a Python loop per evaluation)
-        self._node: IntArray = np.zeros(0, np.intp)
-        self._node_codes: dict[str, int] = {}
         self._node_limit: FloatArray = np.zeros(0)
         self._lowered: BoolArray = np.zeros(0, bool)
         self._capped: BoolArray = np.zeros(0, bool)
 
-    def _nodes(self, n: int) -> IntArray:
-        """Per GPU id (the first ``n``), the code of its node."""
-        known = len(self._node)
-        if known < n:
-            codes = self._node_codes
-            fresh = [codes.setdefault(node, len(codes)) for node, _ in self.table.keys[known:n]]
-            self._node = np.concatenate([self._node, np.array(fresh, np.intp)])
-        return self._node[:n]
-
     def _lowered_limits(self, recent: BoolArray) -> BoolArray:
         """Per GPU: its enforced power limit is at most ``cap_ratio`` of the highest one of its node's
         recent GPUs (each GPU's node reference kept in ``_node_limit`` for the summary)."""
-        n = len(recent)
-        node = self._nodes(n)
-        limit = self.table.column("gpu_power_limit_watts")
+        t = self.table
+        node = t.node[: len(recent)]
+        limit = t.column("gpu_power_limit_watts")
         known = recent & np.isfinite(limit)
-        top = np.full(len(self._node_codes), -math.inf)
-        np.maximum.at(top, node[known], limit[known])
-        ref = top[node]
+        ref = group_max(limit, node, known, len(t.node_codes))[node]
         self._node_limit = ref
         lowered: BoolArray = known & (ref > 0) & (limit <= self.cap_ratio * ref)
         return lowered
@@ -236,9 +222,8 @@ class ClockDetector(GpuTableDetector):
         sm = t.column("gpu_sm_clock_mhz")
         reasons = t.column("gpu_clock_event_reasons")
         plain = recent & (reasons == 0) & ~flagged & (util >= self.busy_percent) & np.isfinite(sm)
-        node = self._nodes(n)
-        top = np.full(len(self._node_codes), -math.inf)
-        np.maximum.at(top, node[plain], sm[plain])
+        node = t.node[:n]
+        top = group_max(sm, node, plain, len(t.node_codes))
         self._best = grow(self._best, n, -math.inf)
         best = self._best[:n]
         best[plain] = np.maximum(best[plain], sm[plain])

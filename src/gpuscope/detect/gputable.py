@@ -3,8 +3,9 @@
 ``on_frame`` only scatters a frame's rows into one matrix (a single numpy operation per frame: the
 metrics are its columns, each frame layout's column map computed once);
 detectors do their arithmetic once per evaluation over all GPUs at once. Each GPU gets a dense id
-the first time it is seen; its job (attribution label) is kept as a small integer code so peers
-can be grouped without Python loops.
+the first time it is seen; its job (attribution label) and its node are kept as small integer
+codes, so peers and a node's GPUs can be grouped without Python loops (the table is the one home
+of both codes: detectors read ``job`` and ``node``, never number them themselves).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numpy as np
 
 from gpuscope.counters import Counters
 from gpuscope.detect.frames import FrameView, GpuKey, TickRows
-from gpuscope.detect.vectors import IntArray, grow
+from gpuscope.detect.vectors import IntArray, grow, grow_codes
 from gpuscope.model import FloatArray
 
 #: distinct frame layouts (metric tuples) whose column maps are kept
@@ -44,6 +45,9 @@ class GpuTable:
         self.job: IntArray = np.zeros(0, np.intp)
         self.job_codes: dict[str, int] = {}
         self.job_names: list[str] = []
+        #: per GPU id, its node's code (a GPU's node never changes: set once, when the GPU is first seen)
+        self.node: IntArray = np.zeros(0, np.intp)
+        self.node_codes: dict[str, int] = {}
 
     def __len__(self) -> int:
         return len(self.keys)
@@ -59,10 +63,8 @@ class GpuTable:
                 matrix[: len(self._matrix)] = self._matrix
                 self._matrix = matrix
             self.ts = grow(self.ts, n, -math.inf)
-            if len(self.job) < n:
-                job = np.full(len(self.ts), -1, np.intp)
-                job[: len(self.job)] = self.job
-                self.job = job
+            self.job, self.node = grow_codes(self.job, n), grow_codes(self.node, n)
+            self.node[i] = self.node_codes.setdefault(key[0], len(self.node_codes))
         return i
 
     def job_code(self, name: str | None) -> int:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscope.detect.frames import BoolArray
-from gpuscope.detect.vectors import IntArray, speed_groups
+from gpuscope.detect.vectors import IntArray, grow_codes, speed_groups
 from gpuscope.model import FloatArray
 
 
@@ -67,10 +67,7 @@ class ClockPeers:
         judged yet. ``clock`` is NaN for GPUs not under load; ``held`` marks GPUs (by id, may be
         shorter than the table) that keep their group when the job's groups are learned again."""
         n = len(clock)
-        if len(self._gid) < n:
-            size = max(n, 2 * len(self._gid), 16)
-            self._gid = np.concatenate([self._gid, np.full(size - len(self._gid), -1, np.intp)])
-            self._member = np.concatenate([self._member, np.full(size - len(self._member), -1, np.intp)])
+        self._gid, self._member = grow_codes(self._gid, n), grow_codes(self._member, n)
         ref = np.full(n, math.nan)
         judged: BoolArray = np.zeros(n, bool)
         finite = np.isfinite(clock)

@@ -38,6 +38,23 @@ def grow(array: FloatArray, size: int, fill: float = math.nan) -> FloatArray:
     return out
 
 
+def grow_codes(codes: IntArray, size: int) -> IntArray:
+    """:func:`grow` for integer codes (a job's, a node's, a speed group's), new slots -1 (none)."""
+    if len(codes) >= size:
+        return codes
+    out = np.full(max(size, 2 * len(codes), 16), -1, np.intp)
+    out[: len(codes)] = codes
+    return out
+
+
+def group_max(values: FloatArray, groups: IntArray, mask: BoolArray, size: int) -> FloatArray:
+    """Per group (0..size-1), the largest of the ``mask``-ed values of its elements; -inf for a
+    group with none. ``groups``: small non-negative integer codes (a node's, a job's)."""
+    top = np.full(size, -math.inf)
+    np.maximum.at(top, groups[mask], values[mask])
+    return top
+
+
 class VecEwma:
     """Exponentially weighted mean and variance per slot; the first finite value seeds a slot."""
 
