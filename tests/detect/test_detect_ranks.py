@@ -192,3 +192,21 @@ def test_ranks_joining_on_slower_parts_form_their_own_group_and_a_live_straggler
     )
     placement = [f for f in findings[-1] if f.rule == "slow_placement"]
     assert placement and placement[0].details["slow_ranks"] == list(range(8, 16))
+
+
+def test_a_two_rank_job_that_grows_is_judged_by_its_peers_from_then_on() -> None:
+    # the reference is chosen per job from its ranks: two have no peer median, four do; once the
+    # job has grown, a straggler is named by its peers, without the two-rank job's step-time check
+    rng = np.random.default_rng(11)
+    offsets = rng.uniform(0.97, 1.03, 4)
+    detector = RankDetector()
+    out: list[list[Finding]] = []
+    for k in range(320):
+        world = 4 if k >= 60 else 2
+        factor = np.array([1.3 if r == 3 and k >= 220 else 1.0 for r in range(world)])
+        compute = 0.85 * offsets[:world] * factor * (1.0 - np.abs(0.01 * rng.standard_normal(world)))
+        report_step(detector, k, compute)
+        out.append(detector.evaluate(k + 0.6))
+    assert flagged(out[:220]) == set()
+    assert flagged(out[220:]) == {3}
+    assert 220 <= min(k for k, fs in enumerate(out) if fs) <= 240

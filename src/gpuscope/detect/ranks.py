@@ -89,7 +89,9 @@ A job of two ranks has no peer median: each rank is judged by its arrival lag be
 slow, rather than its peer faster, the job's own step time tells: in synchronous data parallel a
 straggler sets the pace, so the median of the job's last few step times must have grown over its
 pace, learned while neither rank was behind, by half the straggler's lag at least. Two ranks that
-report only their step times (one and the same) say nothing of each other.
+report only their step times (one and the same) say nothing of each other. What differs between a
+job of two ranks and a larger one lives in its reference (:class:`_PairReference`,
+:class:`_PeerReference`), chosen per job in one place (``RankDetector._reference_of``).
 
 Gradient skew: a rank's smoothed log-ratio of gradient norm to the peer median beyond
 ``log(skew_ratio)``. Fragmentation: a rank's allocator fragmentation ``frag_rise`` above its own
@@ -102,6 +104,7 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -229,16 +232,135 @@ class _Learning:
 
 
 @dataclass(slots=True)
+class _Pace:
+    """A job's step time while no rank is behind: a two-rank job's straggler slows it
+    (:class:`_PairReference`)."""
+
+    #: a running mean of the median of ``steps``, learned while no rank is behind
+    pace: float = math.nan
+    n: int = 0
+    #: its last few step times: one step held up by a data-loader hiccup is not a slower job
+    steps: deque[float] = field(default_factory=lambda: deque(maxlen=5))
+
+
+@dataclass(slots=True)
 class _Job:
     ranks: dict[int, _Rank] = field(default_factory=dict)
     step_time: float = math.nan
-    #: its step time while no rank is behind (a running mean): a two-rank job's straggler slows it
-    pace: float = math.nan
-    pace_n: int = 0
-    #: its last few step times: one step held up by a data-loader hiccup is not a slower job
-    steps: deque[float] = field(default_factory=lambda: deque(maxlen=5))
+    pace: _Pace = field(default_factory=_Pace)
     groups: _Groups = field(default_factory=_Groups)
     learning: _Learning = field(default_factory=_Learning)
+
+
+class _Reference(Protocol):
+    """What a job's ranks are judged against: the one place a job of two ranks differs from a
+    larger one (``RankDetector._reference_of`` chooses)."""
+
+    #: how many ranks must report a step for it to be judged
+    need: int
+    #: whether self-reported step times tell the ranks apart (a two-rank job's are one and the same)
+    step_times: bool
+
+    def lags(
+        self, job: _Job, rank_ids: list[int], own: FloatArray, additive: bool, levels: bool
+    ) -> FloatArray:
+        """Each rank's lag behind the reference, from its pace with its group's taken out (``own``,
+        two finite at least)."""
+        ...
+
+    def stepped(self, job: _Job) -> None:
+        """After a step's lags were judged."""
+        ...
+
+    def confirmed(self, job: _Job, state: _Rank) -> bool:
+        """Is a flagged rank slow itself, rather than its peers faster?"""
+        ...
+
+
+class _PeerReference:
+    """Jobs of three ranks or more: the job-wide factor on the ranks' median level (the module's
+    first paragraph); its peers tell that a rank behind is slow."""
+
+    need = 3
+    step_times = True
+
+    def __init__(self, ref_quantile: float, short_excess: float) -> None:
+        self.ref_quantile, self.short_excess = ref_quantile, short_excess
+
+    def lags(
+        self, job: _Job, rank_ids: list[int], own: FloatArray, additive: bool, levels: bool
+    ) -> FloatArray:
+        """Once the ranks' own levels are known (``levels``), the reference is the job-wide factor,
+        the ``ref_quantile`` of each rank's pace over its own level, on the median level: fixed
+        offsets, noisy ranks and ranks that changed speed for good do not move it, nor does a whole
+        group or up to three quarters of the ranks slowing down. Before that, the ``ref_quantile``
+        of the paces themselves."""
+        known = np.array([job.ranks[r].level if r in job.ranks else math.nan for r in rank_ids])
+        ok = np.isfinite(own) & np.isfinite(known) & (additive or known > 0)
+        if levels and ok.sum() >= 3:
+            level = float(np.median(known[ok]))
+            over = own[ok] - known[ok] if additive else own[ok] / known[ok]
+            # a rank far ahead of its own level changed speed for good: until its level has caught
+            # up it says nothing about the job-wide factor (a quarter of the ranks getting faster
+            # at once would move the quantile); a job that got faster as a whole keeps them all
+            steady = over >= (-self.short_excess if additive else 1.0 - self.short_excess)
+            factor = float(np.quantile(over[steady] if steady.sum() >= 3 else over, self.ref_quantile))
+            common = factor + level if additive else factor * level
+        else:
+            common = float(np.nanquantile(own, self.ref_quantile))
+        out: FloatArray = own - common if additive else own / common - 1.0
+        return out
+
+    def stepped(self, job: _Job) -> None:
+        pass
+
+    def confirmed(self, job: _Job, state: _Rank) -> bool:
+        return True
+
+
+class _PairReference:
+    """Jobs of two ranks: no peer median; each rank's arrival lag behind the other's, and the job's
+    step time tells which one is slow (the module's paragraph on two ranks). Arrivals only: their
+    self-reported step times are one and the same."""
+
+    need = 2
+    step_times = False
+
+    def __init__(self, base_alpha: float) -> None:
+        self.base_alpha = base_alpha
+
+    def lags(
+        self, job: _Job, rank_ids: list[int], own: FloatArray, additive: bool, levels: bool
+    ) -> FloatArray:
+        # the first to arrive is the reference (a quantile between the two would split the late
+        # one's lag between them); which one is slow, not faster, the job's step time tells
+        out: FloatArray = own - float(np.min(own))
+        return out
+
+    def stepped(self, job: _Job) -> None:
+        """The job's step time (the median of its last few), learned while neither rank is behind:
+        in synchronous data parallel a straggler sets the job's pace, a rank that got faster does
+        not."""
+        if not math.isfinite(job.step_time):
+            return
+        pace = job.pace
+        pace.steps.append(job.step_time)
+        if any(s.flagged or s.lag_hits or s.short_hits for s in job.ranks.values()):
+            return
+        now = _median(pace.steps)
+        pace.n += 1
+        old = pace.pace if math.isfinite(pace.pace) else now
+        pace.pace = old + max(self.base_alpha, 1.0 / pace.n) * (now - old)
+
+    def confirmed(self, job: _Job, state: _Rank) -> bool:
+        """The job's step time must have grown by half of the rank's lag at least (its lag is a
+        share of the longer step, as is the growth)."""
+        lag = state.said if math.isfinite(state.said) else state.lag
+        behind = lag - min(state.lag_base, 0.0) if math.isfinite(state.lag_base) else lag
+        pace = job.pace
+        now = _median(pace.steps) if pace.steps else math.nan
+        grown = 1.0 - pace.pace / now if pace.pace > 0 and now > 0 else math.nan
+        return math.isfinite(grown) and grown >= 0.5 * behind
 
 
 @register
@@ -291,6 +413,14 @@ class RankDetector(StepDetector):
         self.short_seconds = short_seconds
         super().__init__()
         self._jobs: dict[str, _Job] = {}
+        self._peers = _PeerReference(ref_quantile, short_excess)
+        self._pair = _PairReference(base_alpha)
+
+    def _reference_of(self, job: _Job) -> _Reference:
+        """The reference a job's ranks are judged against: a job of two ranks has no peer median.
+        A job's ranks are never forgotten (a new job starts afresh), so a job that grew past two
+        is judged by its peers from then on, its warm-up replayed with them."""
+        return self._pair if len(job.ranks) == 2 else self._peers
 
     def on_event(self, event: Event) -> None:
         if event.kind in ("job_started", "job_ended", "job_failed"):
@@ -322,23 +452,24 @@ class RankDetector(StepDetector):
         finite = step[np.isfinite(step)]
         if finite.size:
             job.step_time = float(np.median(finite))
-        if len(ranks) >= 3:
-            self._lags(job, view, ranks, step)
+        reference = self._reference_of(job)
+        if len(ranks) >= reference.need:  # two ranks of a larger job are not judged
+            self._lags(job, view, ranks, step, reference.need, reference.step_times)
+            reference.stepped(job)
             self._skew(view, ranks)
-        elif len(ranks) == 2 and len(job.ranks) == 2:  # a job of two ranks, not two of a larger one
-            self._lags(job, view, ranks, step, need=2)
-            self._learn_pace(job)
         self._frag(view, ranks)
 
-    def _lags(self, job: _Job, view: StepView, ranks: list[_Rank], step: FloatArray, need: int = 3) -> None:
-        """``need``: the ranks that must report an arrival (two ranks have no peer median: each is
-        judged by its arrival behind the other's, ``_reference``; their step times are one)."""
+    def _lags(
+        self, job: _Job, view: StepView, ranks: list[_Rank], step: FloatArray, need: int, step_times: bool
+    ) -> None:
+        """``need``: the ranks that must report; ``step_times``: whether their own step times may
+        stand in for arrivals (the job's :class:`_Reference`)."""
         arrival = view.get("collective_arrival_skew_seconds")
         if np.isfinite(arrival).sum() < need:  # the SDK reports each rank's own gap; the median is the same
             arrival = view.get("collective_arrival_gap_seconds")
         if np.isfinite(arrival).sum() >= need and job.step_time > 0:
             raw, additive = arrival / job.step_time, True
-        elif need >= 3 and np.isfinite(step).sum() >= 3:
+        elif step_times and np.isfinite(step).sum() >= need:
             raw, additive = step, False
         else:
             return
@@ -422,39 +553,18 @@ class RankDetector(StepDetector):
     def _reference(
         self, job: _Job, rank_ids: list[int], raw: FloatArray, additive: bool, levels: bool = True
     ) -> tuple[FloatArray, FloatArray]:
-        """Each rank's pace with its group's taken out, and its lag behind the reference.
+        """Each rank's pace with its group's taken out, and its lag behind the job's reference
+        (:class:`_Reference`; ``levels``: the ranks' own levels may be used, once known).
 
         The groups' paces, learned with the groups, are taken out first, so that every rank of the
-        job (not only the few of its group) sets the common reference. Once the ranks' own levels
-        are known (``levels``), the reference is the job-wide factor, the ``ref_quantile`` of each
-        rank's pace over its own level, on the median level: fixed offsets, noisy ranks and ranks
-        that changed speed for good do not move it, nor does a whole group or up to three quarters
-        of the ranks slowing down. Before that, the ``ref_quantile`` of the paces themselves."""
+        job (not only the few of its group) sets the common reference."""
         pace = np.array([job.groups.pace.get(r, 0.0) for r in rank_ids])
         if additive and job.step_time > 0:
             pace *= np.array([job.groups.step.get(r, job.step_time) for r in rank_ids]) / job.step_time
         own = raw - pace if additive else raw / (1.0 + pace)
         if np.isfinite(own).sum() < 2:
             return own, np.full(len(raw), math.nan)
-        if additive and len(job.ranks) == 2:
-            # two ranks: the first to arrive is the reference (a quantile between the two would
-            # split the late one's lag between them); which one is slow, not faster, the job's
-            # step time tells (``_confirmed``)
-            return own, own - float(np.min(own))
-        known = np.array([job.ranks[r].level if r in job.ranks else math.nan for r in rank_ids])
-        ok = np.isfinite(own) & np.isfinite(known) & (additive or known > 0)
-        if levels and ok.sum() >= 3:
-            level = float(np.median(known[ok]))
-            over = own[ok] - known[ok] if additive else own[ok] / known[ok]
-            # a rank far ahead of its own level changed speed for good: until its level has caught
-            # up it says nothing about the job-wide factor (a quarter of the ranks getting faster
-            # at once would move the quantile); a job that got faster as a whole keeps them all
-            steady = over >= (-self.short_excess if additive else 1.0 - self.short_excess)
-            factor = float(np.quantile(over[steady] if steady.sum() >= 3 else over, self.ref_quantile))
-            common = factor + level if additive else factor * level
-        else:
-            common = float(np.nanquantile(own, self.ref_quantile))
-        return own, own - common if additive else own / common - 1.0
+        return own, self._reference_of(job).lags(job, rank_ids, own, additive, levels)
 
     def _split(self, name: str, job: _Job) -> None:
         """End of a warm-up: group the ranks by pace, then learn each one's normal in its group.
@@ -922,34 +1032,8 @@ class RankDetector(StepDetector):
             )
         ]
 
-    def _learn_pace(self, job: _Job) -> None:
-        """A two-rank job's step time (the median of its last few), learned while neither rank is
-        behind: in synchronous data parallel a straggler sets the job's pace, a rank that got
-        faster does not."""
-        if not math.isfinite(job.step_time):
-            return
-        job.steps.append(job.step_time)
-        if any(s.flagged or s.lag_hits or s.short_hits for s in job.ranks.values()):
-            return
-        now = _median(job.steps)
-        job.pace_n += 1
-        pace = job.pace if math.isfinite(job.pace) else now
-        job.pace = pace + max(self.base_alpha, 1.0 / job.pace_n) * (now - pace)
-
-    def _confirmed(self, job: _Job, state: _Rank) -> bool:
-        """Is a rank of a two-rank job behind because it is slow, not because its peer got faster?
-        The job's step time must have grown by half of its lag at least (its lag is a share of
-        the longer step, as is the growth). Jobs of three ranks or more: their peers tell."""
-        if len(job.ranks) != 2:
-            return True
-        lag = state.said if math.isfinite(state.said) else state.lag
-        behind = lag - min(state.lag_base, 0.0) if math.isfinite(state.lag_base) else lag
-        now = _median(job.steps) if job.steps else math.nan
-        grown = 1.0 - job.pace / now if job.pace > 0 and now > 0 else math.nan
-        return math.isfinite(grown) and grown >= 0.5 * behind
-
     def _findings(self, job_name: str, job: _Job, rank: int, state: _Rank) -> list[Finding]:
-        straggler = state.flagged and self._confirmed(job, state)
+        straggler = state.flagged and self._reference_of(job).confirmed(job, state)
         if not (straggler or state.skew_hits >= self.sustain or state.frag_hits >= self.sustain):
             return []  # most ranks most seconds: no entity to build
         out: list[Finding] = []
