@@ -146,3 +146,13 @@ def test_the_table_numbers_nodes_once_in_the_order_their_gpus_are_first_seen() -
     names = list(table.node_codes)
     assert names == ["b", "a", "m0", "m1", "m2", "m3", "m4"]
     assert [names[c] for c in table.node[: table.n]] == [node for node, _ in table.keys]
+
+
+def test_a_metric_given_twice_is_read_from_its_first_column_as_every_stage_reads_it() -> None:
+    table = GpuTable(("gpu_temp_celsius",))
+    frame = _frame(
+        1.0, ["gpu_temp_celsius", "gpu_temp_celsius"], [{"node": "n1", "gpu": "0"}], [[50.0, 99.0]]
+    )
+    view = frames.index(frame)
+    assert table.ingest(view) is not None
+    assert table.column("gpu_temp_celsius").tolist() == [view.gpu_column("gpu_temp_celsius")[0]] == [50.0]

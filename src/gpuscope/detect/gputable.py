@@ -86,7 +86,7 @@ class GpuTable:
         """:meth:`ingest`; ``stacked``: the frame's GPU rows, all columns, where a tick's stack
         holds them."""
         ids = np.fromiter((self._id(k) for k in v.gpu_keys), np.intp, len(v.gpu_keys))
-        source, target = self._layout(names)
+        source, target = self._layout(names, v)
         jobs = np.fromiter((self.job_code(j) for j in v.gpu_jobs), np.intp, len(ids))
         fresh = self._fresh(ids, np.full(len(ids), v.frame.ts))
         rows = None
@@ -123,7 +123,7 @@ class GpuTable:
         counts = [len(v.gpu_keys) for v in run]
         ts = np.repeat(np.array([v.frame.ts for v in run]), counts)
         jobs = np.fromiter((self.job_code(j) for v in run for j in v.gpu_jobs), np.intp, len(keys))
-        source, target = self._layout(names)
+        source, target = self._layout(names, run[0])
         rows = stacked[:, source] if len(target) else None
         if len(np.unique(ids)) < len(ids):  # a GPU twice (two ticks of a node): its newest report wins
             order = np.lexsort((np.arange(len(ids)), ts, ids))  # by GPU, then time, then arrival
@@ -154,10 +154,13 @@ class GpuTable:
         self.counters.inc("detect_stale_gpu_rows", int(len(fresh) - np.count_nonzero(fresh)))
         return fresh
 
-    def _layout(self, names: tuple[str, ...]) -> tuple[IntArray, IntArray]:
+    def _layout(self, names: tuple[str, ...], v: FrameView) -> tuple[IntArray, IntArray]:
+        """(frame columns, matrix columns) of the metrics both hold, for frames with the metrics
+        ``names`` (``v`` one of them): the frame's positions are its own, as every stage reads them
+        (:func:`gpuscope.model.positions`, the first column of a name given twice)."""
         layout = self._layouts.get(names)
         if layout is None:
-            pairs = [(j, self._slot[m]) for j, m in enumerate(names) if m in self._slot]
+            pairs = [(j, k) for m, k in self._slot.items() if (j := v.position(m)) is not None]
             layout = (np.array([j for j, _ in pairs], np.intp), np.array([k for _, k in pairs], np.intp))
             if len(self._layouts) >= _MAX_LAYOUTS:  # senders with ever-new layouts: start afresh
                 self._layouts.clear()
