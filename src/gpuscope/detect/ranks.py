@@ -419,7 +419,8 @@ class RankDetector(StepDetector):
     def _reference_of(self, job: _Job) -> _Reference:
         """The reference a job's ranks are judged against: a job of two ranks has no peer median.
         A job's ranks are never forgotten (a new job starts afresh), so a job that grew past two
-        is judged by its peers from then on, its warm-up replayed with them."""
+        is judged by its peers from then on (a rank the groups do not know: they are learned
+        again, ``_moved``), and two ranks of a larger job that report a step alone are not judged."""
         return self._pair if len(job.ranks) == 2 else self._peers
 
     def on_event(self, event: Event) -> None:
