@@ -260,6 +260,8 @@ class _Reference(Protocol):
     need: int
     #: whether self-reported step times tell the ranks apart (a two-rank job's are one and the same)
     step_times: bool
+    #: whether a rank's gradient norm is judged against its peers' median (``gradient_skew``)
+    skew: bool
 
     def lags(
         self, job: _Job, rank_ids: list[int], own: FloatArray, additive: bool, levels: bool
@@ -283,6 +285,7 @@ class _PeerReference:
 
     need = 3
     step_times = True
+    skew = True
 
     def __init__(self, ref_quantile: float, short_excess: float) -> None:
         self.ref_quantile, self.short_excess = ref_quantile, short_excess
@@ -325,6 +328,7 @@ class _PairReference:
 
     need = 2
     step_times = False
+    skew = False
 
     def __init__(self, base_alpha: float) -> None:
         self.base_alpha = base_alpha
@@ -457,7 +461,8 @@ class RankDetector(StepDetector):
         if len(ranks) >= reference.need:  # two ranks of a larger job are not judged
             self._lags(job, view, ranks, step, reference.need, reference.step_times)
             reference.stepped(job)
-            self._skew(view, ranks)
+            if reference.skew:
+                self._skew(view, ranks)
         self._frag(view, ranks)
 
     def _lags(
