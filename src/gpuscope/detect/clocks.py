@@ -50,7 +50,7 @@ from gpuscope.detect.gpupace import OwnPace
 from gpuscope.detect.gpuplace import GpuPlacement
 from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.peers import ClockPeers
-from gpuscope.detect.vectors import group_max, grow
+from gpuscope.detect.vectors import group_count, group_max, grow
 from gpuscope.model import Finding, FloatArray
 from gpuscope.rules import GPU_POWER_THROTTLE as POWER
 from gpuscope.rules import GPU_UNDERPERFORMING as SLOW
@@ -230,7 +230,7 @@ class ClockDetector(GpuTableDetector):
         ref = np.maximum(top[node], best)
         self._alone_ref = ref
         job = t.job[:n]
-        members = np.bincount(job[recent & (job >= 0)], minlength=len(t.job_names))
+        members = group_count(recent, job, len(t.job_names))
         few = (job < 0) | (members[np.maximum(job, 0)] <= self._peers.min_peers)
         cond: BoolArray = plain & few & (sm < self.alone_ratio * ref)
         return cond
