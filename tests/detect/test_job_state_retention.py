@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from gpuscope.detect.engine import DetectionEngine
 from gpuscope.detect.lifecycle import LifecycleDetector
 from gpuscope.detect.loss import LossDetector
-from gpuscope.model import Event, TrainingRecord
+from gpuscope.detect.training import TrainingLivenessDetector
+from gpuscope.model import Batch, Event, TrainingRecord
 
 
 def _lifecycle(kind: str, job: str, ts: float) -> Event:
@@ -109,3 +111,21 @@ def test_a_stalled_job_is_not_overdue_by_its_declared_interval() -> None:
     for t in range(0, 1000, 10):  # training until 200 s, then stuck at step 200 (a dead peer, a hang)
         det.on_event(Event(float(t), "heartbeat", {"job": "a", "rank": "0"}, {"step": min(t, 200)}))
     assert [f for f in det.evaluate(999.0) if f.rule == "checkpoint_overdue"] == []
+
+
+def test_in_an_engine_the_checkpoint_detector_reads_the_steps_the_liveness_detector_follows() -> None:
+    checkpoints, liveness = LifecycleDetector(), TrainingLivenessDetector()
+    engine = DetectionEngine([checkpoints, liveness])
+    start = Event(0.0, "job_started", {"job": "a"}, {"world_size": 1, "checkpoint_every": 300})
+    engine.observe(Batch("sdk", events=[start]))
+    for t in range(0, 1000, 10):  # training until 200 s, then stuck at step 200
+        engine.observe(
+            Batch(
+                "sdk", events=[Event(float(t), "heartbeat", {"job": "a", "rank": "0"}, {"step": min(t, 200)})]
+            )
+        )
+    assert liveness.told is checkpoints._told and liveness.told.told("a") == (200, 200.0)
+    assert [f for f in engine.evaluate(999.0) if f.rule == "checkpoint_overdue"] == []
+    # the same job advancing: overdue by its declared interval, as on its own
+    engine.observe(Batch("sdk", events=[Event(995.0, "heartbeat", {"job": "a", "rank": "0"}, {"step": 201})]))
+    assert [f.entity for f in engine.evaluate(1000.0) if f.rule == "checkpoint_overdue"] == [{"job": "a"}]

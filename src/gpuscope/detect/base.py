@@ -25,6 +25,7 @@ from typing import ClassVar, Literal
 from gpuscope.detect.frames import FrameView, TickRows, view
 from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.hwfaults import HardwareFaults
+from gpuscope.detect.jobs import StepsTold
 from gpuscope.detect.services import ServiceAggregator, Snapshot
 from gpuscope.detect.steps import StepGatherer, StepView
 from gpuscope.ingest.overload import Wire
@@ -42,6 +43,8 @@ class Feeds:
     services: ServiceAggregator = field(default_factory=ServiceAggregator)
     #: the hardware findings of the last evaluation (step rules tell a hardware cause from a placement)
     faults: HardwareFaults = field(default_factory=HardwareFaults)
+    #: how far each job's heartbeats told its step (fed by the training liveness detector)
+    told: StepsTold = field(default_factory=StepsTold)
 
 
 @dataclass(slots=True)

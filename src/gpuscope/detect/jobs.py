@@ -171,3 +171,37 @@ class JobTracker:
         ended = [name for name, job in self.jobs.items() if not job.running]
         for name in ended[: max(0, len(ended) - self._keep_ended)]:
             del self.jobs[name]
+
+
+class StepsTold:
+    """How far each job's heartbeats have told its step, and when (event time) that step was first
+    told: whether a job still advances, for a detector that must not judge a stalled job.
+
+    The training liveness detector feeds it (:meth:`beat`) with every well-formed heartbeat, and
+    other detectors read it through the engine's shared feeds. A job keeps its furthest step across
+    a restart (one that resumes below it advances again once it passes it). Bounded to ``max_jobs``:
+    the job told least recently first is forgotten.
+    """
+
+    def __init__(self, max_jobs: int = 4096) -> None:
+        self._told: dict[str, tuple[int, float]] = {}
+        self.max_jobs = max_jobs
+
+    def beat(self, job: str, step: object, ts: float) -> None:
+        if type(step) is not int or step < 0:
+            return
+        told = self._told.get(job)
+        if told is not None:
+            if step <= told[0]:
+                return
+            del self._told[job]  # inserted again last: the jobs that stopped advancing go first
+        elif len(self._told) >= self.max_jobs:
+            del self._told[next(iter(self._told))]
+        self._told[job] = (step, ts)
+
+    def told(self, job: str) -> tuple[int, float] | None:
+        """(the furthest step told, when it was first told), or None before any step."""
+        return self._told.get(job)
+
+    def forget(self, job: str) -> None:
+        self._told.pop(job, None)

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuscope.counters import Counters
-from gpuscope.detect.base import Detector, register
+from gpuscope.detect.base import Detector, Feeds, register
 from gpuscope.detect.deaths import Death, JobDeaths, exit_death, summary
-from gpuscope.detect.jobs import Job, JobTracker, parse_rank, place_labels
+from gpuscope.detect.jobs import Job, JobTracker, StepsTold, parse_rank, place_labels
 from gpuscope.detect.settings import FINISHED_JOB_RETENTION_S, JOB_SWEEP_S
 from gpuscope.model import Event, Finding
 
@@ -67,8 +67,6 @@ class _Ckpt:
     corrupt: tuple[float, int] | None = None
     since: float = math.nan  # when the job (re)started: the overdue clock starts no earlier
     declared: float = math.nan  # the interval its job_started declared (seconds), if any
-    step: int = -1  # the furthest step its heartbeats told
-    advanced: float = math.nan  # when that step was first told
     last_ts: float = -math.inf  # its newest checkpoint event
 
 
@@ -99,6 +97,13 @@ class LifecycleDetector(Detector):
         self._jobs = JobTracker(self.counters)
         self._ckpt: dict[str, _Ckpt] = {}
         self._deaths: dict[str, JobDeaths] = {}
+        #: how far each job's heartbeats told its step: in an engine the training liveness
+        #: detector's (it follows every heartbeat already); on its own this detector feeds its own
+        self._told = StepsTold(max_jobs)
+        self._feeds_told = True
+
+    def attach(self, feeds: Feeds) -> None:
+        self._told, self._feeds_told = feeds.told, False
 
     def on_event(self, event: Event) -> None:
         kind = event.kind
@@ -164,9 +169,8 @@ class LifecycleDetector(Detector):
             return  # the liveness detector counts malformed heartbeats
         deaths = self._job_deaths(name)
         deaths.beat(rank, event.ts, event.labels.get("node", ""), event.labels.get("gpu", ""))
-        state, step = self._ckpt.get(name), event.data.get("step")
-        if state is not None and type(step) is int and step > state.step:
-            state.step, state.advanced = step, event.ts
+        if self._feeds_told:
+            self._told.beat(name, event.data.get("step"), event.ts)
 
     def _exited(self, event: Event) -> None:
         name, rank = event.labels.get("job"), parse_rank(event.labels.get("rank"))
@@ -234,6 +238,7 @@ class LifecycleDetector(Detector):
         ]
         for name in gone:
             del self._ckpt[name]
+            self._told.forget(name)
         for name in [n for n in self._deaths if over(n)]:
             del self._deaths[name]
         self.counters.inc("checkpoint_jobs_forgotten", len(gone))
@@ -275,6 +280,11 @@ class LifecycleDetector(Detector):
                 out.append(overdue)
         return out
 
+    def _stopped(self, name: str, declared: float, now: float) -> bool:
+        """Have the job's heartbeats told no new step for longer than its declared interval?"""
+        told = self._told.told(name)
+        return told is not None and now - told[1] > declared
+
     def _incomplete(self, state: _Ckpt, now: float) -> None:
         for step, save in state.saves.items():
             missing = save.started - save.completed - save.failed
@@ -289,9 +299,7 @@ class LifecycleDetector(Detector):
             return None
         if len(state.goods) >= 2:
             interval, how = float(np.median(np.diff([ts for _, ts in state.goods]))), "usually one"
-        elif math.isfinite(state.declared) and not (
-            state.step >= 0 and now - state.advanced > state.declared
-        ):
+        elif math.isfinite(state.declared) and not self._stopped(job.name, state.declared, now):
             # a job whose steps stopped a declared interval ago is stalled (training_stalled's
             # business): it cannot save, and it was not judged by a learned cadence either
             interval, how = state.declared, "it declared one"

@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.counters import Counters
-from gpuscope.detect.base import Detector, register
+from gpuscope.detect.base import Detector, Feeds, register
 from gpuscope.detect.baseline import finite_or_none
 from gpuscope.detect.frames import GpuKey, view
-from gpuscope.detect.jobs import Job, JobTracker, parse_rank, place_labels, place_text
+from gpuscope.detect.jobs import Job, JobTracker, StepsTold, parse_rank, place_labels, place_text
 from gpuscope.detect.liveness import Liveness, Overdue
 from gpuscope.detect.progress import ROLLED_BACK, Progress
 from gpuscope.detect.refusals import refuse
@@ -112,6 +112,11 @@ class TrainingLivenessDetector(Detector):
         self._withheld_watermark = 0
         self._found_on_wire = 0
         self._wire = Wire()
+        #: how far each job's heartbeats told its step (shared with the checkpoint detector)
+        self.told = StepsTold()
+
+    def attach(self, feeds: Feeds) -> None:
+        self.told = feeds.told
 
     # -- input -----------------------------------------------------------------------------------
 
@@ -151,7 +156,7 @@ class TrainingLivenessDetector(Detector):
             self._progress(run)  # and so does its wait for a step
         return job, run
 
-    def _rank_of(self, event: Event) -> tuple[Job, _Run, int] | None:
+    def _rank_of(self, event: Event, step: object) -> tuple[Job, _Run, int] | None:
         name, rank = event.labels.get("job"), parse_rank(event.labels.get("rank"))
         if not name or rank is None:
             refuse(
@@ -163,16 +168,17 @@ class TrainingLivenessDetector(Detector):
                 event.labels,
             )
             return None
+        self.told.beat(name, step, event.ts)  # also a job that ended: a restart starts from here
         found = self._run(name, event.ts)
         return None if found is None else (*found, rank)
 
     def _heartbeat(self, event: Event) -> None:
-        found = self._rank_of(event)
+        step = event.data.get("step")
+        found = self._rank_of(event, step)
         if found is None:
             return
         job, run, rank = found
         job.place(rank, event.labels)
-        step = event.data.get("step")
         run.ranks[rank] = (
             step if isinstance(step, int) and not isinstance(step, bool) else run.ranks.get(rank, -1)
         )

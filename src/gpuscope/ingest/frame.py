@@ -43,10 +43,10 @@ from gpuscope.ingest.payload import (
     _str,
     _timestamp,
     batch_to_json,
-    checked_extras,
     decode_json,
     encode_batch,
     parse_batch,
+    parse_extras,
     parse_labels,
 )
 from gpuscope.model import MAX_TIMESTAMP, Batch, Event, Frame, Labels, TrainingRecord
@@ -390,15 +390,10 @@ def _extras_of(r: _Reader, limits: Limits, logged: bool) -> tuple[list[Event], l
     if not n:
         return [], []
     doc = decode_json(bytes(r.take(n, "extras")), limits)
-    if logged and isinstance(doc, dict):
-        return checked_extras(doc)
-    if not isinstance(doc, dict) or set(doc) - {"events", "training"}:
+    if not isinstance(doc, dict) or (not logged and set(doc) - {"events", "training"}):
         raise PayloadError("extras", "must be a JSON object of 'events' and 'training'")
     # the JSON path's checks, bounds and field names, on just these two lists
-    shell = parse_batch(
-        {"source": "-", "events": doc.get("events", []), "training": doc.get("training", [])}, limits
-    )
-    return shell.events, shell.training
+    return parse_extras(doc.get("events", []), doc.get("training", []), limits, checked=not logged)
 
 
 def _known(body: bytes, limits: Limits, logged: bool) -> Batch | None:
@@ -484,7 +479,7 @@ def decode_frame(body: bytes, limits: Limits = DEFAULT_LIMITS, *, logged: bool =
 
     ``logged``: the body is an ingest-log record, validated when the hub (or its ingest worker)
     took it: its events and training records are built without their checks
-    (:func:`~gpuscope.ingest.payload.checked_extras`); the frames are checked as ever."""
+    (:func:`~gpuscope.ingest.payload.parse_extras` unchecked); the frames are checked as ever."""
     if len(body) > limits.max_body_bytes:
         raise PayloadError("body", f"{len(body)} bytes is over the limit of {limits.max_body_bytes}")
     body = bytes(body)

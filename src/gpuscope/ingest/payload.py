@@ -196,7 +196,7 @@ def parse_frame(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Frame:
     )
 
 
-def parse_event(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Event:
+def _check_event(obj: Any, field: str, limits: Limits) -> None:
     if not isinstance(obj, dict):
         raise PayloadError(field, "must be an object")
     data = obj.get("data", {})
@@ -213,15 +213,11 @@ def parse_event(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Event:
         every = _finite(data["checkpoint_every"], f"{field}.data.checkpoint_every")
         if every <= 0:
             raise PayloadError(f"{field}.data.checkpoint_every", "must be a positive number of seconds")
-    return Event(
-        ts=_timestamp(obj.get("ts"), f"{field}.ts"),
-        kind=kind,
-        labels=parse_labels(obj.get("labels", {}), f"{field}.labels", limits),
-        data=data,
-    )
+    _timestamp(obj.get("ts"), f"{field}.ts")
+    parse_labels(obj.get("labels", {}), f"{field}.labels", limits)
 
 
-def parse_training(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> TrainingRecord:
+def _check_training(obj: Any, field: str, limits: Limits) -> None:
     if not isinstance(obj, dict):
         raise PayloadError(field, "must be an object")
     rank, step = obj.get("rank"), obj.get("step")
@@ -234,25 +230,74 @@ def parse_training(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Tra
         raise PayloadError(
             f"{field}.metrics", f"must be an object of at most {limits.max_metrics_per_frame} numbers"
         )
-    metrics: dict[str, float] = {}
     for k, v in raw_metrics.items():
-        name = _name(k, f"{field}.metrics.{k}")
+        _name(k, f"{field}.metrics.{k}")
         if v is None:
-            metrics[name] = math.nan
-        elif isinstance(v, bool) or not isinstance(v, int | float):
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float):
             raise PayloadError(f"{field}.metrics.{k}", f"must be a number or null, got {type(v).__name__}")
-        elif isinstance(v, int) and abs(v) >= 2**1023:
+        if isinstance(v, int) and abs(v) >= 2**1023:
             raise PayloadError(f"{field}.metrics.{k}", "is beyond the range of a float")
-        else:
-            metrics[name] = float(v)  # NaN/Inf loss is a signal (loss_nan), kept as sent
-    return TrainingRecord(
-        ts=_timestamp(obj.get("ts"), f"{field}.ts"),
-        job=_str(obj.get("job"), f"{field}.job", limits.max_label_value_len),
-        rank=rank,
-        step=step,
-        metrics=metrics,
-        labels=parse_labels(obj.get("labels", {}), f"{field}.labels", limits),
-    )
+    _timestamp(obj.get("ts"), f"{field}.ts")
+    _str(obj.get("job"), f"{field}.job", limits.max_label_value_len)
+    parse_labels(obj.get("labels", {}), f"{field}.labels", limits)
+
+
+def _labels_of(value: dict[str, Any]) -> Labels:
+    """The labels of an accepted object: integer values as strings."""
+    return {k: v if type(v) is str else str(v) for k, v in value.items()}
+
+
+def _events_of(raw: list[dict[str, Any]]) -> list[Event]:
+    # positional: a keyword call costs a sixth more on a job's batch of a few hundred records
+    return [Event(float(e["ts"]), e["kind"], _labels_of(e.get("labels", {})), e.get("data", {})) for e in raw]
+
+
+def _training_of(raw: list[dict[str, Any]]) -> list[TrainingRecord]:
+    nan = math.nan
+    return [
+        TrainingRecord(
+            float(t["ts"]),
+            t["job"],
+            t["rank"],
+            t["step"],
+            # a null metric is missing (NaN); a NaN/Inf loss is a signal (loss_nan), kept as sent
+            {k: nan if v is None else float(v) for k, v in t.get("metrics", {}).items()},
+            _labels_of(t.get("labels", {})),
+        )
+        for t in raw
+    ]
+
+
+def parse_event(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> Event:
+    _check_event(obj, field, limits)
+    return _events_of([obj])[0]
+
+
+def parse_training(obj: Any, field: str, limits: Limits = DEFAULT_LIMITS) -> TrainingRecord:
+    _check_training(obj, field, limits)
+    return _training_of([obj])[0]
+
+
+def parse_extras(
+    events: Any, training: Any, limits: Limits = DEFAULT_LIMITS, *, checked: bool = True
+) -> tuple[list[Event], list[TrainingRecord]]:
+    """A batch's events and training records (its ``events`` and ``training`` lists).
+
+    ``checked``: refuse what breaks a rule, naming the first bad field (``events[3].kind``).
+    Without it the lists must be ones this hub accepted before (an ingest-log record: checksummed,
+    and checked against the hub's limits when it was taken): they are built without the checks,
+    which cost about five times the building on a training job's batch of heartbeats and step
+    records. A document that would fail a check is then not refused, and may come out different.
+    """
+    if checked:
+        events = _list(events, "events", limits.max_events)
+        training = _list(training, "training", limits.max_training)
+        for i, e in enumerate(events):
+            _check_event(e, f"events[{i}]", limits)
+        for i, t in enumerate(training):
+            _check_training(t, f"training[{i}]", limits)
+    return _events_of(events), _training_of(training)
 
 
 def parse_batch(obj: Any, limits: Limits = DEFAULT_LIMITS) -> Batch:
@@ -266,54 +311,13 @@ def parse_batch(obj: Any, limits: Limits = DEFAULT_LIMITS) -> Batch:
     batch_id = obj.get("batch_id")
     if batch_id is not None:
         batch_id = _str(batch_id, "batch_id", 128)
-    return Batch(
-        source=_str(obj.get("source"), "source", limits.max_source_len),
-        batch_id=batch_id,
-        frames=[
-            parse_frame(f, f"frames[{i}]", limits)
-            for i, f in enumerate(_list(obj.get("frames", []), "frames", limits.max_frames))
-        ],
-        events=[
-            parse_event(e, f"events[{i}]", limits)
-            for i, e in enumerate(_list(obj.get("events", []), "events", limits.max_events))
-        ],
-        training=[
-            parse_training(t, f"training[{i}]", limits)
-            for i, t in enumerate(_list(obj.get("training", []), "training", limits.max_training))
-        ],
-    )
-
-
-def _checked_labels(value: dict[str, Any]) -> Labels:
-    """:func:`parse_labels` of labels it accepted before: the same strings, no checks."""
-    return {k: v if type(v) is str else str(v) for k, v in value.items()}
-
-
-def checked_extras(doc: dict[str, Any]) -> tuple[list[Event], list[TrainingRecord]]:
-    """The events and training records :func:`parse_batch` makes of ``doc``'s ``events`` and
-    ``training``, for a document it accepted before (an ingest-log record: checksummed, and
-    checked against the hub's limits when it was taken): the same values without the checks,
-    which cost about five times the building on a training job's batch of heartbeats and step
-    records.
-    A document that would fail a check is not refused here, and may come out different."""
-    nan = math.nan
-    # positional: a keyword call costs a sixth more on a job's batch of a few hundred records
-    events = [
-        Event(float(e["ts"]), e["kind"], _checked_labels(e.get("labels", {})), e.get("data", {}))
-        for e in doc.get("events", [])
+    source = _str(obj.get("source"), "source", limits.max_source_len)
+    frames = [
+        parse_frame(f, f"frames[{i}]", limits)
+        for i, f in enumerate(_list(obj.get("frames", []), "frames", limits.max_frames))
     ]
-    training = [
-        TrainingRecord(
-            float(t["ts"]),
-            t["job"],
-            t["rank"],
-            t["step"],
-            {k: nan if v is None else float(v) for k, v in t.get("metrics", {}).items()},
-            _checked_labels(t.get("labels", {})),
-        )
-        for t in doc.get("training", [])
-    ]
-    return events, training
+    events, training = parse_extras(obj.get("events", []), obj.get("training", []), limits)
+    return Batch(source=source, batch_id=batch_id, frames=frames, events=events, training=training)
 
 
 def check_time_window(batch: Batch, now: float, limits: Limits = DEFAULT_LIMITS) -> None:
