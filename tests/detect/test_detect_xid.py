@@ -51,6 +51,24 @@ def test_application_xid_is_p3_and_holds_for_the_hold_time() -> None:
     assert not driver.alerts_of("gpu_xid_fatal")
 
 
+def test_a_new_code_on_a_gpu_whose_xid_alert_is_open_is_told_again() -> None:
+    cluster = FakeCluster(nodes=1, gpus=2)
+    driver = Driver([XidDetector(hold=300.0)])
+    driver.run(0, 10, cluster.batches)
+    cluster.event(10.0, "xid", "node-0", "1", code=13)
+    driver.run(10, 40, cluster.batches)
+    cluster.event(40.0, "xid", "node-0", "1", code=13)  # a repeat only counts
+    driver.run(40, 70, cluster.batches)
+    cluster.event(70.0, "xid", "node-0", "1", code=43)  # another cause on the same GPU
+    driver.run(70, 100, cluster.batches)
+    cluster.event(100.0, "xid", "node-0", "1", code=43)
+    driver.run(100, 130, cluster.batches)
+
+    alert = driver.only("gpu_xid_app")
+    assert alert.started_at == 10 and "XID 43" in alert.summary
+    assert [(w["at"], w["stage"], w["severity"]) for w in alert.details["worsened"]] == [(70, 1, "P3")]
+
+
 def test_unknown_and_malformed_codes_are_application_class_and_counted() -> None:
     cluster = FakeCluster(nodes=1, gpus=2)
     driver = Driver([XidDetector()])
