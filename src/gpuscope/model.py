@@ -153,6 +153,9 @@ class Finding:
     severity: str | None = None
     #: the share of the affected GPUs' work at risk, when the detector measures it (None: the rule's)
     at_risk: float | None = None
+    #: how many times the condition has grown materially worse since it began (a detector that
+    #: follows a changing fault counts them); the alert layer notifies again each time it grows
+    stage: int = 0
 
     @property
     def key(self) -> tuple[str, tuple[tuple[str, str], ...]]:

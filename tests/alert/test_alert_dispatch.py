@@ -218,14 +218,20 @@ def risk(score: float, severity: str | None = None) -> Finding:
     )
 
 
-def test_an_alert_that_reaches_a_graver_tier_escalates_and_is_notified_again(
-    sink: Sink, clock: Clock, rigs: list[Rig]
-) -> None:
+def risk_told(sink: Sink, clock: Clock, rigs: list[Rig]) -> Rig:
+    """A rig whose receiver was told a P3 failure risk fires."""
     rig = Rig(hook_cfg(sink, group_interval="30s"), clock)
     rigs.append(rig)
     rig.step(1, [risk(1.6)])
     (first,) = sink.wait_for(1)
     assert first["alerts"][0]["labels"]["severity"] == "P3"
+    return rig
+
+
+def test_an_alert_that_reaches_a_graver_tier_escalates_and_is_notified_again(
+    sink: Sink, clock: Clock, rigs: list[Rig]
+) -> None:
+    rig = risk_told(sink, clock, rigs)
     rig.step(5, [risk(2.4)])  # worse, same tier: the alert follows, no new notification
     alert = rig.hub.alerts.get("al-1")
     assert alert is not None and alert.value == 2.4 and "2.40" in alert.summary and alert.severity == "P3"
@@ -241,6 +247,24 @@ def test_an_alert_that_reaches_a_graver_tier_escalates_and_is_notified_again(
     assert alert.severity == "P2"
     history = [h["what"] for h in rig.service.history("al-1")]
     assert history[:3] == ["fired", "notified_firing", "escalated"] and history.count("notified_firing") == 2
+
+
+def test_a_worsening_at_the_same_tier_is_notified_again_with_what_it_became(
+    sink: Sink, clock: Clock, rigs: list[Rig]
+) -> None:
+    rig = risk_told(sink, clock, rigs)
+    worse = risk(3.0)
+    worse.stage = 1  # a second cause inside the open alert: not a graver tier, but materially worse
+    rig.step(5, [worse])
+    rig.step(30, [worse])
+    (a,) = sink.wait_for(2)[1]["alerts"]
+    assert (
+        a["status"] == "firing" and a["labels"]["severity"] == "P3" and "3.00" in a["annotations"]["summary"]
+    )
+    rig.step(30, [worse])
+    assert len(sink.bodies()) == 2  # told once per stage
+    history = [(h["what"], h["detail"]) for h in rig.service.history("al-1")]
+    assert ("escalated", "worse: node-1 GPU 2 failure risk 3.00") in history, history
 
 
 def test_a_hub_continuing_another_hubs_alert_tells_only_what_the_ledger_says_was_not_told(

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscope.alert.engine import AlertEngine
+from gpuscope.alert.engine import AlertEngine, notices
 from gpuscope.model import Finding
+from gpuscope.simeval.runner import alerts_document
 
 GPU = {"node": "node-1", "gpu": "3"}
 
@@ -107,3 +108,69 @@ def test_bad_settings_and_times_are_refused() -> None:
         AlertEngine(resolve_after=float("inf"))
     with pytest.raises(ValueError, match="finite"):
         AlertEngine().update(float("nan"), [])
+
+
+def slower(value: float, stage: int = 0, severity: str | None = None) -> Finding:
+    return Finding(
+        "step_time_regression",
+        {"job": "j"},
+        f"Step time of job j rose {value - 1:+.0%}",
+        value=value,
+        stage=stage,
+        severity=severity,
+    )
+
+
+def test_a_worsening_inside_an_open_alert_escalates_it_and_is_recorded() -> None:
+    engine = AlertEngine(resolve_after=5.0)
+    (fired,) = engine.update(10.0, [slower(1.2)])
+    alert = fired.alert
+    assert engine.update(11.0, [slower(1.25)]) == []  # the value follows; no new stage: no change
+    assert alert.value == 1.25 and "+25%" in alert.summary
+    changes = engine.update(20.0, [slower(2.2, stage=1)])
+    assert [(c.kind, c.alert.id) for c in changes] == [("escalated", alert.id)]
+    assert alert.value == 2.2 and "+120%" in alert.summary and alert.severity == "P2"
+    assert engine.update(21.0, [slower(2.1, stage=1)]) == []  # the same stage is told once
+    (told,) = alert.details["worsened"]
+    assert (told["at"], told["from"], told["severity"], told["value"], told["stage"]) == (
+        20.0,
+        "P2",
+        "P2",
+        2.2,
+        1,
+    )
+    changes = engine.update(30.0, [slower(2.3, stage=1, severity="P1")])  # a tier crossed
+    assert [c.kind for c in changes] == ["escalated"] and alert.severity == "P1"
+    assert [(w["at"], w["from"], w["severity"]) for w in alert.details["worsened"]] == [
+        (20.0, "P2", "P2"),
+        (30.0, "P2", "P1"),
+    ]
+    assert alert.details["escalated_from"] == "P2" and len(engine.all()) == 1
+
+
+def test_an_alert_that_fires_at_a_later_stage_is_not_escalated_by_it() -> None:
+    engine = AlertEngine(resolve_after=5.0)
+    (fired,) = engine.update(10.0, [slower(2.0, stage=1)])
+    assert engine.update(11.0, [slower(2.0, stage=1)]) == []
+    assert [c.kind for c in engine.update(12.0, [slower(2.6, stage=2)])] == ["escalated"]
+    assert fired.alert.details["worsened"][0]["stage"] == 2
+
+
+def test_each_escalation_is_a_notice_of_its_own_in_the_sim_eval_document() -> None:
+    engine = AlertEngine(resolve_after=0.0)
+    engine.update(10.0, [slower(1.2)])
+    engine.update(20.0, [slower(2.2, stage=1)])
+    engine.update(30.0, [])
+    (alert,) = engine.all()
+    shown = notices(engine.all())
+    assert [(a.started_at, a.value, a.resolved_at, a.details.get("worsening_of")) for a in shown] == [
+        (10.0, 2.2, 30.0, None),
+        (20.0, 2.2, 30.0, alert.id),
+    ]
+    doc = alerts_document("s", 60.0, engine.all())
+    assert [(r["started_at"], r["resolved_at"], r.get("worsening_of")) for r in doc["alerts"]] == [
+        (10.0, 30.0, None),
+        (20.0, 30.0, 10.0),
+    ]
+    assert "+120%" in doc["alerts"][1]["summary"]
+    assert notices(shown) == shown  # a notice is not told again

@@ -4,10 +4,12 @@ as a job stepping every second is on its last 20 steps."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from gpuscope.detect.pace import PaceDetector
-from gpuscope.model import TrainingRecord
+from gpuscope.model import Finding, TrainingRecord
 
 WORLD = 8
 
@@ -94,3 +96,56 @@ def test_a_regression_that_ends_keeps_its_material_reading() -> None:
         detector.on_training(TrainingRecord(ts + 5.0, "j", 0, k + 1, {}))
         said += [f.value or 0.0 for f in detector.evaluate(ts + 6.0) if f.rule == "step_time_regression"]
     assert said and min(said) >= 1.08, said[-5:]
+
+
+def follow(every: float, steps: int, factor: Callable[[int], float], seed: int = 1) -> dict[int, Finding]:
+    """Feed a job whose job-wide slowdown at step k is ``factor(k)`` (2 % noise); the finding
+    after each step at which the rule held."""
+    rng = np.random.default_rng(seed)
+    detector = PaceDetector()
+    held: dict[int, Finding] = {}
+    for k in range(steps):
+        ts = k * every
+        for r, seconds in enumerate((every * factor(k) * (1.0 + 0.02 * rng.standard_normal(WORLD))).tolist()):
+            detector.on_training(TrainingRecord(ts, "j", r, k, {"step_seconds": seconds}))
+        detector.on_training(TrainingRecord(ts + 0.5 * every, "j", 0, k + 1, {}))
+        for f in detector.evaluate(ts + 0.6 * every):
+            held[k] = f
+    return held
+
+
+def test_a_lasting_shift_holds_while_the_job_is_slower_than_before_it() -> None:
+    # 1.2x for 20 minutes: the baseline learns it within 5, but the job is still 20 % slower
+    # than before the alert; it holds (said against that pace) until the job is back
+    for every in (1.0, 10.0):
+        n = int(3000 / every)
+        start, end = int(900 / every), int(2100 / every)
+        held = follow(every, n, lambda k, s=start, e=end: 1.2 if s <= k < e else 1.0)
+        first = min(held)
+        assert start <= first <= start + 90 / every, (every, first)
+        assert all(k in held for k in range(first, end)), (
+            every,
+            sorted(set(range(first, end)) - set(held))[:3],
+        )
+        assert 1.15 <= held[end - 1].value <= 1.25  # type: ignore[operator]
+        assert "from a baseline of" in held[end - 1].summary and held[end - 1].stage == 0
+        assert max(held) <= end + 120 / every, (every, max(held))
+
+
+def test_a_second_shift_inside_a_held_regression_is_a_new_stage_that_the_value_follows() -> None:
+    # 1.2x from step 300 for good, then 1.84x more from 600 to 900: the alert open since the first
+    # is told the second (stage 1, value against the pace before the first), and holds after it
+    held = follow(1.0, 1300, lambda k: 1.2 * (1.84 if 600 <= k < 900 else 1.0) if k >= 300 else 1.0)
+    first = min(held)
+    assert 300 <= first <= 360 and all(k in held for k in range(first, 1300))
+    assert {held[k].stage for k in range(first, 600)} == {0}
+    worse = min(k for k, f in held.items() if f.stage)
+    assert 600 <= worse <= 660, worse
+    assert held[899].stage == 1 and 2.1 <= held[899].value <= 2.3  # type: ignore[operator]
+    assert "materially worse 1 time" in held[899].summary
+    assert held[1299].stage == 1 and 1.15 <= held[1299].value <= 1.25  # type: ignore[operator]
+
+
+def test_noise_and_a_steady_regression_are_no_new_stage() -> None:
+    held = follow(1.0, 1500, lambda k: 1.3 if k >= 300 else 1.0, seed=3)
+    assert held and {f.stage for f in held.values()} == {0}

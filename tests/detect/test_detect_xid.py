@@ -42,12 +42,16 @@ def test_application_xid_is_p3_and_holds_for_the_hold_time() -> None:
     cluster.event(10.0, "xid", "node-0", "1", code=13)
     driver.run(10, 40, cluster.batches)
     cluster.event(40.0, "xid", "node-0", "1", code=43)  # a second app XID extends the hold
-    driver.run(40, 130, cluster.batches)
+    driver.run(40, 50, cluster.batches)
+    cluster.event(50.0, "xid", "node-0", "1", code=43)
+    driver.run(50, 140, cluster.batches)
 
     alert = driver.only("gpu_xid_app")
     assert (alert.severity, alert.owner, alert.started_at) == ("P3", "model", 10)
-    assert alert.details["codes"] == [13, 43] and alert.details["count"] == 2
-    assert alert.resolved_at is not None and 100 <= alert.resolved_at <= 106
+    assert alert.details["codes"] == [13, 43] and alert.details["count"] == 3
+    assert alert.resolved_at is not None and 110 <= alert.resolved_at <= 116
+    # another code on the GPU is another cause: told again, once (a repeat only counts)
+    assert [(w["at"], w["stage"], w["severity"]) for w in alert.details["worsened"]] == [(40, 1, "P3")]
     assert not driver.alerts_of("gpu_xid_fatal")
 
 

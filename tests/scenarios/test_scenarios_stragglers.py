@@ -31,6 +31,11 @@ def test_a_worsening_straggler_is_one_alert_that_follows_it() -> None:
     assert 400 <= alert.started_at <= 1000 and alert.resolved_at is None
     # 1.2x: about 0.15 of a step behind; 3.6x: about 0.7 of the (longer) step
     assert alert.value is not None and alert.value >= 0.5, alert.to_dict()
+    # the worsening at 1000 is told again (a stage), not only read in the alert's value
+    assert [(1000 <= w["at"] <= 1100, w["stage"]) for w in alert.details["worsened"]] == [(True, 1)]
+    # the job's pace: one alert from the first slowdown, told again at the second, still open
+    (pace,) = [a for a in result.alerts if a.rule == "step_time_regression" and a.entity == {"job": "wide"}]
+    assert pace.firing and [(1000 <= w["at"] <= 1100) for w in pace.details["worsened"]] == [True]
 
 
 def test_a_gpu_fault_in_the_warm_up_is_no_slow_placement() -> None:

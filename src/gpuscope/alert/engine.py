@@ -7,18 +7,19 @@ finding that appears into a fired alert and one that has been absent for ``resol
 seconds into a resolved one (a short absence is treated as the same alert, so a condition at its
 threshold does not flap). A later re-occurrence is a new alert. A firing alert follows its
 condition: each evaluation refreshes its value, summary and cost, and a finding that reaches a
-graver tier than the alert's escalates it (an ``escalated`` change, notified again); an alert
-never de-escalates. Severity and owner come from :mod:`gpuscope.rules`; the cost of delay is
-``affected_gpus x price_per_gpu_hour x work_at_risk``. It knows nothing of where findings came
-from, and records what it decides in an :class:`~gpuscope.alert.state.AlertState` (this hub's
-memory and store, or a cluster's PostgreSQL).
+graver tier than the alert's, or a later stage of worsening (:attr:`Finding.stage`: a second cause
+inside the alert), escalates it (an ``escalated`` change, notified again, and recorded in
+``details["worsened"]``); an alert never de-escalates. Severity and owner come from
+:mod:`gpuscope.rules`; the cost of delay is ``affected_gpus x price_per_gpu_hour x work_at_risk``.
+It knows nothing of where findings came from, and records what it decides in an
+:class:`~gpuscope.alert.state.AlertState` (this hub's memory and store, or a cluster's PostgreSQL).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from gpuscope.alert.incidents import Incident
@@ -34,6 +35,11 @@ Places = Callable[[Labels], list[Labels]]
 KEPT_DETAILS = ("playbook", "ack", "pending_since")
 #: the ``details`` key of the tier an escalated alert had before (kept by refreshes as well)
 ESCALATED_FROM = "escalated_from"
+#: the ``details`` key of an alert's escalations while it fired, oldest first: each its time,
+#: tier before and after, value, summary and stage (kept by refreshes as well)
+WORSENED = "worsened"
+#: the ``details`` key of the stage of worsening an alert fired at, when it was past the first
+FIRED_STAGE = "fired_stage"
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,11 +133,10 @@ class AlertEngine:
                 self._active[key] = alert
                 changes.append(AlertChange("fired", alert))
             else:
-                was = alert.severity
+                was, stage = alert.severity, _stage(alert)
                 self._refresh(alert, now, finding)
-                if alert.severity != was:
-                    alert.details[ESCALATED_FROM] = was
-                    self.state.save(alert)  # the graver tier is what every page shows from now on
+                if alert.severity != was or finding.stage > stage:
+                    self._escalate(alert, now, was, max(stage, finding.stage))
                     changes.append(AlertChange("escalated", alert))
         for key in [k for k in self._pending if k not in current]:
             del self._pending[key]  # pending requires the condition to hold throughout
@@ -158,7 +163,18 @@ class AlertEngine:
             last_seen=now,
         )
         self._refresh(alert, now, finding)
+        if finding.stage:
+            alert.details[FIRED_STAGE] = finding.stage
         return alert
+
+    def _escalate(self, alert: Alert, now: float, was: str, stage: int) -> None:
+        """Record that a firing alert grew graver (a tier, or a stage of worsening) at ``now``."""
+        if alert.severity != was:
+            alert.details[ESCALATED_FROM] = was
+        entry = {"at": now, "from": was, "severity": alert.severity, "value": alert.value}
+        entry.update(summary=alert.summary, stage=stage)
+        alert.details[WORSENED] = [*alert.details.get(WORSENED, []), entry]
+        self.state.save(alert)  # the graver reading is what every page shows from now on
 
     def places_of(self, alert: Alert) -> list[Labels] | None:
         """Where a job or service alert runs, linking it to hardware alerts there (None: it names
@@ -201,7 +217,11 @@ class AlertEngine:
         alert.severity = graver(alert.severity, finding.severity)
         alert.summary = finding.summary
         alert.value = finding.value if finding.value is not None and math.isfinite(finding.value) else None
-        kept = {k: alert.details[k] for k in (*KEPT_DETAILS, ESCALATED_FROM) if k in alert.details}
+        kept = {
+            k: alert.details[k]
+            for k in (*KEPT_DETAILS, ESCALATED_FROM, WORSENED, FIRED_STAGE)
+            if k in alert.details
+        }
         alert.details = {**finding.details, **kept}
         alert.cost_per_hour = self.cost_per_hour(finding)
 
@@ -229,6 +249,39 @@ class AlertEngine:
 
     def incidents(self) -> list[Incident]:
         return self.state.view()[1]
+
+
+def _stage(alert: Alert) -> int:
+    """The stage of worsening an alert was last told at (that of the finding it fired on, at first)."""
+    told = alert.details.get(WORSENED)
+    return int(told[-1]["stage"]) if told else int(alert.details.get(FIRED_STAGE, 0))
+
+
+def notices(alerts: list[Alert]) -> list[Alert]:
+    """Each alert as it was told, then each of its escalations as a notice of its own: the same
+    alert (rule, entity, incident, resolution) starting when it escalated, at the tier, value and
+    summary it escalated to, its ``details["worsening_of"]`` the alert's id. A second cause inside
+    an open alert is told as its own start, so a reader that matches alerts to causes by their
+    start (the sim-eval documents, their scorers) sees it."""
+    out: list[Alert] = []
+    listed = {alert.id for alert in alerts}  # notices already listed are not listed again
+    for alert in alerts:
+        out.append(alert)
+        for i, told in enumerate(alert.details.get(WORSENED, ()), 1):
+            if f"{alert.id}.{i}" in listed:
+                continue
+            out.append(
+                replace(
+                    alert,
+                    id=f"{alert.id}.{i}",
+                    severity=str(told["severity"]),
+                    started_at=float(told["at"]),
+                    summary=str(told["summary"]),
+                    value=told["value"],
+                    details={"worsening_of": alert.id, "stage": told["stage"]},
+                )
+            )
+    return sorted(out, key=lambda a: a.started_at)
 
 
 def check_pending(pending_for: Mapping[str, float], where: str = "pending_for") -> dict[str, float]:

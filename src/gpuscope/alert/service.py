@@ -29,7 +29,7 @@ import orjson
 
 from gpuscope.alert.checks import Reads
 from gpuscope.alert.dispatch import Dispatcher
-from gpuscope.alert.engine import ESCALATED_FROM, AlertChange, AlertEngine
+from gpuscope.alert.engine import ESCALATED_FROM, WORSENED, AlertChange, AlertEngine
 from gpuscope.alert.flap import FlapDetector
 from gpuscope.alert.labels import Matcher, alert_labels, fingerprint
 from gpuscope.alert.ledger import DispatchLedger, MemoryLedger, Told
@@ -187,7 +187,10 @@ class AlertingService:
     def _dispatch(self, job: Job, skipped: str) -> None:
         alert, kind = job.change.alert, job.change.kind
         if kind == "escalated":
-            detail = f"{alert.details.get(ESCALATED_FROM)} -> {alert.severity}"
+            told = (alert.details.get(WORSENED) or [{}])[-1]
+            was = told.get("from", alert.details.get(ESCALATED_FROM))
+            # a stage of worsening at the same tier is told by what it became
+            detail = f"{was} -> {alert.severity}" if was != alert.severity else f"worse: {alert.summary}"
         else:
             detail = alert.summary
         self.record(alert.id, kind, detail, job.heard_at)

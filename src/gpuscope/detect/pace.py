@@ -27,6 +27,14 @@ The bar (for both tests) is the larger of two effect sizes:
 Checkpoint pauses are not steps and never enter; a rollback or restart starts a new baseline; a
 shift that lasts becomes the baseline, and the CUSUM's evidence is capped so its alarm ends within a
 few steps of that.
+
+A held regression follows the fault rather than the baseline that learns it: it is measured from
+the pace the job had when it began (the baseline then), and it holds while the job is still
+materially slower than that pace (the bar of its start), however long the shift lasts; a further
+material shift while it holds (the last minute the bar above the pace the alert last told, for
+``sustain`` seconds) is a new stage of worsening (:attr:`Finding.stage`), which the alert layer
+tells again. A second cause inside an open alert is thus never silent, and the alert does not
+resolve while the first cause has become the baseline.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import numpy as np
 from gpuscope.detect.base import StepDetector, register
 from gpuscope.detect.steps import StepView
 from gpuscope.detect.vectors import Cusum
+from gpuscope.detect.worsening import Worsening
 from gpuscope.model import Event, Finding, FloatArray
 from gpuscope.rules import STEP_TIME_REGRESSION as RULE
 
@@ -57,6 +66,10 @@ class _Job:
     #: (recent, baseline) step seconds at the last judgement that held: what is said while the
     #: alert is held on its way down, and what a resolved alert keeps
     said: tuple[float, float] = (math.nan, math.nan)
+    #: the baseline and material bar when the condition began: the pace before the alert
+    before: tuple[float, float] = (math.nan, math.nan)
+    #: the held condition's stages of worsening, measured in recent step seconds
+    worse: Worsening = field(default_factory=Worsening)
 
 
 @register
@@ -146,10 +159,21 @@ class PaceDetector(StepDetector):
         shifted = job.cusum.alarm and steps >= job.bar
         ts = job.stamps[-1]
         if ratio >= max(self.ratio, job.bar) or shifted:
-            job.since = job.since if job.since is not None else ts
-            job.said = (job.base * max(ratio, steps if shifted else ratio), job.base)
+            if job.since is None:
+                job.since, job.before, job.worse = ts, (job.base, job.bar), Worsening()
+            self._follow(job, job.base * max(ratio, steps if shifted else ratio), ts)
+        elif job.since is not None and job.recent >= job.before[0] * job.before[1]:
+            self._follow(job, job.recent, ts)  # the baseline learnt the fault; the job did not recover
         elif not ratio >= 1.0 + 0.5 * self.min_shift:
             job.since = None
+
+    def _follow(self, job: _Job, recent: float, ts: float) -> None:
+        """The held condition at ``recent`` step seconds: said against the pace before it began,
+        and a new stage once it stays the material bar above what the alert last told."""
+        base, bar = job.before
+        job.said = (recent, base)
+        if job.since is not None and ts - job.since >= self.sustain:  # told from here on
+            job.worse.follow(recent, ts, bar, self.sustain)
 
     def _wander(self, past: FloatArray) -> float:
         """How much the median of ``recent`` steps wanders on this job: the scaled MAD of the
@@ -178,18 +202,21 @@ class PaceDetector(StepDetector):
     def _finding(self, name: str, job: _Job) -> Finding:
         recent, base = job.said
         ratio = recent / base
+        stage = job.worse.stage
+        again = f"; it grew materially worse {stage} time(s) while its alert was open" if stage else ""
         return Finding(
             RULE,
             {"job": name},
             f"Step time of job {name} rose to {recent:.3g} s from a baseline of {base:.3g} s "
-            f"({ratio - 1:+.0%}) and stayed there",
+            f"({ratio - 1:+.0%}) and stayed there{again}",
             value=ratio,
             details={
                 "recent_step_seconds": recent,
                 "baseline_step_seconds": base,
                 "cusum": job.cusum.s,
-                "material_ratio": job.bar,
+                "material_ratio": job.before[1],
             },
+            stage=stage,
         )
 
 

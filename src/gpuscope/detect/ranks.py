@@ -39,7 +39,9 @@ held for ``short_sustain`` steps and ``short_seconds``: one or two slow readings
 Once flagged, a straggler stays flagged until its smoothed lag is back within half of both bars (its
 normal keeps learning meanwhile, at ``step_learn_rate`` of its rate, so a lasting shift is not held
 for good): a slowdown near its bar is one alert for as long as it lasts, not a new one each time
-its median dips under the bar.
+its median dips under the bar. While flagged, a slowdown that grows by ``worsen`` (a quarter) over
+the one its alert last told, for ``sustain_seconds``, is a new stage of worsening
+(:mod:`gpuscope.detect.worsening`), told again by the alert layer.
 
 The step counts above were set on traces that read every 10 s. A rank whose own step times are
 read more often (one step a second: ``_reads`` is 10) is judged in time instead: its normal learns
@@ -112,6 +114,7 @@ from gpuscope.detect.base import StepDetector, register
 from gpuscope.detect.jobs import place_text
 from gpuscope.detect.steps import StepView
 from gpuscope.detect.vectors import speed_groups
+from gpuscope.detect.worsening import Worsening
 from gpuscope.model import Event, Finding, FloatArray
 from gpuscope.rules import GRADIENT_SKEW as SKEW
 from gpuscope.rules import MEMORY_FRAGMENTATION as FRAG
@@ -180,6 +183,8 @@ class _Rank:
     frag0: list[float] = field(default_factory=list)
     frag_base: float = math.nan  # median of the first values, once there are enough
     frag: float = math.nan
+    #: flagged a straggler: its stages of worsening, in its slowdown (1 + how far behind)
+    worse: Worsening = field(default_factory=Worsening)
     retries: list[tuple[float, float]] = field(default_factory=list)  # (ts, total), last few minutes
     frag_hits: int = 0
     arrival: float = math.nan
@@ -401,6 +406,7 @@ class RankDetector(StepDetector):
         step_h: float = 8.0,
         step_h_growth: float = 0.35,
         level_window: int = 30,
+        worsen: float = 1.25,
     ) -> None:
         self.step_excess, self.step_k, self.step_alpha = step_excess, step_k, step_alpha
         self.step_learn, self.step_learn_rate = step_learn, step_learn_rate
@@ -415,6 +421,7 @@ class RankDetector(StepDetector):
         self.sustain_seconds = sustain_seconds
         self.short, self.short_excess, self.short_sustain = short, short_excess, short_sustain
         self.short_seconds = short_seconds
+        self.worsen = worsen
         super().__init__()
         self._jobs: dict[str, _Job] = {}
         self._peers = _PeerReference(ref_quantile, short_excess)
@@ -438,7 +445,7 @@ class RankDetector(StepDetector):
             for rank, state in job.ranks.items():
                 if now - state.seen > stale:
                     continue  # a rank that stopped reporting is rank_lost's business
-                out.extend(self._findings(name, job, rank, state))
+                out.extend(self._findings(name, job, rank, state, now))
             out.extend(self._placement(name, job))
         return out
 
@@ -1038,8 +1045,10 @@ class RankDetector(StepDetector):
             )
         ]
 
-    def _findings(self, job_name: str, job: _Job, rank: int, state: _Rank) -> list[Finding]:
+    def _findings(self, job_name: str, job: _Job, rank: int, state: _Rank, now: float) -> list[Finding]:
         straggler = state.flagged and self._reference_of(job).confirmed(job, state)
+        if not straggler and math.isfinite(state.worse.told):
+            state.worse = Worsening()  # a straggler found again starts its stages again
         if not (straggler or state.skew_hits >= self.sustain or state.frag_hits >= self.sustain):
             return []  # most ranks most seconds: no entity to build
         out: list[Finding] = []
@@ -1061,12 +1070,16 @@ class RankDetector(StepDetector):
                 how = f"{behind:.0%} of a step ({late:.3f} s of {step_time:.3f} s) behind {peers}"
             else:
                 how = f"its steps take {behind:.0%} longer than {'its own normal' if ahead < 0 else peers}"
+            # its slowdown a quarter again over what was told, for as long as it took to flag it
+            stage = state.worse.follow(1.0 + behind, now, self.worsen, self.sustain_seconds)
+            again = f"; it grew materially worse {stage} time(s) while its alert was open" if stage else ""
             out.append(
                 Finding(
                     STRAGGLER,
                     entity,
-                    f"Rank {rank} of job {job_name}{where} is a straggler: {how}, sustained",
+                    f"Rank {rank} of job {job_name}{where} is a straggler: {how}, sustained{again}",
                     value=behind,
+                    stage=stage,
                     details={
                         "behind_share": behind,
                         "lag_share": now_lag,

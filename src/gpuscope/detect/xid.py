@@ -8,7 +8,9 @@ Codes that are neither fatal nor known application codes are treated as applicat
 (a P3 ticket, not a page), unless listed in :data:`gpuscope.signals.FATAL_XIDS`, which follows
 NVIDIA's XID catalog; each finding carries NVIDIA's immediate action for its code. XID 154 names
 its recovery action in its message ("GPU recovery action changed from 0x0 (None) to 0x2 (Node
-Reboot Required)"); a 154 whose new action is "None" asks for nothing and is not paged.
+Reboot Required)"); a 154 whose new action is "None" asks for nothing and is not paged. A code
+new to the GPU while its class's alert is open is a stage of worsening (another cause, told
+again); a repeat of a code already told only counts.
 """
 
 from __future__ import annotations
@@ -232,6 +234,8 @@ class XidDetector(Detector):
             {"node": node, "gpu": gpu},
             summary,
             value=None if xid.code is None else float(xid.code),
+            # another code on the GPU while its alert is open is another cause: told again
+            stage=max(len(xid.codes) - 1, 0),
             details={
                 "code": xid.code,
                 "codes": sorted(xid.codes),

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuscope.alert.engine import notices
 from gpuscope.model import Alert
 from gpuscope.sim.kinds import HARD_FAULTS, rule_for_fault
 from gpuscope.sim.scenario import FaultSpec, Scenario
@@ -165,7 +166,10 @@ def evaluate(
     scenario: Scenario, alerts: list[Alert], learns_first: Mapping[str, float] | None = None
 ) -> Report:
     """Score ``alerts`` against the faults of ``scenario``; ``learns_first`` (the run's
-    :meth:`~gpuscope.detect.engine.DetectionEngine.learns_first`) names why a fault was missed."""
+    :meth:`~gpuscope.detect.engine.DetectionEngine.learns_first`) names why a fault was missed.
+    An alert's escalations count as the notices they were (:func:`~gpuscope.alert.engine.notices`),
+    as in the sim-eval document: a second cause inside an open alert is detected when it escalated it."""
+    alerts = notices(alerts)
     outcomes: list[FaultOutcome] = []
     used: set[str] = set()
     ttd_hard: list[float] = []

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuscope.alert.engine import notices
 from gpuscope.ingest.payload import batch_to_json, parse_batch
 from gpuscope.model import Alert, Batch
 from gpuscope.runtime import evaluation_hub
@@ -82,21 +83,24 @@ def alerts_json(result: RunResult) -> dict[str, Any]:
 
 
 def alerts_document(name: str, seconds: float, alerts: list[Alert]) -> dict[str, Any]:
-    """DESIGN §5's alerts document for a run called ``name`` over ``seconds`` of its own time."""
-    return {
-        "scenario": name,
-        "simulated_seconds": seconds,
-        "alerts": [
-            {
-                "rule": a.rule,
-                "severity": a.severity,
-                "started_at": round(a.started_at, 3),
-                "resolved_at": None if a.resolved_at is None else round(a.resolved_at, 3),
-                "entity": a.entity,
-                "summary": a.summary,
-                "incident": a.incident,
-                "cost_per_hour": round(a.cost_per_hour, 2),
-            }
-            for a in alerts
-        ],
-    }
+    """DESIGN §5's alerts document for a run called ``name`` over ``seconds`` of its own time.
+    An alert that escalated while it fired (a graver tier, or a second cause that made it
+    materially worse) is listed once more per escalation, starting when it escalated, with
+    ``worsening_of``: the start of the alert it continues (see :func:`notices`)."""
+    started = {a.id: a.started_at for a in alerts}
+    rows: list[dict[str, Any]] = []
+    for a in notices(alerts):
+        row = {
+            "rule": a.rule,
+            "severity": a.severity,
+            "started_at": round(a.started_at, 3),
+            "resolved_at": None if a.resolved_at is None else round(a.resolved_at, 3),
+            "entity": a.entity,
+            "summary": a.summary,
+            "incident": a.incident,
+            "cost_per_hour": round(a.cost_per_hour, 2),
+        }
+        if "worsening_of" in a.details:
+            row["worsening_of"] = round(started[a.details["worsening_of"]], 3)
+        rows.append(row)
+    return {"scenario": name, "simulated_seconds": seconds, "alerts": rows}
