@@ -341,14 +341,16 @@ class LossDetector(StepDetector):
         # three of them); a block mean's is that over sqrt(SUBS), a pace's 2 * sqrt(2) of those
         noise = 2.0 * math.sqrt(2.0 / 6.0 / SUBS) * 1.4826 * float(np.median(job.wiggles))
         noise = max(noise, 1e-9 * abs(means[-1]))
-        job.short_seen = (gain, pace, noise)
         flat = gain < FLAT_Z * noise and means[-1] <= means[-2] * (1.0 + self.divergence)
         if job.short_on or job.short_checks:
-            # confirmed while it stays flat (the onset's block now weighs in the pace before)
+            # confirmed while it stays flat (the onset's block now weighs in the pace before, so
+            # the pace shown stays the one judged)
             job.short_on, job.short_checks = flat, 0
+            job.short_seen = (gain, job.short_seen[1], noise)
             return
         judged = flat and pace >= FALL_Z * noise and gain < FLAT_SHARE * pace
         job.short_checks = 1 if judged else 0
+        job.short_seen = (gain, pace, noise)
 
     @staticmethod
     def _at(hist: deque[tuple[float, float]], ts: float) -> float:
