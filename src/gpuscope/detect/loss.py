@@ -21,7 +21,10 @@ over ranks, so one skewed rank is :mod:`~gpuscope.detect.ranks`' business, not a
   stray from it (:meth:`_Job.doubt`); the rise must exceed ``divergence`` plus ``DOUBT_Z`` times
   that doubt, of the best's window and of now. On time the doubt is nil.
   Plateau: over the last ``plateau_window`` seconds the smoothed loss improved by less than
-  ``plateau_gain`` and by far less than in each of the two windows before.
+  ``plateau_gain`` and by far less than in each of the two windows before. A shorter test judges
+  any job from three ``plateau_short`` windows of age: the loss was falling by many times its own
+  noise over the two windows before and is flat, within that noise, over the last one
+  (:meth:`LossDetector._short_plateau`).
   Every baseline restarts after a rollback to an earlier step or a job restart.
 """
 
@@ -46,6 +49,12 @@ HOLE = 3.0
 #: how many mean absolute deviations of the steps' loss the doubt of a partly covered window
 #: stands for (see ``_Job.doubt``)
 DOUBT_Z = 1.0
+#: the short plateau test: the pace before must be this many noise units; the gain over the last
+#: window below this many (and below ``FLAT_SHARE`` of the pace before)
+FALL_Z, FLAT_Z, FLAT_SHARE = 8.0, 2.0, 0.3
+#: half-window blocks kept for the noise estimate, the sub-blocks of each, and the fewest second
+#: differences of sub-block means the estimate needs
+NOISE_BLOCKS, SUBS, NOISE_MIN = 20, 5, 6
 
 NAN_RULE, SPIKE, DIVERGE, PLATEAU, GRAD = (
     "loss_nan",
@@ -112,6 +121,17 @@ class _Job:
     rising_since: float | None = None
     history: deque[tuple[float, float]] = field(default_factory=deque)  # (ts, smoothed) every minute
     plateau_checks: int = 0
+    #: the open half-window block of the short test (its end, sum, steps), the closed ones
+    #: (mean, steps), its consecutive flat verdicts, whether it is on and what it measured
+    blk_end: float = math.nan
+    blk_sum: list[float] = field(default_factory=lambda: [0.0] * SUBS)
+    blk_n: list[int] = field(default_factory=lambda: [0] * SUBS)
+    blocks: deque[tuple[float, int]] = field(default_factory=lambda: deque(maxlen=NOISE_BLOCKS))
+    #: |second differences| of the sub-block means inside each closed block (the noise estimate)
+    wiggles: deque[float] = field(default_factory=lambda: deque(maxlen=NOISE_BLOCKS * (SUBS - 2)))
+    short_checks: int = 0
+    short_on: bool = False
+    short_seen: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # gain, pace, noise
     step: int = -1
     ended_at: float = math.nan  # when it ended or failed (NaN while it runs)
 
@@ -124,6 +144,10 @@ class _Job:
         self.rising_since = None
         self.history.clear()
         self.plateau_checks = 0
+        self.blk_end, self.blk_sum, self.blk_n = math.nan, [0.0] * SUBS, [0] * SUBS
+        self.blocks.clear()
+        self.wiggles.clear()
+        self.short_checks, self.short_on = 0, False
 
 
 @register
@@ -143,6 +167,7 @@ class LossDetector(StepDetector):
         sustain: float = 60.0,
         plateau_window: float = 900.0,
         plateau_gain: float = 0.0015,
+        plateau_short: float = 300.0,
         finished_job_retention_s: float = FINISHED_JOB_RETENTION_S,
     ) -> None:
         self.spike_ratio, self.mild_ratio = spike_ratio, mild_ratio
@@ -150,6 +175,7 @@ class LossDetector(StepDetector):
         self.warm_steps, self.hold, self.smooth_tau = warm_steps, hold, smooth_tau
         self.divergence, self.sustain = divergence, sustain
         self.plateau_window, self.plateau_gain = plateau_window, plateau_gain
+        self.plateau_short = plateau_short
         #: a job over for this long is forgotten (counted in ``loss_jobs_forgotten``)
         self.finished_job_retention_s = finished_job_retention_s
         self.counters = Counters()
@@ -205,6 +231,7 @@ class LossDetector(StepDetector):
             self._trend(job, view.ts, loss)
 
     def _trend(self, job: _Job, ts: float, loss: float) -> None:
+        self._block(job, ts, loss)
         if not math.isfinite(job.smooth):
             job.smooth, job.smooth_ts, job.start_ts = loss, ts, ts
             return
@@ -263,6 +290,68 @@ class LossDetector(StepDetector):
         )
         job.plateau_checks = job.plateau_checks + 1 if flat else 0
 
+    def _block(self, job: _Job, ts: float, loss: float) -> None:
+        """Adds a step's loss to its sub-block of the open half-window block; each block closed is
+        judged."""
+        half = self.plateau_short / 2.0
+        if not math.isfinite(job.blk_end):
+            job.blk_end = ts + half
+        while ts >= job.blk_end:
+            n = sum(job.blk_n)
+            job.blocks.append((sum(job.blk_sum) / n if n else math.nan, n))
+            subs = [t / c for t, c in zip(job.blk_sum, job.blk_n, strict=True) if c]
+            wiggles = zip(subs, subs[1:], subs[2:], strict=False)
+            job.wiggles.extend(abs(a - 2.0 * b + c) for a, b, c in wiggles)
+            job.blk_sum, job.blk_n = [0.0] * SUBS, [0] * SUBS
+            job.blk_end += half
+            self._short_plateau(job)
+        sub = min(int((ts - job.blk_end + half) / half * SUBS), SUBS - 1)
+        job.blk_sum[sub] += loss
+        job.blk_n[sub] += 1
+
+    def _short_plateau(self, job: _Job) -> None:
+        """Flat over the last ``plateau_short`` window, after falling by many times the curve's own
+        noise over the two windows before. Six half-window blocks: each pair of neighbours gives a
+        pace (twice the fall of the mean from one to the next, a window's worth); the pace before is
+        the slowest of the first three pairs (a learning-rate drop, or the recovery after a spike,
+        lifts one or two of them, not the pace the curve was on), the gain is the last pair's.
+        The noise unit is the spread such a pace would have from noise alone, measured on the curve:
+        the scatter of the second differences of the sub-block means inside each block (a local
+        linear trend removed; the median, so a learning-rate drop or the onset's kink is an outlier
+        among up to ``NOISE_BLOCKS`` blocks' worth). Sub-block means, not single steps: noise
+        correlated over a few dozen steps weighs as it does on a block's mean. A curve falling by
+        ``FALL_Z`` noise units that gains less than ``FLAT_Z`` of them, and less than
+        ``FLAT_SHARE`` of its pace, has stopped once the next block confirms it flat, and stays so
+        while flat. Late in a long healthy run a window's gain is a few noise units: not judged."""
+        blocks = job.blocks
+        if len(blocks) < 6:
+            return
+        counts = sorted(n for _, n in blocks)
+        enough = max(3, counts[len(counts) // 2] // 2)
+        last = list(itertools.islice(blocks, len(blocks) - 6, None))
+        if any(n < enough for _, n in last):
+            job.short_checks, job.short_on = 0, False
+            return
+        means = [m for m, _ in last]
+        paces = [2.0 * (a - b) for a, b in itertools.pairwise(means)]
+        pace, gain = min(paces[:3]), paces[-1]
+        if len(job.wiggles) < NOISE_MIN:
+            return
+        # a sub-block mean's deviation is 1.4826 * median / sqrt(6) (a second difference weighs
+        # three of them); a block mean's is that over sqrt(SUBS), a pace's 2 * sqrt(2) of those
+        noise = 2.0 * math.sqrt(2.0 / 6.0 / SUBS) * 1.4826 * float(np.median(job.wiggles))
+        noise = max(noise, 1e-9 * abs(means[-1]))
+        flat = gain < FLAT_Z * noise and means[-1] <= means[-2] * (1.0 + self.divergence)
+        if job.short_on or job.short_checks:
+            # confirmed while it stays flat (the onset's block now weighs in the pace before, so
+            # the pace shown stays the one judged)
+            job.short_on, job.short_checks = flat, 0
+            job.short_seen = (gain, job.short_seen[1], noise)
+            return
+        judged = flat and pace >= FALL_Z * noise and gain < FLAT_SHARE * pace
+        job.short_checks = 1 if judged else 0
+        job.short_seen = (gain, pace, noise)
+
     @staticmethod
     def _at(hist: deque[tuple[float, float]], ts: float) -> float:
         """Median of the three smoothed samples nearest ``ts``."""
@@ -307,7 +396,27 @@ class LossDetector(StepDetector):
                     details={"smoothed_loss": job.smooth, "best_loss": job.best},
                 )
             )
-        if job.plateau_checks >= 5:
+        if job.short_on:
+            gain, pace, noise = job.short_seen
+            ref = abs(job.smooth) or 1.0
+            out.append(
+                Finding(
+                    PLATEAU,
+                    entity,
+                    f"Loss of job {name} has stopped improving: {gain / ref:.2%} over the last "
+                    f"{self.plateau_short:.0f} s after {pace / ref:.2%} per {self.plateau_short:.0f} s "
+                    f"before (noise {noise / ref:.2%}; smoothed {job.smooth:.4g})",
+                    value=job.smooth,
+                    details={
+                        "window_seconds": self.plateau_short,
+                        "smoothed_loss": job.smooth,
+                        "gain": gain,
+                        "pace_before": pace,
+                        "noise": noise,
+                    },
+                )
+            )
+        elif job.plateau_checks >= 5:
             out.append(
                 Finding(
                     PLATEAU,
