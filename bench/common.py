@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from gpuscope.config import load_config
 from gpuscope.loadgen import FleetShape
 from gpuscope.loadgen.traffic import build_scenario
 from gpuscope.sim.cluster import Simulator
-from gpuscope.store.remote.local import start_victoria_metrics
+from gpuscope.store.remote.local import free_port, start_victoria_metrics
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = ROOT.parent / "shared" / "data"
@@ -102,12 +101,6 @@ def telemetry_ticks(
         state[:, energy] += state[:, power]
         values[:, energy] = np.round(state[:, energy])
         yield start + k, names, np.clip(values, 0, None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_http(url: str, timeout: float = 30) -> None:

@@ -9,7 +9,6 @@ import importlib.util
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ import pytest
 from gpuscope.detect.services import Snapshot
 from gpuscope.detect.serving import ServingDetector
 from gpuscope.model import Finding
+from gpuscope.store.remote.local import free_port as free_port  # the one chooser of ports
 
 #: where tests leave screenshots and other by-products: ignored by git (``.gitignore``), so a test
 #: run leaves a clone as clean as it found it
@@ -40,13 +40,6 @@ def load_script(path: Path, name: str) -> ModuleType:
     sys.modules[spec.name] = module  # dataclasses look their module up by name
     spec.loader.exec_module(module)
     return module
-
-
-def free_port() -> int:
-    """A loopback port free now (the OS's choice; a process told to use it binds it again)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def need_binary(binary: str, package: str) -> str:

@@ -7,6 +7,7 @@ its data.
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -29,10 +30,37 @@ VM_FLAGS = (
 )
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+#: the lowest port handed out; below it live well-known services' and other tools' fixed ports
+PORTS_FROM = 20_000
+_chooser = random.Random()
+
+
+def ephemeral_low(path: Path = Path("/proc/sys/net/ipv4/ip_local_port_range")) -> int:
+    """The first port of the kernel's range for outgoing connections' source ports."""
+    try:
+        return int(path.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def free_port(limit: int | None = None) -> int:
+    """A loopback port free now, for a process told to listen on it.
+
+    A port the kernel chooses (bind to 0) comes from the range it also gives outgoing connections
+    as source ports: between this check and the listener's bind, any client socket may take it
+    (CI saw a hub refuse its port, "in use"). So the port is drawn below that range, at random so
+    that parallel processes (test workers) rarely draw the same, and checked free.
+    """
+    top = ephemeral_low() if limit is None else limit
+    for _ in range(200):
+        port = _chooser.randrange(PORTS_FROM, top)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free loopback port between {PORTS_FROM} and {top}")
 
 
 def wait_http(url: str, timeout: float = 30, proc: subprocess.Popen[bytes] | None = None) -> None:
