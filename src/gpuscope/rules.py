@@ -174,6 +174,9 @@ RULES: dict[str, RuleSpec] = _table(
         "hardware",
         False,
         "The GPU's clocks are held down by temperature under load.",
+        # its SM clock under load (the median of the last ``recent`` seconds) the bar lower than
+        # when the alert was told, the bar measured on the clock's own spread as the alert opened
+        stages=Stages(hold=30.0, noise_k=3.0, floor=0.1),
     ),
     RuleSpec(
         GPU_POWER_THROTTLE,
