@@ -369,6 +369,10 @@ RULES: dict[str, RuleSpec] = _table(
         "serving",
         False,
         "Request latency is above its baseline.",
+        # its recent median (the last 20 s, or its last few updates) the bar above the level told,
+        # the bar measured on the series' own noise before the alert (its mean absolute log
+        # deviation), at least a shift as large as the one the rule fires on (1.3x)
+        stages=Stages(hold=30.0, noise_k=3.0, floor=0.3),
     ),
     RuleSpec(
         INFERENCE_TTFT_REGRESSION,
