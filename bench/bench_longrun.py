@@ -70,6 +70,7 @@ from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.kinds import FAULT_KINDS, GPU_TARGET, JOB_TARGET, NODE_TARGET, RANK_TARGET, SERVICE_TARGET
 from gpuscope.sim.scenario import Scenario, builtin_scenario, load_scenario, parse_scenario
 from gpuscope.simeval.report import Report, evaluate
+from gpuscope.simeval.runner import notices
 from gpuscope.store.duckdb import DuckDBStore
 from gpuscope.store.duckdb.chunks import Chunk, ChunkView
 from gpuscope.web.auth import AuthSettings
@@ -534,12 +535,18 @@ def run_longrun(
     (workdir / "sent.json").write_bytes(
         orjson.dumps({"sent": {k: dataclasses.asdict(v) for k, v in sent.items()}, "agents": agent_stats})
     )
-    shifted = [
-        dataclasses.replace(
-            a, started_at=a.started_at - t0, resolved_at=None if a.resolved_at is None else a.resolved_at - t0
-        )
-        for a in hub.alerts.all()
-    ]
+
+    def shift(alerts: list[Alert]) -> list[Alert]:
+        return [
+            dataclasses.replace(
+                a,
+                started_at=a.started_at - t0,
+                resolved_at=None if a.resolved_at is None else a.resolved_at - t0,
+            )
+            for a in alerts
+        ]
+
+    shifted = shift(hub.alerts.all())
     return LongRun(
         scenario=scenario,
         schedule=schedule,
@@ -551,7 +558,7 @@ def run_longrun(
         hub_counters=hub.counters.snapshot(),
         stored=count_store(db),
         alerts=shifted,
-        report=evaluate(scenario, shifted),
+        report=evaluate(scenario, shift(notices(hub.alerts.all()))),
         maintenance_runs=maintained,
         peak_rss_run_bytes=peak_run,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -28,7 +28,6 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuscope.alert.engine import notices
 from gpuscope.model import Alert
 from gpuscope.rules import RULES
 from gpuscope.sim import builtin_scenario
@@ -86,7 +85,7 @@ def play(scenario: Scenario, saved: Path | None, reuse: bool) -> tuple[list[Aler
     if saved is not None:
         saved.parent.mkdir(parents=True, exist_ok=True)
         saved.write_text(json.dumps(alerts_json(result)))
-    return notices(result.alerts), wall
+    return result.told, wall
 
 
 @dataclass

@@ -41,7 +41,7 @@ def main() -> None:
         started = time.perf_counter()
         result = run_scenario(scenario)
         wall = time.perf_counter() - started
-        report = evaluate(scenario, result.alerts)
+        report = evaluate(scenario, result.told)
         found = sum(o.alert_id is not None for o in report.outcomes)
         faults += len(report.outcomes)
         detected += found

@@ -385,7 +385,7 @@ def sim_sweep(seeds: list[int], only: list[str]) -> None:
                 path = Path(tmp) / f"{name}-s{seed}.yaml"
                 path.write_text(text)
                 scenario = load_scenario(path)
-                report = evaluate(scenario, run_scenario(scenario).alerts)
+                report = evaluate(scenario, run_scenario(scenario).told)
                 hit = sum(o.alert_id is not None for o in report.outcomes)
                 found, faults = found + hit, faults + len(report.outcomes)
                 alerts, unexplained = alerts + report.alerts, unexplained + len(report.unexplained)

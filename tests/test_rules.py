@@ -12,7 +12,16 @@ from gpuscope.alert.playbooks import PLAYBOOKS
 from gpuscope.detect.base import DETECTORS, Detector, register
 from gpuscope.detect.engine import DetectionEngine, load_detectors
 from gpuscope.docgen import render_rules
-from gpuscope.rules import HUB_OVERLOADED, JOB_PENDING_TOO_LONG, RULES, rules_of
+from gpuscope.rules import (
+    HUB_OVERLOADED,
+    JOB_PENDING_TOO_LONG,
+    LOSS_NAN,
+    RULES,
+    STEP_TIME_REGRESSION,
+    TRAINING_STRAGGLER,
+    rules_of,
+    stages_of,
+)
 from gpuscope.sim.kinds import FAULT_KINDS, HARD_FAULTS, rule_for_fault
 from gpuscope.sim.scenario import load_scenario
 
@@ -82,3 +91,13 @@ def test_registering_two_detectors_under_one_name_is_refused() -> None:
     clash = type("XidDetector", (Detector,), {})
     with pytest.raises(ValueError, match="two detectors"):
         register(clash)
+
+
+def test_a_rules_stage_bar_is_fixed_or_measured_against_its_own_noise() -> None:
+    straggler, pace = stages_of(TRAINING_STRAGGLER), stages_of(STEP_TIME_REGRESSION)
+    assert straggler.bar() == straggler.bar(0.5) == 1.25  # a quarter worse, whatever the noise
+    assert pace.bar(0.0) == pace.bar() == pytest.approx(1.08)  # quiet: the material floor
+    assert pace.bar(0.05) == pytest.approx(1.15)  # three times a 5 % wander
+    assert straggler.hold == pace.hold == 30.0
+    with pytest.raises(ValueError, match="loss_nan"):
+        stages_of(LOSS_NAN)

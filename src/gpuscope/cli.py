@@ -164,7 +164,7 @@ def _cmd_sim_eval(args: argparse.Namespace) -> int:
     )
     output = alerts_json(result)
     if args.report:
-        report = evaluate(scenario, result.alerts, result.learns_first)
+        report = evaluate(scenario, result.told, result.learns_first)
         print_report(report, err)
         output["report"] = report.to_dict()
         hours = compare(result.measured_gpu_hours, result.true_gpu_hours)

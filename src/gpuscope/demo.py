@@ -46,6 +46,7 @@ from gpuscope.sim.cluster import Simulator
 from gpuscope.sim.scenario import Scenario, ScenarioError, builtin_scenario, load_scenario
 from gpuscope.simeval.render import print_report
 from gpuscope.simeval.report import evaluate
+from gpuscope.simeval.runner import notices
 from gpuscope.store.errors import StoreError
 from gpuscope.store.settings import StorageConfigError, store_label
 from gpuscope.web.auth import Token, digest, new_token
@@ -374,11 +375,12 @@ def faults_played(scenario: Scenario, end: float) -> str:
 
 def _report(console: Console, hub: Hub, scenario: Scenario, end: float, t0: float) -> None:
     """How the live run scored against the faults it played."""
+    # told first, then shifted: an escalation's start is shifted with the alert's
     shifted = [
         dataclasses.replace(
             a, started_at=a.started_at - t0, resolved_at=None if a.resolved_at is None else a.resolved_at - t0
         )
-        for a in hub.alerts.all()
+        for a in notices(hub.alerts.all())
     ]
     played = dataclasses.replace(
         scenario, duration=end, faults=tuple(f for f in scenario.faults if f.at < end)

@@ -15,6 +15,7 @@ the time-to-detect budget (p50 <= 5 s, p95 <= 15 s) applies to it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,6 +25,30 @@ TIERS: tuple[Tier, ...] = ("P1", "P2", "P3")
 Owner = Literal["platform", "model", "serving", "product"]
 #: ``platform``: gpuscope itself and the scheduler around the jobs
 Layer = Literal["hardware", "training", "serving", "quality", "platform"]
+
+
+@dataclass(frozen=True, slots=True)
+class Stages:
+    """When a held condition of the rule has grown materially worse while its alert is open: a
+    stage of worsening (:mod:`gpuscope.detect.worsening`), which the alert layer tells again. Its
+    level (a ratio, 1 being no slowdown) at least :meth:`bar` times the level last told, for ``hold``
+    seconds."""
+
+    #: how long the grown level must last (seconds)
+    hold: float
+    #: a fixed growth (1.25: a quarter worse); NaN: measured against the signal's own noise
+    growth: float = math.nan
+    #: a bar measured against noise: this many times the level's own spread (a share of it) ...
+    noise_k: float = 3.0
+    #: ... and at least this share: noise that quiet is not a material change
+    floor: float = 0.08
+
+    def bar(self, spread: float = math.nan) -> float:
+        """The growth that is a stage, for a level whose own spread (a share of the level, as the
+        detector measures it on the signal) is ``spread``."""
+        if math.isfinite(self.growth):
+            return self.growth
+        return 1.0 + max(self.floor, self.noise_k * spread if math.isfinite(spread) else 0.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +63,8 @@ class RuleSpec:
     #: a standing condition, not a live fault (a placement since the job started): it is the root
     #: cause of an incident only when no live fault shares it (:mod:`gpuscope.alert.incidents`)
     standing: bool = False
+    #: how a held condition grows worse by stages (None: it does not, or not by a level)
+    stages: Stages | None = None
 
 
 GPU_XID_FATAL = "gpu_xid_fatal"
@@ -147,6 +174,9 @@ RULES: dict[str, RuleSpec] = _table(
         "hardware",
         False,
         "The GPU's clocks are held down by temperature under load.",
+        # its SM clock under load (the median of the last ``recent`` seconds) the bar lower than
+        # when the alert was told, the bar measured on the clock's own spread as the alert opened
+        stages=Stages(hold=30.0, noise_k=3.0, floor=0.1),
     ),
     RuleSpec(
         GPU_POWER_THROTTLE,
@@ -245,6 +275,9 @@ RULES: dict[str, RuleSpec] = _table(
         False,
         "One rank is slower than the median of its peers (in a two-rank job: than the other, and the "
         "job slowed), sustained.",
+        # its slowdown (1 + how far behind) a quarter again over the one told, for as long as it
+        # took to flag it
+        stages=Stages(hold=30.0, growth=1.25),
     ),
     RuleSpec(
         SLOW_PLACEMENT,
@@ -270,6 +303,9 @@ RULES: dict[str, RuleSpec] = _table(
         False,
         "The job's step time shifted materially above its rolling baseline: by 8 %, or three times the "
         "job's own minute-to-minute wander where that is more; smaller shifts and slow drifts are not.",
+        # the recent pace the material bar of its start above the pace told (its wander as the
+        # condition began), for as long as it took to fire
+        stages=Stages(hold=30.0, noise_k=3.0, floor=0.08),
     ),
     RuleSpec(LOSS_NAN, "P1", "model", 1.0, "training", False, "The loss became NaN or infinite."),
     RuleSpec(
@@ -333,6 +369,10 @@ RULES: dict[str, RuleSpec] = _table(
         "serving",
         False,
         "Request latency is above its baseline.",
+        # its recent median (the last 20 s, or its last few updates) the bar above the level told,
+        # the bar measured on the series' own noise before the alert (its mean absolute log
+        # deviation), at least a shift as large as the one the rule fires on (1.3x)
+        stages=Stages(hold=30.0, noise_k=3.0, floor=0.3),
     ),
     RuleSpec(
         INFERENCE_TTFT_REGRESSION,
@@ -449,6 +489,14 @@ def standing(rule: str) -> bool:
     outside) are live faults."""
     known = RULES.get(rule)
     return known is not None and known.standing
+
+
+def stages_of(rule: str) -> Stages:
+    """The stage bar of ``rule``, for a detector that tells its stages of worsening."""
+    stages = RULES[rule].stages
+    if stages is None:
+        raise ValueError(f"rule {rule!r} has no stages of worsening")
+    return stages
 
 
 def rules_of(layer: Layer) -> frozenset[str]:

@@ -3,6 +3,9 @@ peers under load; gpu_power_throttle on a lowered enforced power limit whatever 
 
 from __future__ import annotations
 
+import random
+from collections.abc import Callable
+
 from detect.rig import Driver, FakeCluster
 from gpuscope.detect.clocks import ClockDetector
 from gpuscope.detect.throttle import ThermalThrottleDetector
@@ -142,3 +145,47 @@ def test_a_power_limit_lowered_alike_on_a_whole_node_or_a_little_raises_nothing(
     driver = Driver([ClockDetector()])
     driver.run(0, 300, cluster.batches)
     assert driver.alerts_of("gpu_power_throttle") == []
+
+
+def _throttled_at(cluster: FakeCluster, clock: Callable[[float], float]) -> Callable[[float], list[Batch]]:
+    def ticks(t: float) -> list[Batch]:
+        cluster.overrides[HOT] = {**THROTTLED, "gpu_sm_clock_mhz": clock(t)}
+        return cluster.batches(t)
+
+    return ticks
+
+
+def test_a_throttle_that_deepens_is_told_again_once() -> None:
+    cluster = busy_cluster()
+    driver = Driver([ThermalThrottleDetector()])
+    driver.run(0, 100, cluster.batches)
+    rng = random.Random(7)
+    # held down to ~1,400 MHz (its readings ±3 %), then from 300 s to ~900 MHz: a third lower
+    driver.run(
+        100, 600, _throttled_at(cluster, lambda t: (1400.0 if t < 300 else 900.0) * rng.uniform(0.97, 1.03))
+    )
+    alert = driver.only("gpu_thermal_throttle")
+    assert alert.firing and 129 <= alert.started_at <= 131
+    (worse,) = alert.details["worsened"]  # one escalation, not one per reading
+    assert worse["stage"] == 1 and 330 <= worse["at"] <= 360  # the lower clock held for its bar's hold
+    assert "fell materially 1 time(s)" in worse["summary"] and "to 9" in worse["summary"]
+
+
+def test_noise_around_a_steady_throttle_never_escalates() -> None:
+    cluster = busy_cluster()
+    driver = Driver([ThermalThrottleDetector()])
+    driver.run(0, 100, cluster.batches)
+    rng = random.Random(11)
+    # a thermal control loop: the clock swings ±15 % around 1,200 MHz for ten minutes
+    driver.run(100, 700, _throttled_at(cluster, lambda t: 1200.0 * rng.uniform(0.85, 1.15)))
+    alert = driver.only("gpu_thermal_throttle")
+    assert alert.firing and "worsened" not in alert.details
+
+
+def test_a_clock_dip_shorter_than_the_hold_is_no_stage() -> None:
+    cluster = busy_cluster()
+    driver = Driver([ThermalThrottleDetector()])
+    driver.run(0, 100, cluster.batches)
+    # 20 s at half the clock, then back: the dip passes before the bar's hold (30 s)
+    driver.run(100, 500, _throttled_at(cluster, lambda t: 700.0 if 300 <= t < 320 else 1400.0))
+    assert "worsened" not in driver.only("gpu_thermal_throttle").details

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from gpuscope.detect.base import Feeds
 from gpuscope.detect.engine import DetectionEngine
+from gpuscope.detect.gputable import GpuTable
 from gpuscope.detect.lifecycle import LifecycleDetector
 from gpuscope.detect.loss import LossDetector
 from gpuscope.detect.training import TrainingLivenessDetector
@@ -106,11 +108,23 @@ def test_a_job_that_never_saves_its_first_checkpoint_is_overdue_by_its_declared_
 
 
 def test_a_stalled_job_is_not_overdue_by_its_declared_interval() -> None:
-    det = LifecycleDetector()
-    det.on_event(Event(0.0, "job_started", {"job": "a"}, {"world_size": 1, "checkpoint_every": 300}))
+    # the steps the heartbeats told are the engine's feeds, which the liveness detector feeds
+    det, liveness, feeds = LifecycleDetector(), TrainingLivenessDetector(), Feeds(GpuTable(()))
+    det.attach(feeds)
+    liveness.attach(feeds)
+    start = Event(0.0, "job_started", {"job": "a"}, {"world_size": 1, "checkpoint_every": 300})
     for t in range(0, 1000, 10):  # training until 200 s, then stuck at step 200 (a dead peer, a hang)
-        det.on_event(Event(float(t), "heartbeat", {"job": "a", "rank": "0"}, {"step": min(t, 200)}))
+        for event in ([start] if t == 0 else []) + [
+            Event(float(t), "heartbeat", {"job": "a", "rank": "0"}, {"step": min(t, 200)})
+        ]:
+            det.on_event(event)
+            liveness.on_event(event)
     assert [f for f in det.evaluate(999.0) if f.rule == "checkpoint_overdue"] == []
+    # the same job advancing again: overdue by its declared interval
+    advancing = Event(995.0, "heartbeat", {"job": "a", "rank": "0"}, {"step": 201})
+    det.on_event(advancing)
+    liveness.on_event(advancing)
+    assert [f.entity for f in det.evaluate(1000.0) if f.rule == "checkpoint_overdue"] == [{"job": "a"}]
 
 
 def test_in_an_engine_the_checkpoint_detector_reads_the_steps_the_liveness_detector_follows() -> None:

@@ -52,7 +52,7 @@ def run(path: Path) -> RunResult:
 def check_every_fault_detected_and_nothing_serious_unexplained(path: Path) -> None:
     result = run(path)
     scenario = result.scenario
-    report = evaluate(scenario, result.alerts)
+    report = evaluate(scenario, result.told)
     missed = [(o.fault.kind, o.fault.at, o.fault.target) for o in report.outcomes if o.alert_id is None]
     assert not missed, missed
     assert not report.false_p1p2, [a.to_dict() for a in report.false_p1p2]

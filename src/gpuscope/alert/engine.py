@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from gpuscope.alert.incidents import Incident
@@ -255,33 +255,6 @@ def _stage(alert: Alert) -> int:
     """The stage of worsening an alert was last told at (that of the finding it fired on, at first)."""
     told = alert.details.get(WORSENED)
     return int(told[-1]["stage"]) if told else int(alert.details.get(FIRED_STAGE, 0))
-
-
-def notices(alerts: list[Alert]) -> list[Alert]:
-    """Each alert as it was told, then each of its escalations as a notice of its own: the same
-    alert (rule, entity, incident, resolution) starting when it escalated, at the tier, value and
-    summary it escalated to, its ``details["worsening_of"]`` the alert's id. A second cause inside
-    an open alert is told as its own start, so a reader that matches alerts to causes by their
-    start (the sim-eval documents, their scorers) sees it."""
-    out: list[Alert] = []
-    listed = {alert.id for alert in alerts}  # notices already listed are not listed again
-    for alert in alerts:
-        out.append(alert)
-        for i, told in enumerate(alert.details.get(WORSENED, ()), 1):
-            if f"{alert.id}.{i}" in listed:
-                continue
-            out.append(
-                replace(
-                    alert,
-                    id=f"{alert.id}.{i}",
-                    severity=str(told["severity"]),
-                    started_at=float(told["at"]),
-                    summary=str(told["summary"]),
-                    value=told["value"],
-                    details={"worsening_of": alert.id, "stage": told["stage"]},
-                )
-            )
-    return sorted(out, key=lambda a: a.started_at)
 
 
 def check_pending(pending_for: Mapping[str, float], where: str = "pending_for") -> dict[str, float]:

@@ -97,13 +97,13 @@ class LifecycleDetector(Detector):
         self._jobs = JobTracker(self.counters)
         self._ckpt: dict[str, _Ckpt] = {}
         self._deaths: dict[str, JobDeaths] = {}
-        #: how far each job's heartbeats told its step: in an engine the training liveness
-        #: detector's (it follows every heartbeat already); on its own this detector feeds its own
+        #: how far each job's heartbeats told its step: the engine's shared feeds, which the
+        #: training liveness detector feeds (it follows every heartbeat already); until attached,
+        #: no job has told a step (none is judged stalled)
         self._told = StepsTold(max_jobs)
-        self._feeds_told = True
 
     def attach(self, feeds: Feeds) -> None:
-        self._told, self._feeds_told = feeds.told, False
+        self._told = feeds.told
 
     def on_event(self, event: Event) -> None:
         kind = event.kind
@@ -169,8 +169,6 @@ class LifecycleDetector(Detector):
             return  # the liveness detector counts malformed heartbeats
         deaths = self._job_deaths(name)
         deaths.beat(rank, event.ts, event.labels.get("node", ""), event.labels.get("gpu", ""))
-        if self._feeds_told:
-            self._told.beat(name, event.data.get("step"), event.ts)
 
     def _exited(self, event: Event) -> None:
         name, rank = event.labels.get("job"), parse_rank(event.labels.get("rank"))

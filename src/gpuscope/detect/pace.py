@@ -31,9 +31,10 @@ few steps of that.
 A held regression follows the fault rather than the baseline that learns it: it is measured from
 the pace the job had when it began (the baseline then), and it holds while the job is still
 materially slower than that pace (the bar of its start), however long the shift lasts; a further
-material shift while it holds (the last minute the bar above the pace the alert last told, for
-``sustain`` seconds) is a new stage of worsening (:attr:`Finding.stage`), which the alert layer
-tells again. A second cause inside an open alert is thus never silent, and the alert does not
+material shift while it holds (the last minute the rule's stage bar, measured against the job's
+wander as the condition began, above the pace the alert last told, for the bar's hold:
+:attr:`gpuscope.rules.RuleSpec.stages`) is a new stage of worsening (:attr:`Finding.stage`), which
+the alert layer tells again. A second cause inside an open alert is thus never silent, and the alert does not
 resolve while the first cause has become the baseline.
 """
 
@@ -51,6 +52,9 @@ from gpuscope.detect.vectors import Cusum
 from gpuscope.detect.worsening import Worsening
 from gpuscope.model import Event, Finding, FloatArray
 from gpuscope.rules import STEP_TIME_REGRESSION as RULE
+from gpuscope.rules import stages_of
+
+STAGES = stages_of(RULE)
 
 
 @dataclass(slots=True)
@@ -63,13 +67,16 @@ class _Job:
     recent: float = math.nan
     base: float = math.nan
     bar: float = math.nan  # the material shift, as a ratio to the baseline
+    wander: float = 0.0  # how much the median of recent steps wanders, as a share (:meth:`_wander`)
     #: (recent, baseline) step seconds at the last judgement that held: what is said while the
     #: alert is held on its way down, and what a resolved alert keeps
     said: tuple[float, float] = (math.nan, math.nan)
     #: the baseline and material bar when the condition began: the pace before the alert
     before: tuple[float, float] = (math.nan, math.nan)
-    #: the held condition's stages of worsening, measured in recent step seconds
+    #: the held condition's stages of worsening, measured in recent step seconds, and the growth
+    #: that is one (the rule's stage bar for the job's wander as the condition began)
     worse: Worsening = field(default_factory=Worsening)
+    stage_bar: float = math.nan
 
 
 @register
@@ -155,12 +162,14 @@ class PaceDetector(StepDetector):
         # last ``recent`` steps (the same on a job that steps every second)
         ratio = job.recent / job.base if job.base > 0 else math.nan
         steps = float(np.median(values[-self.recent_n :])) / job.base if job.base > 0 else math.nan
-        job.bar = 1.0 + max(self.min_shift, self.noise_k * self._wander(values[: -self.recent_n]))
+        job.wander = self._wander(values[: -self.recent_n])
+        job.bar = 1.0 + max(self.min_shift, self.noise_k * job.wander)
         shifted = job.cusum.alarm and steps >= job.bar
         ts = job.stamps[-1]
         if ratio >= max(self.ratio, job.bar) or shifted:
             if job.since is None:
                 job.since, job.before, job.worse = ts, (job.base, job.bar), Worsening()
+                job.stage_bar = STAGES.bar(job.wander)
             self._follow(job, job.base * max(ratio, steps if shifted else ratio), ts)
         elif job.since is not None and job.recent >= job.before[0] * job.before[1]:
             self._follow(job, job.recent, ts)  # the baseline learnt the fault; the job did not recover
@@ -170,10 +179,9 @@ class PaceDetector(StepDetector):
     def _follow(self, job: _Job, recent: float, ts: float) -> None:
         """The held condition at ``recent`` step seconds: said against the pace before it began,
         and a new stage once it stays the material bar above what the alert last told."""
-        base, bar = job.before
-        job.said = (recent, base)
+        job.said = (recent, job.before[0])
         if job.since is not None and ts - job.since >= self.sustain:  # told from here on
-            job.worse.follow(recent, ts, bar, self.sustain)
+            job.worse.follow(recent, ts, job.stage_bar, STAGES.hold)
 
     def _wander(self, past: FloatArray) -> float:
         """How much the median of ``recent`` steps wanders on this job: the scaled MAD of the

@@ -39,9 +39,9 @@ held for ``short_sustain`` steps and ``short_seconds``: one or two slow readings
 Once flagged, a straggler stays flagged until its smoothed lag is back within half of both bars (its
 normal keeps learning meanwhile, at ``step_learn_rate`` of its rate, so a lasting shift is not held
 for good): a slowdown near its bar is one alert for as long as it lasts, not a new one each time
-its median dips under the bar. While flagged, a slowdown that grows by ``worsen`` (a quarter) over
-the one its alert last told, for ``sustain_seconds``, is a new stage of worsening
-(:mod:`gpuscope.detect.worsening`), told again by the alert layer.
+its median dips under the bar. While flagged, a slowdown that grows by the rule's stage bar (a
+quarter) over the one its alert last told, for the bar's hold (:attr:`gpuscope.rules.RuleSpec.stages`),
+is a new stage of worsening (:mod:`gpuscope.detect.worsening`), told again by the alert layer.
 
 The step counts above were set on traces that read every 10 s. A rank whose own step times are
 read more often (one step a second: ``_reads`` is 10) is judged in time instead: its normal learns
@@ -120,6 +120,9 @@ from gpuscope.rules import GRADIENT_SKEW as SKEW
 from gpuscope.rules import MEMORY_FRAGMENTATION as FRAG
 from gpuscope.rules import SLOW_PLACEMENT as PLACEMENT
 from gpuscope.rules import TRAINING_STRAGGLER as STRAGGLER
+from gpuscope.rules import stages_of
+
+STAGES = stages_of(STRAGGLER)
 
 
 @dataclass(slots=True)
@@ -406,7 +409,6 @@ class RankDetector(StepDetector):
         step_h: float = 8.0,
         step_h_growth: float = 0.35,
         level_window: int = 30,
-        worsen: float = 1.25,
     ) -> None:
         self.step_excess, self.step_k, self.step_alpha = step_excess, step_k, step_alpha
         self.step_learn, self.step_learn_rate = step_learn, step_learn_rate
@@ -421,7 +423,6 @@ class RankDetector(StepDetector):
         self.sustain_seconds = sustain_seconds
         self.short, self.short_excess, self.short_sustain = short, short_excess, short_sustain
         self.short_seconds = short_seconds
-        self.worsen = worsen
         super().__init__()
         self._jobs: dict[str, _Job] = {}
         self._peers = _PeerReference(ref_quantile, short_excess)
@@ -1070,8 +1071,7 @@ class RankDetector(StepDetector):
                 how = f"{behind:.0%} of a step ({late:.3f} s of {step_time:.3f} s) behind {peers}"
             else:
                 how = f"its steps take {behind:.0%} longer than {'its own normal' if ahead < 0 else peers}"
-            # its slowdown a quarter again over what was told, for as long as it took to flag it
-            stage = state.worse.follow(1.0 + behind, now, self.worsen, self.sustain_seconds)
+            stage = state.worse.follow(1.0 + behind, now, STAGES.bar(), STAGES.hold)
             again = f"; it grew materially worse {stage} time(s) while its alert was open" if stage else ""
             out.append(
                 Finding(

@@ -62,6 +62,10 @@ minute. Three things keep a service's normal operation quiet at its daily peak:
   seen), at most ``burst_longest``: a longer overload fires;
 * hysteresis: a firing rule resolves only once its clear condition held ``clear_hold`` seconds,
   and each re-fire within an hour after the first waits twice as long.
+* stages: a latency/TTFT rule with a stage bar (:attr:`gpuscope.rules.RuleSpec.stages`) that fires
+  and grows materially worse, its recent median that bar above the one its alert last told for the
+  bar's hold, the bar measured on the series' own noise as learned before the alert, is told again
+  (:mod:`gpuscope.detect.worsening`).
 """
 
 from __future__ import annotations
@@ -77,7 +81,9 @@ import numpy as np
 from gpuscope.detect.base import ServiceDetector, register
 from gpuscope.detect.services import Snapshot
 from gpuscope.detect.vectors import SeasonalBaseline
+from gpuscope.detect.worsening import Worsening
 from gpuscope.model import Finding
+from gpuscope.rules import RULES
 
 LATENCY, TTFT, ERRORS, QUEUE, KV = (
     "inference_latency_regression",
@@ -212,6 +218,9 @@ class _Rule:
     resolved: deque[float] = field(default_factory=lambda: deque(maxlen=8))
     #: a young service's condition holds against its peers' limit alone (see ``_ratio_rule``)
     by_peers: bool = False
+    #: while firing, a rule with stages: its stages of worsening and the growth that is one
+    worse: Worsening = field(default_factory=Worsening)
+    stage_bar: float = math.nan
 
     def hold(
         self,
@@ -686,7 +695,15 @@ class ServingDetector(ServiceDetector):
         # a minimum duration in the series' own samples too: two fresh values past the first
         need = max(self.sustain, self.hold_updates * svc.interval(rule))
         cond = level >= limit or level >= peer_limit
+        was = state.firing
         self._hold(svc, state, warm and fresh and cond, level < back and level < peer_back, s.ts, need)
+        stages = RULES[rule].stages
+        if stages is not None and state.firing:
+            if not was:  # a new alert: the bar from the noise learned before it (frozen since)
+                state.worse, state.stage_bar = Worsening(), stages.bar(noise)
+            # the recent median: the short mean still trails a step when the rule fires, and a
+            # level told low would make the rest of that step a stage
+            state.worse.follow(recent, s.ts, state.stage_bar, stages.hold)
         # told against the peers while only their limit holds, and until the episode ends
         if cond:
             state.by_peers = peers is not None and not level >= limit
@@ -705,6 +722,8 @@ class ServingDetector(ServiceDetector):
                 f" (normally up to {high:.3g} s at this hour)" if math.isfinite(high) else ""
             )
         state.value = r
+        if state.worse.stage:
+            state.text += f"; it grew materially worse {state.worse.stage} time(s) while its alert was open"
         if state.since is not None or state.firing:
             step.busy = s.ts
         idle = state.since is None and not state.firing and step.rule.since is None and not step.rule.firing
@@ -892,4 +911,5 @@ class ServingDetector(ServiceDetector):
             value=state.value if math.isfinite(state.value) else None,
             details={"model": s.model, "version": s.version, "links": [{"node": n} for n in s.nodes]},
             severity=state.severity,
+            stage=state.worse.stage,
         )

@@ -9,6 +9,13 @@ throttled (a service's GPU between requests, a job's GPUs left idle, a spare GPU
 two is a small share of the window and is ignored. Once firing, the alert holds until the share
 falls below ``clear_fraction``, so a recurring slowdown does not flap.
 
+While it fires, a throttle that deepens is told again: the GPU's SM clock under load, the median of
+its last ``recent`` seconds while held down, lower than when the alert was last told by the rule's
+stage bar (:attr:`gpuscope.rules.RuleSpec.stages`), measured on the spread of the GPU's own
+throttled clock as the alert opened, for the bar's hold, is a stage of worsening
+(:mod:`gpuscope.detect.worsening`). A clock that hovers at the bar, or the noise of a steady
+throttle, is not.
+
 Only GPUs with a recent thermal sample keep state, so a healthy fleet costs a few vector
 operations per frame.
 """
@@ -16,7 +23,8 @@ operations per frame.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -24,8 +32,12 @@ from gpuscope.counters import Counters
 from gpuscope.detect.base import Detector, register
 from gpuscope.detect.baseline import FlagWindow, finite_or_none
 from gpuscope.detect.frames import BoolArray, FrameView, GpuKey, GpuRows, TickRows, view
+from gpuscope.detect.worsening import Worsening
 from gpuscope.model import Finding, FloatArray, Frame
 from gpuscope.rules import GPU_THERMAL_THROTTLE as RULE
+from gpuscope.rules import stages_of
+
+STAGES = stages_of(RULE)
 
 #: NVML clock event reasons: software (0x20) and hardware (0x40) thermal slowdown.
 THERMAL_REASONS = 0x20 | 0x40
@@ -40,6 +52,24 @@ class _Gpu:
     temp: float = math.nan
     peer_temp: float = math.nan
     idle: bool = False
+    #: (ts, SM clock MHz) of its loaded samples under the condition, the last ``window`` seconds
+    clocks: deque[tuple[float, float]] = field(default_factory=deque)
+    #: while firing: its stages of worsening, in the inverse of its recent clock, and the bar
+    worse: Worsening = field(default_factory=Worsening)
+    stage_bar: float = math.nan
+    clock_told: float = math.nan
+
+
+def _spread(clocks: list[float]) -> float:
+    """The scaled MAD of clock readings as a share of their median (NaN under five readings)."""
+    if len(clocks) < 5:
+        return math.nan
+    values = np.asarray(clocks)
+    middle = float(np.median(values))
+    return 1.4826 * float(np.median(np.abs(values - middle))) / middle if middle > 0 else math.nan
+
+
+_Lists = tuple[list[bool], list[bool], list[float] | None, list[float], list[bool], list[float] | None]
 
 
 @dataclass(slots=True)
@@ -53,12 +83,21 @@ class _Rows:
     loaded: BoolArray
     #: per frame of the stack: any row under the condition
     any: list[bool]
-    _lists: tuple[list[bool], list[bool], list[float] | None, list[float], list[bool]] | None = None
+    clock: FloatArray | None = None
+    _lists: _Lists | None = None
 
-    def lists(self) -> tuple[list[bool], list[bool], list[float] | None, list[float], list[bool]]:
+    def lists(self) -> _Lists:
         if self._lists is None:
             temp = None if self.temp is None else self.temp.tolist()
-            lists = (self.cond.tolist(), self.flags.tolist(), temp, self.peer.tolist(), self.loaded.tolist())
+            clock = None if self.clock is None else self.clock.tolist()
+            lists = (
+                self.cond.tolist(),
+                self.flags.tolist(),
+                temp,
+                self.peer.tolist(),
+                self.loaded.tolist(),
+                clock,
+            )
             self._lists = lists
         return self._lists
 
@@ -82,8 +121,10 @@ class ThermalThrottleDetector(Detector):
         load_percent: float = 10.0,
         peer_delta: float = 15.0,
         min_peers: int = 3,
+        recent: float = 15.0,
     ) -> None:
         self.window = window
+        self.recent = recent
         self.fire_fraction = fire_fraction
         self.clear_fraction = clear_fraction
         self.load_percent = load_percent
@@ -114,7 +155,7 @@ class ThermalThrottleDetector(Detector):
                 self._node_ts[node] = ts
             if j is None or (not gpus and not j.any):
                 continue
-            cond, flags, temp, peer, loaded = j.rows.lists()
+            cond, flags, temp, peer, loaded, clock = j.rows.lists()
             for i, key in enumerate(v.gpu_keys, j.start):
                 state = gpus.get(key)
                 on = cond[i]
@@ -129,6 +170,11 @@ class ThermalThrottleDetector(Detector):
                     state.temp = math.nan if temp is None else temp[i]
                     state.peer_temp = peer[i]
                     state.idle = not loaded[i]
+                    mhz = math.nan if clock is None else clock[i]
+                    if loaded[i] and mhz > 0:
+                        state.clocks.append((ts, mhz))
+                while state.clocks and state.clocks[0][0] <= ts - self.window:
+                    state.clocks.popleft()
 
     def _judge(self, frames: list[FrameView], block: GpuRows) -> _Rows:
         """Per stacked GPU row: under a thermal condition, by its flags or hotter than its peers."""
@@ -151,7 +197,8 @@ class ThermalThrottleDetector(Detector):
                 a, b = int(block.starts[m]), int(block.ends[m])
                 self._hot(frames[block.members[m]], temp[a:b], usable[a:b], hot[a:b], peer[a:b])
         cond = flags | hot
-        return _Rows(cond, flags, temp, peer, loaded, np.logical_or.reduceat(cond, block.starts).tolist())
+        any_row = np.logical_or.reduceat(cond, block.starts).tolist()
+        return _Rows(cond, flags, temp, peer, loaded, any_row, block.column("gpu_sm_clock_mhz"))
 
     @staticmethod
     def _flags(block: GpuRows, n: int) -> BoolArray:
@@ -195,14 +242,32 @@ class ThermalThrottleDetector(Detector):
                 del self._gpus[key]  # no reports for a whole window: nothing left to judge
                 continue
             share = window.fraction()
-            state.firing = share >= (self.clear_fraction if state.firing else self.fire_fraction)
+            was = state.firing
+            state.firing = share >= (self.clear_fraction if was else self.fire_fraction)
             if state.firing:
-                out.append(self._finding(key, state, share))
+                if not was:  # a new alert: its stages start again, the bar from its clock's spread
+                    state.worse = Worsening()
+                    state.stage_bar = STAGES.bar(_spread([c for _, c in state.clocks]))
+                    state.clock_told = math.nan
+                out.append(self._finding(key, state, share, self._stage(state, now)))
             elif not window.any_flag():
                 del self._gpus[key]
         return out
 
-    def _finding(self, key: GpuKey, state: _Gpu, share: float) -> Finding:
+    def _stage(self, state: _Gpu, now: float) -> int:
+        """The stage of the firing alert after its clock of the last ``recent`` seconds."""
+        recent = [c for ts, c in state.clocks if ts > now - self.recent]
+        if not recent:
+            return state.worse.stage
+        clock = float(np.median(recent))
+        stage = state.worse.stage
+        if state.worse.follow(1.0 / clock, now, state.stage_bar, STAGES.hold) != stage or math.isnan(
+            state.clock_told
+        ):
+            state.clock_told = clock
+        return state.worse.stage
+
+    def _finding(self, key: GpuKey, state: _Gpu, share: float, stage: int) -> Finding:
         node, gpu = key
         temp = f"{state.temp:.0f} °C" if math.isfinite(state.temp) else "temperature unknown"
         if state.cause == "hot_vs_peers":
@@ -212,11 +277,17 @@ class ThermalThrottleDetector(Detector):
             why = f"clocks held down by temperature ({temp})"
         load = "while idle (its cooling, not its work)" if state.idle else "under load"
         summary = f"{node} GPU {gpu} {why} for {share:.0%} of the last {self.window:.0f} s {load}"
+        if stage:
+            summary += (
+                f"; its clock fell materially {stage} time(s) while its alert was open, "
+                f"to {state.clock_told:.0f} MHz"
+            )
         return Finding(
             RULE,
             {"node": node, "gpu": gpu},
             summary,
             value=share,
+            stage=stage,
             details={
                 "throttled_share": share,
                 "window_seconds": self.window,
@@ -224,5 +295,6 @@ class ThermalThrottleDetector(Detector):
                 "temp_celsius": finite_or_none(state.temp),
                 "peer_temp_celsius": finite_or_none(state.peer_temp),
                 "idle": state.idle,
+                "sm_clock_mhz": finite_or_none(state.clock_told),
             },
         )

@@ -28,7 +28,7 @@ import orjson
 from gpuscope.hub import Hub
 from gpuscope.ingest.payload import PayloadError, batch_to_json, parse_batch, parse_training
 from gpuscope.model import Alert, Batch, TrainingRecord
-from gpuscope.simeval.runner import alerts_document
+from gpuscope.simeval.runner import alerts_document, notices
 from gpuscope.store.duckdb import DuckDBStore
 
 REQUIRED = ("ts", "job", "rank", "step")
@@ -164,7 +164,7 @@ def replay_document(path: Path) -> dict[str, Any]:
     alerts, _ = replay(loaded.records)
     times = [r.ts for r in loaded.records]
     span = max(times) - min(times) if times else 0.0
-    doc = alerts_document(path.stem, span, alerts)
+    doc = alerts_document(path.stem, span, notices(alerts))
     doc["records"] = len(loaded.records)
     doc["refused"] = loaded.refused
     return doc

@@ -11,7 +11,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.alert.engine import notices
 from gpuscope.model import Alert
 from gpuscope.sim.kinds import HARD_FAULTS, rule_for_fault
 from gpuscope.sim.scenario import FaultSpec, Scenario
@@ -165,11 +164,11 @@ def _missed_because(
 def evaluate(
     scenario: Scenario, alerts: list[Alert], learns_first: Mapping[str, float] | None = None
 ) -> Report:
-    """Score ``alerts`` against the faults of ``scenario``; ``learns_first`` (the run's
-    :meth:`~gpuscope.detect.engine.DetectionEngine.learns_first`) names why a fault was missed.
-    An alert's escalations count as the notices they were (:func:`~gpuscope.alert.engine.notices`),
-    as in the sim-eval document: a second cause inside an open alert is detected when it escalated it."""
-    alerts = notices(alerts)
+    """Score ``alerts``, as they were told (the sim-eval document's rows:
+    :func:`~gpuscope.simeval.runner.notices`), against the faults of ``scenario``; ``learns_first``
+    (the run's :meth:`~gpuscope.detect.engine.DetectionEngine.learns_first`) names why a fault was
+    missed. An alert's escalations are notices of their own: a second cause inside an open alert is
+    detected when it escalated it."""
     outcomes: list[FaultOutcome] = []
     used: set[str] = set()
     ttd_hard: list[float] = []

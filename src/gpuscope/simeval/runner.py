@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpuscope.alert.engine import notices
+from gpuscope.alert.engine import WORSENED
 from gpuscope.ingest.payload import batch_to_json, parse_batch
 from gpuscope.model import Alert, Batch
 from gpuscope.runtime import evaluation_hub
@@ -36,6 +36,8 @@ class RunResult:
     true_gpu_hours: dict[str, float] = field(default_factory=dict)
     #: per rule: how long after an entity's first report the detectors only learn its baseline
     learns_first: dict[str, float] = field(default_factory=dict)
+    #: the alerts as they were told (:func:`notices`): what the document lists and the report scores
+    told: list[Alert] = field(default_factory=list)
 
     @property
     def speedup(self) -> float:
@@ -73,23 +75,59 @@ def run_scenario(
     wall = time.perf_counter() - started
     truth = sim.truth.gpu_hours()
     return RunResult(
-        scenario, alerts, wall, ticks, samples, stats, measured, truth, hub.detection.learns_first()
+        scenario,
+        alerts,
+        wall,
+        ticks,
+        samples,
+        stats,
+        measured,
+        truth,
+        hub.detection.learns_first(),
+        notices(alerts),
     )
+
+
+def notices(alerts: list[Alert]) -> list[Alert]:
+    """The alerts as they were told: each alert, then each of its escalations as a notice of its
+    own: the same alert (rule, entity, incident, resolution) starting when it escalated, at the
+    tier, value and summary it escalated to, its ``details["worsening_of"]`` the alert's id. A
+    second cause inside an open alert is told as its own start, so a reader that matches alerts to
+    causes by their start (the sim-eval documents, their scorers) sees it. Applied once, to the
+    alerts of the alert engine (its escalations in ``details["worsened"]``), before the document is
+    written and the run is scored."""
+    out: list[Alert] = []
+    for alert in alerts:
+        out.append(alert)
+        for i, told in enumerate(alert.details.get(WORSENED, ()), 1):
+            out.append(
+                replace(
+                    alert,
+                    id=f"{alert.id}.{i}",
+                    severity=str(told["severity"]),
+                    started_at=float(told["at"]),
+                    summary=str(told["summary"]),
+                    value=told["value"],
+                    details={"worsening_of": alert.id, "stage": told["stage"]},
+                )
+            )
+    return sorted(out, key=lambda a: a.started_at)
 
 
 def alerts_json(result: RunResult) -> dict[str, Any]:
     """The output contract of DESIGN §5 (``sim-eval --json``)."""
-    return alerts_document(result.scenario.name, result.scenario.duration, result.alerts)
+    return alerts_document(result.scenario.name, result.scenario.duration, result.told)
 
 
-def alerts_document(name: str, seconds: float, alerts: list[Alert]) -> dict[str, Any]:
-    """DESIGN §5's alerts document for a run called ``name`` over ``seconds`` of its own time.
-    An alert that escalated while it fired (a graver tier, or a second cause that made it
-    materially worse) is listed once more per escalation, starting when it escalated, with
-    ``worsening_of``: the start of the alert it continues (see :func:`notices`)."""
-    started = {a.id: a.started_at for a in alerts}
+def alerts_document(name: str, seconds: float, told: list[Alert]) -> dict[str, Any]:
+    """DESIGN §5's alerts document for a run called ``name`` over ``seconds`` of its own time,
+    listing the alerts as they were ``told`` (:func:`notices`): an alert that escalated while it
+    fired (a graver tier, or a second cause that made it materially worse) is listed once more per
+    escalation, starting when it escalated, with ``worsening_of``: the start of the alert it
+    continues."""
+    started = {a.id: a.started_at for a in told}
     rows: list[dict[str, Any]] = []
-    for a in notices(alerts):
+    for a in told:
         row = {
             "rule": a.rule,
             "severity": a.severity,
