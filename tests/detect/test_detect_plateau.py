@@ -164,6 +164,34 @@ def power(k: float) -> float:
     return 2.1 + 8.7 * math.pow(1.0 + k / 30.0, -0.55)
 
 
+def flat_from(stop: int) -> Callable[[int], float]:
+    return lambda k: power(min(k, stop))
+
+
+def late(k: int) -> float:
+    """Late in the curve: a job resumed at step 20,000."""
+    return power(20_000 + k)
+
+
+def transient(curve: Callable[[int], float]) -> Callable[[int], float]:
+    """15 % higher at the first step, decaying over 10 steps."""
+    return lambda k: curve(k) * (1.0 + 0.15 * math.exp(-k / 10.0))
+
+
+def lr_drop(curve: Callable[[int], float], at: int) -> Callable[[int], float]:
+    """3.5 % lower over some 60 steps from step ``at``."""
+    return lambda k: curve(k) * (1.0 - 0.035 * (1.0 - math.exp(-max(0, k - at) / 60.0)))
+
+
+def spike(curve: Callable[[int], float], at: int) -> Callable[[int], float]:
+    """3x at step ``at``, decaying over 40 steps."""
+    return lambda k: curve(k) * (1.0 + (2.0 * math.exp(-(k - at) / 40.0) if k >= at else 0.0))
+
+
+def exponential(tau: float, step: float) -> Callable[[int], float]:
+    return lambda k: 2.1 + 8.7 * math.exp(-k * step / tau)
+
+
 def test_a_plateau_in_a_young_job_is_found() -> None:
     """The loss falls from the job's start and stops dead at 60, 200 or 400 s (0.6 and 2 s steps):
     found within the plateau; before, nothing until the short test, which needs a falling window
@@ -177,7 +205,7 @@ def test_a_plateau_in_a_young_job_is_found() -> None:
     ):
         for seed in range(2):
             stop = int(onset / step)
-            onsets = young_onsets(lambda k, stop=stop: power(min(k, stop)), 1200, step, seed=seed)
+            onsets = young_onsets(flat_from(stop), 1200, step, seed=seed)
             assert onsets and onset + 180 <= onsets[0] <= latest, (step, onset, seed, onsets)
 
 
@@ -185,7 +213,7 @@ def test_a_young_plateau_across_a_restart_from_a_checkpoint_is_found() -> None:
     """Flat from 400 s; the job fails at 450 s and restarts a minute later from 100 s of steps back:
     its loss resumes flat (the plateau holds), and the curve before the checkpoint still stands."""
     stop = int(400 / 0.7)
-    onsets = young_onsets(lambda k: power(min(k, stop)), 1200, 0.7, restart_at=450, back=int(100 / 0.7))
+    onsets = young_onsets(flat_from(stop), 1200, 0.7, restart_at=450, back=int(100 / 0.7))
     assert onsets and 450 < onsets[0] <= 900, onsets
 
 
@@ -217,38 +245,24 @@ def test_a_pure_exponential_is_a_plateau_only_once_it_has_converged() -> None:
     for tau in (60.0, 120.0, 300.0, 900.0):
         for step in (0.3, 1.0, 5.0):
             for seed, (ranks, noise) in enumerate(((8, 0.012), (1, 0.06))):
-                shape = lambda k, tau=tau, step=step: 2.1 + 8.7 * math.exp(-k * step / tau)  # noqa: E731
-                got = young_onsets(shape, 1800, step, seed=seed, ranks=ranks, noise=noise)
+                got = young_onsets(exponential(tau, step), 1800, step, seed=seed, ranks=ranks, noise=noise)
                 assert all(t >= tau * math.log(8.7 / 0.0021) for t in got), (tau, step, ranks, got)
 
 
 def test_resumed_and_disturbed_young_jobs_raise_no_plateau() -> None:
     """A job resumed late in its curve (steps from 20,000: low and flat from the start), with a
     start transient (15 % decaying over 10 steps) and numbered from 0 or not, one whose learning
-    rate drops 5 minutes in; a young job with an early learning-rate drop, a 3x spike at 200 s, or a
+    rate drops 5 minutes in; a young job with an early learning-rate drop, a 3x spike at 300 s, or a
     restart from a checkpoint."""
-    late = lambda k: power(20_000 + k)  # noqa: E731
     for step in (0.5, 2.0):
         at = int(300 / step)
         cases: list[tuple[str, Callable[[int], float], dict[str, Any]]] = [
             ("resumed", late, {"first": 20_000}),
-            ("resumed, transient", lambda k: late(k) * (1 + 0.15 * math.exp(-k / 10)), {"first": 20_000}),
-            ("resumed from 0, transient", lambda k: late(k) * (1 + 0.15 * math.exp(-k / 10)), {}),
-            (
-                "resumed, lr drop",
-                lambda k, at=at: late(k) * (1 - 0.035 * (1 - math.exp(-max(0, k - at) / 60))),
-                {"first": 20_000},
-            ),
-            (
-                "young, lr drop",
-                lambda k, at=at: power(k) * (1 - 0.035 * (1 - math.exp(-max(0, k - at) / 60))),
-                {},
-            ),
-            (
-                "young, spike",
-                lambda k, at=at: power(k) * (1 + (2 * math.exp(-(k - at) / 40) if k >= at else 0)),
-                {},
-            ),
+            ("resumed, transient", transient(late), {"first": 20_000}),
+            ("resumed from 0, transient", transient(late), {}),
+            ("resumed, lr drop", lr_drop(late, at), {"first": 20_000}),
+            ("young, lr drop", lr_drop(power, at), {}),
+            ("young, spike", spike(power, at), {}),
             ("young, restart", power, {"restart_at": 400, "back": int(100 / step)}),
         ]
         for name, shape, kw in cases:
