@@ -1,11 +1,13 @@
 """loss_plateau: a long healthy run whose learning rate drops late stays quiet; a curve that stops
-improving is flagged, a ten-minute plateau in a half-hour job too; healthy young curves (a
-learning-rate drop, a recovered spike, noise correlated over minutes, few or many ranks) stay
-quiet."""
+improving is flagged, a ten-minute plateau in a half-hour job too, and one that starts in a job's
+first minutes; healthy young curves (power laws, exponentials, a learning-rate warm-up or drop, a
+recovered spike, noise correlated over minutes, few or many ranks, resumed jobs) stay quiet."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -122,3 +124,148 @@ def test_a_learning_rate_drop_straddling_the_windows_before_raises_no_plateau() 
         if k % 5 == 0 and any(f.rule == "loss_plateau" for f in detector.evaluate(ts + 0.1)):
             onsets.append(ts)
     assert onsets == []
+
+
+def young_onsets(
+    shape: Callable[[int], float],
+    seconds: float,
+    step: float,
+    *,
+    seed: int = 0,
+    ranks: int = 8,
+    noise: float = 0.012,
+    first: int = 0,
+    restart_at: float | None = None,
+    back: int = 0,
+) -> list[float]:
+    """Onsets of loss_plateau on a job whose loss at its ``i``-th step is ``shape(i)`` times the
+    noise of ``plateaus``, steps numbered from ``first``; at ``restart_at`` the job restarts from
+    ``back`` steps earlier a minute later (a restart from a checkpoint)."""
+    rng = np.random.default_rng(seed)
+    detector = LossDetector()
+    onsets: list[float] = []
+    was = False
+    ts, k, i = 0.0, first, 0
+    while ts < seconds:
+        if restart_at is not None and ts >= restart_at:
+            restart_at, k, ts = None, k - back, ts + 60.0
+        jitter = noise * float(rng.standard_normal()) + 0.02 * float(rng.standard_normal()) / math.sqrt(ranks)
+        detector.on_training(TrainingRecord(ts, "j", 0, k, {"loss": shape(k - first) * (1.0 + jitter)}))
+        if i % 5 == 0:
+            now = any(f.rule == "loss_plateau" for f in detector.evaluate(ts + 0.5))
+            if now and not was:
+                onsets.append(ts)
+            was = now
+        ts, k, i = ts + step, k + 1, i + 1
+    return onsets
+
+
+def power(k: float) -> float:
+    return 2.1 + 8.7 * math.pow(1.0 + k / 30.0, -0.55)
+
+
+def flat_from(stop: int) -> Callable[[int], float]:
+    return lambda k: power(min(k, stop))
+
+
+def late(k: int) -> float:
+    """Late in the curve: a job resumed at step 20,000."""
+    return power(20_000 + k)
+
+
+def transient(curve: Callable[[int], float]) -> Callable[[int], float]:
+    """15 % higher at the first step, decaying over 10 steps."""
+    return lambda k: curve(k) * (1.0 + 0.15 * math.exp(-k / 10.0))
+
+
+def lr_drop(curve: Callable[[int], float], at: int) -> Callable[[int], float]:
+    """3.5 % lower over some 60 steps from step ``at``."""
+    return lambda k: curve(k) * (1.0 - 0.035 * (1.0 - math.exp(-max(0, k - at) / 60.0)))
+
+
+def spike(curve: Callable[[int], float], at: int) -> Callable[[int], float]:
+    """3x at step ``at``, decaying over 40 steps."""
+    return lambda k: curve(k) * (1.0 + (2.0 * math.exp(-(k - at) / 40.0) if k >= at else 0.0))
+
+
+def exponential(tau: float, step: float) -> Callable[[int], float]:
+    return lambda k: 2.1 + 8.7 * math.exp(-k * step / tau)
+
+
+def test_a_plateau_in_a_young_job_is_found() -> None:
+    """The loss falls from the job's start and stops dead at 60, 200 or 400 s (0.6 and 2 s steps):
+    found within the plateau; before, nothing until the short test, which needs a falling window
+    before the flat one, and a plateau at 60 s has none."""
+    for step, onset, latest in (
+        (0.6, 60, 400),
+        (2.0, 60, 400),
+        (0.6, 200, 480),
+        (2.0, 200, 480),
+        (0.6, 400, 700),
+    ):
+        for seed in range(2):
+            stop = int(onset / step)
+            onsets = young_onsets(flat_from(stop), 1200, step, seed=seed)
+            assert onsets and onset + 180 <= onsets[0] <= latest, (step, onset, seed, onsets)
+
+
+def test_a_young_plateau_across_a_restart_from_a_checkpoint_is_found() -> None:
+    """Flat from 400 s; the job fails at 450 s and restarts a minute later from 100 s of steps back:
+    its loss resumes flat (the plateau holds), and the curve before the checkpoint still stands."""
+    stop = int(400 / 0.7)
+    onsets = young_onsets(flat_from(stop), 1200, 0.7, restart_at=450, back=int(100 / 0.7))
+    assert onsets and 450 < onsets[0] <= 900, onsets
+
+
+def test_young_curves_that_decelerate_naturally_raise_no_plateau() -> None:
+    """The first half hour of power laws (exponents 0.3-1, knees at 10-100 steps), exponentials
+    decaying over 60 s with a slow tail, a learning-rate warm-up over 500 and 2000 steps, 0.3-5 s
+    steps, 8 ranks at 1.2 % or one rank at 6 % per step."""
+    shapes: list[tuple[str, Callable[[float], Callable[[int], float]]]] = [
+        ("power a=0.3 k0=10", lambda s: lambda k: 2.1 + 8.7 * math.pow(1.0 + k / 10.0, -0.3)),
+        ("power a=1.0 k0=100", lambda s: lambda k: 2.1 + 8.7 * math.pow(1.0 + k / 100.0, -1.0)),
+        ("power a=0.55 k0=30", lambda s: power),
+        (
+            "exp 60 s + tail",
+            lambda s: lambda k: 1.1 + 8.7 * math.exp(-k * s / 60.0) + math.pow(1 + k / 30, -0.3),
+        ),
+        ("warm-up 500", lambda s: lambda k: power(k * k / 1000.0 if k < 500 else k - 250.0)),
+        ("warm-up 2000", lambda s: lambda k: power(k * k / 4000.0 if k < 2000 else k - 1000.0)),
+    ]
+    for name, make in shapes:
+        for step in (0.3, 1.0, 5.0):
+            for seed, (ranks, noise) in enumerate(((8, 0.012), (1, 0.06))):
+                got = young_onsets(make(step), 1800, step, seed=seed, ranks=ranks, noise=noise)
+                assert got == [], (name, step, ranks, got)
+
+
+def test_a_pure_exponential_is_a_plateau_only_once_it_has_converged() -> None:
+    """A loss decaying as exp(-t/tau) to a hard floor is flat in fact once it is there; no test calls
+    it a plateau before it is within 0.1 % of its floor (8.3 tau for a fall of 8.7 onto 2.1)."""
+    for tau in (60.0, 120.0, 300.0, 900.0):
+        for step in (0.3, 1.0, 5.0):
+            for seed, (ranks, noise) in enumerate(((8, 0.012), (1, 0.06))):
+                got = young_onsets(exponential(tau, step), 1800, step, seed=seed, ranks=ranks, noise=noise)
+                assert all(t >= tau * math.log(8.7 / 0.0021) for t in got), (tau, step, ranks, got)
+
+
+def test_resumed_and_disturbed_young_jobs_raise_no_plateau() -> None:
+    """A job resumed late in its curve (steps from 20,000: low and flat from the start), with a
+    start transient (15 % decaying over 10 steps) and numbered from 0 or not, one whose learning
+    rate drops 5 minutes in; a young job with an early learning-rate drop, a 3x spike at 300 s, or a
+    restart from a checkpoint."""
+    for step in (0.5, 2.0):
+        at = int(300 / step)
+        cases: list[tuple[str, Callable[[int], float], dict[str, Any]]] = [
+            ("resumed", late, {"first": 20_000}),
+            ("resumed, transient", transient(late), {"first": 20_000}),
+            ("resumed from 0, transient", transient(late), {}),
+            ("resumed, lr drop", lr_drop(late, at), {"first": 20_000}),
+            ("young, lr drop", lr_drop(power, at), {}),
+            ("young, spike", spike(power, at), {}),
+            ("young, restart", power, {"restart_at": 400, "back": int(100 / step)}),
+        ]
+        for name, shape, kw in cases:
+            for seed, (ranks, noise) in enumerate(((8, 0.012), (1, 0.06))):
+                got = young_onsets(shape, 1500, step, seed=seed, ranks=ranks, noise=noise, **kw)
+                assert got == [], (name, step, ranks, got)

@@ -24,8 +24,11 @@ over ranks, so one skewed rank is :mod:`~gpuscope.detect.ranks`' business, not a
   ``plateau_gain`` and by far less than in each of the two windows before. A shorter test judges
   any job from three ``plateau_short`` windows of age: the loss was falling by many times its own
   noise over the two windows before and is flat, within that noise, over the last one
-  (:meth:`LossDetector._short_plateau`).
-  Every baseline restarts after a rollback to an earlier step or a job restart.
+  (:meth:`LossDetector._short_plateau`). A young job, in its first minutes of training, is judged
+  by a third test: its loss fell from its start and stopped dead, flat within its noise for four
+  minutes (:meth:`LossDetector._young_plateau`).
+  Every baseline restarts after a rollback to an earlier step or a job restart, but the young
+  test's curve: it is kept up to the step the job resumes from.
 """
 
 from __future__ import annotations
@@ -55,6 +58,14 @@ FALL_Z, FLAT_Z, FLAT_SHARE = 8.0, 2.0, 0.3
 #: half-window blocks kept for the noise estimate, the sub-blocks of each, and the fewest second
 #: differences of sub-block means the estimate needs
 NOISE_BLOCKS, SUBS, NOISE_MIN = 20, 5, 6
+#: the young-job test: sub-blocks of ``plateau_short`` / ``YOUNG_SUB`` seconds; the flat window is
+#: ``YOUNG_FLAT`` of them and starts within the job's first ``YOUNG_SPAN`` (later onsets are the
+#: short test's); its gain must stay under ``YOUNG_SHARE`` of the drop to it: a pure exponential
+#: decay leaves more than that unless its time constant is under about 40 s (see the docstring)
+YOUNG_SUB, YOUNG_FLAT, YOUNG_SPAN, YOUNG_SHARE = 10, 8, 20, 0.1
+#: and the loss must have fallen by this share of its level since the job's first sub-block: what
+#: the first minutes of training shed (a resumed job's start transient is a few percent)
+YOUNG_FELL = 0.1
 
 NAN_RULE, SPIKE, DIVERGE, PLATEAU, GRAD = (
     "loss_nan",
@@ -132,6 +143,20 @@ class _Job:
     short_checks: int = 0
     short_on: bool = False
     short_seen: tuple[float, float, float] = (math.nan, math.nan, math.nan)  # gain, pace, noise
+    #: the young test's closed sub-blocks (mean, steps, last step), how many since the job's first
+    #: step, the open one (its end, sum, steps, last step), the first step seen, its verdict and
+    #: what it measured (gain, drop, noise)
+    young: deque[tuple[float, int, int]] = field(
+        default_factory=lambda: deque(maxlen=YOUNG_SPAN + YOUNG_FLAT + 2)
+    )
+    young_count: int = 0
+    yb_end: float = math.nan
+    yb_sum: float = 0.0
+    yb_n: int = 0
+    yb_last: int = -1
+    young_first: int = -1
+    young_on: bool = False
+    young_seen: tuple[float, float, float] = (math.nan, math.nan, math.nan)
     step: int = -1
     ended_at: float = math.nan  # when it ended or failed (NaN while it runs)
 
@@ -189,6 +214,7 @@ class LossDetector(StepDetector):
             job = self._jobs.get(name or "")
             if job is not None:
                 job.restart()
+                job.young_on = False
                 job.ended_at = math.nan if event.kind == "job_started" else event.ts
 
     def keep_finished_jobs(self, seconds: float) -> None:
@@ -228,6 +254,7 @@ class LossDetector(StepDetector):
         job.loss.judge(loss, view.ts, self.spike_ratio, self.mild_ratio, 2, self.warm_steps)
         job.grad.judge(grad, view.ts, self.grad_ratio, self.grad_mild, 3, self.warm_steps)
         if math.isfinite(loss):
+            self._young(job, view.ts, view.step, loss)
             self._trend(job, view.ts, loss)
 
     def _trend(self, job: _Job, ts: float, loss: float) -> None:
@@ -352,6 +379,82 @@ class LossDetector(StepDetector):
         job.short_checks = 1 if judged else 0
         job.short_seen = (gain, pace, noise)
 
+    def _young(self, job: _Job, ts: float, step: int, loss: float) -> None:
+        """Adds a step's loss to the young test's open sub-block; each sub-block closed is judged.
+        A step at or below one already counted is a restart from a checkpoint: the curve up to it
+        still stands (the loss resumes from the checkpoint's), the sub-blocks after it are dropped."""
+        if job.young_first < 0:
+            job.young_first = step
+        last = job.yb_last if job.yb_n else (job.young[-1][2] if job.young else -1)
+        if step <= last:
+            while job.young and job.young[-1][2] >= step:
+                job.young.pop()
+                job.young_count -= 1
+            job.yb_end, job.yb_sum, job.yb_n, job.young_on = math.nan, 0.0, 0, False
+        sub = self.plateau_short / YOUNG_SUB
+        if not math.isfinite(job.yb_end):
+            job.yb_end = ts + sub
+        if ts >= job.yb_end:
+            counts = sorted(n for _, n, _ in job.young)
+            enough = max(3, counts[len(counts) // 2] // 2 if counts else 0)
+            # a thin sub-block (a checkpoint pause, a hole in the data) is left out, not judged
+            if job.yb_n >= enough:
+                job.young.append((job.yb_sum / job.yb_n, job.yb_n, job.yb_last))
+                job.young_count += 1
+                self._young_plateau(job)
+            job.yb_sum, job.yb_n = 0.0, 0
+            job.yb_end += sub * math.floor((ts - job.yb_end) / sub + 1.0)
+        job.yb_sum += loss
+        job.yb_n += 1
+        job.yb_last = step
+
+    def _young_plateau(self, job: _Job) -> None:
+        """A young job whose loss fell from its start and then stopped dead: flat, within its noise,
+        over the last ``YOUNG_FLAT`` sub-blocks, well below every sub-block before them (the one
+        just before may hold the onset and is left out), and gaining under ``YOUNG_SHARE`` of that
+        drop. A young curve that decelerates naturally keeps gaining: a power law
+        ``(1 + t/t0)^-a`` gains over the window at least a quarter of the drop to it, a pure
+        exponential ``exp(-t/tau)`` more than a tenth while ``tau`` is over about 40 s (a curve that
+        has finished falling within two minutes and then stays flat for four has stopped
+        improving). The noise unit is the scatter of the second differences of the window's
+        sub-block means (a healthy curve's bend only makes it larger; the start's steep bend is left
+        out). Judged only for a job that started training (its first step no more than its first
+        sub-block's steps, and its loss fell by ``YOUNG_FELL`` of its level since: a job resumed
+        late in its curve starts low and flat, and its start transient is a few percent), with the
+        window's start in its first ``YOUNG_SPAN`` sub-blocks; on, it stays until the last
+        ``YOUNG_FLAT`` gain twice the bar they were judged flat by."""
+        subs, k = job.young, YOUNG_FLAT
+        if len(subs) < k + 2:
+            return
+        means = [m for m, _, _ in subs]
+        window = means[-k:]
+        seconds = [abs(a - 2.0 * b + c) for a, b, c in zip(window, window[1:], window[2:], strict=False)]
+        # a sub-block mean's deviation (a second difference weighs three of them)
+        noise = max(1.4826 * float(np.median(seconds)) / math.sqrt(6.0), 1e-9 * abs(means[-1]))
+        if job.young_on:  # the bar it was judged against, unless the noise grew (six values)
+            noise = max(noise, job.young_seen[2])
+        first, second = float(np.mean(window[: k // 2])), float(np.mean(window[k // 2 :]))
+        gain = first - second
+        # once on, it lets go when the loss improves again by twice the bar it was judged flat by
+        bar = FLAT_Z * noise * math.sqrt(4.0 / k) * (2.0 if job.young_on else 1.0)
+        flat = gain < bar and second <= first * (1.0 + self.divergence)
+        if job.young_on:
+            job.young_on = flat
+            job.young_seen = (gain, job.young_seen[1], noise)
+            return
+        fresh = job.young_first <= subs[0][1]
+        if not fresh or job.young_count - k > YOUNG_SPAN:
+            return
+        level = float(np.mean(window))
+        drop = min(means[: -k - 1]) - level
+        job.young_on = (
+            flat
+            and drop >= FALL_Z * noise * math.sqrt(1.0 + 1.0 / k)
+            and gain < YOUNG_SHARE * drop
+            and means[0] - level >= YOUNG_FELL * abs(level)
+        )
+        job.young_seen = (gain, drop, noise)
+
     @staticmethod
     def _at(hist: deque[tuple[float, float]], ts: float) -> float:
         """Median of the three smoothed samples nearest ``ts``."""
@@ -396,7 +499,28 @@ class LossDetector(StepDetector):
                     details={"smoothed_loss": job.smooth, "best_loss": job.best},
                 )
             )
-        if job.short_on:
+        if job.young_on and not job.short_on:
+            gain, drop, noise = job.young_seen
+            ref = abs(job.smooth) or 1.0
+            window = YOUNG_FLAT * self.plateau_short / YOUNG_SUB
+            out.append(
+                Finding(
+                    PLATEAU,
+                    entity,
+                    f"Loss of job {name} stopped improving early in its run: {gain / ref:.2%} over the "
+                    f"last {window:.0f} s after falling {drop / ref:.2%} to it from its start (noise "
+                    f"{noise / ref:.2%}; smoothed {job.smooth:.4g})",
+                    value=job.smooth,
+                    details={
+                        "window_seconds": window,
+                        "smoothed_loss": job.smooth,
+                        "gain": gain,
+                        "drop": drop,
+                        "noise": noise,
+                    },
+                )
+            )
+        elif job.short_on:
             gain, pace, noise = job.short_seen
             ref = abs(job.smooth) or 1.0
             out.append(
