@@ -391,7 +391,7 @@ def test_a_job_that_hangs_while_the_hub_refuses_its_requests_is_stalled_at_its_t
     assert alert.rule == "training_stalled" and alert.entity == {"job": job.name}
     threshold = alert.details["threshold_seconds"]  # 8 s: max(2.5 x 1-s steps, 8 s)
     assert last_step + threshold <= alert.started_at <= last_step + threshold + lag + 1
-    assert rig.hub.overload.behind(alert.started_at)  # found while behind, not once caught up
+    assert alert.started_at < 240 and rig.hub.overload.behind(alert.started_at)  # not once caught up
     assert alert.details["event_seconds_since_step"] >= threshold
     assert rig.hub.counters.get("silence_verdicts_held_overload") > 0  # the refusals were held
 
