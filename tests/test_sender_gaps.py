@@ -341,3 +341,121 @@ def test_a_node_that_stops_knocking_is_found_at_its_threshold_however_late_the_o
     withheld = [nodes.counters.get(f"node_verdicts_withheld_{why}") for why in ("hub_gap", "watermark")]
     assert sum(withheld) > 0  # the live ones, silent on the hub's clock, were withheld
     assert nodes.counters.get("node_verdicts_found_on_wire") >= 1
+
+
+def _last_step_ts(batches: Iterable[Batch]) -> float:
+    return max((r.ts for b in batches for r in b.training), default=float("-inf"))
+
+
+def test_a_job_that_hangs_while_the_hub_refuses_its_requests_is_stalled_at_its_threshold_and_lag() -> None:
+    """Behind from 60 to 240 s, the hub refuses the job's SDK two seconds in three (it names
+    ``job=llm``; its spool comes back in order on the third); the agents get through. The job
+    hangs at 120: its ranks heartbeat at the same step. The refusals keep moving the end of the
+    gap the hub made the job, so this verdict was held for as long as the hub was behind (the
+    1,024-agent run never reported its hang); yet the heartbeats the hub took and saw show the job
+    still for its threshold in the ranks' own time, which no refusal or lag of the hub's explains.
+    It is stalled at its usual bound plus the lag of the job's data, while the hub is still behind;
+    before the hang, the same refusals blamed nobody."""
+    lag = 3  # the SDK's data reaches the detectors every third second
+    cluster = FakeCluster(nodes=4, gpus=2)
+    job = FakeJob.on(cluster.names, 2)
+    cluster.allocate(job.name, job.placement)
+    rig = Rig()
+    sdk = f"sdk:{job.name}"
+    spooled: list[Batch] = []
+    taken: list[Batch] = []
+
+    def named(batch: Batch) -> dict[str, str]:
+        return node_of(batch) if batch.source in cluster.names else {"job": job.name}
+
+    def through(t: float) -> list[Batch]:
+        batch = job.batch(t)
+        if batch is not None:
+            spooled.append(batch)
+        if int(t) % lag:
+            return cluster.batches(t)
+        taken.extend(spooled)
+        back, spooled[:] = list(spooled), []
+        return [*cluster.batches(t), *back]
+
+    def refused(t: float) -> list[Batch]:
+        return [] if int(t) % lag == 0 else [Batch(sdk)]
+
+    rig.run(0, 60, lambda t: [*cluster.batches(t), job.batch(t)], named)
+    rig.run(60, 120, through, named, refuse=refused)
+    assert rig.blamed() == []  # the refused job is neither lost nor stalled
+    job.hung = True
+    rig.run(120, 240, through, named, refuse=refused)
+    last_step = _last_step_ts(taken)
+    (alert,) = rig.blamed()
+    assert alert.rule == "training_stalled" and alert.entity == {"job": job.name}
+    threshold = alert.details["threshold_seconds"]  # 8 s: max(2.5 x 1-s steps, 8 s)
+    assert last_step + threshold <= alert.started_at <= last_step + threshold + lag + 1
+    assert alert.started_at < 240 and rig.hub.overload.behind(alert.started_at)  # not once caught up
+    assert alert.details["event_seconds_since_step"] >= threshold
+    assert rig.hub.counters.get("silence_verdicts_held_overload") > 0  # the refusals were held
+
+
+def _by_rank(batch: Batch | None, ranks: int) -> list[Batch]:
+    """A job's tick as its ranks' SDKs send it, each rank its own stream; only rank 0 writes the
+    checkpoint (the others wait for it in a barrier, heartbeating at its step)."""
+    if batch is None:
+        return []
+    out = []
+    for rank in range(ranks):
+        mine = [e for e in batch.events if e.labels.get("rank", "0") == str(rank)]
+        if rank:
+            mine = [e for e in mine if not e.kind.startswith("checkpoint_")]
+        records = [r for r in batch.training if r.rank == rank]
+        out.append(Batch(f"sdk:{batch.source}:{rank}", events=mine, training=records))
+    return out
+
+
+def test_a_checkpoint_whose_start_the_hub_refused_is_no_stall_while_other_ranks_wait_at_its_step() -> None:
+    """Each rank sends on its own (``job=llm,rank=N``). Behind from 60 s; rank 0 starts a 40-s
+    checkpoint at 100 (the others wait at its step) and the hub refuses rank 0 from 95 to 150, so
+    its checkpoint's start reaches the hub 50 s late, while ranks 1-7 keep showing the hub the same
+    step for 40 s. That is no evidence of a hang: rank 0's own data, which would tell, has not been
+    seen. Nobody is stalled or lost, and a hang after is still found while the hub is behind."""
+    cluster = FakeCluster(nodes=4, gpus=2)
+    job = FakeJob.on(cluster.names, 2)
+    ranks = len(job.placement)
+    cluster.allocate(job.name, job.placement)
+    rig = Rig()
+    spooled: list[Batch] = []
+    taken: list[Batch] = []
+
+    def named(batch: Batch) -> dict[str, str]:
+        if batch.source in cluster.names:
+            return node_of(batch)
+        return {"job": job.name, "rank": batch.source.rsplit(":", 1)[1]}
+
+    def rank0_refused(t: float) -> bool:
+        return 95 <= t < 150
+
+    def through(t: float) -> list[Batch]:
+        parts = _by_rank(job.batch(t), ranks)
+        if parts and rank0_refused(t):
+            spooled.append(parts[0])
+            parts = parts[1:]
+        elif parts:
+            parts, spooled[:] = [*spooled, *parts], []
+        taken.extend(parts)
+        return [*cluster.batches(t), *parts]
+
+    def refused(t: float) -> list[Batch]:
+        return [Batch(f"sdk:{job.name}:0")] if rank0_refused(t) else []
+
+    rig.run(0, 60, lambda t: [*cluster.batches(t), *_by_rank(job.batch(t), ranks)], named)
+    rig.run(60, 100, through, named, refuse=refused)
+    job.start_checkpoint(100.0, 40.0)
+    rig.run(100, 180, through, named, refuse=refused)
+    assert rig.blamed() == []
+    assert rig.hub.counters.get("silence_verdicts_held_overload") > 0
+    job.hung = True
+    rig.run(180, 240, through, named, refuse=lambda t: [])
+    (alert,) = rig.blamed()
+    assert alert.rule == "training_stalled" and alert.entity == {"job": job.name}
+    last_step = _last_step_ts(taken)
+    assert alert.started_at <= last_step + alert.details["threshold_seconds"] + 1
+    assert rig.hub.overload.behind(alert.started_at)

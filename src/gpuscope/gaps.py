@@ -20,6 +20,12 @@ each is a *source* of sender gaps here:
   (:class:`~gpuscope.ingest.overload.Wire`): a refused sender keeps knocking, a dead one stops,
   so one that has not knocked for its threshold plus the settle time is judged as on a healthy
   hub, whatever the delay (the delay is how late the spools' data arrives, not how late a knock is).
+  A job's stall is judged by its ranks' own data instead: its verdict is not held once every
+  rank's heartbeats that the hub took and its detectors saw show the job at one step for the
+  stall's threshold in the ranks' own time (:data:`STILL_DETAIL`). The hub's refusals and delay
+  make that evidence late, never make it (a rank's stream arrives in order), so a job that hangs
+  while its requests are refused at every synchronised second is found at its threshold plus the
+  lag of its data, not once the hub has caught up.
 - ``takeover``: when a hub takes shards over (a member died, left or joined), the senders of those
   shards are moving: they notice the old owner is gone at their next send, fail over, and the
   answer names the new owner. Their verdicts are held until the failover grace has passed.
@@ -45,6 +51,10 @@ from gpuscope.rules import NODE_UNREACHABLE, RANK_LOST, TRAINING_STALLED
 
 #: the rules that judge a sender by its silence
 SILENCE_RULES = frozenset({NODE_UNREACHABLE, RANK_LOST, TRAINING_STALLED})
+#: the detail in which ``training_stalled`` says how long every rank's own heartbeats, accepted and
+#: seen by the detectors, show the job at one step, in the ranks' own time: a stall the hub's lag
+#: or refusals can delay but not make
+STILL_DETAIL = "event_seconds_since_step"
 
 Held = Callable[[Labels], bool]
 Source = Literal["overload", "takeover"]
@@ -110,6 +120,9 @@ class SenderGaps:
         sender = wire_sender(finding.rule, finding.entity)
         if known and sender is not None and shed.wire.dead(sender, allowed):
             return None  # it stopped knocking: no refusal or delay of the hub's explains that
+        still = finding.details.get(STILL_DETAIL)
+        if known and finding.rule == TRAINING_STALLED and isinstance(still, int | float) and still >= allowed:
+            return None  # its ranks' own data, taken and seen, show no step for its threshold
         # silence measured from the gap's end, and the sender's spool then waits like everyone's
         if now < self._gap_end(finding.entity) + allowed + shed.delay:
             return "overload"

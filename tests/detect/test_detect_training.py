@@ -195,3 +195,30 @@ def test_malformed_training_events_are_counted() -> None:
     stats = driver.detection.stats()
     assert stats["heartbeat_events_malformed"] == 1 and stats["checkpoint_started_events_malformed"] == 1
     assert stats["bad_job_events"] == 3
+
+
+def test_a_stall_says_how_long_the_ranks_own_heartbeats_show_no_step_and_only_when_they_track_it() -> None:
+    """``event_seconds_since_step``: what every rank's own heartbeats, in its own time, show of the
+    stall (the evidence a hub behind on ingest may judge by, :mod:`gpuscope.gaps`). Heartbeats that
+    do not follow the steps (always step 0) show nothing, however long they go on."""
+    cluster, job, driver = setup()
+    driver.run(0, 100, both(cluster, job))
+    job.hung = True  # last step at 99, told by the heartbeat at 99
+    driver.run(100, 120, both(cluster, job))
+    stalled = driver.only("training_stalled")
+    assert stalled.details["event_seconds_since_step"] == 119 - 99  # its ranks' latest heartbeat
+
+    cluster, job, driver = setup()
+
+    def steady_beats(t: float) -> list[Batch | None]:
+        batch = job.batch(t)
+        if batch is not None:
+            for event in batch.events:
+                if event.kind == "heartbeat":
+                    event.data["step"] = 0
+        return [*cluster.batches(t), batch]
+
+    driver.run(0, 100, steady_beats)
+    job.hung = True
+    driver.run(100, 120, steady_beats)
+    assert driver.only("training_stalled").details["event_seconds_since_step"] == 0.0

@@ -14,7 +14,10 @@ so neither its ranks nor the job are judged for ``whole_job_grace`` more seconds
 Silence is measured on the hub's clock and excused while the hub hears nothing at all, and
 while the fleet's heartbeats all arrive late and this rank's are as recent as the fleet's
 (:class:`~gpuscope.detect.liveness.Liveness`). Stalls (steps stopped while heartbeats arrive)
-and ended jobs are judged as before.
+and ended jobs are judged as before. A stall also says, as ``event_seconds_since_step``, how long
+every rank's own heartbeats, taken and seen here, show the job at one step in the ranks' own time:
+evidence that a hub behind on ingest, or one that refused the job's requests, can delay but not
+make, so the hub judges such a stall while it is behind (:mod:`gpuscope.gaps`).
 
 After a replay of stored history (hub start, shard takeover), a job whose every rank was already
 silent past its threshold is *dormant*: this hub never heard it live, and a job that ended unsaid
@@ -49,6 +52,7 @@ from gpuscope.detect.jobs import Job, JobTracker, StepsTold, parse_rank, place_l
 from gpuscope.detect.liveness import Liveness, Overdue
 from gpuscope.detect.progress import ROLLED_BACK, Progress
 from gpuscope.detect.refusals import refuse
+from gpuscope.gaps import STILL_DETAIL
 from gpuscope.ingest.overload import Wire, rank_sender
 from gpuscope.model import Event, Finding, Frame, TrainingRecord
 from gpuscope.rules import RANK_LOST
@@ -70,6 +74,42 @@ class _Run:
     ranks: dict[int, int] = field(default_factory=dict)  # rank -> last step its heartbeat reported
     # rank -> (collectives entered, seconds waiting in one) from SDK heartbeats that track collectives
     collectives: dict[int, tuple[int, float]] = field(default_factory=dict)
+    #: rank -> (the step its heartbeats tell, the earliest and the latest of its own timestamps
+    #: telling it): how long the rank itself says it has not advanced, in its own time
+    still: dict[int, tuple[int, float, float]] = field(default_factory=dict)
+
+
+def _still(still: dict[int, tuple[int, float, float]], rank: int, step: int, ts: float) -> None:
+    """A heartbeat of ``rank`` stamped ``ts`` (its own clock) told ``step``."""
+    seen = still.get(rank)
+    if seen is None or step > seen[0] or (step < seen[0] and ts > seen[2]):  # on, or rolled back
+        still[rank] = (step, ts, ts)
+    elif step == seen[0]:
+        still[rank] = (step, min(seen[1], ts), max(seen[2], ts))
+    # a lower step stamped earlier is a heartbeat delivered out of order: no news
+
+
+def _still_seconds(run: _Run) -> float:
+    """How long every rank's own heartbeats, accepted and seen here, show it at one step, in its
+    own time: the least over the ranks heard (0 while any rank's do not tell the job's step).
+
+    A hub that is behind on ingest, or that refused the job's requests, delays this evidence but
+    cannot make it: what it shows was sent by the ranks themselves, each rank's own timestamps
+    compared with each other (no clock skew), and a rank's stream arrives in order (a spool
+    replays its batches first), so a step it told before its latest heartbeat cannot still be
+    on the way. The least over the ranks: a rank whose data the hub has not caught up on (a
+    checkpoint that rank 0 alone writes may sit in its refused requests) shows less. A rank whose
+    heartbeats tell a step below the job's records tells nothing (a sender whose heartbeats do
+    not follow its steps, or one whose latest heartbeat is older than a step another rank told)."""
+    if not run.ranks:
+        return 0.0
+    least = math.inf
+    for rank in run.ranks:
+        seen = run.still.get(rank)
+        if seen is None or seen[0] < run.progress.step:
+            return 0.0
+        least = min(least, seen[2] - seen[1])
+    return least
 
 
 @register
@@ -179,9 +219,11 @@ class TrainingLivenessDetector(Detector):
             return
         job, run, rank = found
         job.place(rank, event.labels)
-        run.ranks[rank] = (
-            step if isinstance(step, int) and not isinstance(step, bool) else run.ranks.get(rank, -1)
-        )
+        if isinstance(step, int) and not isinstance(step, bool):
+            run.ranks[rank] = step
+            _still(run.still, rank, step, event.ts)
+        else:
+            run.ranks.setdefault(rank, -1)
         seq, waiting = event.data.get("collective_seq"), event.data.get("collective_waiting_seconds")
         if isinstance(seq, int) and isinstance(waiting, int | float):
             run.collectives[rank] = (seq, float(waiting))
@@ -413,6 +455,7 @@ class TrainingLivenessDetector(Detector):
             details={
                 "step": run.progress.step,
                 "seconds_since_step": silence,
+                STILL_DETAIL: _still_seconds(run),
                 "threshold_seconds": threshold,
                 "baseline_step_seconds": base,
                 "in_checkpoint": run.progress.in_checkpoint,
