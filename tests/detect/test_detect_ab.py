@@ -68,6 +68,7 @@ class OldThrottle(ThermalThrottleDetector):
         if not v.gpu_keys:
             return
         temp = v.gpu_column("gpu_temp_celsius")
+        clock = v.gpu_column("gpu_sm_clock_mhz")
         loaded = self._old_loaded(v)
         flags = self._old_flags(v) & loaded
         hot, peer = self._old_hot(v, temp, loaded)
@@ -89,6 +90,11 @@ class OldThrottle(ThermalThrottleDetector):
                 state.cause = "throttle_flags" if flags[i] else "hot_vs_peers"
                 state.temp = math.nan if temp is None else float(temp[i])
                 state.peer_temp = float(peer[i])
+                mhz = math.nan if clock is None else float(clock[i])
+                if loaded[i] and mhz > 0:  # the clocks a stage of worsening is judged on
+                    state.clocks.append((ts, mhz))
+            while state.clocks and state.clocks[0][0] <= ts - self.window:
+                state.clocks.popleft()
 
     def _old_loaded(self, v: FrameView) -> BoolArray:
         util = v.gpu_column("gpu_utilization_percent")
